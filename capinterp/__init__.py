@@ -7,19 +7,25 @@
     with ci.erase(model, cnl.neurons_):
         print(ci.evaluate(model, ds))
 """
-from capinterp import data, localizers, metrics, plotting
+from capinterp import circuits, data, localizers, metrics, plotting
 from capinterp._version import __version__
 from capinterp.data import Example
 from capinterp.evaluate import EvalResult, evaluate
 from capinterp.interventions import amplify, erase, scale
+from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
+from capinterp.localizers.kn import KN
+from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 from capinterp.model import DEFAULT_MODEL, load_model, model_meta
 from capinterp.neurons import NeuronScores, NeuronSet
 from capinterp.settings import set_threads
 from capinterp.units import KeySet, UnitSet
 
 __all__ = [
+    "CNL",
     "DCSN",
+    "KN",
+    "KnowledgeCircuit",
     "DEFAULT_MODEL",
     "EvalResult",
     "Example",
@@ -29,6 +35,7 @@ __all__ = [
     "UnitSet",
     "__version__",
     "amplify",
+    "circuits",
     "data",
     "erase",
     "evaluate",

@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.data.example import as_examples
+from capinterp.forward import logits_at
 from capinterp.tokens import batches, collate, encode, pad_id
 
 
@@ -40,12 +41,6 @@ class EvalResult:
         return f"accuracy {self.accuracy:.3f}  mean p(target) {self.mean_prob:.3f}  (n={self.n})"
 
 
-def _next_token_logits(model, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens, return_type="logits")
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-    return logits[rows, lengths - 1].float()
-
-
 @torch.no_grad()
 def greedy_continuations(
     model, prompt_ids: list[list[int]], n_new: int
@@ -64,7 +59,7 @@ def greedy_continuations(
         for b, s in enumerate(seqs):
             tokens[b, : len(s)] = torch.tensor(s)
         lengths = torch.tensor([len(s) for s in seqs])
-        logits = _next_token_logits(model, tokens.to(dev), lengths.to(dev))
+        logits = logits_at(model, tokens.to(dev), lengths.to(dev) - 1)
         if step == 0:
             first_probs = logits.softmax(-1).cpu()
         nxt = logits.argmax(-1).tolist()

@@ -110,13 +110,22 @@ def load_model(
 
     from transformer_lens.model_bridge import TransformerBridge
 
+    adds_bos = _tokenizer_adds_bos(tok)  # read before booting: the bridge reconfigures the tokenizer
     arch = (getattr(hf.config, "architectures", None) or [None])[0]
     if not arch:
         hf.config.architectures = [type(hf).__name__]
     bridge = TransformerBridge.boot_transformers(
         _PACKAGED.get(label, {}).get("tl_name", label), hf_model=hf, tokenizer=tok
     )
+    bridge.capinterp_adds_bos = adds_bos
     return _finish(bridge, label, dev, dtype)
+
+
+def _tokenizer_adds_bos(tok) -> bool:
+    """Whether the model's own tokenizer starts a text with BOS (Gemma: yes; SmolLM2: no)."""
+    bos = getattr(tok, "bos_token_id", None)
+    ids = tok("a")["input_ids"]
+    return bos is not None and bool(ids) and ids[0] == bos
 
 
 def _finish(bridge, label: str, device: torch.device, dtype: torch.dtype):
@@ -195,7 +204,9 @@ def _save_dequantized(hf, tok, folder: Path, architecture: str) -> None:
 
 def _load_local(folder: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} has no config.json: not a transformers model folder")
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)

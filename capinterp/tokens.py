@@ -57,20 +57,31 @@ class EncodedBatch:
     items: list[Encoded] = field(default_factory=list)
 
 
-def _bos(tokenizer) -> list[int]:
-    """The BOS token if the tokenizer itself adds one by default (Gemma: yes; SmolLM2: no).
+def _bos(tokenizer, adds_bos: bool | None = None) -> list[int]:
+    """The BOS token if the model's own tokenizer adds one by default (Gemma: yes; SmolLM2: no).
 
     Following the tokenizer's own convention matters: SmolLM2's BOS is ``<|im_start|>``, and
-    prepending it to plain text costs it about half its arithmetic accuracy.
+    prepending it to plain text halves its arithmetic accuracy. ``load_model`` records the
+    convention as ``model.capinterp_adds_bos`` before TransformerLens reconfigures the
+    tokenizer; for a bare tokenizer it is read off ``tokenizer("a")``.
     """
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
         return []
-    ids = tokenizer("a")["input_ids"]
-    return [int(bos)] if ids and ids[0] == bos else []
+    if adds_bos is None:
+        ids = tokenizer("a")["input_ids"]
+        adds_bos = bool(ids) and ids[0] == bos
+    return [int(bos)] if adds_bos else []
+
+
+def model_bos(model) -> list[int]:
+    """BOS ids to prepend for this model (see :func:`_bos`)."""
+    tok = getattr(model, "tokenizer", model)
+    return _bos(tok, getattr(model, "capinterp_adds_bos", None))
 
 
 def _ids(tokenizer, text: str) -> list[int]:
+    """Token ids of ``text`` without any special tokens."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -96,7 +107,7 @@ def encode(
     tok = getattr(model_or_tokenizer, "tokenizer", model_or_tokenizer)
     if n_ctx is None and hasattr(model_or_tokenizer, "cfg"):
         n_ctx = int(model_or_tokenizer.cfg.n_ctx)
-    bos = _bos(tok) if prepend_bos is None else ([int(tok.bos_token_id)] if prepend_bos else [])
+    bos = model_bos(model_or_tokenizer) if prepend_bos is None else ([int(tok.bos_token_id)] if prepend_bos else [])
     out: list[Encoded] = []
     for i, ex in enumerate(examples):
         if not ex.target:

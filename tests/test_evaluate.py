@@ -31,3 +31,20 @@ def test_evaluate_on_planted_model_and_batch_size_invariance():
     assert r1.mean_prob == pytest.approx(r2.mean_prob, rel=1e-5)
     assert list(r1.frame.columns) == ["prompt_tail", "target", "generated", "correct", "prob"]
     assert r1["accuracy"] == 1.0 and "accuracy 1.000" in str(r1)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-native"])
+def test_logits_at_equals_full_forward(name):
+    import torch
+
+    from capinterp.forward import logits_at
+
+    m = ci.load_model(name)
+    ids = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
+    full = m(ids)
+    with ci.erase(m, ci.NeuronSet.from_indices([(0, 1), (1, 3)], m.cfg.n_layers, m.cfg.d_mlp)):
+        erased_full = m(ids)
+        erased = logits_at(m, ids, torch.tensor([2, 4]))
+    torch.testing.assert_close(logits_at(m, ids, torch.tensor([2, 4])), full[[0, 1], [2, 4]], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(erased, erased_full[[0, 1], [2, 4]], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(erased, full[[0, 1], [2, 4]])

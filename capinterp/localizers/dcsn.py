@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from capinterp.forward import logits_at
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 from capinterp.model import neuron_hook, neuron_shape
@@ -34,8 +35,8 @@ def last_token_activations(model, items: list[Encoded]) -> tuple[torch.Tensor, t
     def grab(act, hook):
         acts[:, int(hook.name.split(".")[1])] = act[rows, last].float()
 
-    logits = model.run_with_hooks(batch.tokens, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
-    return acts, logits[rows, last].float()
+    logits = logits_at(model, batch.tokens, last, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
+    return acts, logits
 
 
 def projection(model, layer: int, token_ids: torch.Tensor) -> torch.Tensor:

