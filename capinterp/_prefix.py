@@ -11,9 +11,12 @@ every layer below the replaced one is identical to the clean run, so it is compu
 2. :func:`stair_logits` (route "fast") runs many rows at once by calling the bridge's blocks
    directly. Rows scaled at layer ``l`` join the batch at block ``l`` (entering with the
    recorded clean residual), so block ``j`` only runs the rows scaled at layers ``<= j``:
-   no row ever recomputes the layers below its own. The prefix keys/values are broadcast,
-   not copied per row. Hooks still fire (the blocks are the bridge's), and the replaced
-   activation enters through the ordinary ``hook_post`` hook point.
+   no row ever recomputes the layers below its own. Rows are folded into the sequence
+   dimension (batch 1, ``rows*S`` positions, rotary tables tiled, a block-diagonal mask over
+   the suffix keys), so every row reads the one recorded prefix K/V without copies. Hooks
+   still fire (the blocks are the bridge's), and the replaced activation enters through the
+   ordinary ``hook_post`` hook point. :func:`stair_supported` checks on each model that this
+   reproduces the model's own logits.
 3. :func:`bridge_logits` (route "prefix") is the plain bridge route: a widened copy of the
    prefix cache and ``run_with_hooks(suffix, past_key_values=...)``; every row runs every
    block. It is the fallback when :func:`stair_supported` finds that direct block calls do

@@ -21,12 +21,22 @@ Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
 * ``"fast"``: rows = (layer, step) pairs of all requested layers, chunked by ``batch_size``.
   The clean prefix (positions before ``P``) runs once and its KV cache is shared; only the
   positions ``P`` run per row, and a row scaled at layer ``l`` enters at block ``l`` with the
-  clean residual (the layers below it are never recomputed). Logits are computed at ``P``
-  only. One backward per chunk; rows are independent, so each row's gradient is exact.
-  Details in :mod:`capinterp._prefix`.
+  clean residual (the layers below it are never recomputed: a layer staircase). Logits are
+  computed at ``P`` only. One backward per chunk; rows are independent, so each row's
+  gradient is exact. Details in :mod:`capinterp._prefix`.
 * ``"prefix"``: the prefix reuse and layer batching of ``"fast"``, but every row runs every
   block through the bridge's own forward. ``"fast"`` falls back to it (with a warning) when
-  direct block calls do not reproduce the model's logits on an architecture.
+  direct block calls do not reproduce the model's logits on an architecture (checked on the
+  first example of each call); both fall back to ``"loop"`` for models without an HF KV cache.
+
+Cost per example (SmolLM2, ~30-token prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
+whatever the answer length; "fast" ~0.1 TMAC per answer token (a third of it the unembedding,
+which softmax needs in full). Float32 agreement between methods is limited by float32 itself:
+against float64 runs each method is off by up to ~1e-4 relative on scores near 1% of the max
+(~1e-3 on Gemma 3's 262k vocabulary); measured in ``benchmarks/bench_ig.py --fp64-check``.
+
+Other hooks on the model are not supported during a "fast"/"prefix" call: they would see
+suffix-only (and, for "fast", row-folded) tensors. A warning says so when any are attached.
 
 Parameters never get ``.grad`` (their ``requires_grad`` is switched off during the call and
 restored), hooks are removed on exit, and gradients accumulate in float32. Computation runs
@@ -108,6 +118,30 @@ def objective_from_logits(logits: torch.Tensor, targets: torch.Tensor, objective
     idx = targets.to(lg.device).view(1, -1, 1).expand(lg.shape[0], -1, 1)
     logp = lg.gather(-1, idx).squeeze(-1) - torch.logsumexp(lg, dim=-1)
     return (logp.exp() if objective == "prob" else logp).mean(-1)
+
+
+class _Objective(torch.autograd.Function):
+    """:func:`objective_from_logits` with a fused backward: (1/S) c (onehot(y) - exp(z - lse)),
+    c = p(y) ("prob") or 1 ("logprob"), built in place in one buffer. Same operations as autograd's
+    (bitwise equal in float64), half the passes over the [rows, S, V] logits."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, logprob: bool):
+        lg = _upcast(logits)
+        idx = targets.to(lg.device).view(1, -1, 1).expand(lg.shape[0], -1, 1)
+        lse = torch.logsumexp(lg, dim=-1, keepdim=True)
+        logp = lg.gather(-1, idx) - lse
+        val = logp if logprob else logp.exp()
+        ctx.save_for_backward(lg, lse, idx, torch.ones_like(val) if logprob else val)
+        ctx.in_dtype = logits.dtype
+        return val.squeeze(-1).mean(-1)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        lg, lse, idx, c = ctx.saved_tensors
+        coef = grad_out.view(-1, 1, 1) * c / idx.shape[1]
+        grad = torch.sub(lg, lse).exp_().mul_(-coef).scatter_add_(-1, idx, coef)
+        return grad.to(ctx.in_dtype), None, None
 
 
 @contextlib.contextmanager
@@ -211,11 +245,21 @@ def ig_scores(
         from tqdm.auto import tqdm
 
         it = tqdm(it, total=len(items), desc=f"IG ({method})")
+    if method != "loop" and any(hp._forward_hooks for hp in model.hook_dict.values()):
+        warnings.warn(
+            "hooks are attached to the model; with method='fast'/'prefix' they see suffix-only "
+            "tensors (use method='loop' to run IG under other hooks)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
     with frozen_params(model), torch.enable_grad():
         for i, enc in it:
             s = site(enc, positions)
-            kernel = _ig_loop if method == "loop" else _ig_rows
-            acts, gsum = kernel(model, s, lay, alphas, base, objective, batch_size, method)
+            if method == "loop":
+                acts, gsum = _ig_loop(model, s, lay, alphas, base, objective, batch_size)
+            else:
+                acts, gsum = _ig_rows(model, s, lay, alphas, base, objective, batch_size, method, checked)
             out[i, lay] = _finish(acts, gsum, None if base is None else base[lay], steps).float().cpu()
     return out
 
@@ -249,7 +293,7 @@ def _ig_loop(model, s: Site, lay, alphas, base, objective, batch_size, method=No
     return acts, gsum
 
 
-def _ig_rows(model, s: Site, lay, alphas, base, objective, batch_size, method="fast"):
+def _ig_rows(model, s: Site, lay, alphas, base, objective, batch_size, method="fast", checked=None):
     """Prefix reuse + (layer, step) rows batched across layers; staircase or bridge route."""
     try:
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=method == "prefix")
@@ -259,7 +303,7 @@ def _ig_rows(model, s: Site, lay, alphas, base, objective, batch_size, method="f
     forward = _prefix.stair_logits
     if method == "prefix":
         forward = _prefix.bridge_logits
-    elif not _prefix.stair_supported(model, run):
+    elif not _stair_ok(model, run, {} if checked is None else checked):
         warnings.warn(
             "direct block calls do not reproduce this model's logits; IG uses the slower "
             "method='prefix' route",
@@ -281,11 +325,17 @@ def _ig_rows(model, s: Site, lay, alphas, base, objective, batch_size, method="f
             groups.append((lay[li], _points(acts[li], b, alphas[ks], acts.dtype)))
             index.append(li)
         logits = forward(model, run, groups)
-        F = objective_from_logits(logits, s.targets, objective)
+        F = _Objective.apply(logits, s.targets, objective == "logprob")
         grads = torch.autograd.grad(F.sum(), [z for _, z in groups])
         for li, g in zip(index, grads):
             gsum[li] += g.to(gsum.dtype).sum(0)
     return acts, gsum
+
+
+def _stair_ok(model, run, checked: dict) -> bool:
+    if "stair" not in checked:
+        checked["stair"] = _prefix.stair_supported(model, run)
+    return checked["stair"]
 
 
 def grad_x_act(

@@ -69,13 +69,17 @@ def cmd_evaluate(args) -> int:
 
 def cmd_localize(args) -> int:
     from capinterp.localizers import get
+    from capinterp.localizers.dataset import DatasetNeuronLocalizer
 
+    cls = get(args.method)
+    if not issubclass(cls, DatasetNeuronLocalizer) and args.method != "kn":
+        raise ValueError(f"'capinterp localize' runs neuron localizers (cnl, dcsn, kn), not {args.method!r}")
     ds = _dataset(args)
     model = _load(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cls = get(args.method)
-    loc = cls(model, batch_size=args.batch_size, checkpoint=out / f"{args.method}.ckpt").fit(ds)
+    extra = {"checkpoint": out / f"{args.method}.ckpt"} if issubclass(cls, DatasetNeuronLocalizer) else {}
+    loc = cls(model, batch_size=args.batch_size, **extra).fit(ds)
     loc.scores_.save(out / f"{args.method}_scores.capi")
     loc.neurons_.save(out / f"{args.method}_neurons.capi")
     loc.scores_.plot(title=f"{args.method.upper()} scores, ops {args.ops}").write_html(out / f"{args.method}_heatmap.html")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from capinterp import _prefix
-from capinterp.attribution import grad_x_act, ig_alphas, ig_scores, site
+from capinterp.attribution import _Objective, grad_x_act, ig_alphas, ig_scores, objective_from_logits, site
 from capinterp.attribution_ref import ref_grad_x_act, ref_ig, ref_objective
 from capinterp.data.example import Example
 from capinterp.tokens import encode
@@ -194,6 +194,19 @@ def test_model_without_kv_cache_falls_back_to_loop():
         got = ig_scores(native, enc, steps=STEPS)
     assert max_rel(got[0], ref) <= TOL64
     assert max_rel(grad_x_act(native, enc)[0], ref_grad_x_act(native, enc[0])) <= TOL64
+
+
+def test_fused_objective_matches_autograd():
+    torch.manual_seed(0)
+    targets = torch.tensor([4, 7])
+    for objective in ("prob", "logprob"):
+        lg = (3 * torch.randn(3, 2, 50, dtype=torch.float64)).requires_grad_()
+        fused = lambda x: _Objective.apply(x, targets, objective == "logprob")  # noqa: E731
+        assert torch.autograd.gradcheck(fused, (lg,))
+        plain = objective_from_logits(lg, targets, objective)
+        torch.testing.assert_close(fused(lg), plain)
+        g1, g2 = (torch.autograd.grad(f.sum(), lg)[0] for f in (fused(lg), plain))
+        torch.testing.assert_close(g1, g2, rtol=0, atol=1e-15)
 
 
 def test_alphas_and_sites(tiny, encs):
