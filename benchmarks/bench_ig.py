@@ -184,6 +184,12 @@ def main(argv=None) -> int:
           + (f"EXTRAPOLATED linearly from layers {loop_layers} x {n_layers}/{len(loop_layers)}"
              if extrap else "measured on all layers") + f", {loop_n} prompts)")
     print(f"  speed ratio fast/loop: {per_loop / per_fast:.1f}x")
+    by_len: dict[int, list[float]] = {}
+    for i in range(loop_n):  # fast costs ~ answer length, loop ~ sequence length
+        by_len.setdefault(len(encs[i].target_ids), []).append(
+            t_loop[i] * n_layers / len(loop_layers) / t_fast[i])
+    print("  ratio by answer length: " + ", ".join(
+        f"{k} token(s): {sum(v) / len(v):.1f}x ({len(v)} prompts)" for k, v in sorted(by_len.items())))
     # the same prompts for both: compare on the loop's layers
     rel, scale = agreement(fast_t[:loop_n, loop_layers], loop_t[:, loop_layers])
     print(f"  agreement on layers {loop_layers}: max rel. diff (scores > 1% of max) {rel:.2e}; "

@@ -114,3 +114,14 @@ def test_smollm2_bridge_logits_equal_transformers(smollm2):
 def test_gemma3_bridge_logits_equal_transformers(gemma3):
     assert neuron_shape(gemma3) == (18, 2048)
     assert _bridge_vs_hf(gemma3, "gemma3") < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture, floor", [("smollm2", 0.3), ("gemma3", 0.5)])
+def test_packaged_models_do_division_above_chance(request, fixture, floor):
+    import capinterp as ci
+
+    model = request.getfixturevalue(fixture)
+    res = ci.evaluate(model, ci.data.arithmetic(ops="/", n=24, fmt="DG", seed=1))
+    print(f"{fixture}: 1-digit DG division accuracy {res.accuracy:.2f}")
+    assert res.accuracy >= floor  # chance for a free-form integer answer is ~0
