@@ -12,6 +12,7 @@ from capinterp._version import __version__
 from capinterp.data import Example
 from capinterp.evaluate import EvalResult, evaluate
 from capinterp.interventions import amplify, erase, scale
+from capinterp.localizers.causal_trace import CausalTrace
 from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
 from capinterp.localizers.kn import KN
@@ -23,6 +24,7 @@ from capinterp.units import KeySet, UnitSet
 
 __all__ = [
     "CNL",
+    "CausalTrace",
     "DCSN",
     "KN",
     "KnowledgeCircuit",

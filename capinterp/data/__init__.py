@@ -1,8 +1,9 @@
-"""Datasets: the shared ``Example`` record, the arithmetic generator, and answer parsing."""
+"""Datasets: the shared ``Example`` record, the arithmetic generator, answer parsing, fact loaders."""
 from __future__ import annotations
 
 from .arithmetic import arithmetic, arithmetic_suite, describe
 from .example import Example, as_examples
+from .facts import builtin_facts, facts_known_by, load_counterfact, load_jsonl, load_known_facts, load_pararel_bags
 from .parsing import is_correct, parse_answer
 
 __all__ = [
@@ -13,4 +14,10 @@ __all__ = [
     "describe",
     "parse_answer",
     "is_correct",
+    "builtin_facts",
+    "facts_known_by",
+    "load_counterfact",
+    "load_jsonl",
+    "load_known_facts",
+    "load_pararel_bags",
 ]

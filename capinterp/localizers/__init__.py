@@ -1,8 +1,9 @@
 """Interchangeable localizers, registered by name: ``capinterp.localizers.get("cnl")``."""
 from capinterp.localizers.base import Localizer, available, get, register
+from capinterp.localizers.causal_trace import CausalTrace
 from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
 from capinterp.localizers.kn import KN
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 
-__all__ = ["CNL", "DCSN", "KN", "KnowledgeCircuit", "Localizer", "available", "get", "register"]
+__all__ = ["CNL", "CausalTrace", "DCSN", "KN", "KnowledgeCircuit", "Localizer", "available", "get", "register"]
