@@ -439,6 +439,7 @@ def facts_known_by(
     ``return_predictions=True`` also returns the predicted first token id of every kept-or-not
     encoded fact, in input order.
     """
+    from capinterp.forward import logits_at
     from capinterp.tokens import batches, collate, encode, pad_id
 
     facts = list(facts)
@@ -451,25 +452,10 @@ def facts_known_by(
     pid = pad_id(model.tokenizer)
     for chunk in batches(enc, batch_size):
         b = collate(chunk, pid, with_target=False, device=dev)
-        nxt = last_position_logits(model, b.tokens, b.lengths).argmax(-1).tolist()
+        nxt = logits_at(model, b.tokens, b.lengths - 1).argmax(-1).tolist()
         for it, p in zip(chunk, nxt):
             preds.append(int(p))
             if int(p) == it.target_ids[0]:
                 kept.append(it.example)
     return (kept, preds) if return_predictions else kept
 
-
-def last_position_logits(model, tokens: torch.Tensor, lengths: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
-    """Logits at position ``lengths[b] - 1`` of each row, unembedding only those positions.
-
-    A hook on ``ln_final.hook_out`` keeps one position per row, so the (often dominant)
-    unembedding runs on B vectors instead of B x T.
-    """
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-    last = (lengths - 1).to(tokens.device)
-
-    def keep_last(act, hook):
-        return act[rows, last].unsqueeze(1)
-
-    out = model.run_with_hooks(tokens, fwd_hooks=[*fwd_hooks, ("ln_final.hook_out", keep_last)])
-    return out[:, -1].float()
