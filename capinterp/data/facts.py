@@ -23,15 +23,13 @@ in the prompt would merge with the answer's first BPE token (:mod:`capinterp.tok
 """
 from __future__ import annotations
 
-import csv
-import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable
 
-import torch
-
+from .builtin import builtin_facts, facts_known_by
 from .example import Example
+from .io import PathLike, limit_records, need_keys, nonempty, read_json_any, records_of
 
 __all__ = [
     "load_known_facts",
@@ -42,8 +40,6 @@ __all__ = [
     "facts_known_by",
     "join_target",
 ]
-
-PathLike = str | os.PathLike
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -73,88 +69,6 @@ def join_target(prompt: str, answer: str, space: bool | str = True) -> tuple[str
     return stripped, " " + answer
 
 
-def _read_json_any(path: PathLike) -> Any:
-    """Parse a .json file (one document) or .jsonl (one record a line); CSV gives a list of dicts."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no such file: {p}")
-    if p.is_dir():
-        raise IsADirectoryError(f"{p} is a folder; pass the data file inside it")
-    if p.suffix.lower() == ".csv":
-        with open(p, newline="", encoding="utf-8-sig") as fh:
-            return list(csv.DictReader(fh))
-    text = p.read_text(encoding="utf-8-sig")
-    if not text.strip():
-        raise ValueError(f"{p} is empty")
-    if p.suffix.lower() in (".jsonl", ".ndjson"):
-        return _parse_jsonl(text, p)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        try:  # a .json file that is really JSON lines
-            return _parse_jsonl(text, p)
-        except ValueError:
-            raise ValueError(f"{p} is neither JSON nor JSON lines: {err}") from None
-
-
-def _parse_jsonl(text: str, p: Path) -> list[Any]:
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{p}, line {n}: not valid JSON ({err})") from None
-    return out
-
-
-_LIST_KEYS = ("data", "examples", "records", "instances", "items", "rows", "facts", "train", "test")
-
-
-def _records(doc: Any, path: PathLike) -> list[Any]:
-    """The list of records in a parsed document: a list, ``{"data": [...]}``-like, or ``{id: record}``."""
-    if isinstance(doc, list):
-        return doc
-    if isinstance(doc, dict):
-        for k in _LIST_KEYS:
-            if isinstance(doc.get(k), list):
-                return doc[k]
-        lists = [v for v in doc.values() if isinstance(v, list)]
-        if len(lists) == 1 and lists[0] and isinstance(lists[0][0], dict):
-            return lists[0]
-        if doc and all(isinstance(v, dict) for v in doc.values()):
-            return [{"id": k, **v} for k, v in doc.items()]
-        raise ValueError(
-            f"{path}: a JSON object whose records could not be found; expected a list, an object with "
-            f"one of the keys {list(_LIST_KEYS)} holding a list, or an object of id -> record"
-        )
-    raise ValueError(f"{path}: expected a list of records, got {type(doc).__name__}")
-
-
-def _need(rec: Any, keys: Sequence[str], i: int, path: PathLike, what: str) -> None:
-    if not isinstance(rec, dict):
-        raise ValueError(f"{path}: record {i} is a {type(rec).__name__}, expected an object ({what})")
-    missing = [k for k in keys if k not in rec]
-    if missing:
-        raise KeyError(
-            f"{path}: record {i} has no key {missing[0]!r} (not a {what} file? its keys: {sorted(rec)[:12]})"
-        )
-
-
-def _nonempty(out: list, path: PathLike, why: str = "") -> list:
-    if not out:
-        raise ValueError(f"{path}: no usable records{(' ' + why) if why else ''}")
-    return out
-
-
-def _limit(records: list, limit: int | None) -> list:
-    if limit is None:
-        return records
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
-    return records[:limit]
-
-
 # ----------------------------------------------------------------------------- ROME known facts
 
 
@@ -164,10 +78,10 @@ def load_known_facts(path: PathLike, *, limit: int | None = None) -> list[Exampl
     ``meta``: subject, object (= attribute), relation_id, known_id, template, prediction
     (the continuation of the model that built the set), source.
     """
-    recs = _records(_read_json_any(path), path)
+    recs = records_of(read_json_any(path), path)
     out = []
-    for i, r in enumerate(_limit(recs, limit)):
-        _need(r, ("prompt", "subject", "attribute"), i, path, "ROME known_1000")
+    for i, r in enumerate(limit_records(recs, limit)):
+        need_keys(r, ("prompt", "subject", "attribute"), i, path, "ROME known_1000")
         prompt, target = join_target(str(r["prompt"]), str(r["attribute"]))
         meta = {
             "subject": str(r["subject"]),
@@ -179,7 +93,7 @@ def load_known_facts(path: PathLike, *, limit: int | None = None) -> list[Exampl
             "source": "known_1000",
         }
         out.append(Example(prompt, target, meta))
-    return _nonempty(out, path)
+    return nonempty(out, path)
 
 
 # ----------------------------------------------------------------------------- CounterFact
@@ -199,12 +113,12 @@ def load_counterfact(path: PathLike, *, target: str = "true", limit: int | None 
     """
     if target not in ("true", "new"):
         raise ValueError(f"target must be 'true' or 'new', got {target!r}")
-    recs = _records(_read_json_any(path), path)
+    recs = records_of(read_json_any(path), path)
     out = []
-    for i, r in enumerate(_limit(recs, limit)):
+    for i, r in enumerate(limit_records(recs, limit)):
         if isinstance(r, dict) and "requested_rewrite" in r:
             rr = r["requested_rewrite"]
-            _need(rr, ("prompt", "subject", "target_true", "target_new"), i, path, "CounterFact requested_rewrite")
+            need_keys(rr, ("prompt", "subject", "target_true", "target_new"), i, path, "CounterFact requested_rewrite")
             subject = str(rr["subject"])
             prompt_raw = str(rr["prompt"]).replace("{}", subject)
             truth = _str_of(rr["target_true"])
@@ -213,7 +127,7 @@ def load_counterfact(path: PathLike, *, target: str = "true", limit: int | None 
             locality = [{"prompt": str(p), "target": " " + truth} for p in r.get("neighborhood_prompts", [])]
             relation = rr.get("relation_id")
         else:
-            _need(r, ("prompt", "subject", "ground_truth", "target_new"), i, path, "CounterFact (flattened)")
+            need_keys(r, ("prompt", "subject", "ground_truth", "target_new"), i, path, "CounterFact (flattened)")
             subject = str(r["subject"])
             prompt_raw = str(r["prompt"])
             truth, new = str(r["ground_truth"]), str(r["target_new"])
@@ -238,7 +152,7 @@ def load_counterfact(path: PathLike, *, target: str = "true", limit: int | None 
         if paraphrases and "requested_rewrite" not in r:
             meta["rephrase_prompt"] = paraphrases[0]
         out.append(Example(prompt, tgt, meta))
-    return _nonempty(out, path)
+    return nonempty(out, path)
 
 
 def _str_of(v: Any) -> str:
@@ -266,8 +180,8 @@ def load_pararel_bags(
     same paraphrase index (word-aligned common prefix and suffix removed); it is ``None`` when that
     fails (e.g. a relation with a single fact).
     """
-    doc = _read_json_any(path)
-    bags = _records(doc, path)
+    doc = read_json_any(path)
+    bags = records_of(doc, path)
     for i, bag in enumerate(bags[:5]):
         if not (isinstance(bag, list) and bag and isinstance(bag[0], (list, tuple)) and len(bag[0]) >= 3):
             raise ValueError(
@@ -302,7 +216,7 @@ def load_pararel_bags(
                 ex.meta["n_paraphrases"] = len(facts)
                 ex.meta["paraphrases"] = [o.prompt for o in facts if o is not ex]
             out.append(facts)
-    return _nonempty(out, path, f"(no fact has {min_prompts}+ prompts ending in {mask})")
+    return nonempty(out, path, f"(no fact has {min_prompts}+ prompts ending in {mask})")
 
 
 def _pararel_templates(bags: list) -> dict[tuple[str, int], tuple[str, str]]:
@@ -361,11 +275,11 @@ def load_jsonl(
     field of the record is kept in ``meta``; ``subject_key`` (when present in a record) is copied
     to ``meta["subject"]``.
     """
-    recs = _records(_read_json_any(path), path)
+    recs = records_of(read_json_any(path), path)
     out = []
-    for i, r in enumerate(_limit(recs, limit)):
+    for i, r in enumerate(limit_records(recs, limit)):
         keys = [k for k in (prompt_key, target_key) if isinstance(k, str)]
-        _need(r, keys, i, path, f"records with {keys}")
+        need_keys(r, keys, i, path, f"records with {keys}")
         prompt = prompt_key(r) if callable(prompt_key) else r[prompt_key]
         target = target_key(r) if callable(target_key) else r[target_key]
         if isinstance(target, (list, tuple)):  # several gold answers: the first is the target
@@ -380,82 +294,4 @@ def load_jsonl(
             meta["subject"] = r[subject_key]
         meta.setdefault("source", Path(path).name)
         out.append(Example(p, t, meta))
-    return _nonempty(out, path)
-
-
-# ----------------------------------------------------------------------------- built-in facts
-
-# (prompt, object, subject, relation): written for capinterp; subjects occur verbatim in prompts.
-_BUILTIN = [
-    ("The Eiffel Tower is located in the city of", "Paris", "Eiffel Tower", "located_in_city"),
-    ("The Colosseum is located in the city of", "Rome", "Colosseum", "located_in_city"),
-    ("Big Ben is located in the city of", "London", "Big Ben", "located_in_city"),
-    ("The Statue of Liberty is located in the city of", "New", "Statue of Liberty", "located_in_city"),
-    ("The Great Wall is located in the country of", "China", "Great Wall", "located_in_country"),
-    ("The Taj Mahal is located in the country of", "India", "Taj Mahal", "located_in_country"),
-    ("Mount Everest is located in the continent of", "Asia", "Mount Everest", "located_in_continent"),
-    ("The capital of Japan is", "Tokyo", "Japan", "capital"),
-    ("The capital of Italy is", "Rome", "Italy", "capital"),
-    ("The official language of France is", "French", "France", "official_language"),
-    ("Microsoft was founded by Bill", "Gates", "Microsoft", "founded_by"),
-    ("Romeo and Juliet was written by William", "Shakespeare", "Romeo and Juliet", "author"),
-    ("The currency of Japan is the", "yen", "Japan", "currency"),
-    ("Albert Einstein was born in the country of", "Germany", "Albert Einstein", "born_in_country"),
-]
-
-
-def builtin_facts(n: int | None = None) -> list[Example]:
-    """About a dozen famous facts (written for this package) with ``meta["subject"]``.
-
-    Targets carry the leading space (``" Paris"``); multi-word objects are cut to the first
-    word so that the target is what the model says next. Not every model knows every fact:
-    filter with :func:`facts_known_by`.
-    """
-    rows = _BUILTIN if n is None else _BUILTIN[:n]
-    return [
-        Example(p, " " + o, {"subject": s, "object": o, "relation": rel, "source": "builtin", "fact_id": i})
-        for i, (p, o, s, rel) in enumerate(rows)
-    ]
-
-
-# ----------------------------------------------------------------------------- filtering
-
-
-@torch.no_grad()
-def facts_known_by(
-    model,
-    facts: Iterable[Example],
-    *,
-    batch_size: int = 64,
-    on_mismatch: str = "error",
-    return_predictions: bool = False,
-) -> list[Example] | tuple[list[Example], list[int]]:
-    """Keep the facts whose greedy next token (after the prompt) is the target's first token.
-
-    Targets are tokenized in context (:func:`capinterp.tokens.encode`); a target that cannot follow
-    its prompt as separate tokens raises :class:`~capinterp.tokens.TokenizationError` (or is
-    dropped with ``on_mismatch="skip"``). Prompts run right-padded in batches of ``batch_size``
-    (one forward per batch; only each row's last prompt position is unembedded).
-    ``return_predictions=True`` also returns the predicted first token id of every kept-or-not
-    encoded fact, in input order.
-    """
-    from capinterp.forward import logits_at
-    from capinterp.tokens import batches, collate, encode, pad_id
-
-    facts = list(facts)
-    if not facts:
-        raise ValueError("facts_known_by needs at least one fact")
-    enc = encode(model, facts, on_mismatch=on_mismatch, max_target_tokens=1)
-    kept: list[Example] = []
-    preds: list[int] = []
-    dev = model.cfg.device
-    pid = pad_id(model.tokenizer)
-    for chunk in batches(enc, batch_size):
-        b = collate(chunk, pid, with_target=False, device=dev)
-        nxt = logits_at(model, b.tokens, b.lengths - 1).argmax(-1).tolist()
-        for it, p in zip(chunk, nxt):
-            preds.append(int(p))
-            if int(p) == it.target_ids[0]:
-                kept.append(it.example)
-    return (kept, preds) if return_predictions else kept
-
+    return nonempty(out, path)

@@ -21,14 +21,8 @@ of all facts passed to ``fit`` (ROME's rule ``"s3"`` for ``noise=3.0``; the stri
 accepted too). Subject tokens are taken in context (in the prompt), including facts that are
 later skipped.
 
-Batching. A restoration needs ``samples`` corrupted rows; all restorations of a fact are laid out as
-``restoration x sample`` rows and run in chunks of ``batch_size`` rows, each row patched by
-per-row hooks (row r restores its own (kind, t, l)); only the last position is unembedded.
-States at positions before t are those of the corrupted run whatever is restored at t, so with
-``reuse_prefix=True`` (default) the restorations at token t run only positions t..T-1 on top of a
-copy of the corrupted copies' KV cache cropped to t tokens (rows of one chunk share one t).
-Restorations at tokens before the first subject token are not run: the noise cannot reach those
-states (causal attention), so restoring them changes nothing and their IE is exactly 0.
+Batching (restoration rows, KV-cache prefix reuse): see :mod:`capinterp.tracing`; restorations at
+tokens before the first subject token are not run (their IE is exactly 0).
 
 Aggregation. Per-fact grids are [T, L] (``per_prompt_``). ``grids_[kind]`` is ROME's average over
 facts by token group, shape [6, L], rows :data:`TOKEN_GROUPS`: first subject token, middle subject
@@ -44,7 +38,6 @@ max over all its tokens; keep the ``top_k`` best. ``units_`` is a layer :class:`
 """
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Iterable, Sequence
 
@@ -54,65 +47,13 @@ from tqdm.auto import tqdm
 from capinterp.data.example import Example, as_examples
 from capinterp.localizers.base import Localizer, register
 from capinterp.tokens import _ids, encode, model_bos
+from capinterp.tracing import HOOK as _HOOK
+from capinterp.tracing import KINDS, TOKEN_GROUPS, subject_token_range, token_groups
+from capinterp.tracing import Runner as _Runner
+from capinterp.tracing import last_probs as _last_probs
+from capinterp.tracing import make_noise, parse_noise, prefix_ok, restoration_probs, subject_std
 
 __all__ = ["CausalTrace", "TOKEN_GROUPS", "KINDS", "subject_token_range"]
-
-KINDS = ("resid", "mlp", "attn")
-TOKEN_GROUPS = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
-_HOOK = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_out"}
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early (only the embeddings were needed)."""
-
-
-def subject_token_range(tokenizer, prompt: str, subject: str, prompt_ids: Sequence[int], offset: int = 0) -> tuple[int, int]:
-    """Token positions ``[start, end)`` of the first occurrence of ``subject`` in ``prompt``.
-
-    ``prompt_ids`` are the prompt's tokens (without special tokens); ``offset`` is added to the
-    positions (1 when a BOS token is prepended). A token belongs to the subject when its character
-    span overlaps the subject's; spans come from the tokenizer's offset mapping, or, for a slow
-    tokenizer, from decoding growing prefixes. ValueError when the subject is not in the prompt.
-    """
-    if not subject:
-        raise ValueError(f"empty subject for prompt {prompt!r}")
-    c0 = prompt.find(subject)
-    if c0 < 0:
-        raise ValueError(f"subject {subject!r} not found in prompt {prompt!r}")
-    c1 = c0 + len(subject)
-    spans = _char_spans(tokenizer, prompt, list(prompt_ids))
-    hit = [i for i, (a, b) in enumerate(spans) if b > a and a < c1 and b > c0]
-    if not hit:
-        raise ValueError(f"subject {subject!r} maps to no token of prompt {prompt!r}")
-    return hit[0] + offset, hit[-1] + 1 + offset
-
-
-def _char_spans(tokenizer, prompt: str, ids: list[int]) -> list[tuple[int, int]]:
-    try:
-        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"]) == ids:
-            return [tuple(map(int, s)) for s in enc["offset_mapping"]]
-    except (NotImplementedError, TypeError, ValueError, KeyError):
-        pass
-    spans, prev = [], 0  # slow tokenizers: character length of decoded prefixes
-    for i in range(len(ids)):
-        end = len(tokenizer.decode(ids[: i + 1]))
-        spans.append((prev, end))
-        prev = end
-    return spans
-
-
-def _parse_noise(noise: float | str) -> float:
-    if isinstance(noise, str):
-        if noise[:1] == "s":
-            try:
-                return float(noise[1:])
-            except ValueError:
-                pass
-        raise ValueError(f"noise must be a multiplier (float) or a rule 's<k>' such as 's3', got {noise!r}")
-    if not isinstance(noise, (int, float)) or noise < 0 or not math.isfinite(noise):
-        raise ValueError(f"noise must be a finite multiplier >= 0, got {noise!r}")
-    return float(noise)
 
 
 @register("causal_trace")
@@ -165,7 +106,7 @@ class CausalTrace(Localizer):
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         self.noise = noise
-        self._noise_mult = _parse_noise(noise)
+        self._noise_mult = parse_noise(noise)
         if noise_std is not None and (not math.isfinite(noise_std) or noise_std < 0):
             raise ValueError(f"noise_std must be a finite value >= 0, got {noise_std!r}")
         self.noise_std = None if noise_std is None else float(noise_std)
@@ -258,33 +199,15 @@ class CausalTrace(Localizer):
 
     def _subject_std(self, prepared: list[dict[str, Any]]) -> float:
         """Std over every scalar of the ``hook_embed`` outputs of all subject tokens (in context)."""
-        chunks: list[torch.Tensor] = []
-        dev = self.model.cfg.device
-        for item in prepared:
-            s0, s1 = item["subject_range"]
-
-            def grab(act, hook, s0=s0, s1=s1):
-                chunks.append(act[0, s0:s1].detach().float().reshape(-1).cpu())
-                raise _Stop
-
-            try:
-                with self.model.hooks(fwd_hooks=[("hook_embed", grab)]):
-                    self.model(torch.tensor([item["ids"]], device=dev))
-            except _Stop:
-                pass
-        flat = torch.cat(chunks)
-        return float(flat.std()) if flat.numel() > 1 else 0.0
+        return subject_std(self.model, prepared)
 
     def _noise(self, n_subject: int) -> torch.Tensor:
-        gen = torch.Generator(device="cpu").manual_seed(self.seed)
-        d = int(self.model.cfg.d_model)
-        eps = torch.randn(self.samples, n_subject, d, generator=gen, dtype=torch.float32)
-        return eps * self.noise_std_
+        return make_noise(self.seed, self.samples, n_subject, int(self.model.cfg.d_model), self.noise_std_)
 
     def _trace_one(self, item: dict[str, Any]) -> dict[str, Any]:
         model, dev = self.model, self.model.cfg.device
         ids = torch.tensor([item["ids"]], device=dev)
-        T, L, K, S = ids.shape[1], int(model.cfg.n_layers), len(self.kinds), self.samples
+        T, L = ids.shape[1], int(model.cfg.n_layers)
         s0, s1 = item["subject_range"]
         clean: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -308,24 +231,7 @@ class CausalTrace(Localizer):
         run = _Runner(self, ids, noise, (s0, s1), clean, o)
         p_star_rows, cache = run.corrupted(use_cache=self._prefix_ok(T))
         p_star = float(p_star_rows.mean())
-        # restorations, token-major: (t, kind, layer) for t >= s0; row = restoration * S + sample
-        n_t = T - s0
-        t_idx = torch.arange(s0, T).repeat_interleave(K * L)
-        k_idx = torch.arange(K).repeat_interleave(L).repeat(n_t)
-        l_idx = torch.arange(L).repeat(n_t * K)
-        n_rows = n_t * K * L * S
-        p_rows = torch.empty(n_rows)
-        if cache is not None:  # one suffix run per token t over the corrupted prefix's KV cache
-            spans = [(i * K * L * S, (i + 1) * K * L * S, s0 + i) for i in range(n_t)]
-        else:
-            spans = [(0, n_rows, 0)]
-        for lo, hi, t0 in spans:
-            for a in range(lo, hi, self.batch_size):
-                rows = torch.arange(a, min(a + self.batch_size, hi))
-                r = rows // S
-                spec = self._row_hooks(k_idx[r], t_idx[r] - t0, l_idx[r], L)
-                p_rows[a: a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
-        p_res = p_rows.view(-1, S).mean(1).view(n_t, K, L)
+        p_res = restoration_probs(run, self.kinds, self.window, s0, L, self.batch_size, cache)
         grids, restored = {}, {}
         for ki, k in enumerate(self.kinds):
             pr = torch.full((T, L), p_star)
@@ -337,45 +243,14 @@ class CausalTrace(Localizer):
 
     def _prefix_ok(self, T: int) -> bool:
         """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
-        if self.reuse_prefix is False:
-            return False
-        cfg = getattr(getattr(self.model, "original_model", None), "config", None)
-        window = getattr(getattr(cfg, "get_text_config", lambda: cfg)(), "sliding_window", None) if cfg else None
-        return not (window and T > int(window))  # a cropped sliding-window cache would be wrong
-
-    def _row_hooks(self, kind_r: torch.Tensor, t_r: torch.Tensor, l_r: torch.Tensor, L: int):
-        """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows."""
-        out = []
-        half, upper = self.window // 2, -(-self.window // 2)
-        for ki, k in enumerate(self.kinds):
-            sel = kind_r == ki
-            if not bool(sel.any()):
-                continue
-            for j in range(L):
-                if k == "resid":
-                    m = sel & (l_r == j)
-                else:  # layer j is restored by centres l with l - half <= j < l + upper
-                    m = sel & (l_r - half <= j) & (j < l_r + upper)
-                rows = m.nonzero().flatten()
-                if rows.numel():
-                    out.append((f"blocks.{j}.{_HOOK[k]}", k, j, rows, t_r[rows]))
-        return out
-
+        return prefix_ok(self.model, self.reuse_prefix, T)
 
     # ------------------------------------------------------------------------------ aggregation
 
     @staticmethod
     def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]:
         """ROME's token groups for a prompt of T tokens (positions; empty when absent)."""
-        s0, s1 = subject_range
-        return {
-            "first_subject": [s0],
-            "middle_subject": list(range(s0 + 1, s1 - 1)),
-            "last_subject": [s1 - 1],
-            "first_after": [s1] if s1 < T else [],
-            "further": list(range(s1 + 1, T - 1)),
-            "last": [T - 1],
-        }
+        return token_groups(T, subject_range)
 
     def _average(self, kind: str) -> torch.Tensor:
         L = int(self.model.cfg.n_layers)
@@ -456,78 +331,3 @@ class CausalTrace(Localizer):
 
 def _nan_low(x: float) -> float:
     return -math.inf if math.isnan(x) else x
-
-
-def _last_probs(model, tokens: torch.Tensor, hooks) -> torch.Tensor:
-    """Softmax of the logits at the last position only (the unembedding sees one position a row)."""
-    logits = model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("ln_final.hook_out", _keep_last)])
-    return logits[:, -1].float().softmax(-1)
-
-
-class _Runner:
-    """Forward passes of corrupted rows for one fact (full sequences or suffixes over a KV cache)."""
-
-    def __init__(self, tracer: CausalTrace, ids, noise, span, clean, o) -> None:
-        self.model, self.ids, self.noise, self.span, self.clean, self.o = tracer.model, ids, noise, span, clean, o
-        self.samples = tracer.samples
-        self.T = ids.shape[1]
-
-    def _noise_hook(self, sample_r: torch.Tensor, t0: int):
-        s0, s1 = self.span
-        lo = max(s0, t0)
-        eps = self.noise[sample_r.to(self.ids.device)][:, lo - s0:]
-
-        def corrupt(act, hook):
-            act = act.clone()
-            if s1 > lo:
-                act[:, lo - t0: s1 - t0] += eps.to(act.dtype)
-            return act
-
-        return ("hook_embed", corrupt)
-
-    def corrupted(self, use_cache: bool):
-        """p(o) of the S corrupted copies, and their KV cache (None when unavailable or unwanted)."""
-        S = self.samples
-        hooks = [self._noise_hook(torch.arange(S), 0), ("ln_final.hook_out", _keep_last)]
-        tokens = self.ids.expand(S, -1)
-        if use_cache:
-            try:
-                logits, cache = self.model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits_and_cache")
-            except (TypeError, ValueError, NotImplementedError):
-                logits, cache = None, None
-            if logits is not None and all(hasattr(cache, a) for a in ("crop", "batch_select_indices")):
-                return logits[:, -1].float().softmax(-1)[:, self.o].cpu(), cache
-        logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks)
-        return logits[:, -1].float().softmax(-1)[:, self.o].cpu(), None
-
-    def rows(self, sample_r: torch.Tensor, spec, t0: int, cache) -> torch.Tensor:
-        """p(o) at the last position for corrupted copies ``sample_r`` with restorations ``spec``.
-
-        With a ``cache``, only positions ``t0..T-1`` run, over a copy of the corrupted prefix
-        cache cropped to ``t0`` tokens (row b uses sample ``sample_r[b]``'s prefix).
-        """
-        dev = self.ids.device
-        hooks = [self._noise_hook(sample_r, t0)]
-        for name, k, j, rows, ts in spec:
-            rows_d, ts_d = rows.to(dev), ts.to(dev)
-            vals = self.clean[(k, j)][ts_d + t0]
-
-            def restore(act, hook, rows_d=rows_d, ts_d=ts_d, vals=vals):
-                act[rows_d, ts_d] = vals.to(act.dtype)
-                return act
-
-            hooks.append((name, restore))
-        hooks.append(("ln_final.hook_out", _keep_last))
-        tokens = self.ids[:, t0:].expand(sample_r.numel(), -1)
-        kwargs = {}
-        if cache is not None:
-            past = copy.deepcopy(cache)
-            past.crop(t0 - self.T)
-            past.batch_select_indices(sample_r.to(dev))
-            kwargs["past_key_values"] = past
-        logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks, **kwargs)
-        return logits[:, -1].float().softmax(-1)[:, self.o].cpu()
-
-
-def _keep_last(act, hook):
-    return act[:, -1:]
