@@ -41,7 +41,7 @@ def test_dcsn_equals_hand_computation_with_raw_weights():
         for it in items:
             _, cache = m.run_with_cache(torch.tensor([it.prompt_ids]))
             a = cache[f"blocks.{layer}.mlp.hook_post"][0, -1, idx]
-            by_hand += float(a * (u[it.target_ids[0]] @ w_out_row))
+            by_hand += float((a * (u[it.target_ids[0]] @ w_out_row)).detach())
         assert d.scores_.scores[layer, idx].item() == pytest.approx(by_hand / 3, rel=1e-4, abs=1e-7)
 
 
