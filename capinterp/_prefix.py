@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from capinterp.forward import unembed as _unembed
 from capinterp.model import neuron_hook
 
 
@@ -224,18 +225,6 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
         if isinstance(kw.get(name), torch.Tensor):
             kw[name] = _memo(run, (name, id(kw[name]), R), lambda t=kw[name]: _tile(t, R, S, -1))
     return args, kw
-
-
-def _unembed(model, h: torch.Tensor) -> torch.Tensor:
-    """Final norm + unembedding (+ the HF head's final soft-cap, where the architecture has one)."""
-    logits = model.unembed(model.ln_final(h))
-    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
-    cap = getattr(hf_cfg, "final_logit_softcapping", None)
-    if cap is None and hf_cfg is not None and hasattr(hf_cfg, "get_text_config"):
-        cap = getattr(hf_cfg.get_text_config(), "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
 
 
 def stair_logits(model, run: CleanSuffix, groups: list[tuple[int, torch.Tensor]]) -> torch.Tensor:

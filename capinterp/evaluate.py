@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from capinterp.data.example import as_examples
 from capinterp.forward import logits_at
-from capinterp.tokens import batches, collate, encode, pad_id
+from capinterp.tokens import batches, encode, pad_id, pad_right
 
 
 @dataclass
@@ -54,11 +54,7 @@ def greedy_continuations(
     seqs = [list(p) for p in prompt_ids]
     first_probs = None
     for step in range(n_new):
-        T = max(len(s) for s in seqs)
-        tokens = torch.full((len(seqs), T), pad_id(model.tokenizer), dtype=torch.long)
-        for b, s in enumerate(seqs):
-            tokens[b, : len(s)] = torch.tensor(s)
-        lengths = torch.tensor([len(s) for s in seqs])
+        tokens, lengths = pad_right(seqs, pad_id(model.tokenizer))
         logits = logits_at(model, tokens.to(dev), lengths.to(dev) - 1)
         if step == 0:
             first_probs = logits.softmax(-1).cpu()

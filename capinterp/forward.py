@@ -1,9 +1,9 @@
-"""Forward passes that unembed only the positions that are needed.
+"""Partial forward passes: capture one hook and stop, and unembed only the needed positions.
 
 With Gemma 3's 262k-token vocabulary, full logits for a batch of 20 prompts of 250 tokens
 take 5 GB; the final residual is 2000x smaller. :func:`logits_at` runs the blocks through the
 bridge (so every hook, e.g. an erasure, applies), stops at the final norm's input, and
-unembeds only the requested positions.
+unembeds only the requested positions with :func:`unembed`.
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 
 
 class _Stop(Exception):
-    pass
+    """Raised by a capture hook to end the forward pass once its value is in hand."""
 
 
-def final_residual(model, tokens: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
-    """Residual stream entering the final norm, ``[batch, pos, d_model]``; hooks apply."""
+def capture(model, tokens: torch.Tensor, hook_name: str, fwd_hooks=()) -> torch.Tensor:
+    """The activation at ``hook_name`` for ``tokens``; the forward stops there. Hooks apply."""
     box: list[torch.Tensor] = []
 
     def grab(x, hook):
@@ -23,17 +23,29 @@ def final_residual(model, tokens: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
         raise _Stop
 
     try:
-        model.run_with_hooks(tokens, fwd_hooks=[*fwd_hooks, ("ln_final.hook_in", grab)])
+        model.run_with_hooks(tokens, fwd_hooks=[*fwd_hooks, (hook_name, grab)])
     except _Stop:
         pass
     if not box:
-        raise RuntimeError("ln_final.hook_in did not fire: this architecture has no final-norm hook")
+        raise RuntimeError(f"{hook_name} did not fire: this architecture has no such hook")
     return box[0]
+
+
+def unembed(model, h: torch.Tensor) -> torch.Tensor:
+    """Final norm + unembedding (+ the HF head's final soft-cap, where the architecture has one)."""
+    logits = model.unembed(model.ln_final(h))
+    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+    cap = getattr(hf_cfg, "final_logit_softcapping", None)
+    if cap is None and hf_cfg is not None and hasattr(hf_cfg, "get_text_config"):
+        cap = getattr(hf_cfg.get_text_config(), "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 def logits_at(model, tokens: torch.Tensor, positions: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
     """Logits at ``positions[b]`` of each row ``b``: ``[batch, d_vocab]`` (float32)."""
-    resid = final_residual(model, tokens, fwd_hooks)
+    resid = capture(model, tokens, "ln_final.hook_in", fwd_hooks)
     rows = torch.arange(tokens.shape[0], device=resid.device)
     picked = resid[rows, positions.to(resid.device)][:, None]
-    return model.unembed(model.ln_final(picked))[:, 0].float()
+    return unembed(model, picked)[:, 0].float()

@@ -135,13 +135,17 @@ def encode(
 
 def collate(items: Sequence[Encoded], pad_id: int, *, with_target: bool = True, device=None) -> EncodedBatch:
     """Right-pad ``prompt+target`` (or prompt only) ids into one tensor."""
-    seqs = [it.ids if with_target else it.prompt_ids for it in items]
+    tokens, lengths = pad_right([it.ids if with_target else it.prompt_ids for it in items], pad_id)
+    return EncodedBatch(tokens.to(device), lengths.to(device), list(items))
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([B, T] long tokens, [B] lengths)`` with each sequence right-padded by ``pad_id``."""
     T = max(len(s) for s in seqs)
     tokens = torch.full((len(seqs), T), pad_id, dtype=torch.long)
     for b, s in enumerate(seqs):
-        tokens[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
-    return EncodedBatch(tokens.to(device), lengths.to(device), list(items))
+        tokens[b, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+    return tokens, torch.tensor([len(s) for s in seqs], dtype=torch.long)
 
 
 def pad_id(tokenizer) -> int:

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 
 import torch
 
+from capinterp.forward import capture
+
 __all__ = [
     "KINDS", "TOKEN_GROUPS", "HOOK", "subject_token_range", "parse_noise", "subject_std", "make_noise",
     "prefix_ok", "row_hooks", "restoration_probs", "token_groups", "last_probs", "Runner",
@@ -28,10 +30,6 @@ __all__ = [
 KINDS = ("resid", "mlp", "attn")
 TOKEN_GROUPS = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
 HOOK = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_out"}
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass early (only the embeddings were needed)."""
 
 
 # ------------------------------------------------------------------------------ subject & noise
@@ -92,16 +90,8 @@ def subject_std(model, prepared: list[dict[str, Any]]) -> float:
     dev = model.cfg.device
     for item in prepared:
         s0, s1 = item["subject_range"]
-
-        def grab(act, hook, s0=s0, s1=s1):
-            chunks.append(act[0, s0:s1].detach().float().reshape(-1).cpu())
-            raise _Stop
-
-        try:
-            with model.hooks(fwd_hooks=[("hook_embed", grab)]):
-                model(torch.tensor([item["ids"]], device=dev))
-        except _Stop:
-            pass
+        act = capture(model, torch.tensor([item["ids"]], device=dev), "hook_embed")
+        chunks.append(act[0, s0:s1].detach().float().reshape(-1).cpu())
     flat = torch.cat(chunks)
     return float(flat.std()) if flat.numel() > 1 else 0.0
 

@@ -40,7 +40,8 @@ import torch
 from capinterp.circuits.evaluate import graph_mode, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.data.example import Example, as_examples
-from capinterp.tokens import Encoded, TokenizationError, batches, encode, pad_id
+from capinterp.forward import capture
+from capinterp.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
 
 __all__ = ["Pair", "make_pairs", "score_edges", "corrupt_embeddings", "noise_std", "METRICS"]
 
@@ -137,11 +138,7 @@ def _custom(model: Any, enc: Encoded, out: Any, i: int) -> Pair:
 
 
 def _tensor(rows: Sequence[list[int]], pad: int, device: Any) -> torch.Tensor:
-    T = max(len(r) for r in rows)
-    out = torch.full((len(rows), T), pad, dtype=torch.long)
-    for b, r in enumerate(rows):
-        out[b, : len(r)] = torch.tensor(r)
-    return out.to(device)
+    return pad_right(rows, pad)[0].to(device)
 
 
 def pair_loss(logits: torch.Tensor, pairs: Sequence[Pair], metric: str) -> torch.Tensor:
@@ -163,23 +160,9 @@ def pair_loss(logits: torch.Tensor, pairs: Sequence[Pair], metric: str) -> torch
     return torch.stack(out)
 
 
-class _Stop(Exception):
-    pass
-
-
 def input_embeddings(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     """The ``input`` node's output (the residual entering block 0), without running the blocks."""
-    got: list[torch.Tensor] = []
-
-    def grab(x, hook):
-        got.append(x.detach().clone())
-        raise _Stop
-
-    try:
-        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", grab)])
-    except _Stop:
-        pass
-    return got[0]
+    return capture(model, tokens, "blocks.0.hook_resid_pre").detach().clone()
 
 
 def corrupt_embeddings(model: Any, pairs: Sequence[Pair], index: Sequence[int], tokens: torch.Tensor,
