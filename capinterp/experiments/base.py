@@ -1,0 +1,112 @@
+"""What every experiment shares: its result type, its run context, and the registry.
+
+An experiment is a function ``run(ctx: Context) -> ExperimentResult`` registered with
+``@experiment("name", "title")``. It returns one pandas table, one plotly figure, and a small
+dict ``info`` (the paper's numbers for comparison, notes). ``ctx.quick`` selects subsets sized for
+the 10-minute quick reproduction; ``ctx.workdir`` (if set) is where fitted scores are cached, so
+an interrupted reproduction resumes without refitting (see :meth:`Context.scores`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from capinterp.model import model_fingerprint
+from capinterp.neurons import NeuronScores, NeuronSet
+
+
+@dataclass
+class ExperimentResult:
+    """One experiment's output: a table, a figure, and what to compare it with."""
+
+    name: str
+    title: str
+    table: pd.DataFrame
+    figure: Any = None  # plotly.graph_objects.Figure
+    info: dict[str, Any] = field(default_factory=dict)
+    neurons: dict[str, NeuronSet] = field(default_factory=dict)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write table.csv, figure.json, info.json and neurons/*.capi under ``folder/name``."""
+        d = Path(folder) / self.name
+        d.mkdir(parents=True, exist_ok=True)
+        self.table.to_csv(d / "table.csv", index=False)
+        if self.figure is not None:
+            (d / "figure.json").write_text(self.figure.to_json())
+        for key, ns in self.neurons.items():
+            ns.save(d / "neurons" / f"{key}.capi")
+        info = {"name": self.name, "title": self.title, "info": self.info}
+        (d / "info.json").write_text(json.dumps(info, indent=2, default=str))
+        return d
+
+    @classmethod
+    def load(cls, folder: str | Path, name: str) -> "ExperimentResult":
+        import plotly.io as pio
+
+        d = Path(folder) / name
+        meta = json.loads((d / "info.json").read_text())
+        fig = pio.from_json((d / "figure.json").read_text()) if (d / "figure.json").exists() else None
+        neurons = {p.stem: NeuronSet.load(p) for p in sorted((d / "neurons").glob("*.capi"))}
+        return cls(name, meta["title"], pd.read_csv(d / "table.csv"), fig, meta["info"], neurons)
+
+
+@dataclass
+class Context:
+    """What an experiment runs with: the model, the size mode, the seed and a cache folder."""
+
+    model: Any
+    quick: bool = False
+    seed: int = 0
+    workdir: Path | None = None
+    batch_size: int = 16
+    progress: bool = False
+
+    def size(self, quick: int, full: int) -> int:
+        return quick if self.quick else full
+
+    def scores(self, key: str, fit: Callable[[], NeuronScores]) -> NeuronScores:
+        """``fit()``'s scores, cached as ``workdir/scores/key.capi`` (reused on the next run)."""
+        if self.workdir is None:
+            return fit()
+        path = Path(self.workdir) / "scores" / f"{key}.capi"
+        if path.exists():
+            return NeuronScores.load(path, model_shape=self.model, fingerprint=model_fingerprint(self.model))
+        s = fit()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        s.save(path)
+        return s
+
+    def checkpoint(self, key: str) -> Path | None:
+        """A checkpoint path for a localizer's ``fit`` (``checkpoint=``), or None without workdir."""
+        if self.workdir is None:
+            return None
+        p = Path(self.workdir) / "checkpoints" / f"{key}.ckpt"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+
+Runner = Callable[[Context], ExperimentResult]
+EXPERIMENTS: dict[str, tuple[str, Runner]] = {}
+
+
+def experiment(name: str, title: str) -> Callable[[Runner], Runner]:
+    """Decorator registering ``run(ctx)`` under ``name`` (order of registration = report order)."""
+
+    def deco(fn: Runner) -> Runner:
+        if name in EXPERIMENTS:
+            raise ValueError(f"experiment {name!r} is registered twice")
+        EXPERIMENTS[name] = (title, fn)
+        return fn
+
+    return deco
+
+
+def get(name: str) -> Runner:
+    try:
+        return EXPERIMENTS[name][1]
+    except KeyError:
+        raise ValueError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}") from None
