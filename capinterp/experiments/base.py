@@ -80,6 +80,25 @@ class Context:
         s.save(path)
         return s
 
+    def localize(self, method: str, data_name: str, examples: list, **params: Any) -> NeuronScores:
+        """Scores of dataset localizer ``method`` ("cnl", "dcsn") fitted on ``examples``, cached.
+
+        The cache key is ``method``, ``data_name``, the number of examples and ``params``, so
+        experiments that localize the same data with the same method share one fit.
+        """
+        from capinterp import localizers
+
+        extra = "_".join(f"{k}{v}" for k, v in sorted(params.items()))
+        key = f"{method}_{data_name}_n{len(examples)}" + (f"_{extra}" if extra else "")
+
+        def fit() -> NeuronScores:
+            loc = localizers.get(method)(
+                self.model, checkpoint=self.checkpoint(key), progress=self.progress, **params
+            )
+            return loc.fit(examples).scores_
+
+        return self.scores(key, fit)
+
     def checkpoint(self, key: str) -> Path | None:
         """A checkpoint path for a localizer's ``fit`` (``checkpoint=``), or None without workdir."""
         if self.workdir is None:
