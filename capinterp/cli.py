@@ -1,4 +1,5 @@
-"""The ``capinterp`` command line: ``info``, ``evaluate``, ``localize`` and ``main`` (the README job)."""
+"""The ``capinterp`` command line: ``info``, ``evaluate``, ``localize``, ``reproduce`` and ``main``
+(the README job)."""
 from __future__ import annotations
 
 import argparse
@@ -94,6 +95,29 @@ def cmd_main(args) -> int:
     return run_main(args)
 
 
+def cmd_reproduce(args) -> int:
+    """Every experiment (or ``--only``), resumable, into ``--out``: report.html, results.json."""
+    from capinterp.experiments import EXPERIMENTS
+    from capinterp.reproduce import reproduce
+
+    if args.list:
+        for name, (title, _) in EXPERIMENTS.items():
+            print(f"{name:20s} {title}")
+        return 0
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    if only:
+        unknown = [n for n in only if n not in EXPERIMENTS]
+        if unknown:  # before the model loads
+            raise ValueError(f"unknown experiment(s) {unknown}; available: {', '.join(EXPERIMENTS)}")
+    model = _load(args)
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    res = reproduce(model, args.out, quick=args.quick, only=only, seed=args.seed, batch_size=args.batch_size,
+                    fresh=args.fresh, progress=args.progress, log=say)
+    failed = [n for n, e in res["experiments"].items() if "error" in e]
+    say(f"report: {Path(args.out) / 'report.html'}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="capinterp", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -110,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="cnl")
     p.add_argument("--out", default="out")
     p.set_defaults(func=cmd_localize)
+    p = sub.add_parser("reproduce", help="run the papers' experiments, write DIR/report.html and results.json")
+    _common(p)
+    p.add_argument("--quick", action="store_true", help="small subsets (about 10 minutes on a 2-core CPU)")
+    p.add_argument("--out", default="reproduction", help="output folder; a rerun resumes there")
+    p.add_argument("--only", default=None, help="comma-separated experiment names (see --list)")
+    p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    p.add_argument("--fresh", action="store_true", help="delete --out first instead of resuming")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--progress", action="store_true", help="progress bars for localizer fits")
+    p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("main", help="the README job on the embedded default model")
     _common(p)
     _data_args(p, n=40)

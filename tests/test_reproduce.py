@@ -1,0 +1,95 @@
+"""The reproduction runner: runs registered experiments, resumes, refuses a mismatched folder."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from capinterp.cli import main as cli
+from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, experiment
+from capinterp.neurons import NeuronScores
+from capinterp.reproduce import reproduce
+
+CALLS: list[str] = []
+
+
+@pytest.fixture
+def toy_experiments():
+    """Two throwaway experiments (one fails), removed from the registry afterwards."""
+    before = dict(EXPERIMENTS)
+
+    @experiment("toy_ok", "Toy experiment")
+    def ok(ctx: Context) -> ExperimentResult:
+        CALLS.append("ok")
+        n = ctx.size(2, 5)
+        scores = ctx.scores("toy", lambda: _scores(ctx.model))
+        table = pd.DataFrame({"i": range(n), "top": [float(scores.scores.max())] * n})
+        fig = go.Figure(go.Bar(x=table["i"], y=table["top"]))
+        return ExperimentResult("toy_ok", "Toy experiment", table, fig, {"paper": {"x": 1.0}},
+                                {"top": scores.top_k(3)})
+
+    @experiment("toy_fail", "Failing experiment")
+    def fail(ctx: Context) -> ExperimentResult:
+        CALLS.append("fail")
+        raise RuntimeError("boom")
+
+    CALLS.clear()
+    yield
+    EXPERIMENTS.clear()
+    EXPERIMENTS.update(before)
+
+
+def _scores(model) -> NeuronScores:
+    CALLS.append("fit")
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    return NeuronScores(torch.rand(model.cfg.n_layers, model.cfg.d_mlp, generator=g))
+
+
+def test_runs_resumes_and_reports(tiny, tmp_path, toy_experiments):
+    res = reproduce(tiny, tmp_path, quick=True, only=["toy_ok", "toy_fail"], log=lambda m: None)
+    assert CALLS == ["ok", "fit", "fail"]
+    assert len(res["experiments"]["toy_ok"]["table"]) == 2  # quick size
+    assert "boom" in res["experiments"]["toy_fail"]["error"]
+    report = (tmp_path / "report.html").read_text()
+    assert "Toy experiment" in report and "boom" in report and "plotly" in report
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["config"]["quick"] is True
+    assert (tmp_path / "experiments" / "toy_ok" / "neurons" / "top.capi").exists()
+
+    CALLS.clear()  # rerun: the finished experiment is loaded, the failed one is retried
+    res2 = reproduce(tiny, tmp_path, quick=True, only=["toy_ok", "toy_fail"], log=lambda m: None)
+    assert CALLS == ["fail"]
+    assert res2["experiments"]["toy_ok"]["table"] == res["experiments"]["toy_ok"]["table"]
+    assert res2["experiments"]["toy_ok"]["resumed"] is True
+
+    CALLS.clear()  # the cached scores survive a deleted experiment folder: no refit
+    import shutil
+
+    shutil.rmtree(tmp_path / "experiments" / "toy_ok")
+    reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
+    assert CALLS == ["ok"]
+
+
+def test_mismatched_folder_and_unknown_names(tiny, tmp_path, toy_experiments):
+    reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
+    with pytest.raises(ValueError, match="other settings"):
+        reproduce(tiny, tmp_path, quick=False, only=["toy_ok"], log=lambda m: None)
+    reproduce(tiny, tmp_path, quick=False, only=["toy_ok"], fresh=True, log=lambda m: None)
+    with pytest.raises(ValueError, match="unknown experiment"):
+        reproduce(tiny, tmp_path, only=["nope"], log=lambda m: None)
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupted"):
+        reproduce(tiny, tmp_path, only=["toy_ok"], log=lambda m: None)
+
+
+def test_cli(tmp_path, toy_experiments, capsys):
+    assert cli(["reproduce", "--list"]) == 0
+    assert "toy_ok" in capsys.readouterr().out
+    assert cli(["reproduce", "--only", "nope", "--model", "tiny"]) == 2
+    assert cli(["reproduce", "--quick", "--only", "toy_ok", "--model", "tiny", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.html").exists()
+    assert cli(["reproduce", "--quick", "--only", "toy_fail", "--model", "tiny", "--out", str(tmp_path)]) == 1
