@@ -46,7 +46,8 @@ class CNL(DatasetNeuronLocalizer):
         objective: ``"prob"`` (default) or ``"logprob"``.
         method: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"``.
         batch_size: IG rows (layer x step points) per forward/backward; bounds peak memory.
-        checkpoint: path; running sums are saved after every example and resumed from.
+        **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
+            running sums are saved after every example and resumed from).
     """
 
     chunk_examples = 1

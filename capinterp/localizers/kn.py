@@ -41,7 +41,9 @@ class KN(Localizer):
         threshold: coarse threshold t, relative to each prompt's max score (0.2).
         share: refined set = neurons in more than ``share * n`` coarse sets (0.5).
         refine: False keeps the union of the coarse sets.
-        rule, objective, method: as for :class:`capinterp.CNL`.
+        rule: IG interpolation rule, as for :class:`capinterp.CNL`.
+        objective: IG objective, as for :class:`capinterp.CNL`.
+        method: IG kernel, as for :class:`capinterp.CNL`.
     """
 
     def __init__(
