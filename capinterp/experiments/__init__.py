@@ -1,8 +1,25 @@
 """The papers' experiments, one module each; every one returns an :class:`ExperimentResult`.
 
 Each module registers itself with :func:`~capinterp.experiments.base.experiment`; importing this
-package imports them all, so ``EXPERIMENTS`` lists every experiment in report order.
+package imports them all, so ``EXPERIMENTS`` lists every experiment in report order:
+
+papers/001 (Huang et al.): fidelity (3.1), reliability (3.2), decoupling (4), commonality
+(split-half, Table 1), erase (Table 3 sigma sweep, Table 4 IPP), cross_capability (Fig. 5);
+papers/003 (DCSN): specificity (cohesion/separability, Table 3), forward_reasoning (Table 4),
+operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6).
 """
 from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, experiment, get
+from capinterp.experiments import (  # noqa: F401  (registration, in report order)
+    fidelity,
+    reliability,
+    decoupling,
+    commonality,
+    erase,
+    cross_capability,
+    specificity,
+    forward_reasoning,
+    operator_ablation,
+    cnlf,
+)
 
 __all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "experiment", "get"]

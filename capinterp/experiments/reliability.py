@@ -1,0 +1,156 @@
+"""Reliability of KN's validation (papers/001 Sec. 3.2; ALGORITHMS.md 1.4).
+
+KN validates knowledge neurons by doubling or zeroing them and watching the answer's probability.
+The CNL paper repeats this with an equal-size random neuron set and finds that random neurons
+move the probability in the same direction almost as often. Here every prompt the model answers
+(builtin paraphrase bags) gets its own KN set (:mod:`capinterp.experiments._per_sample`); the
+activations are multiplied by 2 (amplify) or 0 (erase), once for the located set and once for each
+of ``n_random`` random sets of the same size (``NeuronSet.random_like(seed + 1000 * r + i)`` for
+prompt ``i`` and draw ``r``), and we count the prompts whose target probability rises or falls.
+
+Intervention site: ``position="last"`` (default) scales the neurons at the last prompt token
+only, KN's convention (Dai et al. scale the [MASK] position); ``position="all"`` scales them at
+every position with :func:`capinterp.scale` (the CNL erase convention). Prompts whose KN set is
+empty are left out of the shares (nothing to intervene on) and counted in ``n_empty``.
+
+Paper (GPT-J, zsRE): x2 located 85.1 % up / 14.9 % down, random 72.3 / 27.7;
+x0 located 27.4 % up / 72.4 % down, random 17.6 / 82.6; 15.3 KNs per sample.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from capinterp.data.example import Example
+from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
+from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
+from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.forward import logits_at
+from capinterp.interventions import neuron_hooks, scale
+from capinterp.neurons import NeuronSet
+from capinterp.tokens import encode
+
+__all__ = ["POSITIONS", "PAPER", "target_prob", "reliability_frame", "summarize", "run"]
+
+POSITIONS = ("last", "all")
+OPERATIONS = {2.0: "amplify x2", 0.0: "erase x0"}
+COLUMNS = ["sample", "fact", "n_neurons", "factor", "operation", "arm", "draw", "seed", "p_before", "p_after"]
+SUMMARY_COLUMNS = ["operation", "arm", "n", "share_up", "share_down", "rel_change", "paper_up", "paper_down"]
+# (operation, arm) -> (% samples up, % samples down), papers/001 Sec. 3.2 (GPT-J, zsRE)
+PAPER = {("amplify x2", "located"): (85.1, 14.9), ("amplify x2", "random"): (72.3, 27.7),
+         ("erase x0", "located"): (27.4, 72.4), ("erase x0", "random"): (17.6, 82.6)}
+
+
+def _last_only(hooks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Apply each hook to the last position only (batch of one unpadded prompt)."""
+    def wrap(fn: Any) -> Any:
+        def hook(act: torch.Tensor, hook: Any) -> torch.Tensor:
+            act = act.clone()
+            act[:, -1:] = fn(act[:, -1:], hook)
+            return act
+        return hook
+    return [(name, wrap(fn)) for name, fn in hooks]
+
+
+@torch.no_grad()
+def target_prob(model: Any, ex: Example, neurons: NeuronSet | None = None, factor: float = 1.0,
+                position: str = "last") -> float:
+    """p(first target token | prompt), with ``neurons`` scaled by ``factor`` at ``position``."""
+    if position not in POSITIONS:
+        raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+    enc = encode(model, [ex], max_target_tokens=1)[0]
+    tokens = torch.tensor([enc.prompt_ids], device=model.cfg.device)
+    pos = torch.tensor([len(enc.prompt_ids) - 1], device=model.cfg.device)
+    if neurons is None:
+        logits = logits_at(model, tokens, pos)
+    elif position == "last":
+        logits = logits_at(model, tokens, pos, fwd_hooks=_last_only(neuron_hooks(model, neurons, float(factor))))
+    else:
+        with scale(model, neurons, factor):
+            logits = logits_at(model, tokens, pos)
+    return float(torch.softmax(logits[0].double(), -1)[enc.target_ids[0]])
+
+
+def reliability_frame(model: Any, examples: Sequence[Example], *, neuron_sets: Sequence[NeuronSet] | None = None,
+                      kn_steps: int = 20, kn_threshold: float = 0.2, factors: Sequence[float] = (2.0, 0.0),
+                      n_random: int = 3, seed: int = 0, position: str = "last",
+                      cache: ScoreCache | None = None) -> pd.DataFrame:
+    """One row per (prompt, factor, arm, draw): target probability before and after.
+
+    ``neuron_sets`` (one per example) replaces KN localization when given. Columns: sample,
+    fact, n_neurons, factor, operation, arm ("located" / "random"), draw, seed, p_before, p_after.
+    """
+    if position not in POSITIONS:
+        raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+    if neuron_sets is not None and len(neuron_sets) != len(examples):
+        raise ValueError(f"got {len(neuron_sets)} neuron sets for {len(examples)} examples")
+    rows = []
+    for i, ex in enumerate(examples):
+        ns = neuron_sets[i] if neuron_sets is not None else kn_neurons(
+            kn_scores(model, ex, steps=kn_steps, cache=cache), kn_threshold)
+        before = target_prob(model, ex)
+        arms = [("located", -1, None, ns)] + [
+            ("random", r, seed + 1000 * r + i, ns.random_like(seed + 1000 * r + i)) for r in range(n_random)]
+        for factor in factors:
+            for arm, draw, s, units in arms:
+                rows.append({"sample": i, "fact": ex.meta.get("fact_id"), "n_neurons": len(ns),
+                             "factor": float(factor), "operation": OPERATIONS.get(float(factor), f"scale x{factor:g}"),
+                             "arm": arm, "draw": draw, "seed": s, "p_before": before,
+                             "p_after": target_prob(model, ex, units, factor, position)})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (operation, arm): % of samples whose probability rose / fell, over prompts with a non-empty set.
+
+    Random draws count as separate samples. ``rel_change`` = (mean p_after - mean p_before) / mean
+    p_before (Dai et al.'s aggregate).
+    """
+    rows = []
+    for (op, arm), g in frame.groupby(["operation", "arm"], sort=False):
+        g = g[g["n_neurons"] > 0]
+        d = g["p_after"] - g["p_before"]
+        n = len(g)
+        up, down = PAPER.get((op, arm), (np.nan, np.nan))
+        rows.append({"operation": op, "arm": arm, "n": n,
+                     "share_up": round(100 * float((d > 0).mean()), 1) if n else np.nan,
+                     "share_down": round(100 * float((d < 0).mean()), 1) if n else np.nan,
+                     "rel_change": float(g["p_after"].mean() / g["p_before"].mean() - 1) if n else np.nan,
+                     "paper_up": up, "paper_down": down})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _figure(summary: pd.DataFrame) -> go.Figure:
+    x = summary["operation"] + " / " + summary["arm"]
+    fig = go.Figure([go.Bar(name="measured % up", x=x, y=summary["share_up"]),
+                     go.Bar(name="paper % up (GPT-J)", x=x, y=summary["paper_up"])])
+    fig.update_layout(barmode="group", title="Reliability: share of prompts whose target probability rises",
+                      yaxis_title="% of prompts")
+    return fig
+
+
+@experiment("reliability", "Reliability: located vs random neurons under KN's amplify / erase test (papers/001 3.2)")
+def run(ctx: Context) -> ExperimentResult:
+    """Per-prompt KN sets on builtin paraphrases the model answers; x2 and x0 vs 3 random sets."""
+    candidates = builtin_paraphrases(3 if ctx.quick else None)
+    bags = known_paraphrases(ctx.model, candidates, per_fact=ctx.size(3, 4), max_facts=ctx.size(1, 8))
+    examples = [e for bag in bags for e in bag]
+    kn_steps, n_random = ctx.size(3, 10), ctx.size(2, 3)
+    frame = reliability_frame(ctx.model, examples, kn_steps=kn_steps, n_random=n_random, seed=ctx.seed,
+                              position="last", cache=ctx.scores)
+    table = summarize(frame)
+    sizes = frame.drop_duplicates("sample")["n_neurons"]
+    info = {
+        "paper": {f"{op} / {arm}": {"up": u, "down": d} for (op, arm), (u, d) in PAPER.items()},
+        "n_samples": len(examples), "n_empty": int((sizes == 0).sum()),
+        "mean_neurons": float(sizes.mean()) if len(sizes) else None,
+        "paper_mean_neurons": 15.3, "kn_steps": kn_steps, "n_random": n_random, "position": "last",
+        "notes": ("Per-prompt KN coarse sets (IG at the last prompt token, > 0.2 x max), scaled at the last "
+                  "prompt token only (KN's convention). Random arms: equal-size sets, seed + 1000*draw + "
+                  "sample. The paper used GPT-J on zsRE."),
+    }
+    return ExperimentResult("reliability", "Reliability of KN's amplify / erase validation", table, _figure(table), info)

@@ -1,0 +1,168 @@
+"""The capability experiments (commonality, erase, cross_capability) and their shared pieces, on
+tiny models: table shapes, and properties that must hold (identical halves overlap fully, erasing
+nothing changes nothing, seeded random arms repeat, pooled halves equal a fit on the union)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import capinterp as ci
+from capinterp.data import Example
+from capinterp.experiments import EXPERIMENTS, Context
+from capinterp.experiments import capability_data as cd
+from capinterp.experiments.commonality import COLUMNS as COMMON_COLS, commonality_table
+from capinterp.experiments.cross_capability import COLUMNS as CROSS_COLS, cross_figure, cross_matrix, cross_table
+from capinterp.experiments.erase import COLUMNS as ERASE_COLS, erase_figure, erase_table, random_sets
+from capinterp.experiments.scoring import measure, target_scores
+from capinterp.neurons import NeuronScores, NeuronSet
+from planting import PLANTED, plant
+
+SEVENS = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
+PROMPTS = ["3+4=", "12*3=", "5-2=", "8/4=", "9+9=", "7*7=", "6-1=", "4+5="]
+FAST = {"cnl": {"steps": 2}}
+
+
+@pytest.fixture(scope="module")
+def planted():
+    m = ci.load_model("tiny")
+    plant(m, SEVENS)
+    return m
+
+
+def _all(model) -> NeuronSet:
+    return NeuronSet(torch.ones(model.cfg.n_layers, model.cfg.d_mlp, dtype=torch.bool))
+
+
+def test_experiments_are_registered():
+    assert {"commonality", "erase", "cross_capability"} <= set(EXPERIMENTS)
+
+
+def test_target_scores_match_greedy_targets(tiny):
+    exs = cd.fill_greedy_targets(tiny, ci.data.as_examples(PROMPTS))  # target = greedy next token
+    exs = [e for e in exs if "\ufffd" not in e.target]  # a lone partial UTF-8 byte does not round-trip
+    assert len(exs) >= 3
+    s = target_scores(tiny, exs, batch_size=3)
+    assert s["match"].tolist() == [1.0] * len(exs)
+    ev = ci.evaluate(tiny, exs, progress=False)
+    assert np.allclose(s["first_prob"], [r["prob"] for r in ev.records], atol=1e-5)
+    with pytest.raises(ValueError, match="metric"):
+        measure(tiny, exs, "bleu")
+
+
+def test_identical_halves_overlap_fully(tiny):
+    same = ["3+4="] * 6  # both halves hold the same three copies -> identical scores
+    t = commonality_table(tiny, {"same": same}, params=FAST, sigma=2.0)
+    assert list(t.columns) == COMMON_COLS and len(t) == 2
+    assert t["method"].tolist() == ["cnl", "dcsn"]
+    assert (t["n_a"] > 0).all() and (t["n_a"] == t["n_b"]).all() and (t["n_common"] == t["n_a"]).all()
+    assert t["overlap"].tolist() == [1.0, 1.0] and t["iou"].tolist() == [1.0, 1.0]
+
+
+def test_split_halves_are_cached_and_reused(tiny, tmp_path):
+    ctx = Context(tiny, workdir=tmp_path)
+    t1 = commonality_table(tiny, {"mix": PROMPTS}, methods=("dcsn",), sigma=2.0, localize=ctx.localize)
+    saved = sorted(p.name for p in (tmp_path / "scores").glob("*.capi"))
+    assert len(saved) == 2  # one fit per half
+    t2 = commonality_table(tiny, {"mix": PROMPTS}, methods=("dcsn",), sigma=2.0, localize=ctx.localize)
+    assert t1.equals(t2) and sorted(p.name for p in (tmp_path / "scores").glob("*.capi")) == saved
+    r = t1.iloc[0]
+    assert 0.0 <= r["iou"] <= r["overlap"] <= 1.0 and r["n_per_half"] == 4
+
+
+def test_pooled_halves_equal_a_fit_on_the_union(tiny):
+    exs = cd.fill_greedy_targets(tiny, ci.data.as_examples(PROMPTS))
+    a, b = cd.halves(exs, seed=3)
+    loc = cd.default_localize(tiny)
+    sa, sb = cd.half_scores(loc, "dcsn", "x", exs, seed=3)
+    union = ci.DCSN(tiny, progress=False).fit(a + b).scores_.scores
+    assert torch.allclose(cd.pooled(sa, sb, len(a), len(b)).scores, union, atol=1e-6)
+    assert not set(e.prompt for e in a) & set(e.prompt for e in b)
+
+
+def test_erasing_nothing_changes_nothing(tiny):
+    flat = NeuronScores(torch.zeros(tiny.cfg.n_layers, tiny.cfg.d_mlp))  # no neuron beyond sigma
+    exs = cd.fill_greedy_targets(tiny, ci.data.as_examples(PROMPTS))
+    t = erase_table(tiny, {"acc": flat, "prob": flat}, {"acc": exs, "prob": exs},
+                    metrics_by_name={"acc": "accuracy", "prob": "target_prob"}, sigmas=(3.0, 6.0), n_random=2)
+    assert list(t.columns) == ERASE_COLS and len(t) == 4
+    assert (t["n_neurons"] == 0).all()
+    for col in ("located", "random_mean", "random_min", "random_max"):
+        assert np.allclose(t[col], t["base"])
+    assert np.allclose(t["located_prob"], t["base_prob"]) and np.allclose(t["ipp"], 0.0)
+    assert t.loc[t["capability"] == "acc", "base"].iloc[0] == 1.0  # greedy targets: all correct
+
+
+def test_random_arms_use_the_seed(tiny):
+    g = torch.Generator().manual_seed(0)
+    ns = NeuronScores(torch.randn(tiny.cfg.n_layers, tiny.cfg.d_mlp, generator=g)).select(sigma=2.0)
+    r1, r2, other = random_sets(ns, 3, seed=1), random_sets(ns, 3, seed=1), random_sets(ns, 3, seed=2)
+    assert r1 == r2 and r1 != other and all(len(r) == len(ns) for r in r1)
+    assert r1[0] != r1[1]
+
+
+def test_erasing_planted_neurons_beats_random(planted):
+    mask = torch.zeros(planted.cfg.n_layers, planted.cfg.d_mlp)
+    for layer, i in PLANTED:
+        mask[layer, i] = 10.0
+    scores = NeuronScores(mask)
+    t = erase_table(planted, {"seven": scores}, {"seven": SEVENS}, sigmas=(6.0,), n_random=3, seed=0)
+    r = t.iloc[0]
+    assert r["n_neurons"] == 3 and r["metric"] == "accuracy"
+    assert r["base"] == 1.0 and r["located"] == 0.0 and r["random_min"] == 1.0
+    assert r["ipp"] == pytest.approx(1.0)
+    again = erase_table(planted, {"seven": scores}, {"seven": SEVENS}, sigmas=(6.0,), n_random=3, seed=0)
+    assert t.equals(again)
+    assert len(erase_figure(t).data) == 2
+
+
+def test_cross_table_shape_and_controls(tiny):
+    exs = cd.fill_greedy_targets(tiny, ci.data.as_examples(PROMPTS))
+    empty = NeuronSet(torch.zeros(tiny.cfg.n_layers, tiny.cfg.d_mlp, dtype=torch.bool))
+    tests = {"a": exs[:4], "b": exs[4:]}
+    t = cross_table(tiny, {"none": empty, "all": _all(tiny)}, tests,
+                    metrics_by_name={"a": "target_prob", "b": "target_prob"})
+    assert list(t.columns) == CROSS_COLS and len(t) == 4
+    none = t[t["erased"] == "none"]
+    assert np.allclose(none["rel_drop"], 0.0) and np.allclose(none["rel_drop_random"], 0.0)
+    full = t[t["erased"] == "all"]
+    assert (full["after"] != full["base"]).all()  # erasing every neuron changes the model
+    m = cross_matrix(t)
+    assert list(m.index) == ["none", "all"] and list(m.columns) == ["a", "b"]
+    assert len(cross_figure(t).data) == 2
+
+
+def test_solved_first_orders_and_counts(planted):
+    mixed = [Example("3+4=", "7"), Example("3+4=", "8")] * 2
+    kept, n_solved = cd.solved_first(planted, mixed, "accuracy", n_keep=3)
+    assert n_solved == 2 and [e.target for e in kept] == ["7", "7", "8"]
+
+
+def test_prepare_is_memoized_and_held_out(tiny):
+    def loader(name, n, seed=0, split="test"):
+        off = 0 if split == "train" else 100
+        return [Example(f"{off + i}+1=", str(off + i + 1), {"fmt": "DG", "answer": off + i + 1}) for i in range(n)]
+
+    d = cd.prepare(tiny, ["add"], n_candidates=6, n_locate=4, n_test=3, loader=loader)
+    assert len(d["add"].locate) == 4 and len(d["add"].test) == 3 and d["add"].metric == "accuracy"
+    assert not {e.prompt for e in d["add"].locate} & {e.prompt for e in d["add"].test}
+    assert cd.prepare(tiny, ["add"], n_candidates=6, n_locate=4, n_test=3, loader=loader)["add"] is d["add"]
+
+
+def test_three_experiments_share_fits_in_a_reproduction(tiny, tmp_path, monkeypatch):
+    from capinterp.reproduce import reproduce
+
+    small = {"capabilities": ("add", "sub"), "n_candidates": 6, "n_locate": 4, "n_test": 4,
+             "params": {"cnl": {"steps": 2}, "dcsn": {}}}
+    monkeypatch.setattr(cd, "settings", lambda ctx: dict(small))
+    names = ["commonality", "erase", "cross_capability"]
+    res = reproduce(tiny, tmp_path, quick=True, only=names[:1], log=lambda m: None)
+    fits = sorted((tmp_path / "cache" / "scores").glob("*.capi"))
+    assert len(fits) == 2 * 2 * 2  # capabilities x methods x halves
+    res = reproduce(tiny, tmp_path, quick=True, only=names, log=lambda m: None)
+    assert sorted((tmp_path / "cache" / "scores").glob("*.capi")) == fits  # erase / cross refit nothing
+    for name in names:
+        assert "error" not in res["experiments"][name], res["experiments"][name].get("traceback")
+    assert len(res["experiments"]["commonality"]["table"]) == 4
+    assert len(res["experiments"]["erase"]["table"]) == 2 * 2  # capabilities x quick sigmas (3, 6)
+    assert len(res["experiments"]["cross_capability"]["table"]) == 4

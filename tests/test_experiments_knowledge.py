@@ -1,0 +1,146 @@
+"""Fidelity, reliability and decoupling experiments on the tiny random model (greedy targets)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from capinterp.data.example import Example
+from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
+from capinterp.experiments import EXPERIMENTS, Context
+from capinterp.experiments import decoupling as D
+from capinterp.experiments import fidelity as F
+from capinterp.experiments import reliability as R
+from capinterp.experiments._per_sample import kn_neurons, kn_scores, with_greedy_targets
+from capinterp.neurons import NeuronScores, NeuronSet
+
+PROMPTS = [("The Eiffel Tower is in the city of", "Eiffel Tower"),
+           ("The Eiffel Tower stands in the city of", "Eiffel Tower"),
+           ("The capital of Italy is", "Italy")]  # greedy targets that round-trip on the tiny model
+
+
+def _greedy(tiny, prompt: str, subject: str, fact: int = 0) -> Example:
+    return with_greedy_targets(tiny, [Example(prompt, "", {"subject": subject, "fact_id": fact})])[0]
+
+
+@pytest.fixture(scope="module")
+def bags(tiny):
+    same = [_greedy(tiny, PROMPTS[0][0], PROMPTS[0][1], 0)] * 3  # identical paraphrases
+    mixed = [_greedy(tiny, p, s, 1) for p, s in PROMPTS]
+    assert known_paraphrases(tiny, [same, mixed], per_fact=3) == [same, mixed]
+    return [same, mixed]
+
+
+def test_registered():
+    assert {"fidelity", "reliability", "decoupling"} <= set(EXPERIMENTS)
+
+
+def test_paraphrase_bags_hold_the_subject():
+    bags = builtin_paraphrases()
+    assert len(bags) == 14 and all(len(b) == 5 for b in bags)
+    for bag in bags:
+        assert len({e.prompt for e in bag}) == 5 and len({e.target for e in bag}) == 1
+        assert all(e.meta["subject"] in e.prompt and not e.prompt.endswith(" ") for e in bag)
+
+
+def test_known_paraphrases_filters(tiny, bags):
+    kept = known_paraphrases(tiny, bags, per_fact=2)
+    assert [len(b) for b in kept] == [2, 2]  # greedy targets: every prompt is "known"
+    assert known_paraphrases(tiny, bags, max_facts=1) == [bags[0]]
+    wrong = [[Example(e.prompt, " zzqx", e.meta) for e in bags[1]]]
+    assert known_paraphrases(tiny, wrong, min_prompts=1) == []
+
+
+def test_fidelity_identical_paraphrases_overlap_one(tiny, bags):
+    table = F.fidelity_table(tiny, bags, kn_steps=2, ct_samples=1, ct_top_k=2, kc_top_n=20)
+    assert list(table.columns) == F.COLUMNS and len(table) == 3 * 2
+    same = table[table["fact"] == 0]
+    assert (same["mean_overlap"] == 1.0).all() and (same["identical_pairs"] == 1.0).all()
+    assert ((table["mean_overlap"] >= 0) & (table["mean_overlap"] <= 1)).all()
+    assert (table[table["method"] == "rome"]["mean_units"] == 2).all()
+    s = F.summarize(table)
+    assert list(s["method"]) == list(F.METHODS) and list(s["paper_overlap"]) == [37.3, 32.7, 7.2]
+    with pytest.raises(ValueError, match="unknown method"):
+        F.fidelity_table(tiny, bags, methods=["acdc"])
+
+
+def test_kn_scores_cache_is_used(tiny, bags):
+    store: dict[str, NeuronScores] = {}
+
+    def cache(key, fit):
+        if key not in store:
+            store[key] = fit()
+        return store[key]
+
+    ex = bags[1][0]
+    a = kn_scores(tiny, ex, steps=2, cache=cache)
+    assert len(store) == 1 and kn_scores(tiny, ex, steps=2, cache=cache) is a
+    kn_scores(tiny, ex, steps=3, cache=cache)
+    assert len(store) == 2
+    with pytest.raises(ValueError, match="no target"):
+        kn_scores(tiny, Example("abc", ""), steps=2)
+
+
+def test_erasing_nothing_changes_nothing(tiny, bags):
+    exs = bags[1]
+    empty = [NeuronSet.from_indices([], tiny.cfg.n_layers, tiny.cfg.d_mlp)] * len(exs)
+    for pos in R.POSITIONS:
+        f = R.reliability_frame(tiny, exs, neuron_sets=empty, n_random=2, position=pos)
+        assert list(f.columns) == R.COLUMNS and len(f) == len(exs) * 2 * 3
+        assert (f["p_after"] == f["p_before"]).all()
+    s = R.summarize(f)
+    assert list(s.columns) == R.SUMMARY_COLUMNS and (s["n"] == 0).all()
+
+
+def test_reliability_located_and_seeded_random(tiny, bags):
+    exs = bags[1]
+    sets = [kn_neurons(kn_scores(tiny, e, steps=2)) for e in exs]
+    assert all(len(s) > 0 for s in sets)
+    a = R.reliability_frame(tiny, exs, neuron_sets=sets, n_random=2, seed=5)
+    b = R.reliability_frame(tiny, exs, neuron_sets=sets, n_random=2, seed=5)
+    c = R.reliability_frame(tiny, exs, neuron_sets=sets, n_random=2, seed=6)
+    pd.testing.assert_frame_equal(a, b)
+    rnd = a["arm"] == "random"
+    assert (a.loc[~rnd, "p_after"] == c.loc[~rnd, "p_after"]).all()
+    assert (a.loc[rnd, "p_after"] != c.loc[rnd, "p_after"]).any()
+    assert set(a.loc[rnd, "seed"]) == {5 + 1000 * r + i for r in range(2) for i in range(len(exs))}
+    erased = a[(a["arm"] == "located") & (a["factor"] == 0.0)]
+    assert (erased["p_after"] != erased["p_before"]).all()
+    s = R.summarize(a)
+    assert list(s["n"]) == [3, 6, 3, 6]
+    assert ((s["share_up"] + s["share_down"]) <= 100.0 + 1e-9).all()
+    # the intervention site matters: all positions differ from the last position only
+    last = R.target_prob(tiny, exs[0], sets[0], 0.0, "last")
+    every = R.target_prob(tiny, exs[0], sets[0], 0.0, "all")
+    assert last != every
+    with pytest.raises(ValueError, match="position"):
+        R.target_prob(tiny, exs[0], sets[0], 0.0, "first")
+
+
+def test_decoupling_pairs_and_table(tiny):
+    pairs = D.decoupling_pairs(4, seed=1)
+    assert len({p[0].meta["expression"] for p in pairs}) == 4
+    for compute, code in pairs:
+        x = compute.meta["expression"]
+        assert x in compute.prompt and x in code.prompt and compute.target == str(compute.meta["answer"])
+        assert code.target == "" and compute.prompt.endswith(f"{x}=")
+    sub1, sub2, flat = D.locate_pairs(tiny, pairs[:3], steps=2)
+    assert all(e.target for e in flat) and len(sub1) == len(sub2) == 3
+    t = D.decoupling_table(sub1, sub2)
+    assert list(t["comparison"]) == list(D.COMPARISONS)
+    assert list(t["n_comparisons"]) == [3, 3, 3, 6]
+    same = D.decoupling_table(sub1, sub1)
+    assert same.loc[0, "iou"] == 100.0 and same.loc[0, "overlap"] == 100.0
+    with pytest.raises(ValueError):
+        D.decoupling_table(sub1, sub2[:2])
+
+
+@pytest.mark.parametrize("name", ["fidelity", "reliability", "decoupling"])
+def test_run_quick_on_tiny(tiny, name, tmp_path):
+    res = EXPERIMENTS[name][1](Context(tiny, quick=True, workdir=tmp_path))
+    assert res.name == name and isinstance(res.table, pd.DataFrame) and res.figure is not None
+    assert res.info["notes"]
+    res.save(tmp_path / "out")
+    if name == "decoupling":
+        assert len(res.table) == 4 and not math.isnan(res.table.loc[0, "iou"])
