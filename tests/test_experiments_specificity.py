@@ -175,3 +175,11 @@ def test_runs_save_and_load(tiny, tmp_path, runner):
     back = ExperimentResult.load(res.save(tmp_path / "out").parent, res.name)
     assert back.table.shape == res.table.shape and set(back.neurons) == set(res.neurons)
     assert any((tmp_path / "cache" / "scores").glob("*.capi"))  # fitted scores are cached
+
+
+def test_operator_neurons_are_shared_through_the_cache(tiny, tmp_path):
+    ctx = Context(model=tiny, quick=True, workdir=tmp_path)
+    run_specificity(ctx)
+    before = sorted(p.name for p in (tmp_path / "scores").glob("*.capi"))
+    run_ablation(ctx)  # its 1-OP DG (en) operator neurons are specificity's "DG-en" sets
+    assert sorted(p.name for p in (tmp_path / "scores").glob("*.capi")) == before

@@ -123,6 +123,12 @@ def one_op_data(op: str, n: int, seed: int, fmt: str = "DG", lang: str = "en",
     return arithmetic(ops=op, n=n, fmt=fmt, lang=lang, seed=seed, style=style, shots=shots)
 
 
+def one_op_name(op: str, seed: int, fmt: str = "DG", lang: str = "en", style: str = "compact",
+                shots: int = 4) -> str:
+    """The cache name of :func:`one_op_data` with these arguments (shared across experiments)."""
+    return f"{OP_NAMES[op]}_{fmt}_{lang}_{style}{shots}_s{seed}"
+
+
 def direct_scorer(model: Any, filter: str = "first_token", batch_size: int = 16) -> Scorer:
     """A :data:`Scorer` computing :func:`correct_scores` with no caching (tests, notebooks)."""
     return lambda name, examples: correct_scores(model, examples, filter=filter, batch_size=batch_size)
@@ -143,9 +149,5 @@ def operator_neurons(
     scorer: Scorer, n: int, seed: int, sigma: float = 6.0, ops: Sequence[str] = OPS, **data: Any
 ) -> tuple[dict[str, NeuronScores], dict[str, NeuronSet]]:
     """Scores and sigma-masked neuron sets of each operator, from ``n`` 1-OP examples each."""
-    scores: dict[str, NeuronScores] = {}
-    for op in ops:
-        fmt, lang = data.get("fmt", "DG"), data.get("lang", "en")
-        name = f"{OP_NAMES[op]}_{fmt}_{lang}_{data.get('style', 'compact')}{data.get('shots', 4)}_s{seed}"
-        scores[op] = scorer(name, one_op_data(op, n, seed, **data))
+    scores = {op: scorer(one_op_name(op, seed, **data), one_op_data(op, n, seed, **data)) for op in ops}
     return scores, {op: s.select(sigma=sigma) for op, s in scores.items()}

@@ -135,7 +135,7 @@ def _figure(table: pd.DataFrame) -> Any:
 @experiment("forward_reasoning", TITLE)
 def run(ctx: Context) -> ExperimentResult:
     sigma, fraction = 6.0, 0.1
-    n_loc, n_test = ctx.size(8, 50), ctx.size(2, 20)
+    n_loc, n_test = ctx.size(6, 50), ctx.size(2, 20)
     scores, sets = operator_neurons(context_scorer(ctx), n_loc, ctx.seed, sigma)
     tops = {op: top_fraction(scores[op], sets[op], fraction) for op in OPS}
     data = {k: arithmetic(ops="".join(OPS), n=n_test, fmt="DG", lang="en", seed=ctx.seed + 1, n_ops=k)

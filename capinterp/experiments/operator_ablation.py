@@ -110,7 +110,7 @@ def _figure(table: pd.DataFrame) -> Any:
 @experiment("operator_ablation", TITLE)
 def run(ctx: Context) -> ExperimentResult:
     sigma, fractions = 6.0, ((1.0,) if ctx.quick else (0.1, 1.0))
-    n_loc, n_test = ctx.size(8, 50), ctx.size(3, 16)
+    n_loc, n_test = ctx.size(6, 50), ctx.size(2, 16)
     scores, sets = operator_neurons(context_scorer(ctx), n_loc, ctx.seed, sigma)
     tests = {op: one_op_data(op, n_test, ctx.seed + 1) for op in OPS}
     base = per_op(ctx.model, tests, OPS, ctx.batch_size)
