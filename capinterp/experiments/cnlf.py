@@ -162,6 +162,9 @@ def cnlf(ctx: Context, **overrides: Any) -> ExperimentResult:
                  "(2-OP). lr: config.lr for located/random, config.lr_full for full/without_located; "
                  "no O-LoRA arm.",
     }
+    if ctx.quick:
+        info["quick_note"] = ("one training step per arm: Adam's first step moves every trained entry by ~lr, "
+                              "which transiently hurts whole-model fine-tuning; the full run trains longer")
     return ExperimentResult("cnlf", title, table, _figure(table, names, title), info, dict(ft.neurons))
 
 
