@@ -63,15 +63,19 @@ def perplexity(model, texts: str | Sequence[str], max_tokens: int = 64, batch_si
 
 
 def measure_edit(model, edit: Any, enc, new_ids, others: list[Example], texts: list[str],
-             ppl_before: float | None, batch_size: int) -> None:
+                 ppl_before: float | None, batch_size: int, before: torch.Tensor | None = None) -> None:
     """Fill ``edit.metrics`` and ``edit.records`` of a :class:`~capinterp.editing.KnowledgeEdit`.
 
     ``enc``: the fact's encoded queries (first answer token each); ``new_ids``: the new answer's
     first token per query (update) or None (erase); ``others``: unrelated prompts; ``texts``:
-    neutral text for perplexity. Measures before, then inside ``edit.apply(model)``.
+    neutral text for perplexity; ``before``: the unedited probabilities, if already measured.
+    Measures before (unless given), then inside ``edit.apply(model)``.
     """
     ids = [e.prompt_ids for e in enc] + [prompt_ids(model, o.prompt) for o in others]
-    before = next_token_probs(model, ids, batch_size)
+    if before is None:
+        before = next_token_probs(model, ids, batch_size)
+    elif tuple(before.shape) != (len(ids), int(model.cfg.d_vocab)):
+        raise ValueError(f"before_probs must be [{len(ids)}, {int(model.cfg.d_vocab)}], got {tuple(before.shape)}")
     if ppl_before is None and texts:
         ppl_before = perplexity(model, texts)
     with edit.apply(model):

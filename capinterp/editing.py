@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from capinterp.data.example import Example, as_examples
-from capinterp.edit_eval import measure_edit, perplexity
+from capinterp.edit_eval import measure_edit, next_token_probs, perplexity, prompt_ids
 from capinterp.interventions import check_neurons
 from capinterp.model import neuron_hook
 from capinterp.neurons import NeuronSet
@@ -182,7 +182,8 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
                    ql: QueryLocalization | None = None, query_index: int = 0, unrelated: Sequence[Any] | None = None,
                    neutral_text: str | Sequence[str] | None = None, lambdas: tuple[float, float] = (1.0, 8.0),
                    direction: str = "unembed", signed: bool = True, inplace: bool = False, evaluate: bool = True,
-                   ppl_before: float | None = None, batch_size: int = 16, **ql_params: Any) -> KnowledgeEdit:
+                   ppl_before: float | None = None, before_probs: torch.Tensor | None = None, batch_size: int = 16,
+                   **ql_params: Any) -> KnowledgeEdit:
     """Erase or update one fact through its knowledge neurons and measure the edit.
 
     Args:
@@ -204,6 +205,8 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
         inplace: keep the edit in ``model``; otherwise ``model`` ends exactly as it started.
         evaluate: measure metrics (otherwise ``metrics`` stays empty).
         ppl_before: the unedited model's perplexity on ``neutral_text``, if already measured.
+        before_probs: the unedited model's next-token probabilities ``[n_queries + n_unrelated, d_vocab]``
+            (queries, then unrelated prompts), if already measured (:func:`edit_table` reuses them).
         batch_size: prompts per forward pass when measuring.
         ql_params: QueryLocalization / KN parameters for a fresh localization (e.g. ``steps=20``).
 
@@ -254,7 +257,7 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
                          {"query_index": query_index, "lambdas": list(lambdas), "direction": direction,
                           "signed": bool(signed) if mode == "update" else None})
     if evaluate:
-        measure_edit(model, edit, enc, new_ids, others, texts, ppl_before, batch_size)
+        measure_edit(model, edit, enc, new_ids, others, texts, ppl_before, batch_size, before_probs)
     if inplace:
         edit.apply_permanently(model)
         edit.model = model
@@ -263,7 +266,8 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
 
 def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, methods: Sequence[str] = EDIT_METHODS,
                modes: Sequence[str] = ("erase", "update"), new_targets: Sequence[str] | None = None,
-               n_unrelated: int = 10, neutral_text: str | Sequence[str] | None = None, query_index: int = 0,
+               n_unrelated: int = 10, unrelated: Sequence[Any] | None = None,
+               neutral_text: str | Sequence[str] | None = None, query_index: int = 0,
                lambdas: tuple[float, float] = (1.0, 8.0), direction: str = "unembed", signed: bool = True,
                per_fact: bool = False,
                **ql_params: Any) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
@@ -281,6 +285,7 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, method
         new_targets: one new answer per fact; default: the answer of the next fact (cyclically)
             with another answer.
         n_unrelated: unrelated prompts per fact: the first queries of the next facts with another answer.
+        unrelated: prompts used as the unrelated set of every fact instead (e.g. other relations).
         neutral_text: text(s) for the perplexity change.
         query_index: the edited query of every fact.
         lambdas: the update's (param1, param2).
@@ -313,18 +318,21 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, method
     elif len(ql.names_) != len(groups) or (ql.facts_ is not None and any(
             [q.prompt for q in f] != [q.prompt for q in g] for f, g in zip(ql.facts_, groups))):
         raise ValueError("ql was fitted on other facts than those given")
+    fixed = as_examples(unrelated) if unrelated is not None else None
     texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
     ppl0 = perplexity(model, texts) if texts else None
     rows = []
     for k, (name, g) in enumerate(zip(names, groups)):
-        unrelated = [groups[j][0] for j in others(k)[:n_unrelated]]
+        unrel = fixed if fixed is not None else [groups[j][0] for j in others(k)[:n_unrelated]]
+        ids = [e.prompt_ids for e in encode(model, g, max_target_tokens=1)]
+        before = next_token_probs(model, ids + [prompt_ids(model, o.prompt) for o in unrel])  # once per fact
         new = new_targets[k] if new_targets is not None else answers[others(k)[0]] if others(k) else None
         for mode in modes:
             for method in methods:
                 e = edit_knowledge(model, g, method, mode, new if mode == "update" else None,
                                    neurons=ql.neurons(k, method, query_index), query_index=query_index,
-                                   unrelated=unrelated, neutral_text=texts, ppl_before=ppl0, lambdas=lambdas,
-                                   direction=direction, signed=signed)
+                                   unrelated=unrel, neutral_text=texts, ppl_before=ppl0, before_probs=before,
+                                   lambdas=lambdas, direction=direction, signed=signed)
                 rows.append({"fact": name, "mode": mode, "method": method, **e.metrics})
     raw = pd.DataFrame(rows)
     cols = ["reliability", "generalization", "locality", "avg", "rel_prob", "gen_prob", "delta_ppl", "n_neurons"]

@@ -182,6 +182,8 @@ class QueryLocalization:
         self.names_ = list(names) if names is not None else list(range(len(query_scores)))
         if len(self.names_) != len(query_scores) or (facts is not None and len(facts) != len(query_scores)):
             raise ValueError("names / facts must have one entry per fact")
+        if facts is not None and any(len(f) != s.shape[0] for f, s in zip(facts, query_scores)):
+            raise ValueError("every fact needs one score map per query")
         self.facts_ = [list(f) for f in facts] if facts is not None else None
         self.query_scores_ = [s.detach().float().cpu() for s in query_scores]
         self.meta_ = {"method": "query_localization", "localizer": type(self.localizer_).name,

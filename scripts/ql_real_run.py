@@ -10,7 +10,8 @@
    interrupted run resumes.
 3. Editing table: erase and update (new answer = another fact's answer; Dai's lambdas (1, 8), then
    again with ``--small-lambdas``, default (1, 1)) with the consistency-aware,
-   query-level and fact-union neuron sets; locality on 10 other facts; perplexity on 4 GSM8K questions.
+   query-level and fact-union neuron sets; locality on 10 ROME known facts of other relations that the
+   model answers; perplexity on 4 GSM8K questions.
 4. KS experiment: attention from the last position to the subject's tokens scaled by 0 / 2 in all
    layers, against as many random other positions (position 0, the attention sink, left out).
 Writes consistency.csv, edit_table.csv, edit_per_fact.csv, ks.csv, consistency.html, results.json
@@ -31,7 +32,7 @@ import torch
 
 import capinterp as ci
 from capinterp.attention_scaling import attention_scaling, knowledge_synapses
-from capinterp.data.facts import facts_known_by, load_jsonl, load_pararel_bags
+from capinterp.data.facts import facts_known_by, load_jsonl, load_known_facts, load_pararel_bags
 from capinterp.editing import edit_table
 from capinterp.model import model_fingerprint
 from capinterp.query_localization import QueryLocalization
@@ -77,6 +78,18 @@ def query_scores(ql: QueryLocalization, facts: list[list], folder: Path) -> list
     return out
 
 
+def other_relations(model, n: int) -> list:
+    """``n`` ROME known facts of relations other than capitals that the model answers (locality set)."""
+    known = [e for e in load_known_facts(DATA / "rome_knowns" / "known_1000.json")
+             if e.meta["relation_id"] not in ("P36", "P1376")]
+    out = []
+    for start in range(0, len(known), 40):
+        out += facts_known_by(model, known[start:start + 40], on_mismatch="skip")
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
 def md_table(df: pd.DataFrame, digits: int = 3) -> str:
     """A GitHub markdown table (no tabulate dependency)."""
     cols = list(df.columns)
@@ -94,6 +107,7 @@ def main() -> None:
     ap.add_argument("--paraphrases", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-unrelated", type=int, default=10, help="locality prompts (ROME known facts, other relations)")
     ap.add_argument("--small-lambdas", type=float, nargs=2, default=(1.0, 1.0),
                     help="a second update run with these (lambda1, lambda2); Dai's (1, 8) is the first")
     ap.add_argument("--out", default="out/ql")
@@ -117,8 +131,11 @@ def main() -> None:
     ql.plot().write_html(out / "consistency.html", include_plotlyjs="cdn")
 
     neutral = [e.prompt for e in load_jsonl(DATA / "gsm8k" / "test.jsonl", "question", "answer", limit=4)]
-    table, raw = edit_table(model, facts, ql=ql, neutral_text=neutral, per_fact=True)
-    small, raw_small = edit_table(model, facts, ql=ql, modes=("update",), neutral_text=neutral,
+    unrelated = other_relations(model, args.n_unrelated)
+    print(f"editing {len(facts)} facts x 9 edits ({time.time() - t0:.0f} s)", file=sys.stderr)
+    named = dict(zip(names, facts))
+    table, raw = edit_table(model, named, ql=ql, unrelated=unrelated, neutral_text=neutral, per_fact=True)
+    small, raw_small = edit_table(model, named, ql=ql, modes=("update",), unrelated=unrelated, neutral_text=neutral,
                                   lambdas=tuple(args.small_lambdas), per_fact=True)
     small["mode"] = f"update lambdas={tuple(args.small_lambdas)}"
     raw_small["mode"] = small["mode"].iloc[0]
@@ -127,6 +144,7 @@ def main() -> None:
     table.to_csv(out / "edit_table.csv", index=False)
     t_edit = time.time() - t0 - t_pick - t_ql
 
+    print(f"KS experiment ({time.time() - t0:.0f} s)", file=sys.stderr)
     ks_ex, ks_sets = [], []
     for k, fact in enumerate(facts):  # per fact, the first query whose subject is not only position 0
         j = next((j for j, q in enumerate(fact) if q.meta.get("subject") and knowledge_synapses(model, q)), None)
@@ -135,10 +153,13 @@ def main() -> None:
             ks_sets.append(ql.neurons(k, "query", j))
     ks = attention_scaling(model, ks_ex, keys="subject", factors=(0.0, 2.0), neurons=ks_sets, seed=args.seed)
     ks.to_csv(out / "ks.csv", index=False)
-    ks_table = ks.groupby(["factor", "arm"])[["p_before", "p_after", "delta", "rel_delta"]].mean().reset_index()
-    ks_table["act_rel_change"] = ks.groupby(["factor", "arm"]).apply(
+    ks_ok = ks.dropna(subset=["p_after"])
+    ks_table = ks_ok.groupby(["factor", "arm"])[["p_before", "p_after", "delta", "rel_delta"]].mean()
+    ks_table["act_rel_change"] = ks_ok.groupby(["factor", "arm"]).apply(
         lambda g: float(((g["act_after"] - g["act_before"]) / g["act_before"].abs().clip(lower=1e-9)).mean()),
-        include_groups=False).to_numpy()
+        include_groups=False)
+    ks_table["n"] = ks_ok.groupby(["factor", "arm"]).size()
+    ks_table = ks_table.reset_index()
     total = time.time() - t0
 
     result = {"model": args.model, "n_facts": len(facts), "paraphrases": args.paraphrases, "steps": args.steps,

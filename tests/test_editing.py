@@ -130,6 +130,9 @@ def test_edit_table(planted, ql):
     assert table[["reliability", "generalization", "locality"]].stack().between(0, 1).all()
     with pytest.raises(ValueError, match="other facts"):
         edit_table(planted, [FACT_B, FACT_A], ql=ql)
+    fixed, raw_fixed = edit_table(planted, [FACT_A, FACT_B], ql=ql, modes=("erase",), methods=("union",),
+                                  unrelated=[FACT_A[0]], per_fact=True)
+    assert list(raw_fixed["locality"]) == [0.0, 1.0]  # erasing A changes A's own prompt, erasing B does not
 
 
 def test_perplexity_matches_the_loss(planted):
