@@ -14,7 +14,8 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.commonality import COLUMNS as COMMON_COLS, commonality_table
 from capinterp.experiments.cross_capability import COLUMNS as CROSS_COLS, cross_figure, cross_matrix, cross_table
 from capinterp.experiments.erase import COLUMNS as ERASE_COLS, erase_figure, erase_table, random_sets
-from capinterp.experiments.scoring import measure, target_scores
+from capinterp.data.parsing import is_correct
+from capinterp.experiments.scoring import greedy_accuracy, measure, surely_wrong, target_scores
 from capinterp.neurons import NeuronScores, NeuronSet
 from planting import PLANTED, plant
 
@@ -48,6 +49,30 @@ def test_target_scores_match_greedy_targets(tiny):
     assert np.allclose(s["first_prob"], [r["prob"] for r in ev.records], atol=1e-5)
     with pytest.raises(ValueError, match="metric"):
         measure(tiny, exs, "bleu")
+
+
+def test_greedy_accuracy_equals_evaluate(tiny, planted):
+    greedy = [e for e in cd.fill_greedy_targets(tiny, ci.data.as_examples(PROMPTS)) if "\ufffd" not in e.target]
+    wrong = [Example(e.prompt, "x" if e.target != "x" else "y") for e in greedy]
+    digits = [Example(p, "4", {"fmt": "DG", "answer": 4}) for p in PROMPTS[:3]]
+    for model, exs in ((tiny, greedy + wrong + digits), (planted, SEVENS + [Example("3+4=", "8")])):
+        ev = ci.evaluate(model, exs, progress=False)
+        assert greedy_accuracy(model, exs) == pytest.approx(ev.accuracy)
+        assert 0.0 < ev.accuracy < 1.0
+
+
+@pytest.mark.parametrize("target,fmt,first,wrong", [
+    (" positive", None, " negative", True), (" positive", None, " pos", False), (" positive", None, "\n", False),
+    (" positive", None, "positive!", False), ("12", "DG", "1", False), ("12", "DG", "3", True),
+    ("12", "DG", " x", True), ("12", "DG", "0", False), ("12", "DG", "-", False), ("-3", "DG", "3", True),
+    ("A", "MQ", "B", False), ("否", None, "\ufffd", False),
+])
+def test_surely_wrong_decides_only_settled_cases(target, fmt, first, wrong):
+    ex = Example("q", target, {"fmt": fmt} if fmt else {})
+    assert surely_wrong(ex, first) is wrong
+    if wrong:  # any continuation after such a first token is judged wrong
+        for rest in ("", "2", " positive", "\n12"):
+            assert not is_correct(ex, first + rest)
 
 
 def test_identical_halves_overlap_fully(tiny):
@@ -127,6 +152,10 @@ def test_cross_table_shape_and_controls(tiny):
     assert np.allclose(none["rel_drop"], 0.0) and np.allclose(none["rel_drop_random"], 0.0)
     full = t[t["erased"] == "all"]
     assert (full["after"] != full["base"]).all()  # erasing every neuron changes the model
+    assert t["set_overlap"].isna().all()  # the tested capabilities have no sets of their own here
+    both = cross_table(tiny, {"a": empty, "b": _all(tiny)}, tests, random_control=False,
+                       metrics_by_name={"a": "target_prob", "b": "target_prob"})
+    assert both["set_overlap"].tolist() == [1.0, 0.0, 0.0, 1.0] and both["after_random"].isna().all()
     m = cross_matrix(t)
     assert list(m.index) == ["none", "all"] and list(m.columns) == ["a", "b"]
     assert len(cross_figure(t).data) == 2
@@ -136,6 +165,14 @@ def test_solved_first_orders_and_counts(planted):
     mixed = [Example("3+4=", "7"), Example("3+4=", "8")] * 2
     kept, n_solved = cd.solved_first(planted, mixed, "accuracy", n_keep=3)
     assert n_solved == 2 and [e.target for e in kept] == ["7", "7", "8"]
+
+
+def test_cut_targets_keeps_the_first_tokens(tiny):
+    long = [Example("def f(x):", "\n    return x + 1"), Example("1+1=", "2")]
+    cut = cd.cut_targets(tiny, long, 3)
+    ids = ci.tokens.encode(tiny, long)[0].target_ids
+    assert ci.tokens.encode(tiny, cut)[0].target_ids == ids[:3] and len(ids) > 3
+    assert cut[0].meta["target_full"] == long[0].target and cut[1] == long[1]
 
 
 def test_prepare_is_memoized_and_held_out(tiny):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from capinterp.data.example import Example, as_examples
-from capinterp.experiments.scoring import METRICS, target_scores
+from capinterp.experiments.scoring import METRICS, greedy_correct, target_scores
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.model import model_fingerprint
 from capinterp.neurons import NeuronScores
@@ -34,8 +34,16 @@ DEFAULT_METRIC: dict[str, str] = {
     "add": "accuracy", "sub": "accuracy", "mul": "accuracy", "div": "accuracy",
     "sentiment": "accuracy", "math_word": "target_prob", "code": "target_prob",
 }
-#: The capabilities quick mode runs (the 60-second budget allows about three CNL fits).
-QUICK_CAPABILITIES: tuple[str, ...] = ("add", "mul", "sentiment")
+#: The capabilities quick mode runs: one arithmetic and one language capability, both with
+#: one-token answers (CNL's cost grows with the answer's tokens: every IG row unembeds each
+#: answer position over Gemma's 262k vocabulary; "add" often has two-digit answers, "sub" and the
+#: sentiment labels one token).
+QUICK_CAPABILITIES: tuple[str, ...] = ("sub", "sentiment")
+#: Targets cut to their first tokens (by capability): a code target is a whole first line
+#: (~10-20 tokens), and CNL's cost grows with the number of answer tokens (each one unembeds
+#: every IG row over the full vocabulary). Five tokens keep the line break, the indentation and
+#: the line's first ~3 content tokens (``"\n    m = l"``).
+MAX_TARGET_TOKENS: dict[str, int] = {"code": 5}
 
 #: ``localize(method, data_name, examples, **params) -> NeuronScores`` (``Context.localize``).
 Localize = Callable[..., NeuronScores]
@@ -51,11 +59,6 @@ class CapabilityData:
     test: list[Example]
     n_solved: int = 0
     n_candidates: int = 0
-
-    @property
-    def key(self) -> str:
-        """``name-<hash of the localization examples>``: the data name for cached fits."""
-        return f"{self.name}-{data_hash(self.locate)}"
 
 
 def data_hash(examples: Sequence[Example]) -> str:
@@ -84,14 +87,35 @@ def solved_first(
     exs = fill_greedy_targets(model, as_examples(examples))
     stats = target_scores(model, exs, batch_size)
     if metric == "accuracy":
-        from capinterp.evaluate import evaluate
-
-        solved = [bool(r["correct"]) for r in evaluate(model, exs, batch_size=batch_size, progress=False).records]
+        solved = greedy_correct(model, exs, stats, batch_size)
     else:
         solved = [bool(m) for m in stats["match"]]
     order = sorted(range(len(exs)), key=lambda i: (not solved[i], -stats["prob"][i] if not solved[i] else 0.0, i))
     keep = order[:n_keep]
     return [exs[i] for i in keep], sum(solved[i] for i in keep)
+
+
+def cut_targets(model: Any, examples: Sequence[Example], max_tokens: int) -> list[Example]:
+    """Targets shortened to their first ``max_tokens`` tokens (in context), where that round-trips.
+
+    An example whose shortened target would tokenize differently after its prompt keeps its
+    full target. Shortened examples record ``meta["target_full"]``.
+    """
+    from capinterp.tokens import TokenizationError, encode
+
+    out = []
+    for e in examples:
+        ids = encode(model, [e])[0].target_ids
+        if len(ids) <= max_tokens:
+            out.append(e)
+            continue
+        cut = Example(e.prompt, model.tokenizer.decode(ids[:max_tokens]), {**e.meta, "target_full": e.target})
+        try:
+            ok = encode(model, [cut])[0].target_ids == ids[:max_tokens]
+        except TokenizationError:
+            ok = False
+        out.append(cut if ok else e)
+    return out
 
 
 _MEMO: dict[tuple, CapabilityData] = {}
@@ -112,6 +136,7 @@ def prepare(
     """Load and rank each capability's examples (memoized per model and settings in this process).
 
     ``loader(name, n, seed=, split=)`` defaults to :func:`capinterp.data.capabilities.load_capability`.
+    Targets of the capabilities in :data:`MAX_TARGET_TOKENS` are shortened (:func:`cut_targets`).
     """
     if loader is None:
         from capinterp.data.capabilities import load_capability as loader  # type: ignore[no-redef]
@@ -122,8 +147,11 @@ def prepare(
                     getattr(loader, "__qualname__", repr(loader)))
         if memo_key not in _MEMO:
             cands = loader(name, n_candidates, seed=seed, split="train")
-            locate, n_solved = solved_first(model, cands, metric, n_locate, batch_size)
             test = fill_greedy_targets(model, loader(name, n_test, seed=seed, split="test"))
+            if name in MAX_TARGET_TOKENS:
+                cands = cut_targets(model, fill_greedy_targets(model, cands), MAX_TARGET_TOKENS[name])
+                test = cut_targets(model, test, MAX_TARGET_TOKENS[name])
+            locate, n_solved = solved_first(model, cands, metric, n_locate, batch_size)
             _MEMO[memo_key] = CapabilityData(name, metric, locate, test, n_solved, len(cands))
         out[name] = _MEMO[memo_key]
     return out
@@ -166,16 +194,18 @@ def located_scores(
 def settings(ctx: Any) -> dict[str, Any]:
     """Sizes and hyper-parameters shared by the three capability experiments (quick / full).
 
-    Quick: :data:`QUICK_CAPABILITIES`, 6 examples per half, CNL with 5 IG steps, 16 test examples.
-    Full: every capability, 12 per half, 8 IG steps, 40 test examples. The CNL parameters are
-    part of the fits' cache key, so all three experiments share one fit per half.
+    Quick: :data:`QUICK_CAPABILITIES`, 6 examples per half (best 12 of 16 candidates), CNL with
+    4 IG steps, 12 test examples. Full: every capability, 12 per half (of 48), 6 IG steps, 32 test
+    examples. CNL's cost is proportional to steps x answer tokens (~0.42 s per step and answer
+    token on Gemma 3 270M, one CPU thread). The CNL parameters are part of the fits' cache key,
+    so all three experiments share one fit per half.
     """
     from capinterp.data.capabilities import CAPABILITIES
 
     return {
         "capabilities": tuple(QUICK_CAPABILITIES if ctx.quick else CAPABILITIES),
-        "n_candidates": ctx.size(24, 48), "n_locate": ctx.size(12, 24), "n_test": ctx.size(16, 40),
-        "params": {"cnl": {"steps": ctx.size(5, 8)}, "dcsn": {}},
+        "n_candidates": ctx.size(16, 48), "n_locate": ctx.size(12, 24), "n_test": ctx.size(12, 32),
+        "params": {"cnl": {"steps": ctx.size(4, 6)}, "dcsn": {}},
     }
 
 

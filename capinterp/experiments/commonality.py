@@ -101,7 +101,7 @@ def run(ctx: Context) -> ExperimentResult:
     table.insert(3, "n_solved", table["capability"].map({k: d.n_solved for k, d in data.items()}))
     cnl = table[table["method"] == "cnl"]
     info = {
-        "paper_table1_pct": PAPER_TABLE1,
+        "paper": {"table1_pct": PAPER_TABLE1},
         "cnl_mean_overlap": float(cnl["overlap"].mean()), "cnl_mean_iou": float(cnl["iou"].mean()),
         "settings": {**s, "capabilities": list(s["capabilities"]), "sigma": 6.0},
         "notes": [

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from capinterp.data.example import Example
+from capinterp.data.parsing import is_correct, parse_answer
 from capinterp.evaluate import evaluate
 from capinterp.forward import capture, unembed
 from capinterp.tokens import batches, collate, encode, pad_id
@@ -34,53 +35,121 @@ METRICS: tuple[str, ...] = ("accuracy", "target_prob")
 
 @torch.no_grad()
 def target_scores(model: Any, examples: Sequence[Example], batch_size: int = 16) -> dict[str, np.ndarray]:
-    """Per-example teacher-forced target statistics (hooks on the model apply).
+    """Per-example teacher-forced target statistics, one forward per batch (hooks on the model apply).
 
-    Returns ``{"prob": mean_j p(y_j) over content tokens (all tokens if every one is whitespace),
-    "match": every y_j is the argmax (greedy reproduces the target), "first_prob": p(y_1)}``,
-    each an array with one entry per example.
+    Examples are batched by length (less padding) and returned in input order. Returns arrays
+    with one entry per example: ``prob`` (mean p(y_j) over content tokens; over all
+    tokens if every one is whitespace), ``match`` (1.0 when every y_j is the argmax, i.e. greedy
+    decoding reproduces the target), ``first_prob`` (p(y_1)) and ``next_id`` (the argmax token
+    after the whole target: what greedy decoding adds after reproducing it).
     """
     encoded = encode(model, list(examples))
     blank: dict[int, bool] = {}
-    out: dict[str, list[float]] = {"prob": [], "match": [], "first_prob": []}
-    for chunk in batches(encoded, batch_size):
+    keys = ("prob", "match", "first_prob", "first_id", "next_id")
+    out: dict[str, list[float]] = {k: [0.0] * len(encoded) for k in keys}
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))  # similar lengths share a batch
+    for idx in batches(order, batch_size):
+        chunk = [encoded[i] for i in idx]
         batch = collate(chunk, pad_id(model.tokenizer), device=model.cfg.device)
         resid = capture(model, batch.tokens, "ln_final.hook_in")
-        rows = [b for b, it in enumerate(chunk) for _ in it.answer_positions]
-        pos = [p for it in chunk for p in it.answer_positions]
-        tgt = torch.tensor([t for it in chunk for t in it.target_ids], device=resid.device)
-        h = resid[torch.tensor(rows, device=resid.device), torch.tensor(pos, device=resid.device)]
-        logits = unembed(model, h[:, None])[:, 0].float()
-        p = logits.softmax(-1)
-        p_t = p.gather(1, tgt[:, None])[:, 0].cpu()
-        hit = (logits.argmax(-1) == tgt).cpu()
+        spans = [it.answer_positions + [len(it.ids) - 1] for it in chunk]  # + the position after the target
+        rows = torch.tensor([b for b, sp in enumerate(spans) for _ in sp], device=resid.device)
+        pos = torch.tensor([p for sp in spans for p in sp], device=resid.device)
+        logits = unembed(model, resid[rows, pos][:, None])[:, 0].float()
+        top = logits.argmax(-1).cpu()
+        logp = logits.log_softmax(-1)
         start = 0
-        for it in chunk:
+        for i, it in zip(idx, chunk):
             k = len(it.target_ids)
+            tgt = torch.tensor(it.target_ids)
+            p_t = logp[start : start + k].gather(1, tgt[:, None].to(logp.device))[:, 0].exp().cpu()
             for t in it.target_ids:
                 if t not in blank:
                     blank[t] = not model.tokenizer.decode([t]).strip()
             keep = torch.tensor([not blank[t] for t in it.target_ids])
-            probs = p_t[start : start + k]
-            out["prob"].append(float((probs[keep] if keep.any() else probs).mean()))
-            out["match"].append(float(hit[start : start + k].all()))
-            out["first_prob"].append(float(p_t[start]))
-            start += k
-    return {k: np.asarray(v, dtype=float) for k, v in out.items()}
+            out["prob"][i] = float((p_t[keep] if keep.any() else p_t).mean())
+            out["match"][i] = float((top[start : start + k] == tgt).all())
+            out["first_prob"][i] = float(p_t[0])
+            out["first_id"][i] = int(top[start])
+            out["next_id"][i] = int(top[start + k])
+            start += k + 1
+    return {k: np.asarray(v, dtype=int if k.endswith("_id") else float) for k, v in out.items()}
+
+
+def surely_wrong(example: Example, first: str) -> bool:
+    """Whether every greedy continuation starting with the text ``first`` is judged wrong.
+
+    Plain targets: the stripped continuation starts with ``first.lstrip()``, which is neither a
+    prefix of the stripped target nor starts with it. ``DG``: the text cannot start a number,
+    or starts one with a nonzero digit the answer does not start with. Anything else (blank or
+    partial-byte text, a leading ``0`` or minus sign, ``MQ`` / ``TF``) is undecided: False.
+    """
+    head = first.lstrip()
+    if not head or "\ufffd" in head:
+        return False
+    fmt = example.meta.get("fmt")
+    if fmt is None:
+        gold = example.target.strip()
+        return bool(gold) and not (gold.startswith(head) or head.startswith(gold))
+    if fmt == "DG":
+        want = parse_answer("DG", example.target) or ""
+        c = head[0]
+        if c in "123456789":
+            return not want.startswith(c)
+        return not (c.isdigit() or c in "-\u2212")
+    return False
+
+
+def greedy_correct(
+    model: Any, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
+) -> list[bool]:
+    """Per example, :func:`~capinterp.evaluate.evaluate`'s verdict, decoding only where needed.
+
+    The teacher-forced pass (:func:`target_scores`) already holds greedy's first token and, where
+    greedy reproduces the whole target (``match``), its continuation: the target plus
+    ``next_id``; that text is scored directly (``evaluate``'s longer continuation cannot change
+    the verdict: a number is already ended or already wrong, a text target already matched).
+    Where the first token alone settles it (:func:`surely_wrong`) the example is wrong. Only the
+    rest are decoded by ``evaluate``.
+    """
+    exs = list(examples)
+    stats = target_scores(model, exs, batch_size) if stats is None else stats
+    encoded = encode(model, exs)
+    correct = [False] * len(exs)
+    todo = []
+    decode = model.tokenizer.decode
+    for i, (enc, m, first, nxt) in enumerate(zip(encoded, stats["match"], stats["first_id"], stats["next_id"])):
+        if m:
+            correct[i] = bool(is_correct(enc.example, decode(enc.target_ids + [int(nxt)], skip_special_tokens=True)))
+        elif not surely_wrong(enc.example, decode([int(first)], skip_special_tokens=True)):
+            todo.append(i)
+    if todo:
+        todo.sort(key=lambda i: len(encoded[i].ids))  # similar lengths share a batch
+        recs = evaluate(model, [exs[i] for i in todo], batch_size=batch_size, progress=False).records
+        for i, r in zip(todo, recs):
+            correct[i] = bool(r["correct"])
+    return correct
+
+
+def greedy_accuracy(
+    model: Any, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
+) -> float:
+    """:func:`~capinterp.evaluate.evaluate`'s accuracy via :func:`greedy_correct`."""
+    return float(np.mean(greedy_correct(model, examples, stats, batch_size)))
 
 
 def measure(model: Any, examples: Sequence[Example], metric: str, batch_size: int = 16) -> dict[str, float]:
     """``{"value": the metric, "prob": mean target probability}`` of ``examples`` under ``model``.
 
-    ``metric="accuracy"`` runs :func:`~capinterp.evaluate.evaluate` (greedy decoding) plus one
-    teacher-forced pass for the probability; ``"target_prob"`` needs only the teacher-forced pass.
+    ``metric="accuracy"`` is :func:`greedy_accuracy` (greedy decoding only where the teacher-forced
+    pass cannot decide); ``"target_prob"`` needs only the teacher-forced pass.
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     if not examples:
         raise ValueError("measure() got no examples")
-    prob = float(target_scores(model, examples, batch_size)["prob"].mean())
+    stats = target_scores(model, examples, batch_size)
+    prob = float(stats["prob"].mean())
     if metric == "target_prob":
         return {"value": prob, "prob": prob}
-    acc = evaluate(model, list(examples), batch_size=batch_size, progress=False).accuracy
-    return {"value": float(acc), "prob": prob}
+    return {"value": greedy_accuracy(model, examples, stats, batch_size), "prob": prob}
