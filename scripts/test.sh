@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up .venv (pinned, CPU torch) and run everything CI checks:
 #   1. every test, the real-model (slow) ones included;
-#   2. notebooks 01-02, executed top to bottom (nbmake); 03-05 are run by scripts/run_notebooks.py;
-#   3. the documentation build (mkdocs --strict: broken references fail).
-# The quick reproduction (`capinterp reproduce --quick`) is not yet part of CI.
+#   2. the quick reproduction of every paper experiment on the embedded model
+#      (`capinterp reproduce --quick`, exits nonzero when any experiment fails; ~4 min);
+#   3. notebooks 01-05, executed top to bottom (nbmake; the committed outputs are not rewritten);
+#   4. the documentation build (mkdocs --strict: broken references fail).
 # With arguments, only pytest runs, with them: `bash scripts/test.sh -m "not slow"` is the fast suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +16,11 @@ fi
 step() { echo "== $1 ($(date +%H:%M:%S))"; }
 step "tests"
 .venv/bin/python -m pytest -q tests
+step "quick reproduction"
+CAPINTERP_THREADS=${CAPINTERP_NB_THREADS:-2} .venv/bin/capinterp reproduce --quick --fresh --out out/ci-quick
 step "notebooks"
 CAPINTERP_THREADS=${CAPINTERP_NB_THREADS:-2} .venv/bin/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 \
-  notebooks/01_quickstart.ipynb notebooks/02_comparing_localizers.ipynb
+  notebooks/*.ipynb
 step "docs"
 bash scripts/docs.sh
 step "done"

@@ -191,6 +191,7 @@ def test_shots_follow_the_op_distribution() -> None:
         (dict(style="chat"), "unknown style 'chat'"),
         (dict(shots=-1), "shots must be an int >= 0"),
         (dict(tf_labels=("Yes", "Yes")), "tf_labels"),
+        (dict(lang="zh"), "compact DG prompts .* have no words"),  # would silently equal lang="en"
     ],
 )
 def test_bad_arguments(kwargs: dict, match: str) -> None:
@@ -217,7 +218,9 @@ def test_fast_generation() -> None:
 
 
 def test_suite_and_describe() -> None:
-    suite = arithmetic_suite("+-", fmts=("DG", "TF"), langs=("en", "zh"), n=12, seed=3)
+    suite = arithmetic_suite("+-", fmts=("DG", "TF"), langs=("en", "zh"), n=12, seed=3, style="fewshot")
+    with pytest.raises(ValueError, match="compact DG"):  # checked for every pair before generating
+        arithmetic_suite("+-", fmts=("TF", "DG"), langs=("en", "zh"), n=12)
     assert set(suite) == {(o, f, lg) for o in "+-" for f in ("DG", "TF") for lg in ("en", "zh")}
     assert all(e.meta["ops"] == [k[0]] and e.meta["fmt"] == k[1] for k, v in suite.items() for e in v)
     assert describe(suite[("+", "DG", "en")]).startswith(

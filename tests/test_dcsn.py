@@ -80,3 +80,49 @@ def test_split_half_reports_overlap(planted):
     res = ci.DCSN(planted, progress=False).split_half(EXAMPLES * 2, seed=0)
     assert res["overlap"] == 1.0 and res["iou"] == 1.0 and res["n_a"] == 3
     assert res["ratio"] == pytest.approx(3 / (4 * 128))
+
+
+@torch.no_grad()
+def _folded_by_hand(m, examples, layer, idx):
+    """Direct effect of neuron (layer, idx) on the first target token, through the model's own norm
+    modules with their scales frozen: norm(v) * rms(v) / s == v * g / s for an RMSNorm."""
+    def through(norm, v, scale):
+        hf = norm.original_component
+        rms = (v.pow(2).mean() + getattr(hf, "variance_epsilon", getattr(hf, "eps", None))).sqrt()
+        return norm(v[None, None])[0, 0] * rms / scale
+
+    total = 0.0
+    for it in encode(m, examples):
+        _, cache = m.run_with_cache(torch.tensor([it.prompt_ids], device=m.cfg.device))
+        v = cache[f"blocks.{layer}.mlp.hook_post"][0, -1, idx] * m.blocks[layer].mlp.W_out[idx]
+        if hasattr(m.blocks[layer], "ln2_post"):
+            v = through(m.blocks[layer].ln2_post, v, cache[f"blocks.{layer}.ln2_post.hook_scale"][0, -1, 0])
+        v = through(m.ln_final, v, cache["ln_final.hook_scale"][0, -1, 0])
+        total += float(v @ m.W_U[:, it.target_ids[0]])
+    return total / len(examples)
+
+
+def test_folded_norms_equal_the_direct_effect_through_the_final_norm():
+    m = ci.load_model("tiny", seed=1)
+    d = ci.DCSN(m, sigma=3, norms="fold", progress=False).fit(EXAMPLES[:3])
+    for layer, idx in [(0, 3), (2, 100), (3, 7)]:
+        want = _folded_by_hand(m, EXAMPLES[:3], layer, idx)
+        assert d.scores_.scores[layer, idx].item() == pytest.approx(want, rel=1e-4, abs=1e-7)
+    assert d.scores_.meta["params"]["norms"] == "fold"
+    with pytest.raises(ValueError, match="norms must be one of raw, fold"):
+        ci.DCSN(m, norms="post")
+    with pytest.raises(ValueError, match="needs an RMSNorm model"):
+        ci.DCSN(ci.load_model("tiny-native"), norms="fold")
+
+
+@pytest.mark.slow
+def test_folded_norms_on_gemma_include_the_post_ffn_norm(gemma3):
+    gemma = gemma3
+    exs = [Example(f"{a}+{b}=", str(a + b)) for a, b in [(3, 4), (2, 5), (1, 1)]]
+    d = ci.DCSN(gemma, sigma=6, norms="fold", progress=False).fit(exs)
+    raw = ci.DCSN(gemma, sigma=6, progress=False).fit(exs)
+    for layer, idx in [(0, 5), (9, 1000), (17, 2047)]:
+        want = _folded_by_hand(gemma, exs, layer, idx)
+        assert d.scores_.scores[layer, idx].item() == pytest.approx(want, rel=1e-3, abs=1e-6)
+    layer0 = lambda s: sum(1 for l, _ in s.neurons_ if l == 0) / max(1, len(s.neurons_))  # noqa: E731
+    assert layer0(d) < layer0(raw)  # folding removes the raw projection's layer-0 bias

@@ -52,6 +52,12 @@ def test_correct_scores_equal_dcsn_on_the_right_examples(tiny):
     assert fallback.meta["filter_fallback"] and fallback.meta["n_samples"] == 4
     with pytest.raises(ValueError):
         correct_scores(tiny, wrong, filter="nope")
+    folded = correct_scores(tiny, wrong + right, batch_size=3, norms="fold")
+    ref = ci.DCSN(tiny, norms="fold", progress=False).fit(right).scores_
+    assert torch.allclose(folded.scores, ref.scores, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(folded.scores, got.scores) and folded.meta["params"]["norms"] == "fold"
+    with pytest.raises(ValueError, match="norms must be one of"):
+        correct_scores(tiny, wrong, norms="nope")
 
 
 def test_top_fraction_keeps_the_largest_deviations_inside_the_set():

@@ -130,6 +130,9 @@ def _validate(ops: Any, n: Any, fmt: Any, lang: Any, n_ops: Any, digits: Any, st
         raise ValueError(f"digits must be an int >= 1 or a (lo, hi) pair, 1 <= lo <= hi; got {digits!r}")
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; valid styles are {', '.join(STYLES)}")
+    if style == "compact" and fmt_u == "DG" and lang_l != "en":
+        raise ValueError(f"compact DG prompts ('3+4=') have no words, so lang={lang!r} would give the same "
+                         "prompts as 'en'; pass style='fewshot' or 'zeroshot' for a translated prompt")
     if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
         raise ValueError(f"shots must be an int >= 0, got {shots!r}")
     if (len(tf_labels) != 2 or tf_labels[0] == tf_labels[1]
@@ -146,7 +149,9 @@ def arithmetic(ops: str | Sequence[str] = "+", n: int = 200, fmt: str = "DG", la
 
     ``ops``: operator chars from "+-*/" (string or list); ``n_ops``: operators per expression
     (1..5); ``fmt``: DG/MQ/TF; ``lang``: en/zh; ``digits``: int or (lo, hi); ``style``:
-    "fewshot" (``shots`` solved examples first) or "zeroshot"; ``tf_labels``: TF targets
+    "compact" (one line per item, ``shots`` solved lines first: ``"3+4=7\n5*2="``; a DG prompt
+    then has no words, so it needs ``lang="en"``), "fewshot" (the paper's templates, ``shots``
+    solved examples first) or "zeroshot"; ``tf_labels``: TF targets
     (true, false). ``allow_negative=False``: a 1-OP "-" puts the larger operand first, other
     sets redraw. ``unique`` forbids repeated expressions. Raises ValueError when no valid
     expression turns up in ``_MAX_TRIES`` attempts (e.g. "/" chains of 2-digit operands).
@@ -214,9 +219,10 @@ def arithmetic_suite(ops: str | Sequence[str] = "+-*/", fmts: Sequence[str] = FO
     """
     if isinstance(fmts, str) or isinstance(langs, str):
         raise ValueError("fmts and langs must be sequences, e.g. ('DG', 'MQ') and ('en',)")
-    for f in fmts:
-        for lg in langs:
-            _validate(ops, n, f, lg, 1, 1, "fewshot", 0, ("Yes", "No"))
+    rest = [kwargs.get(k, d) for k, d in (("n_ops", 1), ("digits", 1), ("style", "compact"), ("shots", 4),
+                                          ("tf_labels", ("Yes", "No")))]
+    for f, lg in [(f, "en") for f in fmts] + [(f, lg) for f in fmts for lg in langs]:  # unknown names first
+        _validate(ops, n, f, lg, *rest)
     return {(op, f, lg): arithmetic(op, n, f, lg, seed, **kwargs)
             for op in dict.fromkeys(ops) for f in fmts for lg in langs}
 

@@ -20,7 +20,7 @@ import torch
 from capinterp.data import arithmetic
 from capinterp.data.example import Example
 from capinterp.localizers.dataset import describe_data
-from capinterp.localizers.dcsn import last_token_activations, projection
+from capinterp.localizers.dcsn import NORMS, folded_norms, per_sample_scores
 from capinterp.model import model_meta
 from capinterp.neurons import NeuronScores, NeuronSet
 from capinterp.tokens import batches, encode
@@ -34,22 +34,23 @@ Scorer = Callable[[str, list[Example]], NeuronScores]
 
 @torch.no_grad()
 def sample_scores(
-    model: Any, examples: Sequence[Example], batch_size: int = 16
+    model: Any, examples: Sequence[Example], batch_size: int = 16, norms: str = "raw"
 ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """Yield ``(indices, scores [b, n_layers, d_mlp], first_token_correct [b])`` per batch (CPU)."""
+    """Yield ``(indices, scores [b, n_layers, d_mlp], first_token_correct [b])`` per batch (CPU).
+
+    ``norms``: as :class:`~capinterp.localizers.dcsn.DCSN`'s (``"raw"`` or ``"fold"``)."""
+    if norms not in NORMS:
+        raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
+    fold = folded_norms(model) if norms == "fold" else None
     encoded = encode(model, list(examples))
     for chunk in batches(list(range(len(encoded))), batch_size):
-        items = [encoded[i] for i in chunk]
-        acts, logits = last_token_activations(model, items)
-        tok = torch.tensor([it.target_ids[0] for it in items], device=acts.device)
-        out = torch.empty_like(acts)
-        for layer in range(acts.shape[1]):
-            out[:, layer] = acts[:, layer] * projection(model, layer, tok).T
-        yield chunk, out.cpu(), (logits.argmax(-1) == tok).cpu()
+        out, tok, top = per_sample_scores(model, [encoded[i] for i in chunk], "gold", fold)
+        yield chunk, out.cpu(), (top == tok).cpu()
 
 
 def correct_scores(
-    model: Any, examples: Sequence[Example], *, filter: str = "first_token", batch_size: int = 16
+    model: Any, examples: Sequence[Example], *, filter: str = "first_token", batch_size: int = 16,
+    norms: str = "raw",
 ) -> NeuronScores:
     """Dataset-level DCSN scores over the examples the model gets right (mean of ``C_j``).
 
@@ -57,6 +58,7 @@ def correct_scores(
     ``"greedy"`` (full greedy answer parsed per format, via ``evaluate``) or ``"none"``. When no
     example passes, all examples are used and ``meta["filter_fallback"]`` is True.
     ``meta["n_samples"]`` is the number averaged, ``meta["n_offered"]`` the number given.
+    ``norms``: ``"raw"`` (the paper's projection) or ``"fold"`` (see :class:`~capinterp.DCSN`).
     """
     if filter not in FILTERS:
         raise ValueError(f"filter must be one of {FILTERS}, got {filter!r}")
@@ -71,7 +73,7 @@ def correct_scores(
     total = torch.zeros(model.cfg.n_layers, model.cfg.d_mlp, dtype=torch.float64)
     every = torch.zeros_like(total)
     n = 0
-    for idx, scores, first_ok in sample_scores(model, examples, batch_size):
+    for idx, scores, first_ok in sample_scores(model, examples, batch_size, norms):
         ok = first_ok if filter == "first_token" else torch.tensor([keep[i] for i in idx])
         every += scores.double().sum(0)
         total += scores[ok].double().sum(0)
@@ -80,7 +82,7 @@ def correct_scores(
     mean = (every / len(examples)) if fallback else total / n
     meta = {
         "method": "dcsn",
-        "params": {"target": "gold", "filter": filter},
+        "params": {"target": "gold", "filter": filter, "norms": norms},
         **model_meta(model),
         "dataset": describe_data(examples),
         "n_samples": len(examples) if fallback else n,
@@ -129,9 +131,9 @@ def one_op_name(op: str, seed: int, fmt: str = "DG", lang: str = "en", style: st
     return f"{OP_NAMES[op]}_{fmt}_{lang}_{style}{shots}_s{seed}"
 
 
-def direct_scorer(model: Any, filter: str = "first_token", batch_size: int = 16) -> Scorer:
-    """A :data:`Scorer` computing :func:`correct_scores` with no caching (tests, notebooks)."""
-    return lambda name, examples: correct_scores(model, examples, filter=filter, batch_size=batch_size)
+def direct_scorer(model: Any, filter: str = "first_token", batch_size: int = 16, norms: str = "raw") -> Scorer:
+    """A :data:`Scorer` computing :func:`correct_scores` with no caching (tests, notebooks, scripts)."""
+    return lambda name, examples: correct_scores(model, examples, filter=filter, batch_size=batch_size, norms=norms)
 
 
 def context_scorer(ctx: Any, filter: str = "first_token") -> Scorer:

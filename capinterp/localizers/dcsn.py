@@ -9,6 +9,17 @@ does no weight processing by default), so it is the neuron's direct effect on th
 logit through its value vector, ignoring the final norm (and, on Gemma 3, the post-FFN norm:
 there it is only an approximation of the direct effect). Cost: one forward per prompt.
 The mask is CNL's: ``|C - mean| > sigma * std``, global and two-sided.
+
+``norms="fold"`` (RMSNorm models) folds the norms between a neuron and the logits into the
+projection, with each norm's scale frozen at its value in the sample's forward pass:
+
+    C[l, i] = mean_j  a^l_{j,i} * ((W_out[l, i] * g_post[l] / s_post[l, j]) * g_f / s_f[j]) @ W_U[:, t_j]
+
+(``g`` a norm's elementwise gain, ``s`` its RMS at the last token; the post-FFN factor only where
+the block has one, as Gemma 3 does). That is the neuron's exact direct effect on the target
+logit with the scales held fixed, the quantity the raw projection approximates. On Gemma 3 the
+post-FFN norm rescales each layer's MLP output by very different amounts, so the raw scores
+over-weight some layers (layer 0: 73.5 % of the raw located neurons, docs/results.md).
 """
 from __future__ import annotations
 
@@ -16,33 +27,106 @@ from typing import Any
 
 import torch
 
-from capinterp.forward import logits_at
+from capinterp.forward import capture, unembed
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 from capinterp.model import neuron_hook, neuron_shape
 from capinterp.tokens import Encoded, collate, pad_id
 
 
+NORMS: tuple[str, ...] = ("raw", "fold")
+
+
 @torch.no_grad()
-def last_token_activations(model, items: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``hook_post`` of every layer at each prompt's last token: ``[n, n_layers, d_mlp]``, and logits there."""
+def last_token_activations(
+    model, items: list[Encoded], extra: tuple[str, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """``hook_post`` of every layer at each prompt's last token: ``[n, n_layers, d_mlp]``, and logits there.
+
+    With ``extra`` hook names, also returns ``{name: activation at the last token, [n, ...]}``.
+    """
     n_layers, d_mlp = neuron_shape(model)
     batch = collate(items, pad_id(model.tokenizer), with_target=False, device=model.cfg.device)
     rows = torch.arange(len(items), device=batch.tokens.device)
     last = batch.lengths - 1
     acts = torch.empty(len(items), n_layers, d_mlp, device=batch.tokens.device)
+    seen: dict[str, torch.Tensor] = {}
 
     def grab(act, hook):
         acts[:, int(hook.name.split(".")[1])] = act[rows, last].float()
 
-    logits = logits_at(model, batch.tokens, last, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
-    return acts, logits
+    def keep(act, hook):
+        seen[hook.name] = act[rows, last].float()
+
+    def keep_final(act, hook):  # the final norm runs on the picked positions only: [n, 1, ...]
+        seen[hook.name] = act[:, 0].float()
+
+    final = [(n, keep_final) for n in extra if n.startswith("ln_final.")]
+    hooks = [(neuron_hook(l), grab) for l in range(n_layers)] + [(n, keep) for n in extra if n not in dict(final)]
+    resid = capture(model, batch.tokens, "ln_final.hook_in", hooks)
+    with model.hooks(fwd_hooks=final):
+        logits = unembed(model, resid[rows, last][:, None])[:, 0].float()
+    return (acts, logits, seen) if extra else (acts, logits)
+
+
+def rms_gain(norm: torch.nn.Module, d_model: int) -> torch.Tensor:
+    """The elementwise gain ``g`` of an RMSNorm (``x / rms(x) * g``), read off the module itself:
+    an all-ones input has RMS 1, so ``norm(1) = g / sqrt(1 + eps)`` (relative error ~eps / 2)."""
+    p = next(norm.parameters())
+    return norm(torch.ones(1, 1, d_model, device=p.device, dtype=p.dtype))[0, 0].float()
+
+
+def folded_norms(model) -> tuple[list[torch.Tensor | None], torch.Tensor, list[str]]:
+    """Per-layer post-FFN gains (None where a block has no post-FFN norm), the final norm's gain,
+    and the hook names of the scales to capture (post-FFN ones in layer order, then the final one)."""
+    if not str(getattr(model.cfg, "normalization_type", "")).startswith("RMS"):
+        raise ValueError(f"norms='fold' needs an RMSNorm model; this one uses {model.cfg.normalization_type!r}")
+    d = model.cfg.d_model
+    post = [rms_gain(b.ln2_post, d) if hasattr(b, "ln2_post") else None for b in model.blocks]
+    names = [f"blocks.{l}.ln2_post.hook_scale" for l, g in enumerate(post) if g is not None] + ["ln_final.hook_scale"]
+    return post, rms_gain(model.ln_final, d), names
 
 
 def projection(model, layer: int, token_ids: torch.Tensor) -> torch.Tensor:
     """``(W_out[layer] @ W_U)[:, token_ids]`` -> ``[d_mlp, len(token_ids)]``, only the needed columns."""
     w_out = model.blocks[layer].mlp.W_out  # [d_mlp, d_model], raw weights
     return (w_out @ model.W_U[:, token_ids]).float()
+
+
+@torch.no_grad()
+def per_sample_scores(
+    model, items: list[Encoded], target: str = "gold", fold: tuple | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Single-sample scores ``C_j`` ``[n, n_layers, d_mlp]``, the token ``t_j`` scored ``[n]``, and
+    the greedy token at the last prompt position ``[n]``.
+
+    ``target``: ``"gold"`` (first target token) or ``"pred"`` (argmax at the last prompt token);
+    ``fold``: :func:`folded_norms` of the model, or None for the raw projection.
+    """
+    if fold is None:
+        acts, logits = last_token_activations(model, items)
+    else:
+        acts, logits, scales = last_token_activations(model, items, tuple(fold[2]))
+    if target == "gold":
+        tok = torch.tensor([it.target_ids[0] for it in items], device=acts.device)
+    else:
+        tok = logits.argmax(-1)
+    out = torch.empty_like(acts)
+    for l in range(acts.shape[1]):
+        proj = projection(model, l, tok).T if fold is None else folded_projection(model, l, tok, fold, scales)
+        out[:, l] = acts[:, l] * proj
+    return out, tok, logits.argmax(-1)
+
+
+def folded_projection(model, layer: int, tok: torch.Tensor, fold: tuple, scales: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[n, d_mlp]``: each neuron's direct effect on ``tok`` per unit activation, norms folded (scales frozen)."""
+    post, g_final, _ = fold
+    w = model.blocks[layer].mlp.W_out.float() * g_final  # [d_mlp, d_model]
+    s = scales["ln_final.hook_scale"][:, 0]
+    if post[layer] is not None:
+        w = w * post[layer]
+        s = s * scales[f"blocks.{layer}.ln2_post.hook_scale"][:, 0]
+    return (w @ model.W_U[:, tok].float()).T / s[:, None]
 
 
 @register("dcsn")
@@ -52,23 +136,22 @@ class DCSN(DatasetNeuronLocalizer):
     Args:
         sigma: mask threshold in standard deviations (papers/003 Table 12 peaks at 6).
         target: ``"gold"`` (first gold answer token) or ``"pred"`` (the model's argmax).
+        norms: ``"raw"`` (the paper's ``W_out @ W_U``) or ``"fold"`` (fold the post-FFN and final
+            RMSNorms into the projection, scales frozen per sample: the exact direct effect;
+            recommended on Gemma 3, see the module docstring).
     """
 
-    def __init__(self, model: Any, *, sigma: float = 6.0, target: str = "gold", **kwargs: Any) -> None:
-        super().__init__(model, sigma=sigma, **kwargs)
+    def __init__(self, model: Any, *, sigma: float = 6.0, target: str = "gold", norms: str = "raw",
+                 **kwargs: Any) -> None:
         if target not in ("gold", "pred"):
             raise ValueError(f"target must be 'gold' or 'pred', got {target!r}")
+        if norms not in NORMS:
+            raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
+        super().__init__(model, sigma=sigma, **kwargs)
         self.target = target
+        self.norms = norms
+        self._fold = folded_norms(model) if norms == "fold" else None
         self.chunk_examples = self.batch_size
 
-    @torch.no_grad()
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
-        acts, logits = last_token_activations(self.model, items)
-        if self.target == "gold":
-            tok = torch.tensor([it.target_ids[0] for it in items], device=acts.device)
-        else:
-            tok = logits.argmax(-1)
-        out = torch.empty_like(acts)
-        for l in range(acts.shape[1]):
-            out[:, l] = acts[:, l] * projection(self.model, l, tok).T
-        return out.cpu()
+        return per_sample_scores(self.model, items, self.target, self._fold)[0].cpu()
