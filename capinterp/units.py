@@ -116,12 +116,17 @@ class UnitSet(ABC):
 
 
 def check_comparable(a: UnitSet, b: UnitSet) -> None:
-    """Raise ValueError unless ``a`` and ``b`` have the same kind and space."""
+    """Raise ValueError unless ``a`` and ``b`` have the same kind and space, and (where both
+    record one) the same model fingerprint: equal shapes from different models are not comparable."""
     if a.kind != b.kind or a.space != b.space:
         raise ValueError(
             f"cannot compare unit sets of different kinds or spaces: {a.kind!r} over {a.space!r} "
             f"vs {b.kind!r} over {b.space!r}"
         )
+    fa, fb = (getattr(x, "meta", {}).get("model_fingerprint") for x in (a, b))
+    if fa is not None and fb is not None and str(fa) != str(fb):
+        raise ValueError(f"cannot compare unit sets of different models (fingerprint {fa!r} vs {fb!r}, "
+                         f"models {a.meta.get('model')!r} and {b.meta.get('model')!r})")
 
 
 class KeySet(UnitSet):

@@ -74,6 +74,10 @@ def test_mismatched_shapes_and_kinds_raise():
         M.consistency([ns(A_KEYS), ns(A_KEYS, shape=(3, 6))])
     with pytest.raises(TypeError):
         M.overlap([1, 2], {1})
+    same_shape_other_model = ns(A_KEYS, meta={"model_fingerprint": "bbb", "model": "other"})
+    with pytest.raises(ValueError, match="different models"):
+        M.overlap(ns(A_KEYS, meta={"model_fingerprint": "aaa"}), same_shape_other_model)
+    assert M.overlap(ns(A_KEYS), same_shape_other_model) == 1.0  # no fingerprint recorded: keys only
 
 
 def test_ratio_and_param_share():
