@@ -203,3 +203,23 @@ def test_three_experiments_share_fits_in_a_reproduction(tiny, tmp_path, monkeypa
     assert len(res["experiments"]["commonality"]["table"]) == 4
     assert len(res["experiments"]["erase"]["table"]) == 2 * 2  # capabilities x quick sigmas (3, 6)
     assert len(res["experiments"]["cross_capability"]["table"]) == 4
+
+
+def test_enhance_trains_the_planted_neurons_best(planted):
+    from capinterp.experiments.enhance import columns, enhance_figure, enhance_table
+
+    eights = [Example(e.prompt, "8") for e in SEVENS]  # the planted neurons fire here and write "7"
+    neurons = NeuronSet.from_indices(PLANTED, planted.cfg.n_layers, planted.cfg.d_mlp)
+    before = measure(planted, eights, "target_prob")["value"]
+    lr = {"located": 3e-2, "random": 3e-2, "without_located": 1e-3}
+    t = enhance_table(planted, {"eight": neurons}, {"eight": eights}, {"eight": eights},
+                      metrics_by_name={"eight": "target_prob"}, epochs=3, lr=lr)
+    assert list(t.columns) == columns() and len(t) == 1
+    r = t.iloc[0]
+    assert r["base"] == pytest.approx(before) and r["n_neurons"] == 3
+    assert r["gain_located"] > 0.2 and r["gain_located"] > 2 * max(r["gain_random"], 0.0)
+    assert measure(planted, eights, "target_prob")["value"] == pytest.approx(before)  # caller's model untouched
+    assert len(enhance_figure(t).data) == 4
+    only = enhance_table(planted, {"eight": neurons}, {"eight": eights}, {"eight": eights},
+                         metrics_by_name={"eight": "target_prob"}, epochs=1, lr=lr, arms=("located",))
+    assert list(only.columns) == columns(("located",))

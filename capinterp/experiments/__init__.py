@@ -4,7 +4,7 @@ Each module registers itself with :func:`~capinterp.experiments.base.experiment`
 package imports them all, so ``EXPERIMENTS`` lists every experiment in report order:
 
 papers/001 (Huang et al.): fidelity (3.1), reliability (3.2), decoupling (4), commonality
-(split-half, Table 1), erase (Table 3 sigma sweep, Table 4 IPP), cross_capability (Fig. 5);
+(split-half, Table 1), enhance (Table 2), erase (Table 3 sigma sweep, Table 4 IPP), cross_capability (Fig. 5);
 papers/003 (DCSN): specificity (cohesion/separability, Table 3), forward_reasoning (Table 4),
 operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6).
 """
@@ -14,6 +14,7 @@ from capinterp.experiments import (  # noqa: F401  (registration, in report orde
     reliability,
     decoupling,
     commonality,
+    enhance,
     erase,
     cross_capability,
     specificity,
