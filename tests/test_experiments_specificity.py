@@ -14,7 +14,7 @@ from capinterp.experiments.forward_reasoning import (
     activation_mask, activation_ratio, forward_reasoning_table, operator_ratio, reverse_validation,
     run as run_forward,
 )
-from capinterp.experiments.operator_ablation import ablation_matrix, drop_matrix, run as run_ablation
+from capinterp.experiments.operator_ablation import ablation_matrix, drop_matrix, per_op, run as run_ablation
 from capinterp.experiments.specificity import (
     compare_sets, pool_scores, run as run_specificity, specificity_table,
 )
@@ -189,3 +189,16 @@ def test_operator_neurons_are_shared_through_the_cache(tiny, tmp_path):
     before = sorted(p.name for p in (tmp_path / "scores").glob("*.capi"))
     run_ablation(ctx)  # its 1-OP DG (en) operator neurons are specificity's "DG-en" sets
     assert sorted(p.name for p in (tmp_path / "scores").glob("*.capi")) == before
+
+
+def test_per_op_equals_evaluate(tiny):
+    tests = {op: ci.data.arithmetic(ops=op, n=5, seed=3) for op in "+*"}
+    from capinterp.localizers.dataset import fill_greedy_targets
+
+    right = fill_greedy_targets(tiny, ci.data.as_examples([e.prompt for e in ci.data.arithmetic("+", 4, seed=4)]))
+    tests["+"] += [e for e in right if "\ufffd" not in e.target]  # plain-text targets greedy reproduces
+    got = per_op(tiny, tests, list(tests), batch_size=4)
+    for op, exs in tests.items():
+        ev = ci.evaluate(tiny, exs, progress=False)
+        assert got[op] == pytest.approx((ev.accuracy, ev.mean_prob), abs=1e-5)
+    assert got["+"][0] > 0

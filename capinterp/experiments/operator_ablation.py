@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from capinterp.data.example import Example
-from capinterp.evaluate import EvalResult, evaluate
+from capinterp.experiments.scoring import greedy_correct, target_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
     OP_NAMES, OPS, context_scorer, one_op_data, operator_neurons, top_fraction,
@@ -34,14 +34,20 @@ PAPER = {  # Table 5, LLaMA-3-8B: accuracy drop (points), rows = test items, col
 
 def per_op(model: Any, tests: Mapping[str, list[Example]], ops: Sequence[str],
            batch_size: int = 16) -> dict[str, tuple[float, float]]:
-    """(accuracy, mean p(target)) of each operator's items, from one ``evaluate`` call."""
+    """(accuracy, mean p(first target token)) of each operator's items.
+
+    :func:`~capinterp.evaluate.evaluate`'s numbers from one teacher-forced pass over all items,
+    decoding only the examples that pass cannot decide
+    (:func:`~capinterp.experiments.scoring.greedy_correct`).
+    """
     items = [e for op in ops for e in tests[op]]
-    rec = evaluate(model, items, batch_size=batch_size, progress=False).records
+    stats = target_scores(model, items, batch_size)
+    correct = greedy_correct(model, items, stats, batch_size)
     out, start = {}, 0
     for op in ops:
-        part = rec[start : start + len(tests[op])]
+        part = slice(start, start + len(tests[op]))
         start += len(tests[op])
-        out[op] = (float(np.mean([r["correct"] for r in part])), float(np.mean([r["prob"] for r in part])))
+        out[op] = (float(np.mean(correct[part])), float(np.mean(stats["first_prob"][part])))
     return out
 
 
@@ -73,8 +79,7 @@ def ablation_matrix(model: Any, tests: Mapping[str, list[Example]], erase_sets: 
         for op in ops:
             control = erase_sets[op].random_like(seed)
             with erase(model, control):
-                r: EvalResult = evaluate(model, tests[op], batch_size=batch_size, progress=False)
-            add("random", op, len(control), (r.accuracy, r.mean_prob))
+                add("random", op, len(control), per_op(model, {op: tests[op]}, [op], batch_size)[op])
     return pd.DataFrame(rows)
 
 
