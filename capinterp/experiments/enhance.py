@@ -64,7 +64,8 @@ def enhance_table(
 
     Args:
         neurons: capability -> located neurons (non-empty).
-        train / tests: capability -> training / held-out examples.
+        train: capability -> training examples.
+        tests: capability -> held-out examples.
         metrics_by_name: capability -> ``"accuracy"`` / ``"target_prob"`` (default by name).
         arms: any of :data:`ARMS`; the random arm draws ``neurons.random_like(seed)``.
     """
@@ -125,4 +126,7 @@ def run(ctx: Context) -> ExperimentResult:
             "1e-5 for w/o located (every other parameter, located neurons zeroed).",
         ],
     }
+    if ctx.quick:
+        info["quick_note"] = ("one or two training steps per arm: Adam's first steps move every trained entry by ~lr, "
+                              "which can transiently hurt; the full run trains 2 epochs on twice the data")
     return ExperimentResult(NAME, TITLE, table, enhance_figure(table), info, neurons)
