@@ -17,12 +17,17 @@ from capinterp.data.example import Example
 from capinterp.forward import logits_at
 from capinterp.tokens import batches, model_bos, pad_id, pad_right
 
-__all__ = ["prompt_ids", "next_token_probs", "perplexity", "measure_edit"]
+__all__ = ["prompt_ids", "probe_ids", "next_token_probs", "perplexity", "measure_edit"]
 
 
 def prompt_ids(model, prompt: str) -> list[int]:
     """Token ids of ``prompt`` as the model reads it (BOS per its tokenizer's convention)."""
     return model_bos(model) + list(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def probe_ids(model, enc, others: Sequence[Example]) -> list[list[int]]:
+    """The prompts an edit is measured on: the fact's encoded queries, then the unrelated prompts."""
+    return [list(e.prompt_ids) for e in enc] + [prompt_ids(model, o.prompt) for o in others]
 
 
 @torch.no_grad()
@@ -71,7 +76,7 @@ def measure_edit(model, edit: Any, enc, new_ids, others: list[Example], texts: l
     neutral text for perplexity; ``before``: the unedited probabilities, if already measured.
     Measures before (unless given), then inside ``edit.apply(model)``.
     """
-    ids = [e.prompt_ids for e in enc] + [prompt_ids(model, o.prompt) for o in others]
+    ids = probe_ids(model, enc, others)
     if before is None:
         before = next_token_probs(model, ids, batch_size)
     elif tuple(before.shape) != (len(ids), int(model.cfg.d_vocab)):

@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from capinterp.data.example import Example, as_examples
-from capinterp.edit_eval import measure_edit, next_token_probs, perplexity, prompt_ids
+from capinterp.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions import check_neurons
 from capinterp.model import neuron_hook
 from capinterp.neurons import NeuronSet
@@ -324,8 +324,7 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, method
     rows = []
     for k, (name, g) in enumerate(zip(names, groups)):
         unrel = fixed if fixed is not None else [groups[j][0] for j in others(k)[:n_unrelated]]
-        ids = [e.prompt_ids for e in encode(model, g, max_target_tokens=1)]
-        before = next_token_probs(model, ids + [prompt_ids(model, o.prompt) for o in unrel])  # once per fact
+        before = next_token_probs(model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel))  # once per fact
         new = new_targets[k] if new_targets is not None else answers[others(k)[0]] if others(k) else None
         for mode in modes:
             for method in methods:

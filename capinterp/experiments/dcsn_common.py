@@ -20,7 +20,7 @@ import torch
 from capinterp.data import arithmetic
 from capinterp.data.example import Example
 from capinterp.localizers.dataset import describe_data
-from capinterp.localizers.dcsn import NORMS, folded_norms, per_sample_scores
+from capinterp.localizers.dcsn import fold_for, per_sample_scores
 from capinterp.model import model_meta
 from capinterp.neurons import NeuronScores, NeuronSet
 from capinterp.tokens import batches, encode
@@ -39,9 +39,7 @@ def sample_scores(
     """Yield ``(indices, scores [b, n_layers, d_mlp], first_token_correct [b])`` per batch (CPU).
 
     ``norms``: as :class:`~capinterp.localizers.dcsn.DCSN`'s (``"raw"`` or ``"fold"``)."""
-    if norms not in NORMS:
-        raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
-    fold = folded_norms(model) if norms == "fold" else None
+    fold = fold_for(model, norms)
     encoded = encode(model, list(examples))
     for chunk in batches(list(range(len(encoded))), batch_size):
         out, tok, top = per_sample_scores(model, [encoded[i] for i in chunk], "gold", fold)

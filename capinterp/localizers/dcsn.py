@@ -87,6 +87,13 @@ def folded_norms(model) -> tuple[list[torch.Tensor | None], torch.Tensor, list[s
     return post, rms_gain(model.ln_final, d), names
 
 
+def fold_for(model, norms: str) -> tuple | None:
+    """Check ``norms`` (one of :data:`NORMS`); :func:`folded_norms` for ``"fold"``, None for ``"raw"``."""
+    if norms not in NORMS:
+        raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
+    return folded_norms(model) if norms == "fold" else None
+
+
 def projection(model, layer: int, token_ids: torch.Tensor) -> torch.Tensor:
     """``(W_out[layer] @ W_U)[:, token_ids]`` -> ``[d_mlp, len(token_ids)]``, only the needed columns."""
     w_out = model.blocks[layer].mlp.W_out  # [d_mlp, d_model], raw weights
@@ -145,12 +152,11 @@ class DCSN(DatasetNeuronLocalizer):
                  **kwargs: Any) -> None:
         if target not in ("gold", "pred"):
             raise ValueError(f"target must be 'gold' or 'pred', got {target!r}")
-        if norms not in NORMS:
-            raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
+        fold = fold_for(model, norms)
         super().__init__(model, sigma=sigma, **kwargs)
         self.target = target
         self.norms = norms
-        self._fold = folded_norms(model) if norms == "fold" else None
+        self._fold = fold
         self.chunk_examples = self.batch_size
 
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
