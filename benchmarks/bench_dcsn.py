@@ -15,7 +15,7 @@ import time
 import torch
 
 import capinterp as ci
-from capinterp.tokens import batches, collate, encode, pad_id
+from capinterp.core.tokens import batches, collate, encode, pad_id
 
 
 def main() -> None:

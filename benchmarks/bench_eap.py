@@ -18,8 +18,8 @@ import sys
 import time
 
 from capinterp.circuits import Graph, make_pairs, score_edges
-from capinterp.data.example import Example
-from capinterp.model import load_model
+from capinterp.core.example import Example
+from capinterp.core.model import load_model
 
 FACTS = [
     Example("The Eiffel Tower is located in the city of", " Paris", {"subject": "The Eiffel Tower"}),

@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from capinterp.attribution import grad_x_act, ig_scores  # noqa: E402
-from capinterp.data.example import Example  # noqa: E402
-from capinterp.model import load_model, neuron_hook  # noqa: E402
-from capinterp.tokens import encode  # noqa: E402
+from capinterp.kernels.ig import grad_x_act, ig_scores  # noqa: E402
+from capinterp.core.example import Example  # noqa: E402
+from capinterp.core.model import load_model, neuron_hook  # noqa: E402
+from capinterp.core.tokens import encode  # noqa: E402
 
 
 def make_prompts(n: int, shots: int = 4, seed: int = 0) -> list[Example]:

@@ -42,7 +42,7 @@ def run_mode(args) -> dict:
 
     from capinterp.data.facts import builtin_facts, facts_known_by
     from capinterp.localizers.causal_trace import CausalTrace
-    from capinterp.model import load_model
+    from capinterp.core.model import load_model
 
     t0 = time.perf_counter()
     model = load_model(args.model, threads=args.threads, device=args.device)

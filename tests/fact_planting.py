@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from capinterp.data import Example
-from capinterp.tokens import collate, encode, pad_id
+from capinterp.core.tokens import collate, encode, pad_id
 
 FACT_A = [Example(p, " Paris") for p in (
     "The Eiffel Tower is in the city of", "The Eiffel Tower is located in the city of",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from capinterp.tokens import collate, encode, pad_id
+from capinterp.core.tokens import collate, encode, pad_id
 
 PLANTED = [(1, 5), (2, 17), (3, 40)]
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from capinterp.accumulate import ScoreSum, dataset_fingerprint
+from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
 from capinterp.data import Example
 
 

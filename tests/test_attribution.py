@@ -6,11 +6,11 @@ import warnings
 import pytest
 import torch
 
-from capinterp import _prefix
-from capinterp.attribution import _Objective, grad_x_act, ig_alphas, ig_scores, objective_from_logits, site
-from capinterp.attribution_ref import ref_grad_x_act, ref_ig, ref_objective
-from capinterp.data.example import Example
-from capinterp.tokens import encode
+from capinterp.kernels import prefix as _prefix
+from capinterp.kernels.ig import _Objective, grad_x_act, ig_alphas, ig_scores, objective_from_logits, site
+from ig_reference import ref_grad_x_act, ref_ig, ref_objective
+from capinterp.core.example import Example
+from capinterp.core.tokens import encode
 from conftest import HAS_GEMMA3, HAS_SMOLLM2
 
 TOL = 1e-4  # max relative difference on scores above 1% of the max (the spec's criterion)
@@ -31,7 +31,7 @@ def max_rel(a: torch.Tensor, b: torch.Tensor, floor: float = 0.01) -> float:
 
 @pytest.fixture(scope="module")
 def tiny64():
-    from capinterp.model import load_model
+    from capinterp.core.model import load_model
 
     return load_model("tiny", dtype=torch.float64)
 
@@ -185,7 +185,7 @@ def test_fallbacks_give_the_same_scores(tiny64, encs64, monkeypatch):
 
 
 def test_model_without_kv_cache_falls_back_to_loop():
-    from capinterp.model import load_model
+    from capinterp.core.model import load_model
 
     native = load_model("tiny-native", dtype=torch.float64)  # TransformerLens-native: no HF cache
     enc = encode(native, [Example("12*3=", "36")])

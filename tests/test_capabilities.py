@@ -12,7 +12,7 @@ from capinterp.data.capabilities import (
     load_capability,
 )
 from capinterp.data.parsing import is_correct
-from capinterp.tokens import encode
+from capinterp.core.tokens import encode
 
 HAS_SHARED = cs.shared_data_dir() is not None
 needs_shared = pytest.mark.skipif(not HAS_SHARED, reason="shared data folder (../shared/data) is absent")

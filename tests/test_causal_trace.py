@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.localizers import get
 from capinterp.localizers.causal_trace import TOKEN_GROUPS, CausalTrace, subject_token_range
-from capinterp.model import load_model
-from capinterp.tokens import TokenizationError, encode, model_bos
-from capinterp.units import KeySet
+from capinterp.core.model import load_model
+from capinterp.core.tokens import TokenizationError, encode, model_bos
+from capinterp.units.base import KeySet
 
 PROMPTS = [
     ("The Eiffel Tower is in the city of", "Eiffel Tower"),

@@ -13,11 +13,11 @@ import torch
 from capinterp.circuits import (Circuit, EdgeSet, Graph, acdc, check_additive, graph_mode, hit_at_k,
                                 make_pairs, match_nll, prune_dead, run_graph, score_edges, select_edges)
 from capinterp.circuits.eap import corrupt_embeddings, pair_loss
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.localizers import get
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
-from capinterp.model import load_model
-from capinterp.tokens import TokenizationError, encode, model_bos
+from capinterp.core.model import load_model
+from capinterp.core.tokens import TokenizationError, encode, model_bos
 
 FACTS = [
     Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
@@ -163,7 +163,7 @@ def test_slot_names_match_model_inputs(tiny, slot, hook, index):
 
 
 def test_additivity_check(tiny, monkeypatch):
-    from capinterp.circuits import evaluate as ev
+    from capinterp.circuits import forward as ev
 
     g = Graph.from_model(tiny)
     assert check_additive(tiny, g) < 1e-5

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from capinterp.cli import main
+from capinterp.app.cli import main
 
 
 def test_info(capsys):

@@ -4,7 +4,7 @@ import torch
 import capinterp as ci
 from capinterp.data import Example
 from capinterp.localizers.dcsn import last_token_activations
-from capinterp.tokens import encode
+from capinterp.core.tokens import encode
 from planting import PLANTED, plant
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]

@@ -6,11 +6,11 @@ import torch
 
 import capinterp as ci
 from capinterp.data import Example
-from capinterp.edit_eval import next_token_probs, perplexity, prompt_ids
-from capinterp.editing import edit_knowledge, edit_table, last_activations, value_weight
+from capinterp.interventions.edit_eval import next_token_probs, perplexity, prompt_ids
+from capinterp.interventions.editing import edit_knowledge, edit_table, last_activations, value_weight
 from capinterp.localizers.kn import KN
-from capinterp.neurons import NeuronSet
-from capinterp.query_localization import QueryLocalization
+from capinterp.results.neurons import NeuronSet
+from capinterp.localizers.query_localization import QueryLocalization
 from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
 TEXT = ["The Eiffel Tower is in the city of Paris .", "Rome is the capital of Italy ."]

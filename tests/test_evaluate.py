@@ -2,8 +2,8 @@ import pytest
 
 import capinterp as ci
 from capinterp.data import Example
-from capinterp.evaluate import greedy_continuations
-from capinterp.tokens import encode
+from capinterp.kernels.evaluate import greedy_continuations
+from capinterp.core.tokens import encode
 from planting import plant
 
 
@@ -37,7 +37,7 @@ def test_evaluate_on_planted_model_and_batch_size_invariance():
 def test_logits_at_equals_full_forward(name):
     import torch
 
-    from capinterp.forward import logits_at
+    from capinterp.core.forward import logits_at
 
     m = ci.load_model(name)
     ids = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.experiments import EXPERIMENTS, Context
 from capinterp.experiments import capability_data as cd
@@ -16,7 +17,7 @@ from capinterp.experiments.cross_capability import COLUMNS as CROSS_COLS, cross_
 from capinterp.experiments.erase import COLUMNS as ERASE_COLS, erase_figure, erase_table, random_sets
 from capinterp.data.parsing import is_correct
 from capinterp.experiments.scoring import greedy_accuracy, measure, surely_wrong, target_scores
-from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.results.neurons import NeuronScores, NeuronSet
 from planting import PLANTED, plant
 
 SEVENS = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
@@ -170,8 +171,8 @@ def test_solved_first_orders_and_counts(planted):
 def test_cut_targets_keeps_the_first_tokens(tiny):
     long = [Example("def f(x):", "\n    return x + 1"), Example("1+1=", "2")]
     cut = cd.cut_targets(tiny, long, 3)
-    ids = ci.tokens.encode(tiny, long)[0].target_ids
-    assert ci.tokens.encode(tiny, cut)[0].target_ids == ids[:3] and len(ids) > 3
+    ids = encode(tiny, long)[0].target_ids
+    assert encode(tiny, cut)[0].target_ids == ids[:3] and len(ids) > 3
     assert cut[0].meta["target_full"] == long[0].target and cut[1] == long[1]
 
 
@@ -187,7 +188,7 @@ def test_prepare_is_memoized_and_held_out(tiny):
 
 
 def test_three_experiments_share_fits_in_a_reproduction(tiny, tmp_path, monkeypatch):
-    from capinterp.reproduce import reproduce
+    from capinterp.app.reproduce import reproduce
 
     small = {"capabilities": ("add", "sub"), "n_candidates": 6, "n_locate": 4, "n_test": 4,
              "params": {"cnl": {"steps": 2}, "dcsn": {}}}

@@ -6,14 +6,14 @@ import math
 import pandas as pd
 import pytest
 
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments import EXPERIMENTS, Context
 from capinterp.experiments import decoupling as D
 from capinterp.experiments import fidelity as F
 from capinterp.experiments import reliability as R
 from capinterp.experiments._per_sample import kn_neurons, kn_scores, with_greedy_targets
-from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.results.neurons import NeuronScores, NeuronSet
 
 PROMPTS = [("The Eiffel Tower is in the city of", "Eiffel Tower"),
            ("The Eiffel Tower stands in the city of", "Eiffel Tower"),

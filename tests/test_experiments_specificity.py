@@ -19,8 +19,8 @@ from capinterp.experiments.specificity import (
     compare_sets, pool_scores, run as run_specificity, specificity_table,
 )
 from capinterp.localizers.dcsn import last_token_activations
-from capinterp.neurons import NeuronScores, NeuronSet
-from capinterp.tokens import encode
+from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.core.tokens import encode
 
 SHAPE = (4, 128)
 

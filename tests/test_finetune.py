@@ -7,10 +7,10 @@ import torch
 
 import capinterp as ci
 from capinterp.data import Example
-from capinterp.finetune import ARMS, FinetuneResult, finetune
-from capinterp.model import neuron_param_info
-from capinterp.neuron_params import neuron_masks, neuron_slices, zero_neurons
-from capinterp.neurons import NeuronSet
+from capinterp.interventions.finetune import ARMS, FinetuneResult, finetune
+from capinterp.core.model import neuron_param_info
+from capinterp.interventions.neuron_params import neuron_masks, neuron_slices, zero_neurons
+from capinterp.results.neurons import NeuronSet
 from planting import PLANTED, plant
 
 TOY = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (4, 3), (6, 1)]]

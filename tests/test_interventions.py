@@ -3,7 +3,7 @@ import torch
 
 import capinterp as ci
 from capinterp.data import Example
-from capinterp.neurons import NeuronSet
+from capinterp.results.neurons import NeuronSet
 from planting import PLANTED, plant
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5)]]

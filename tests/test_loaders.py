@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.data.facts import (
     builtin_facts,
     facts_known_by,
@@ -17,7 +17,7 @@ from capinterp.data.facts import (
     load_known_facts,
     load_pararel_bags,
 )
-from capinterp.tokens import TokenizationError
+from capinterp.core.tokens import TokenizationError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"{DATA} is not available")
@@ -185,13 +185,13 @@ def test_builtin_facts():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from capinterp.model import load_model
+    from capinterp.core.model import load_model
 
     return load_model("tiny", threads=1)
 
 
 def test_facts_known_by(tiny):
-    from capinterp.tokens import encode, model_bos
+    from capinterp.core.tokens import encode, model_bos
 
     candidates = ["Rome is the capital of", "Berlin is the capital of", "The Eiffel Tower is in the city of",
                   "The mother tongue of Tokyo is", "Madrid is located in", "London was born in"]

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.kernels.accumulate import ScoreSum
 from capinterp.data import Example
-from capinterp.neurons import NeuronSet
+from capinterp.results.neurons import NeuronSet
 from planting import PLANTED, plant
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
@@ -71,7 +72,7 @@ def test_interrupted_fit_resumes_to_the_same_scores(planted, tmp_path, monkeypat
         loc.fit(EXAMPLES)
     monkeypatch.undo()
     resumed = ci.CNL(planted, steps=4, progress=False, checkpoint=ck)
-    done_before = ci.accumulate.ScoreSum.load(ck).count
+    done_before = ScoreSum.load(ck).count
     assert done_before == 3
     torch.testing.assert_close(resumed.fit(EXAMPLES).scores_.scores, full, rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match="different computation"):

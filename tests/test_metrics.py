@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from capinterp import metrics as M
-from capinterp.neurons import NeuronSet
-from capinterp.units import KeySet
+from capinterp.units import metrics as M
+from capinterp.results.neurons import NeuronSet
+from capinterp.units.base import KeySet
 
 A_KEYS = {(0, 1), (0, 2), (1, 3)}
 B_KEYS = {(0, 2), (1, 3), (1, 4), (2, 0)}

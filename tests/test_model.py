@@ -3,9 +3,9 @@ import importlib.util
 import pytest
 import torch
 
-from capinterp.forward import logits_at
+from capinterp.core.forward import logits_at
 
-from capinterp.model import (
+from capinterp.core.model import (
     _PACKAGED,
     cache_dir,
     check_neuron_hooks,
@@ -89,7 +89,7 @@ PROMPTS = ["The Eiffel Tower is in the city of", "3+4=7\n5+2=7\n6+1=", "Based on
 
 
 def _bridge_vs_hf(model, name):
-    from capinterp.model import _load_local
+    from capinterp.core.model import _load_local
 
     hf, tok = _load_local(cache_dir() / "models" / f"{name}-{_PACKAGED[name]['version']}-fp32", torch.float32)
     worst = 0.0

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from capinterp import neurons as nmod
+from capinterp.results import neurons as nmod
 from capinterp._version import __version__
-from capinterp.neurons import NeuronScores, NeuronSet
-from capinterp.units import KeySet, UnitSet
+from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.base import KeySet, UnitSet
 
 L, D = 4, 50
 

@@ -6,8 +6,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from capinterp.neurons import NeuronScores, NeuronSet
-from capinterp.plotting import default_bin_size, layer_profile, neuron_heatmap, overlap_matrix
+from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.plots import default_bin_size, layer_profile, neuron_heatmap, overlap_matrix
 
 
 def test_default_bin_size():

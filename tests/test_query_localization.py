@@ -5,12 +5,12 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.attention_scaling import attention_scaling, knowledge_synapses, scale_attention
+from capinterp.interventions.attention_scaling import attention_scaling, knowledge_synapses, scale_attention
 from capinterp.data import Example
-from capinterp.edit_eval import prompt_ids
+from capinterp.interventions.edit_eval import prompt_ids
 from capinterp.localizers.kn import KN
-from capinterp.neurons import NeuronSet
-from capinterp.query_localization import QueryLocalization, consistency_aware_scores
+from capinterp.results.neurons import NeuronSet
+from capinterp.localizers.query_localization import QueryLocalization, consistency_aware_scores
 from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
 
@@ -212,7 +212,7 @@ def test_query_localization_on_smollm2(smollm2):
 
 
 def ci_edit(model, fact, ql, unrelated):
-    from capinterp.editing import edit_knowledge
+    from capinterp.interventions.editing import edit_knowledge
 
     before = {k: v.clone() for k, v in model.state_dict().items() if "mlp" in k}
     edit = edit_knowledge(model, fact, "union", "erase", ql=ql, unrelated=unrelated)

@@ -7,10 +7,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from capinterp.cli import main as cli
+from capinterp.app.cli import main as cli
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, experiment
-from capinterp.neurons import NeuronScores
-from capinterp.reproduce import reproduce
+from capinterp.results.neurons import NeuronScores
+from capinterp.app.reproduce import reproduce
 
 CALLS: list[str] = []
 

@@ -1,7 +1,7 @@
 import pytest
 
-from capinterp.data.example import Example, as_examples
-from capinterp.tokens import TokenizationError, collate, encode, pad_id
+from capinterp.core.example import Example, as_examples
+from capinterp.core.tokens import TokenizationError, collate, encode, pad_id
 
 
 def test_target_tokens_are_taken_in_context(tiny):

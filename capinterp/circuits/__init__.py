@@ -4,16 +4,17 @@
   (kept edges + scores, JSON save/load), :class:`EdgeSet`, :func:`select_edges`, :func:`prune_dead`;
 - :mod:`~capinterp.circuits.eap`: EAP / EAP-IG edge scores, clean/corrupted pairs;
 - :mod:`~capinterp.circuits.acdc`: greedy zero-ablation pruning with MatchNLL;
-- :mod:`~capinterp.circuits.evaluate`: the graph forward pass (per-edge ablation), :func:`hit_at_k`;
-- :mod:`~capinterp.circuits.plot`: layered circuit graph and edge-score heatmap (plotly).
+- :mod:`~capinterp.circuits.forward`: the graph forward pass (per-edge ablation), :func:`hit_at_k`;
+- :mod:`~capinterp.plots.circuits`: layered circuit graph and edge-score heatmap (plotly).
 
 The localizer is :class:`capinterp.localizers.knowledge_circuit.KnowledgeCircuit` (``"kc"``).
 """
 from capinterp.circuits.acdc import acdc, match_nll
 from capinterp.circuits.eap import Pair, make_pairs, score_edges
-from capinterp.circuits.evaluate import check_additive, graph_mode, hit_at_k, node_params, run_graph
+from capinterp.circuits.forward import check_additive, graph_mode, node_params, run_graph
+from capinterp.circuits.hit import hit_at_k
 from capinterp.circuits.graph import Circuit, EdgeSet, Graph, prune_dead, select_edges
-from capinterp.circuits.plot import edge_heatmap, plot_circuit
+from capinterp.plots.circuits import edge_heatmap, plot_circuit
 
 __all__ = [
     "Graph", "Circuit", "EdgeSet", "select_edges", "prune_dead",

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from capinterp.circuits.evaluate import graph_mode, run_graph
+from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Graph
-from capinterp.data.example import as_examples
-from capinterp.tokens import EncodedBatch, batches, collate, encode, pad_id
+from capinterp.core.example import as_examples
+from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
 
 __all__ = ["acdc", "match_nll"]
 

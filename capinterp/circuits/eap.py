@@ -37,11 +37,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from capinterp.circuits.evaluate import graph_mode, run_graph
+from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Graph
-from capinterp.data.example import Example, as_examples
-from capinterp.forward import capture
-from capinterp.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
+from capinterp.core.example import Example, as_examples
+from capinterp.core.forward import capture
+from capinterp.core.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
 
 __all__ = ["Pair", "make_pairs", "score_edges", "corrupt_embeddings", "noise_std", "METRICS"]
 

@@ -38,17 +38,29 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from capinterp._version import __version__
-from capinterp.units import KeySet
+from capinterp.plots.circuits import edge_heatmap, plot_circuit
+from capinterp.units.base import KeySet
 
 __all__ = ["Graph", "Circuit", "EdgeSet", "select_edges", "prune_dead", "GRANULARITIES"]
 
 GRANULARITIES = ("qkv", "head")
 INPUT, LOGITS = "input", "logits"
+
+
+def supports(model: Any, flag: str) -> bool:
+    """Whether the bridge accepts ``set_<flag>(True)`` (probed, then restored)."""
+    before = bool(getattr(model.cfg, flag, False))
+    try:
+        getattr(model, f"set_{flag}")(True)
+    except (NotImplementedError, ValueError, AttributeError):
+        return False
+    getattr(model, f"set_{flag}")(before)
+    return True
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,8 @@ class Graph:
     sources: tuple[str, ...] = field(init=False, repr=False)
     slots: tuple[str, ...] = field(init=False, repr=False)
     nodes: tuple[str, ...] = field(init=False, repr=False)
+    input_node: ClassVar[str] = INPUT
+    logits_node: ClassVar[str] = LOGITS
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -88,8 +102,6 @@ class Graph:
         H = int(cfg.n_heads)
         G = int(getattr(cfg, "n_key_value_heads", None) or H)
         if granularity == "auto":
-            from capinterp.circuits.evaluate import supports
-
             granularity = "qkv" if supports(model, "use_split_qkv_input") else "head"
         return cls(int(cfg.n_layers), H, G, granularity)
 
@@ -351,13 +363,11 @@ class Circuit:
         return self.units().param_share
 
     def plot(self, **kw: Any):
-        from capinterp.circuits.plot import plot_circuit
-
+        """The layered circuit graph (:func:`capinterp.plots.plot_circuit`)."""
         return plot_circuit(self, **kw)
 
     def edge_heatmap(self, **kw: Any):
-        from capinterp.circuits.plot import edge_heatmap
-
+        """Sources x slots edge scores (:func:`capinterp.plots.edge_heatmap`)."""
         return edge_heatmap(self, **kw)
 
     def __repr__(self) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from .example import Example
+from capinterp.core.example import Example
 from .parsing import join_expression as _join, value_of as _value
 from .templates import COMPACT_SEPARATOR, FORMATS, LANGS, SHOT_SEPARATOR, balanced, fewshot, render
 

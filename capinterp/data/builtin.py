@@ -5,7 +5,7 @@ from typing import Iterable
 
 import torch
 
-from .example import Example
+from capinterp.core.example import Example
 
 __all__ = ["builtin_facts", "facts_known_by"]
 
@@ -58,15 +58,15 @@ def facts_known_by(
 ) -> list[Example] | tuple[list[Example], list[int]]:
     """Keep the facts whose greedy next token (after the prompt) is the target's first token.
 
-    Targets are tokenized in context (:func:`capinterp.tokens.encode`); a target that cannot follow
-    its prompt as separate tokens raises :class:`~capinterp.tokens.TokenizationError` (or is
+    Targets are tokenized in context (:func:`capinterp.core.tokens.encode`); a target that cannot follow
+    its prompt as separate tokens raises :class:`~capinterp.core.tokens.TokenizationError` (or is
     dropped with ``on_mismatch="skip"``). Prompts run right-padded in batches of ``batch_size``
     (one forward per batch; only each row's last prompt position is unembedded).
     ``return_predictions=True`` also returns the predicted first token id of every kept-or-not
     encoded fact, in input order.
     """
-    from capinterp.forward import logits_at
-    from capinterp.tokens import batches, collate, encode, pad_id
+    from capinterp.core.forward import logits_at
+    from capinterp.core.tokens import batches, collate, encode, pad_id
 
     facts = list(facts)
     if not facts:

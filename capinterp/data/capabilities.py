@@ -31,7 +31,7 @@ repeat, as in :func:`~capinterp.data.arithmetic` itself.
 
 Every Example's ``meta`` has ``capability``, ``source``, ``split`` and ``id`` (plus
 source-specific fields; numeric targets carry ``fmt="DG"`` and ``answer`` so that
-:func:`capinterp.evaluate` parses them).
+:func:`capinterp.kernels.evaluate` parses them).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from typing import Callable
 from . import capability_sources as src
 from .arithmetic import arithmetic
 from .capability_sources import SPLITS, in_split, shared_data_dir
-from .example import Example
+from capinterp.core.example import Example
 from .templated import render_sentiment, render_word_problem, sentiment_keys, word_problem_keys
 
 __all__ = [

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .example import Example
+from capinterp.core.example import Example
 from .io import read_json_any
 from .templated import EMOTION_SHOTS, SENTIMENT_SHOTS
 

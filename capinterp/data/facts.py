@@ -17,7 +17,7 @@ Target spacing. An Example's ``target`` is the text that follows the prompt, so
 ``"The Eiffel Tower is located in the city of"`` has the target ``" Paris"``. Fact loaders
 strip the object and prepend one space; a prompt that ends in spaces has them moved into the
 target (``"... is "`` + ``"Paris"`` becomes ``"... is"`` + ``" Paris"``), because a trailing space
-in the prompt would merge with the answer's first BPE token (:mod:`capinterp.tokens`).
+in the prompt would merge with the answer's first BPE token (:mod:`capinterp.core.tokens`).
 ``meta["subject"]`` is the subject string as it occurs in the prompt (needed by causal tracing);
 ``meta["object"]`` is the bare object.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .builtin import builtin_facts, facts_known_by
-from .example import Example
+from capinterp.core.example import Example
 from .io import PathLike, limit_records, need_keys, nonempty, read_json_any, records_of
 
 __all__ = [

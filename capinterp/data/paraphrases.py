@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .builtin import builtin_facts, facts_known_by
-from .example import Example
+from capinterp.core.example import Example
 
 __all__ = ["builtin_paraphrases", "pararel_paraphrases", "known_paraphrases"]
 

@@ -10,7 +10,7 @@ import re
 from fractions import Fraction
 from typing import Sequence
 
-from .example import Example
+from capinterp.core.example import Example
 
 _TOKEN = re.compile(r"\d+|[-+*/]")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable
 
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.localizers.kn import KN
-from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.results.neurons import NeuronScores, NeuronSet
 
 __all__ = ["ScoreCache", "example_key", "kn_scores", "kn_neurons", "with_greedy_targets"]
 

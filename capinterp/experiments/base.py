@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from capinterp.model import model_fingerprint
-from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.core.model import model_fingerprint
+from capinterp.results.neurons import NeuronScores, NeuronSet
 
 
 @dataclass

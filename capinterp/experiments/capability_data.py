@@ -21,11 +21,11 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from capinterp.data.example import Example, as_examples
+from capinterp.core.example import Example, as_examples
 from capinterp.experiments.scoring import METRICS, greedy_correct, target_scores
 from capinterp.localizers.dataset import fill_greedy_targets
-from capinterp.model import model_fingerprint
-from capinterp.neurons import NeuronScores
+from capinterp.core.model import model_fingerprint
+from capinterp.results.neurons import NeuronScores
 
 #: Metric per capability (see :mod:`capinterp.experiments.scoring`). Gemma 3 270M solves none of
 #: the word problems (GSM8K and the builtin ones: 0 %) and no HumanEval first line exactly, so
@@ -101,7 +101,7 @@ def cut_targets(model: Any, examples: Sequence[Example], max_tokens: int) -> lis
     An example whose shortened target would tokenize differently after its prompt keeps its
     full target. Shortened examples record ``meta["target_full"]``.
     """
-    from capinterp.tokens import TokenizationError, encode
+    from capinterp.core.tokens import TokenizationError, encode
 
     out = []
     for e in examples:

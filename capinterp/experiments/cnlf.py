@@ -5,7 +5,7 @@ The "+" block of Table 6, on generated arithmetic:
 1. locate the DCSN neurons of one operator (default "+") on its 1-OP training set
    (``ctx.localize("dcsn", ...)``, sigma-masked; at least ``min_neurons`` by |score| when the
    mask finds fewer, e.g. on tiny test models);
-2. fine-tune, each on its own copy of the model (:func:`capinterp.finetune`): only those neurons
+2. fine-tune, each on its own copy of the model (:func:`capinterp.interventions.finetune`): only those neurons
    (CNLF, "Ours"), the same number of random neurons ("FT-Random"), every parameter ("FT-All"),
    and optionally every parameter but the located neurons, erased ("FT-w/o Cap", Table 2);
 3. measure accuracy on unseen 1-OP problems of the operator (fitting score) and on 2-OP
@@ -25,10 +25,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capinterp.data.arithmetic import arithmetic
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.experiments.base import Context, ExperimentResult, experiment
-from capinterp.finetune import FinetuneResult, finetune
-from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.interventions.finetune import FinetuneResult, finetune
+from capinterp.results.neurons import NeuronScores, NeuronSet
 
 __all__ = ["PAPER", "CNLFConfig", "QUICK", "FULL", "cnlf_data", "cnlf_neurons", "cnlf_table", "cnlf", "run"]
 

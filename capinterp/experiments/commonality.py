@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp import metrics
-from capinterp.data.example import Example, as_examples
+from capinterp.units import metrics
+from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 

@@ -16,13 +16,13 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from capinterp import metrics
-from capinterp.data.example import Example, as_examples
+from capinterp.units import metrics
+from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
-from capinterp.interventions import erase
-from capinterp.neurons import NeuronSet
+from capinterp.interventions.hooks import erase
+from capinterp.results.neurons import NeuronSet
 
 NAME, TITLE = "cross_capability", "Erasing one capability's neurons, measured on every capability (papers/001 Fig. 5)"
 COLUMNS = ["erased", "tested", "metric", "n_neurons", "set_overlap", "base", "after", "rel_drop", "after_random",

@@ -7,7 +7,7 @@ One forward pass per prompt gives both the single-sample DCSN score (ALGORITHMS.
 and whether the model's greedy first token at the last prompt position equals ``t_j``. The
 dataset-level score "on the examples the model gets right" is the mean of ``C_j`` over those
 examples: the same numbers ``DCSN(model).fit(correct_examples).scores_`` gives, without a
-separate decoding pass (``filter="greedy"`` uses :func:`capinterp.evaluate.evaluate` instead,
+separate decoding pass (``filter="greedy"`` uses :func:`capinterp.kernels.evaluate.evaluate` instead,
 which also checks the answer's later tokens).
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from capinterp.data import arithmetic
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.localizers.dataset import describe_data
 from capinterp.localizers.dcsn import fold_for, per_sample_scores
-from capinterp.model import model_meta
-from capinterp.neurons import NeuronScores, NeuronSet
-from capinterp.tokens import batches, encode
+from capinterp.core.model import model_meta
+from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.core.tokens import batches, encode
 
 OPS: tuple[str, ...] = ("+", "-", "*", "/")
 OP_NAMES: dict[str, str] = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
@@ -65,7 +65,7 @@ def correct_scores(
         raise ValueError("correct_scores got no examples")
     keep = [True] * len(examples)
     if filter == "greedy":
-        from capinterp.evaluate import evaluate
+        from capinterp.kernels.evaluate import evaluate
 
         keep = [r["correct"] for r in evaluate(model, examples, batch_size=batch_size, progress=False).records]
     total = torch.zeros(model.cfg.n_layers, model.cfg.d_mlp, dtype=torch.float64)

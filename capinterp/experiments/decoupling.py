@@ -23,12 +23,12 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp import metrics
+from capinterp.units import metrics
 from capinterp.data.arithmetic import arithmetic
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores, with_greedy_targets
 from capinterp.experiments.base import Context, ExperimentResult, experiment
-from capinterp.neurons import NeuronSet
+from capinterp.results.neurons import NeuronSet
 
 __all__ = ["PAPER", "decoupling_pairs", "locate_pairs", "decoupling_table", "run"]
 

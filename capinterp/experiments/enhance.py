@@ -2,7 +2,7 @@
 
 Per capability, the CNL neurons located for :mod:`~capinterp.experiments.erase` (sigma 6, the
 pooled half fits of :mod:`~capinterp.experiments.commonality`) are fine-tuned on the
-localization examples (train split) with :func:`capinterp.finetune`, against the paper's two
+localization examples (train split) with :func:`capinterp.interventions.finetune`, against the paper's two
 controls: the same number of random neurons, and every other parameter with the located neurons
 zeroed ("w/o located"). Each arm is measured on the held-out test examples in the capability's
 metric (greedy accuracy or target probability), as erase does.
@@ -20,12 +20,12 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp.data.example import Example, as_examples
+from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
-from capinterp.finetune import finetune
-from capinterp.neurons import NeuronSet
+from capinterp.interventions.finetune import finetune
+from capinterp.results.neurons import NeuronSet
 
 NAME, TITLE = "enhance", "Fine-tuning capability neurons vs random neurons and the rest (papers/001 Table 2)"
 ARMS: tuple[str, ...] = ("located", "random", "without_located")

@@ -2,9 +2,9 @@
 
 Per capability, CNL neurons are located on the train-split localization examples (the pooled
 half fits of :mod:`capinterp.experiments.commonality`), selected at each ``sigma``, and zeroed at
-every position (:func:`capinterp.interventions.erase`); the metric is measured on held-out
+every position (:func:`capinterp.interventions.hooks.erase`); the metric is measured on held-out
 test-split examples before, after erasing them, and after erasing each of ``n_random`` seeded
-random neuron sets of the same size. IPP (:func:`capinterp.metrics.ipp`) uses the *drops*:
+random neuron sets of the same size. IPP (:func:`capinterp.units.metrics.ipp`) uses the *drops*:
 IPP = drop(located) - max_r drop(random_r), positive when the located set hurts more than every
 random draw (ALGORITHMS.md 10).
 """
@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp import metrics
-from capinterp.data.example import Example, as_examples
+from capinterp.units import metrics
+from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
-from capinterp.interventions import erase
-from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.interventions.hooks import erase
+from capinterp.results.neurons import NeuronScores, NeuronSet
 
 NAME, TITLE = "erase", "Erasing capability neurons vs random neurons (papers/001 Tables 3-4)"
 

@@ -24,12 +24,12 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp import metrics
-from capinterp.data.example import Example
+from capinterp.units import metrics
+from capinterp.core.example import Example
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
-from capinterp.units import UnitSet
+from capinterp.units.base import UnitSet
 
 __all__ = ["METHODS", "PAPER_OVERLAP", "locate_paraphrases", "fidelity_table", "summarize", "run"]
 

@@ -23,14 +23,14 @@ import pandas as pd
 import torch
 
 from capinterp.data import arithmetic
-from capinterp.data.example import Example
-from capinterp.evaluate import evaluate
+from capinterp.core.example import Example
+from capinterp.kernels.evaluate import evaluate
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
     OP_NAMES, OPS, context_scorer, operator_neurons, sample_scores, top_fraction, union,
 )
-from capinterp.interventions import erase
-from capinterp.neurons import NeuronSet
+from capinterp.interventions.hooks import erase
+from capinterp.results.neurons import NeuronSet
 
 TITLE = "Capability-specific neurons (papers/003): forward reasoning and reverse validation"
 PAPER = {  # Table 4, LLaMA-2-7B, DG rows, percent

@@ -14,14 +14,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.experiments.scoring import greedy_correct, target_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
     OP_NAMES, OPS, context_scorer, one_op_data, operator_neurons, top_fraction,
 )
-from capinterp.interventions import erase
-from capinterp.neurons import NeuronSet
+from capinterp.interventions.hooks import erase
+from capinterp.results.neurons import NeuronSet
 
 TITLE = "Capability-specific neurons (papers/003): cross-operator ablation"
 PAPER = {  # Table 5, LLaMA-3-8B: accuracy drop (points), rows = test items, columns = erased operator
@@ -36,7 +36,7 @@ def per_op(model: Any, tests: Mapping[str, list[Example]], ops: Sequence[str],
            batch_size: int = 16) -> dict[str, tuple[float, float]]:
     """(accuracy, mean p(first target token)) of each operator's items.
 
-    :func:`~capinterp.evaluate.evaluate`'s numbers from one teacher-forced pass over all items,
+    :func:`~capinterp.kernels.evaluate.evaluate`'s numbers from one teacher-forced pass over all items,
     decoding only the examples that pass cannot decide
     (:func:`~capinterp.experiments.scoring.greedy_correct`).
     """

@@ -25,14 +25,14 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
-from capinterp.forward import logits_at
-from capinterp.interventions import neuron_hooks, scale
-from capinterp.neurons import NeuronSet
-from capinterp.tokens import encode
+from capinterp.core.forward import logits_at
+from capinterp.interventions.hooks import neuron_hooks, scale
+from capinterp.results.neurons import NeuronSet
+from capinterp.core.tokens import encode
 
 __all__ = ["POSITIONS", "PAPER", "target_prob", "reliability_frame", "summarize", "run"]
 

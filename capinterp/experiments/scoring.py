@@ -2,7 +2,7 @@
 
 Two metrics, each named in every experiment table's ``metric`` column:
 
-- ``"accuracy"``: greedy accuracy from :func:`capinterp.evaluate.evaluate` (answers parsed per
+- ``"accuracy"``: greedy accuracy from :func:`capinterp.kernels.evaluate.evaluate` (answers parsed per
   format; for plain-text targets, the stripped continuation must start with the stripped target).
   Meaningful for arithmetic (one number) and sentiment (one label word).
 - ``"target_prob"``: the mean over the target's *content* tokens of ``p(y_j | x + y_<j)``,
@@ -24,11 +24,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from capinterp.data.example import Example
+from capinterp.core.example import Example
 from capinterp.data.parsing import is_correct, parse_answer
-from capinterp.evaluate import evaluate
-from capinterp.forward import capture, unembed
-from capinterp.tokens import batches, collate, encode, pad_id
+from capinterp.kernels.evaluate import evaluate
+from capinterp.core.forward import capture, unembed
+from capinterp.core.tokens import batches, collate, encode, pad_id
 
 METRICS: tuple[str, ...] = ("accuracy", "target_prob")
 
@@ -103,7 +103,7 @@ def surely_wrong(example: Example, first: str) -> bool:
 def greedy_correct(
     model: Any, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
 ) -> list[bool]:
-    """Per example, :func:`~capinterp.evaluate.evaluate`'s verdict, decoding only where needed.
+    """Per example, :func:`~capinterp.kernels.evaluate.evaluate`'s verdict, decoding only where needed.
 
     The teacher-forced pass (:func:`target_scores`) already holds greedy's first token and, where
     greedy reproduces the whole target (``match``), its continuation: the target plus
@@ -134,7 +134,7 @@ def greedy_correct(
 def greedy_accuracy(
     model: Any, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
 ) -> float:
-    """:func:`~capinterp.evaluate.evaluate`'s accuracy via :func:`greedy_correct`."""
+    """:func:`~capinterp.kernels.evaluate.evaluate`'s accuracy via :func:`greedy_correct`."""
     return float(np.mean(greedy_correct(model, examples, stats, batch_size)))
 
 

@@ -21,13 +21,13 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from capinterp import metrics
-from capinterp.data.example import Example
+from capinterp.units import metrics
+from capinterp.core.example import Example
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
     OP_NAMES, OPS, Scorer, context_scorer, direct_scorer, one_op_data, one_op_name,
 )
-from capinterp.neurons import NeuronScores, NeuronSet
+from capinterp.results.neurons import NeuronScores, NeuronSet
 
 Key = tuple[str, str]  # (operator, condition)
 
@@ -149,7 +149,7 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
 
 @experiment("specificity", TITLE)
 def run(ctx: Context) -> ExperimentResult:
-    from capinterp.plotting import overlap_matrix
+    from capinterp.plots.matrix import overlap_matrix
 
     sigma = 6.0
     conds = {c: CONDITIONS[c] for c in (QUICK_CONDITIONS if ctx.quick else CONDITIONS)}

@@ -5,5 +5,6 @@ from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
 from capinterp.localizers.kn import KN
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+from capinterp.localizers.query_localization import QueryLocalization
 
-__all__ = ["CNL", "CausalTrace", "DCSN", "KN", "KnowledgeCircuit", "Localizer", "available", "get", "register"]
+__all__ = ["CNL", "CausalTrace", "DCSN", "KN", "KnowledgeCircuit", "Localizer", "QueryLocalization", "available", "get", "register"]

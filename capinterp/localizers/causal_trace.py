@@ -4,7 +4,7 @@ For each fact (an Example with ``meta["subject"]``):
 
 1. **Clean run.** o = argmax of the next-token distribution after the prompt; p_clean = p(o).
    When the Example has a target and o is not the target's first token (tokenized in context by
-   :func:`capinterp.tokens.encode`), the fact is skipped and counted in ``skipped_``.
+   :func:`capinterp.core.tokens.encode`), the fact is skipped and counted in ``skipped_``.
 2. **Corrupted run.** ``samples`` copies of the prompt with Gaussian noise added to ``hook_embed``
    (token embeddings only) at the subject's token positions; p* = mean over copies of p(o).
    The noise is drawn from a generator seeded with ``seed`` for every fact (as ROME reseeds per
@@ -21,7 +21,7 @@ of all facts passed to ``fit`` (ROME's rule ``"s3"`` for ``noise=3.0``; the stri
 accepted too). Subject tokens are taken in context (in the prompt), including facts that are
 later skipped.
 
-Batching (restoration rows, KV-cache prefix reuse): see :mod:`capinterp.tracing`; restorations at
+Batching (restoration rows, KV-cache prefix reuse): see :mod:`capinterp.kernels.tracing`; restorations at
 tokens before the first subject token are not run (their IE is exactly 0).
 
 Aggregation. Per-fact grids are [T, L] (``per_prompt_``). ``grids_[kind]`` is ROME's average over
@@ -44,14 +44,14 @@ from typing import Any, Iterable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from capinterp.data.example import Example, as_examples
+from capinterp.core.example import Example, as_examples
 from capinterp.localizers.base import Localizer, register
-from capinterp.tokens import _ids, encode, model_bos
-from capinterp.tracing import HOOK as _HOOK
-from capinterp.tracing import KINDS, TOKEN_GROUPS, subject_token_range, token_groups
-from capinterp.tracing import Runner as _Runner
-from capinterp.tracing import last_probs as _last_probs
-from capinterp.tracing import make_noise, parse_noise, prefix_ok, restoration_probs, subject_std
+from capinterp.core.tokens import _ids, encode, model_bos
+from capinterp.kernels.tracing import HOOK as _HOOK
+from capinterp.kernels.tracing import KINDS, TOKEN_GROUPS, subject_token_range, token_groups
+from capinterp.kernels.tracing import Runner as _Runner
+from capinterp.kernels.tracing import last_probs as _last_probs
+from capinterp.kernels.tracing import make_noise, parse_noise, prefix_ok, restoration_probs, subject_std
 
 __all__ = ["CausalTrace", "TOKEN_GROUPS", "KINDS", "subject_token_range"]
 
@@ -171,7 +171,7 @@ class CausalTrace(Localizer):
         self.layer_scores_ = self.layer_scores(self.layer_kind, self.token)
         self.layers_ = self.top_layers(self.top_k, self.layer_kind, self.token)
         self.units_ = self._units(self.layers_)
-        from capinterp.model import model_meta
+        from capinterp.core.model import model_meta
 
         self.meta_ = {"method": "causal_trace", **self.get_params(), "noise_std_": self.noise_std_,
                       "n_traced": self.n_traced_, "n_skipped": self.skipped_, **model_meta(self.model)}
@@ -289,8 +289,8 @@ class CausalTrace(Localizer):
         return order[:k]
 
     def _units(self, layers: list[int]):
-        from capinterp.model import neuron_param_info
-        from capinterp.units import KeySet
+        from capinterp.core.model import neuron_param_info
+        from capinterp.units.base import KeySet
 
         mlp = self.model.blocks[0].mlp
         seen, per_layer = set(), 0
@@ -312,7 +312,7 @@ class CausalTrace(Localizer):
         self._check_fitted("per_prompt_")
         if kind not in self.kinds:
             raise ValueError(f"kind {kind!r} was not traced (kinds={self.kinds})")
-        from capinterp.tracing_plot import trace_heatmap
+        from capinterp.plots.tracing import trace_heatmap
 
         if prompt is None and len(self.per_prompt_) == 1:
             prompt = 0

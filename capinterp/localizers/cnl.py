@@ -5,8 +5,8 @@
 summed over the teacher-forced answer positions, with F the mean probability of the answer
 tokens. The mask keeps ``|Attr - mean| > sigma * std`` (global over all neurons, two-sided;
 sigma = 6 as quoted by the reviewers). Cost: one fast IG kernel call per example
-(:func:`capinterp.attribution.ig_scores`); scores are running sums, so a ``checkpoint=``
-makes long fits resumable and shards mergeable (:class:`capinterp.accumulate.ScoreSum`).
+(:func:`capinterp.kernels.ig.ig_scores`); scores are running sums, so a ``checkpoint=``
+makes long fits resumable and shards mergeable (:class:`capinterp.kernels.accumulate.ScoreSum`).
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from capinterp.attribution import METHODS, OBJECTIVES, POSITIONS, RULES, ig_scores
+from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, RULES, ig_scores
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
-from capinterp.tokens import Encoded
+from capinterp.core.tokens import Encoded
 
 
 def check_ig_args(steps: int, rule: str, positions: str, objective: str, method: str) -> None:

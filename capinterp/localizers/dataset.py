@@ -9,13 +9,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from capinterp import metrics
-from capinterp.accumulate import ScoreSum, dataset_fingerprint
-from capinterp.data.example import Example, as_examples
+from capinterp.units import metrics
+from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
+from capinterp.core.example import Example, as_examples
 from capinterp.localizers.base import Localizer
-from capinterp.model import model_fingerprint, model_meta, neuron_shape
-from capinterp.neurons import NeuronScores
-from capinterp.tokens import Encoded, batches, encode
+from capinterp.core.model import model_fingerprint, model_meta, neuron_shape
+from capinterp.results.neurons import NeuronScores
+from capinterp.core.tokens import Encoded, batches, encode
 
 _NOT_HYPER = ("checkpoint", "batch_size", "device", "progress")
 
@@ -36,7 +36,7 @@ def fill_greedy_targets(model, examples: list[Example]) -> list[Example]:
     todo = [i for i, e in enumerate(examples) if not e.target]
     if not todo:
         return examples
-    from capinterp.evaluate import greedy_continuations
+    from capinterp.kernels.evaluate import greedy_continuations
 
     ids = [encode(model, [Example(examples[i].prompt, "x")])[0].prompt_ids for i in todo]
     out = list(examples)

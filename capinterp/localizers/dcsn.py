@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from capinterp.forward import capture, unembed
+from capinterp.core.forward import capture, unembed
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
-from capinterp.model import neuron_hook, neuron_shape
-from capinterp.tokens import Encoded, collate, pad_id
+from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.core.tokens import Encoded, collate, pad_id
 
 
 NORMS: tuple[str, ...] = ("raw", "fold")

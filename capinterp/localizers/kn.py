@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from capinterp.attribution import ig_scores
-from capinterp.data.example import as_examples
+from capinterp.kernels.ig import ig_scores
+from capinterp.core.example import as_examples
 from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
-from capinterp.model import model_meta
-from capinterp.neurons import NeuronScores, NeuronSet
-from capinterp.tokens import encode
+from capinterp.core.model import model_meta
+from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.core.tokens import encode
 
 
 def coarse_mask(scores: torch.Tensor, threshold: float) -> torch.Tensor:

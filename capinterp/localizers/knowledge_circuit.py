@@ -30,11 +30,11 @@ from typing import Any, Callable
 
 from capinterp.circuits.acdc import acdc
 from capinterp.circuits.eap import METRICS, make_pairs, score_edges
-from capinterp.circuits.evaluate import check_additive, node_params
+from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
-from capinterp.data.example import as_examples
+from capinterp.core.example import as_examples
 from capinterp.localizers.base import Localizer, register
-from capinterp.model import model_meta
+from capinterp.core.model import model_meta
 
 __all__ = ["KnowledgeCircuit"]
 

@@ -1,0 +1,166 @@
+"""The ``capinterp`` command line: ``info``, ``evaluate``, ``localize``, ``reproduce`` and ``main``
+(the README job)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="gemma3 (default), smollm2, tiny, a folder, or a TL name")
+    p.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def _data_args(p: argparse.ArgumentParser, n: int = 100) -> None:
+    p.add_argument("--ops", default="+", help="operators, e.g. '+' or '+-*/'")
+    p.add_argument("--fmt", default="DG", choices=["DG", "MQ", "TF"])
+    p.add_argument("--lang", default="en", choices=["en", "zh"])
+    p.add_argument("--n", type=int, default=n, help="number of examples")
+    p.add_argument("--digits", type=int, default=1, help="operand digits")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+
+
+def _load(args):
+    from capinterp.core.model import load_model
+
+    t = time.time()
+    model = load_model(args.model, device=args.device, threads=args.threads)
+    print(f"loaded {model.capinterp_name} in {time.time() - t:.1f}s", file=sys.stderr)
+    return model
+
+
+def _dataset(args):
+    from capinterp.data import arithmetic
+
+    return arithmetic(ops=args.ops, n=args.n, fmt=args.fmt, lang=args.lang, digits=args.digits, seed=args.seed)
+
+
+def cmd_info(args) -> int:
+    from capinterp.core.model import model_meta, neuron_hook
+
+    model = _load(args)
+    meta = model_meta(model)
+    cfg = model.cfg
+    print(f"model        {meta['model']}  (fingerprint {meta['model_fingerprint']})")
+    print(f"layers       {cfg.n_layers}")
+    print(f"d_model      {cfg.d_model}")
+    print(f"d_mlp        {cfg.d_mlp}  (neurons: {cfg.n_layers * cfg.d_mlp})")
+    print(f"heads        {cfg.n_heads}  (kv heads: {getattr(cfg, 'n_key_value_heads', None) or cfg.n_heads})")
+    print(f"vocab        {cfg.d_vocab}")
+    print(f"parameters   {meta['n_params']:,}  ({meta['params_per_neuron']} per neuron)")
+    print(f"neuron hooks {neuron_hook(0)} .. {neuron_hook(cfg.n_layers - 1)}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from capinterp.kernels.evaluate import evaluate
+
+    ds = _dataset(args)
+    model = _load(args)
+    res = evaluate(model, ds, batch_size=args.batch_size, progress=True)
+    print(json.dumps({"ops": args.ops, "fmt": args.fmt, "lang": args.lang, **res.to_dict()}))
+    return 0
+
+
+def cmd_localize(args) -> int:
+    from capinterp.localizers import get
+    from capinterp.localizers.dataset import DatasetNeuronLocalizer
+
+    cls = get(args.method)
+    if not issubclass(cls, DatasetNeuronLocalizer) and args.method != "kn":
+        raise ValueError(f"'capinterp localize' runs neuron localizers (cnl, dcsn, kn), not {args.method!r}")
+    ds = _dataset(args)
+    model = _load(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = {"checkpoint": out / f"{args.method}.ckpt"} if issubclass(cls, DatasetNeuronLocalizer) else {}
+    loc = cls(model, batch_size=args.batch_size, **extra).fit(ds)
+    loc.scores_.save(out / f"{args.method}_scores.capi")
+    loc.neurons_.save(out / f"{args.method}_neurons.capi")
+    loc.scores_.plot(title=f"{args.method.upper()} scores, ops {args.ops}").write_html(out / f"{args.method}_heatmap.html")
+    print(json.dumps({"method": args.method, "neurons": len(loc.neurons_), "ratio": loc.neurons_.ratio, "out": str(out)}))
+    return 0
+
+
+def cmd_main(args) -> int:
+    """The README job: default model, arithmetic data, evaluation, CNL localization, heatmap."""
+    from capinterp.app.main_job import run_main
+
+    return run_main(args)
+
+
+def cmd_reproduce(args) -> int:
+    """Every experiment (or ``--only``), resumable, into ``--out``: report.html, results.json."""
+    from capinterp.experiments import EXPERIMENTS
+    from capinterp.app.reproduce import reproduce
+
+    if args.list:
+        for name, (title, _) in EXPERIMENTS.items():
+            print(f"{name:20s} {title}")
+        return 0
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    if only:
+        unknown = [n for n in only if n not in EXPERIMENTS]
+        if unknown:  # before the model loads
+            raise ValueError(f"unknown experiment(s) {unknown}; available: {', '.join(EXPERIMENTS)}")
+    model = _load(args)
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    res = reproduce(model, args.out, quick=args.quick, only=only, seed=args.seed, batch_size=args.batch_size,
+                    fresh=args.fresh, progress=args.progress, log=say)
+    failed = [n for n, e in res["experiments"].items() if "error" in e]
+    say(f"report: {Path(args.out) / 'report.html'}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="capinterp", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="model facts: layers, d_mlp, hook names")
+    _common(p)
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("evaluate", help="accuracy and target probability on generated arithmetic")
+    _common(p)
+    _data_args(p)
+    p.set_defaults(func=cmd_evaluate)
+    p = sub.add_parser("localize", help="run a localizer on generated arithmetic, save scores/neurons/heatmap")
+    _common(p)
+    _data_args(p)
+    p.add_argument("--method", default="cnl")
+    p.add_argument("--out", default="out")
+    p.set_defaults(func=cmd_localize)
+    p = sub.add_parser("reproduce", help="run the papers' experiments, write DIR/report.html and results.json")
+    _common(p)
+    p.add_argument("--quick", action="store_true", help="small subsets (about 10 minutes on a 2-core CPU)")
+    p.add_argument("--out", default="reproduction", help="output folder; a rerun resumes there")
+    p.add_argument("--only", default=None, help="comma-separated experiment names (see --list)")
+    p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    p.add_argument("--fresh", action="store_true", help="delete --out first instead of resuming")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--progress", action="store_true", help="progress bars for localizer fits")
+    p.set_defaults(func=cmd_reproduce)
+    p = sub.add_parser("main", help="the README job on the embedded default model")
+    _common(p)
+    _data_args(p, n=40)
+    p.add_argument("--out", default="out")
+    p.set_defaults(func=cmd_main)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"capinterp: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

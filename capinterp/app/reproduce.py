@@ -1,0 +1,156 @@
+"""Run every registered experiment and write one report: ``capinterp reproduce [--quick] --out DIR``.
+
+Layout of ``DIR``::
+
+    run.json                 what the run is (model fingerprint, quick, seed): a rerun must match
+    experiments/NAME/        table.csv, figure.json, info.json, neurons/*.capi  (one per experiment)
+    cache/                   fitted scores and localizer checkpoints shared between experiments
+    results.json             every table (as records), info and timing, rewritten after each step
+    report.html              tables and interactive figures, self-contained (plotly.js inlined once)
+
+Resuming: an experiment whose folder is complete is loaded, not rerun; one interrupted midway
+restarts, but its localizer fits resume from ``cache/``. An experiment that raises is recorded
+(error and traceback in results.json and the report) and the others still run.
+"""
+from __future__ import annotations
+
+import html
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
+from capinterp.core.model import model_fingerprint, model_meta
+
+
+def _config(model: Any, quick: bool, seed: int) -> dict[str, Any]:
+    return {"model": model_meta(model)["model"], "model_fingerprint": model_fingerprint(model),
+            "quick": bool(quick), "seed": int(seed)}
+
+
+def _check_run(out: Path, config: dict[str, Any]) -> None:
+    path = out / "run.json"
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is corrupted ({err}); remove it or use another --out") from None
+        if old != config:
+            diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
+            raise ValueError(f"{out} holds a run with other settings {diff} (old, new); "
+                             "use another --out or --fresh")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2))
+
+
+def _done(folder: Path, name: str) -> bool:
+    d = folder / name
+    return (d / "info.json").exists() and (d / "table.csv").exists()
+
+
+def reproduce(
+    model: Any,
+    out: str | Path,
+    *,
+    quick: bool = False,
+    only: Sequence[str] | None = None,
+    seed: int = 0,
+    batch_size: int = 16,
+    fresh: bool = False,
+    progress: bool = False,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Run the experiments (all, or ``only``), resuming from ``out``; return the results dict."""
+    names = list(EXPERIMENTS) if only is None else list(only)
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown or not names:
+        raise ValueError(f"unknown experiment(s) {unknown or names}; available: {', '.join(EXPERIMENTS)}")
+    out = Path(out)
+    if fresh and out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    config = _config(model, quick, seed)
+    _check_run(out, config)
+    folder = out / "experiments"
+    ctx = Context(model, quick=quick, seed=seed, workdir=out / "cache", batch_size=batch_size, progress=progress)
+    prior = _read_results(out)
+    results: dict[str, Any] = {"config": config, "experiments": {}}
+    done: dict[str, ExperimentResult] = {}
+    for i, name in enumerate(names, 1):
+        title, run = EXPERIMENTS[name]
+        entry: dict[str, Any]
+        if _done(folder, name):
+            done[name] = ExperimentResult.load(folder, name)
+            entry = {"seconds": prior.get(name, {}).get("seconds"), "resumed": True}
+            log(f"[{i}/{len(names)}] {name}: already done, loaded")
+        else:
+            log(f"[{i}/{len(names)}] {name}: {title} ...")
+            t0 = time.time()
+            try:
+                res = run(ctx)
+                res.save(folder)
+                done[name] = res
+                entry = {"seconds": round(time.time() - t0, 1)}
+                log(f"      {name} done in {entry['seconds']} s")
+            except Exception as err:  # noqa: BLE001 - recorded, the other experiments still run
+                entry = {"seconds": round(time.time() - t0, 1), "error": f"{type(err).__name__}: {err}",
+                         "traceback": traceback.format_exc()}
+                log(f"      {name} FAILED: {entry['error']}")
+        if name in done:
+            r = done[name]
+            entry.update(title=r.title, info=r.info, table=json.loads(r.table.to_json(orient="records")))
+        else:
+            entry["title"] = title
+        results["experiments"][name] = entry
+        _write(out, results, done)
+    return results
+
+
+def _read_results(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / "results.json").read_text())["experiments"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _write(out: Path, results: dict[str, Any], done: dict[str, ExperimentResult]) -> None:
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2, default=str))
+    tmp.replace(out / "results.json")
+    (out / "report.html").write_text(report_html(results, done))
+
+
+def report_html(results: dict[str, Any], done: dict[str, ExperimentResult]) -> str:
+    """A self-contained HTML page: per experiment its table, figure, paper numbers and timing."""
+    cfg = results["config"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>capinterp reproduction</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px}"
+        ".err{color:#b00;white-space:pre-wrap}</style></head><body>",
+        f"<h1>capinterp reproduction</h1><p>model <b>{html.escape(str(cfg['model']))}</b>, "
+        f"{'quick' if cfg['quick'] else 'full'} mode, seed {cfg['seed']}</p><ul>",
+    ]
+    for name, e in results["experiments"].items():
+        status = "failed" if "error" in e else f"{e.get('seconds')} s"
+        parts.append(f"<li><a href='#{name}'>{html.escape(e.get('title', name))}</a> ({status})</li>")
+    parts.append("</ul>")
+    plotly_js: Any = True
+    for name, e in results["experiments"].items():
+        parts.append(f"<h2 id='{name}'>{html.escape(e.get('title', name))}</h2>")
+        if "error" in e:
+            parts.append(f"<p class='err'>{html.escape(e['error'])}\n{html.escape(e.get('traceback', ''))}</p>")
+            continue
+        r = done[name]
+        parts.append(r.table.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0))
+        if r.figure is not None:
+            parts.append(r.figure.to_html(full_html=False, include_plotlyjs=plotly_js))
+            plotly_js = False
+        if r.info:
+            info = html.escape(json.dumps(r.info, indent=1, default=str))
+            parts.append(f"<details><summary>paper numbers and notes</summary><pre>{info}</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,250 @@
+"""Running a model on its edge graph: captured node outputs, per-edge ablation, circuit-only Hit@k.
+
+:func:`run_graph` is the one forward pass everything else uses. It records every node's output
+as it is computed (``[batch, pos, n_src, d_model]``) and, at every input slot, subtracts the
+contributions of the *removed* edges from what the slot reads::
+
+    input(v) = resid(v) - sum_{u: (u, v) removed} (a_u - ref_u)
+
+where ``a_u`` is u's output in this same pass (so ablations compound downstream, as in ACDC) and
+``ref_u`` is 0 (zero ablation, the default) or a reference activation (``ref=`` e.g. the outputs of
+a corrupted run: "patching" the edge). Only the slot's own input changes; the residual stream
+itself is untouched, so each edge is ablated on its own. The residual stream at a slot equals the
+sum of the upstream outputs (checked in the tests), so removing every edge into a slot leaves only
+the constant biases there.
+
+Post-norm blocks (Gemma 2/3: a norm on the attention and MLP outputs before they join the residual
+stream): an MLP's output is its post-norm output; a head's output is its share of the normalized
+attention output, ``gain * result_h / rms(sum_h result_h)`` with the actual sum's scale, so the
+shares add up to what enters the residual stream exactly (the RMS scale is the one nonlinear
+coupling left between heads of a layer, as a layer norm's scale is for every node's input).
+:func:`check_additive` verifies the decomposition on a model before anything is scored.
+
+Circuit-only evaluation (Yao et al.): every edge outside the circuit is ablated (zero by default;
+mean or corrupted-run values on request), then the target's rank at the last prompt position gives
+Hit@1 / Hit@10. Ranks count ties against the target, so a fully ablated model (all logits equal)
+scores 0.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from capinterp.circuits.graph import INPUT, LOGITS, Circuit, Graph, supports
+from capinterp.core.example import as_examples
+from capinterp.core.settings import set_threads
+from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
+
+__all__ = ["graph_mode", "supports", "run_graph", "check_additive", "node_params", "hit_at_k",
+           "GraphRun", "ABLATIONS"]
+
+_FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
+
+
+@contextlib.contextmanager
+def graph_mode(model: Any, graph: Graph) -> Iterator[None]:
+    """Turn on the hooks the graph needs (per-head results, split inputs, mlp_in); restore after."""
+    before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS}
+    split, other = ("use_split_qkv_input", "use_attn_in") if graph.granularity == "qkv" else (
+        "use_attn_in", "use_split_qkv_input")
+    try:
+        try:
+            model.set_use_attn_result(True)
+        except NotImplementedError as err:
+            raise NotImplementedError(
+                "knowledge circuits need per-head attention outputs (TransformerLens use_attn_result), "
+                f"which this model's attention bridge does not provide: {err}") from err
+        if before[other]:
+            getattr(model, f"set_{other}")(False)
+        try:
+            getattr(model, f"set_{split}")(True)
+        except NotImplementedError as err:
+            hint = ("build the graph with granularity='head' (one input per head, no q/k/v split)"
+                    if graph.granularity == "qkv" else "this model exposes no per-head attention input")
+            raise NotImplementedError(f"{split} is not supported by this model ({err}); {hint}") from err
+        model.set_use_hook_mlp_in(True)
+        yield
+    finally:
+        for f in _FLAGS:  # first switch off what was off (split and attn_in exclude each other) ...
+            if not before[f] and bool(getattr(model.cfg, f, False)):
+                getattr(model, f"set_{f}")(False)
+        for f in _FLAGS:  # ... then back on what was on
+            if before[f] and not bool(getattr(model.cfg, f, False)):
+                getattr(model, f"set_{f}")(True)
+
+
+def node_params(model: Any, graph: Graph) -> dict[str, int]:
+    """Parameters each node owns: a head 1/H of its layer's attention (+ ln1), an MLP its weights (+ ln2).
+
+    ``input`` and ``logits`` own 0: every circuit touches them, and counting the embedding and
+    unembedding matrices would swamp the share (CNL's 1.6-2.6 % counts components only).
+    """
+    def count(mod: Any) -> int:
+        return 0 if mod is None else sum({id(p): p.numel() for p in mod.parameters()}.values())
+
+    out = {INPUT: 0, LOGITS: 0}
+    for l in range(graph.n_layers):
+        blk = model.blocks[l]
+        per_head = (count(getattr(blk, "attn", None)) + count(getattr(blk, "ln1", None))) // graph.n_heads
+        out.update({f"a{l}.h{h}": per_head for h in range(graph.n_heads)})
+        out[f"m{l}"] = count(getattr(blk, "mlp", None)) + count(getattr(blk, "ln2", None))
+    return out
+
+
+@dataclass
+class GraphRun:
+    """Result of :func:`run_graph`: logits, node outputs ``[B, T, n_src, d]`` and slot inputs."""
+
+    logits: torch.Tensor
+    outputs: torch.Tensor  # a [B, T, n_src, d] view of a source-major buffer
+    slot_inputs: list[torch.Tensor]  # per layer: attention slot tensors then mlp_in; then the final resid
+
+    def stack_slots(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Tensors shaped like ``slot_inputs`` (e.g. their gradients) -> ``[B, T, n_slots, d]``."""
+        return torch.cat([t if t.dim() == 4 else t.unsqueeze(2) for t in tensors], dim=2)
+
+
+def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.Tensor | None = None,
+              removed: torch.Tensor | None = None, ref: torch.Tensor | None = None,
+              keep_slots: bool = False) -> GraphRun:
+    """One forward pass on the graph (call inside :func:`graph_mode`).
+
+    Args:
+        resid0: replaces the ``input`` node's output (``[B, T, d]``), e.g. interpolated embeddings.
+        removed: bool ``[n_src, n_slots]``: edges whose contribution is taken out of the slot input.
+        ref: ``[B, T, n_src, d]`` value a removed edge's source takes instead (default 0).
+        keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
+    """
+    names = _hooks(model, graph)
+    gains = _post_attn_gains(model, graph)
+    B, T = tokens.shape
+    d = int(model.cfg.d_model)
+    dtype = next(model.parameters()).dtype
+    outs = torch.zeros(graph.n_src, B, T, d, dtype=dtype, device=tokens.device)  # source-major: matmuls
+    ref_n = None if ref is None else ref.permute(2, 0, 1, 3).to(dtype).contiguous()
+    slots: list[torch.Tensor] = []
+    rem = None if removed is None else (removed.bool() & graph.edge_mask).to(tokens.device)
+    if rem is not None and not rem.any():
+        rem = None
+    H = graph.n_heads
+
+    def subtract(x: torch.Tensor, cols: slice) -> torch.Tensor:
+        n_up = graph.n_upstream(cols.start)
+        r = rem[:n_up, cols]  # type: ignore[index]
+        if not r.any():
+            return x
+        delta = outs[:n_up] if ref_n is None else outs[:n_up] - ref_n[:n_up]
+        sub = (r.T.to(dtype) @ delta.reshape(n_up, -1)).view(-1, B, T, d)  # [k, B, T, d]
+        return x - (sub.permute(1, 2, 0, 3) if x.dim() == 4 else sub[0])
+
+    def on_input(x, hook):
+        x = x if resid0 is None else resid0.to(x.dtype)
+        outs[0] = x.detach()
+        return x
+
+    def on_result(l):
+        def fn(x, hook):
+            outs[graph.head_src(l): graph.head_src(l) + H] = x.detach().permute(2, 0, 1, 3)
+        return fn
+
+    def on_mlp_out(l):
+        def fn(x, hook):
+            outs[graph.head_src(l, H)] = x.detach()
+        return fn
+
+    def on_attn_post(l):  # RMS post-norm: head h adds gain * result_h / rms(sum of heads)
+        def fn(x, hook):
+            gain, eps = gains[l]
+            scale = torch.rsqrt(x.detach().float().pow(2).mean(-1, keepdim=True) + eps)
+            sl = slice(graph.head_src(l), graph.head_src(l) + H)
+            outs[sl] = (outs[sl].float() * (scale * gain)[None]).to(dtype)
+        return fn
+
+    def on_slot(cols: slice):
+        def fn(x, hook):
+            if rem is not None:
+                x = subtract(x, cols)
+            if keep_slots:
+                # a fresh node: hook_mlp_in's tensor is also the residual the block adds to, and its
+                # gradient would include the skip path; the slot's own gradient must not.
+                x = x.view_as(x) if rem is not None else x.clone()
+                slots.append(x)
+            return x
+        return fn
+
+    hooks = [(names["input"], on_input)]
+    for l in range(graph.n_layers):
+        hooks += [(name, on_slot(graph.slot_index(l, kind))) for kind, name in names["attn_in"][l]]
+        hooks += [(names["result"][l], on_result(l)), (names["mlp_in"][l], on_slot(graph.slot_index(l, "mlp"))),
+                  (names["mlp_out"][l], on_mlp_out(l))]
+        if gains:
+            hooks.append((f"blocks.{l}.ln1_post.hook_in", on_attn_post(l)))
+    hooks.append((names["final"], on_slot(slice(graph.n_slots - 1, graph.n_slots))))
+    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    if keep_slots and len(slots) != graph.n_layers * (len(names["attn_in"][0]) + 1) + 1:
+        raise RuntimeError(f"only {len(slots)} slot hooks fired: is graph_mode on?")
+    return GraphRun(logits, outs.permute(1, 2, 0, 3), slots)
+
+
+@torch.no_grad()
+def check_additive(model: Any, graph: Graph, tol: float = 1e-3) -> float:
+    """Check every slot input = sum of its upstream outputs + a constant (biases); return the error.
+
+    Raises NotImplementedError when the residual stream does not decompose into the graph's node
+    outputs on this architecture (e.g. parallel attention/MLP blocks or unsupported post-norms).
+    """
+    toks = model.to_tokens("The capital of France is the city of Paris")
+    with graph_mode(model, graph):
+        run = run_graph(model, graph, toks, keep_slots=True)
+    slots = run.stack_slots(run.slot_inputs).float()
+    cum = run.outputs.float().cumsum(2)
+    idx = torch.tensor([graph.n_upstream(j) - 1 for j in range(graph.n_slots)], device=cum.device)
+    res = slots - cum[:, :, idx]
+    err = float((res - res[:, :1]).abs().amax() / slots.abs().amax().clamp_min(1e-12))
+    if err > tol:
+        raise NotImplementedError(
+            f"the residual stream of this model does not decompose into the circuit graph's node outputs "
+            f"(relative error {err:.2g}); edge attribution needs additive head/MLP contributions")
+    return err
+
+
+def _has(model: Any, sub: str) -> bool:
+    return getattr(model.blocks[0], "submodules", {}).get(sub) is not None or hasattr(model.blocks[0], sub)
+
+
+def _post_attn_gains(model: Any, graph: Graph) -> list[tuple[torch.Tensor, float]]:
+    """Per layer ``(effective gain, eps)`` of an RMS post-attention norm (Gemma), else ``[]``.
+
+    ``norm(x) = x * rsqrt(mean(x^2) + eps) * gain`` is linear in x for a fixed scale, so with the
+    scale of the actual sum each head's share of the normalized output is exact (and they add up).
+    The gain is read off the module: ``norm(ones) * sqrt(1 + eps)``.
+    """
+    if not _has(model, "ln1_post"):
+        return []
+    out = []
+    with torch.no_grad():
+        for l in range(graph.n_layers):
+            mod = model.blocks[l].ln1_post
+            raw = getattr(mod, "original_component", mod)
+            eps = float(getattr(raw, "eps", None) or getattr(raw, "variance_epsilon", 1e-6))
+            ones = torch.ones(1, int(model.cfg.d_model), device=next(model.parameters()).device)
+            out.append(((raw(ones.to(next(model.parameters()).dtype)).float() * (1 + eps) ** 0.5)[0], eps))
+    return out
+
+
+def _hooks(model: Any, graph: Graph) -> dict[str, Any]:
+    slot = {"q": "hook_q_input", "k": "hook_k_input", "v": "hook_v_input", "head": "hook_attn_in"}
+    kinds = ("head",) if graph.granularity == "head" else ("q", "k", "v")
+    L = range(graph.n_layers)
+    mlp_out = "ln2_post.hook_out" if _has(model, "ln2_post") else "hook_mlp_out"  # post-FFN norm: its output
+    return {
+        "input": "blocks.0.hook_resid_pre",
+        "result": [f"blocks.{l}.attn.hook_result" for l in L],
+        "mlp_out": [f"blocks.{l}.{mlp_out}" for l in L],
+        "attn_in": [[(k, f"blocks.{l}.{slot[k]}") for k in kinds] for l in L],
+        "mlp_in": [f"blocks.{l}.hook_mlp_in" for l in L],
+        "final": "ln_final.hook_in",
+    }

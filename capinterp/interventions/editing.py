@@ -1,0 +1,343 @@
+"""Edit a fact through its knowledge neurons' value vectors (ALGORITHMS.md 1.4 and 6).
+
+A neuron (l, i)'s *value vector* v is what it writes into the residual stream: row i of
+``W_out[l]`` (``[d_mlp, d_model]``; the HF down projection's column i). Two edits:
+
+- ``mode="erase"``:  v <- 0;
+- ``mode="update"``: v <- v + s * (-lambda1 * e(y_old) + lambda2 * e(y_new)), with
+  lambda_k = param_k * ||v|| / ||e|| (Dai et al.; params 1 and 8), e(y) the answer's first token's
+  unembedding column (``direction="unembed"``, default) or embedding row (``"embed"``), and
+  s = the sign of the neuron's activation at the edited query's last token (``signed=True``,
+  default): gated (SiLU/GELU-gated) neurons fire negative as often as positive, and a neuron
+  that fires negative writes -v, so Dai's unsigned rule (``signed=False``, s = 1) would push it
+  towards the old answer.
+
+The neurons come from :class:`~capinterp.localizers.query_localization.QueryLocalization`:
+``"consistency-aware"`` (CAS), ``"query"`` (the edited query's own KNs, N_i) or ``"union"`` (N_g).
+Metrics (:func:`edit_knowledge`): reliability on the edited query, generalization on its
+paraphrases, locality on unrelated prompts, their mean, and the perplexity change on neutral text.
+
+The caller's model is left as it was unless ``inplace=True``: metrics are measured inside
+:meth:`KnowledgeEdit.apply`, a context manager that writes the new value vectors and restores
+the exact old ones on exit (also after an exception); :meth:`KnowledgeEdit.edited_copy` gives a
+deep copy with the edit kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from capinterp.core.example import Example, as_examples
+from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
+from capinterp.interventions.hooks import check_neurons
+from capinterp.core.model import neuron_hook
+from capinterp.results.neurons import NeuronSet
+from capinterp.localizers.query_localization import NEURON_METHODS, QueryLocalization, as_facts
+from capinterp.core.tokens import encode
+
+__all__ = ["EDIT_METHODS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_table", "new_values", "value_weight"]
+
+EDIT_METHODS = ("consistency-aware", "query", "union")
+MODES = ("erase", "update")
+DIRECTIONS = ("unembed", "embed")
+
+
+def value_weight(model, layer: int) -> tuple[torch.Tensor, int]:
+    """The down-projection weight of ``layer`` and the dimension that indexes its neurons."""
+    mlp = model.blocks[layer].mlp
+    out = getattr(getattr(mlp, "out", None), "original_component", None)
+    if out is not None and hasattr(out, "weight"):
+        w = out.weight
+        return w, (0 if type(out).__name__ == "Conv1D" else 1)  # nn.Linear: [d_model, d_mlp]
+    if isinstance(getattr(mlp, "W_out", None), torch.Tensor):
+        return mlp.W_out, 0  # HookedTransformer: [d_mlp, d_model]
+    raise ValueError(f"cannot find the down projection of layer {layer} ({type(mlp).__name__})")
+
+
+def _rows(model, layer: int, idx: torch.Tensor) -> torch.Tensor:
+    """Copies of the value vectors of neurons ``idx`` of ``layer``: ``[k, d_model]``."""
+    w, dim = value_weight(model, layer)
+    rows = w.detach().index_select(dim, idx.to(w.device))
+    return (rows if dim == 0 else rows.T).clone()
+
+
+@torch.no_grad()
+def _write(model, layer: int, idx: torch.Tensor, values: torch.Tensor) -> None:
+    w, dim = value_weight(model, layer)
+    v = values.to(device=w.device, dtype=w.dtype)
+    if dim == 0:
+        w[idx.to(w.device)] = v
+    else:
+        w[:, idx.to(w.device)] = v.T
+
+
+@dataclass
+class KnowledgeEdit:
+    """One edit: which neurons get which value vectors, and what it did (``metrics``, ``records``)."""
+
+    method: str
+    mode: str
+    neurons: NeuronSet
+    values: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (neuron indices, new rows [k, d_model])
+    old_target: str
+    new_target: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    records: pd.DataFrame | None = None
+    model: Any = None  # the edited model when inplace=True
+
+    @contextlib.contextmanager
+    def apply(self, model) -> Iterator[Any]:
+        """Write the new value vectors into ``model``; restore the exact old ones on exit."""
+        check_neurons(model, self.neurons)
+        saved = {l: _rows(model, l, idx) for l, (idx, _) in self.values.items()}
+        try:
+            for l, (idx, new) in self.values.items():
+                _write(model, l, idx, new)
+            yield model
+        finally:
+            for l, (idx, _) in self.values.items():
+                _write(model, l, idx, saved[l])
+
+    def apply_permanently(self, model) -> Any:
+        """Write the edit into ``model`` for good; returns the model."""
+        check_neurons(model, self.neurons)
+        for l, (idx, new) in self.values.items():
+            _write(model, l, idx, new)
+        return model
+
+    def edited_copy(self, model) -> Any:
+        """A deep copy of ``model`` with the edit kept (``model`` itself is not touched)."""
+        return self.apply_permanently(copy.deepcopy(model))
+
+
+def _direction(model, token: int, direction: str) -> torch.Tensor:
+    return (model.W_U[:, token] if direction == "unembed" else model.W_E[token]).detach().float()
+
+
+@torch.no_grad()
+def last_activations(model, ids: Sequence[int], neurons: NeuronSet) -> torch.Tensor:
+    """Activations ``[n_layers, d_mlp]`` at the last position of ``ids`` (layers with neurons only)."""
+    acts = torch.zeros(neurons.shape)
+    layers = [l for l in range(neurons.n_layers) if bool(neurons.mask[l].any())]
+
+    def grab(a: torch.Tensor, hook) -> None:
+        acts[int(hook.name.split(".")[1])] = a[0, -1].float().cpu()
+
+    if layers:
+        model.run_with_hooks(torch.tensor([list(ids)], device=model.cfg.device),
+                             fwd_hooks=[(neuron_hook(l), grab) for l in layers])
+    return acts
+
+
+def new_values(model, neurons: NeuronSet, mode: str, old_token: int | None = None, new_token: int | None = None,
+               lambdas: tuple[float, float] = (1.0, 8.0), direction: str = "unembed",
+               signs: torch.Tensor | None = None):
+    """Per layer ``(indices, new value rows)``: zeros (erase) or Dai's update of every row.
+
+    ``signs`` (``[n_layers, d_mlp]``, +-1) flips the update of neurons that fire negative.
+    """
+    out = {}
+    for layer in range(neurons.n_layers):
+        idx = neurons.mask[layer].nonzero().flatten()
+        if idx.numel() == 0:
+            continue
+        v = _rows(model, layer, idx).float()
+        if mode == "erase":
+            out[layer] = (idx, torch.zeros_like(v))
+            continue
+        e_old, e_new = (_direction(model, t, direction).to(v.device) for t in (old_token, new_token))
+        norm = v.norm(dim=1, keepdim=True)
+        sign = signs[layer, idx.cpu()].to(v)[:, None] if signs is not None else 1.0
+        v = v + sign * (lambdas[1] * norm * e_new / e_new.norm() - lambdas[0] * norm * e_old / e_old.norm())
+        out[layer] = (idx, v)
+    return out
+
+
+def _check_args(method: str, mode: str, direction: str, lambdas: Sequence[float]) -> None:
+    if method not in NEURON_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(EDIT_METHODS)}")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if len(lambdas) != 2 or any(not np.isfinite(x) or x < 0 for x in lambdas):
+        raise ValueError(f"lambdas must be two finite numbers >= 0, got {lambdas!r}")
+
+
+def _spaced(new_target: str, old_target: str) -> str:
+    """Give the new answer the old answer's leading whitespace (``"Rome"`` -> ``" Rome"``)."""
+    lead = old_target[: len(old_target) - len(old_target.lstrip())]
+    return new_target if new_target[:1].isspace() or not lead else lead + new_target
+
+
+def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware", mode: str = "erase",
+                   new_target: str | None = None, *, neurons: NeuronSet | None = None,
+                   ql: QueryLocalization | None = None, query_index: int = 0, unrelated: Sequence[Any] | None = None,
+                   neutral_text: str | Sequence[str] | None = None, lambdas: tuple[float, float] = (1.0, 8.0),
+                   direction: str = "unembed", signed: bool = True, inplace: bool = False, evaluate: bool = True,
+                   ppl_before: float | None = None, before_probs: torch.Tensor | None = None, batch_size: int = 16,
+                   **ql_params: Any) -> KnowledgeEdit:
+    """Erase or update one fact through its knowledge neurons and measure the edit.
+
+    Args:
+        model: the model to edit (left unchanged unless ``inplace=True``).
+        fact: the fact's paraphrased queries (one answer).
+        method: ``"consistency-aware"``, ``"query"`` or ``"union"`` (also ``"intersection"``).
+        mode: ``"erase"`` or ``"update"``.
+        new_target: the new answer for ``"update"`` (spaced like the old answer: ``"Rome"`` gets
+            the old answer's leading space).
+        neurons: edit these neurons instead of localizing.
+        ql: a fitted QueryLocalization that holds this fact (no new attribution runs). Without
+            ``neurons`` or ``ql`` one is fitted on the fact with ``ql_params``.
+        query_index: the edited query, ``fact[query_index]``; the others are its paraphrases.
+        unrelated: prompts (Examples or strings) of unrelated facts, for locality.
+        neutral_text: text(s) for the perplexity change.
+        lambdas: the update's (param1, param2): lambda_k = param_k * ||v|| / ||e||.
+        direction: ``"unembed"`` (W_U column) or ``"embed"`` (W_E row) of the answer's first token.
+        signed: flip the update of neurons whose activation at the edited query is negative.
+        inplace: keep the edit in ``model``; otherwise ``model`` ends exactly as it started.
+        evaluate: measure metrics (otherwise ``metrics`` stays empty).
+        ppl_before: the unedited model's perplexity on ``neutral_text``, if already measured.
+        before_probs: the unedited model's next-token probabilities ``[n_queries + n_unrelated, d_vocab]``
+            (queries, then unrelated prompts), if already measured (:func:`edit_table` reuses them).
+        batch_size: prompts per forward pass when measuring.
+        ql_params: QueryLocalization / KN parameters for a fresh localization (e.g. ``steps=20``).
+
+    Metrics: ``reliability`` (erase: the edited query's top-1 is no longer the old answer; update:
+    it is the new answer), ``generalization`` (the same over the paraphrases), ``locality`` (share of
+    unrelated prompts whose top-1 token is unchanged), ``avg`` (their mean), ``ppl_before``,
+    ``ppl_after``, ``delta_ppl``, ``rel_prob`` / ``gen_prob`` (erase: relative drop of p(old answer);
+    update: p(new answer) after), ``n_neurons``. Every input error is raised before any attribution.
+    """
+    _check_args(method, mode, direction, lambdas)
+    if ql_params and (neurons is not None or ql is not None):
+        raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
+    need = 2 if neurons is None and ql is None and method != "query" else 1
+    _, (queries,) = as_facts([fact], min_queries=need)
+    if not -len(queries) <= query_index < len(queries):
+        raise ValueError(f"query_index {query_index} out of range for a fact with {len(queries)} queries")
+    query_index %= len(queries)
+    old = queries[0].target
+    if mode == "update":
+        if not isinstance(new_target, str) or not new_target.strip():
+            raise ValueError("mode='update' needs new_target, the new answer (e.g. ' Rome')")
+        new_target = _spaced(new_target, old)
+    elif new_target is not None:
+        raise ValueError("new_target is only used with mode='update'")
+    enc = encode(model, queries, max_target_tokens=1)
+    new_ids = [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries],
+                                               max_target_tokens=1)] if mode == "update" else None
+    if new_ids is not None and new_ids[query_index] == enc[query_index].target_ids[0]:
+        raise ValueError(f"new_target {new_target!r} starts with the same token as the old answer {old!r}")
+    others = as_examples(unrelated or [])
+    texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
+
+    if neurons is not None:
+        check_neurons(model, neurons)
+    elif ql is not None:
+        neurons = ql.neurons(ql.index_of(queries), method, query_index)
+    else:
+        qs = [queries[query_index]] if method == "query" else queries
+        loc = QueryLocalization(model, min_queries=1, progress=False, **ql_params).fit([qs])
+        neurons = loc.neurons(0, method, 0 if method == "query" else query_index)
+    signs = None
+    if mode == "update" and signed:
+        acts = last_activations(model, enc[query_index].prompt_ids, neurons)
+        signs = torch.where(acts < 0, -1.0, 1.0)
+    values = new_values(model, neurons, mode, enc[query_index].target_ids[0],
+                        new_ids[query_index] if new_ids else None, tuple(lambdas), direction, signs)
+    edit = KnowledgeEdit(method, mode, neurons, values, old, new_target,
+                         {"query_index": query_index, "lambdas": list(lambdas), "direction": direction,
+                          "signed": bool(signed) if mode == "update" else None})
+    if evaluate:
+        measure_edit(model, edit, enc, new_ids, others, texts, ppl_before, batch_size, before_probs)
+    if inplace:
+        edit.apply_permanently(model)
+        edit.model = model
+    return edit
+
+
+def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, methods: Sequence[str] = EDIT_METHODS,
+               modes: Sequence[str] = ("erase", "update"), new_targets: Sequence[str] | None = None,
+               n_unrelated: int = 10, unrelated: Sequence[Any] | None = None,
+               neutral_text: str | Sequence[str] | None = None, query_index: int = 0,
+               lambdas: tuple[float, float] = (1.0, 8.0), direction: str = "unembed", signed: bool = True,
+               per_fact: bool = False,
+               **ql_params: Any) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
+    """Edit every fact with every method and mode; mean metrics per (mode, method).
+
+    Columns are means over facts of the :func:`edit_knowledge` metrics (``delta_ppl_median``: the
+    median, robust to the few edits that wreck the model) and ``n_facts``.
+
+    Args:
+        model: the model (left unchanged).
+        facts: a list of facts (lists of paraphrased queries) or a mapping name -> fact.
+        ql: a QueryLocalization fitted on ``facts``; fitted here with ``ql_params`` if missing.
+        methods: neuron sets to compare (consistency-aware, query-level, fact-union).
+        modes: ``"erase"`` and / or ``"update"``.
+        new_targets: one new answer per fact; default: the answer of the next fact (cyclically)
+            with another answer.
+        n_unrelated: unrelated prompts per fact: the first queries of the next facts with another answer.
+        unrelated: prompts used as the unrelated set of every fact instead (e.g. other relations).
+        neutral_text: text(s) for the perplexity change.
+        query_index: the edited query of every fact.
+        lambdas: the update's (param1, param2).
+        direction: the answer direction of the update.
+        signed: sign-corrected update (see :func:`edit_knowledge`).
+        per_fact: also return the frame with one row per edit.
+        ql_params: parameters of the QueryLocalization fitted when ``ql`` is missing.
+    """
+    names, groups = as_facts(facts, min_queries=2)
+    if not methods or not modes:
+        raise ValueError("edit_table needs at least one method and one mode")
+    for m in methods:
+        _check_args(m, "erase", direction, lambdas)
+    for mode in modes:
+        _check_args("query", mode, direction, lambdas)
+    answers = [g[0].target for g in groups]
+    if new_targets is not None and len(new_targets) != len(groups):
+        raise ValueError(f"new_targets has {len(new_targets)} entries for {len(groups)} facts")
+
+    def others(k: int) -> list[int]:
+        order = [(k + j) % len(groups) for j in range(1, len(groups))]
+        return [j for j in order if answers[j].strip() != answers[k].strip()]
+
+    if "update" in modes and new_targets is None and any(not others(k) for k in range(len(groups))):
+        raise ValueError("mode 'update' needs new_targets, or facts with at least two different answers")
+    if ql is None:
+        ql = QueryLocalization(model, **ql_params).fit(dict(zip(names, groups)))
+    elif ql_params:
+        raise ValueError(f"parameters {sorted(ql_params)} configure a QueryLocalization, but ql is already fitted")
+    elif len(ql.names_) != len(groups) or (ql.facts_ is not None and any(
+            [q.prompt for q in f] != [q.prompt for q in g] for f, g in zip(ql.facts_, groups))):
+        raise ValueError("ql was fitted on other facts than those given")
+    fixed = as_examples(unrelated) if unrelated is not None else None
+    texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
+    ppl0 = perplexity(model, texts) if texts else None
+    rows = []
+    for k, (name, g) in enumerate(zip(names, groups)):
+        unrel = fixed if fixed is not None else [groups[j][0] for j in others(k)[:n_unrelated]]
+        before = next_token_probs(model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel))  # once per fact
+        new = new_targets[k] if new_targets is not None else answers[others(k)[0]] if others(k) else None
+        for mode in modes:
+            for method in methods:
+                e = edit_knowledge(model, g, method, mode, new if mode == "update" else None,
+                                   neurons=ql.neurons(k, method, query_index), query_index=query_index,
+                                   unrelated=unrel, neutral_text=texts, ppl_before=ppl0, before_probs=before,
+                                   lambdas=lambdas, direction=direction, signed=signed)
+                rows.append({"fact": name, "mode": mode, "method": method, **e.metrics})
+    raw = pd.DataFrame(rows)
+    cols = ["reliability", "generalization", "locality", "avg", "rel_prob", "gen_prob", "delta_ppl", "n_neurons"]
+    groups_ = raw.groupby(["mode", "method"], sort=False)
+    table = groups_[cols].mean()
+    table["delta_ppl_median"] = groups_["delta_ppl"].median()
+    table["n_facts"] = groups_.size()
+    table = table.reset_index()
+    return (table, raw) if per_fact else table

@@ -1,0 +1,296 @@
+"""Neuron-level fine-tuning (CNL "enhance", DCSN's CNLF): train only chosen neurons' weights.
+
+    ft = ci.finetune(model, train, neurons=cnl.neurons_, lr=1e-5, epochs=3, eval_data=test)
+    ft.table          # arm, trainable parameters, train loss and accuracy before / after
+    ft.plot().show()
+
+A neuron's parameters are the entries it owns (:mod:`capinterp.interventions.neuron_params`): its ``W_in``
+and ``W_gate`` columns, ``b_in`` entry and ``W_out`` row. Arms:
+
+* ``"located"``: only the given neurons' entries are trained;
+* ``"random"``: the same number of random neurons (``neurons.random_like(seed)``);
+* ``"without_located"``: every parameter except the located neurons' entries, which are set
+  to 0 first and stay 0 (the neurons are erased during training and evaluation);
+* ``"full"``: every parameter.
+
+Frozen entries are frozen exactly: parameters with nothing to train get
+``requires_grad=False``, and partly trained ones have their gradients zeroed outside the mask
+after every backward pass. Adam runs *without* weight decay, so a zero gradient gives a zero
+moment and a zero update: frozen entries stay bit-identical (tests check ``torch.equal``).
+The loss is teacher-forced cross-entropy on the target tokens only (``prompt + target``,
+targets tokenized in context by :func:`capinterp.core.tokens.encode`), averaged over tokens.
+
+Each arm trains its own copy of the model (one ``copy.deepcopy`` sharing the tokenizer, reset
+to the caller's weights between arms; one copy per arm with ``keep_models=True``); the
+caller's model is changed only with ``inplace=True`` (one arm). Hooks attached to the model
+when ``finetune`` is called are copied with it and apply throughout.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from capinterp.core.example import Example, as_examples
+from capinterp.kernels.evaluate import evaluate
+from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
+from capinterp.core.forward import capture, unembed
+from capinterp.interventions.hooks import check_neurons
+from capinterp.interventions.neuron_params import count_params, neuron_masks, zero_neurons
+from capinterp.results.neurons import NeuronSet
+from capinterp.core.tokens import Encoded, batches, collate, encode, pad_id
+
+__all__ = ["ARMS", "FinetuneResult", "finetune", "finetune_figure", "mean_target_loss", "target_loss"]
+
+ARMS: tuple[str, ...] = ("located", "random", "without_located", "full")
+_START = {"located": "original", "random": "original", "full": "original", "without_located": "erased"}
+
+
+def target_loss(model, items: Sequence[Encoded]) -> torch.Tensor:
+    """Mean cross-entropy of the target tokens, teacher-forced (one scalar with autograd)."""
+    dev = torch.device(model.cfg.device)
+    batch = collate(items, pad_id(model.tokenizer), device=dev)
+    rows = torch.tensor([b for b, it in enumerate(items) for _ in it.target_ids], device=dev)
+    pos = torch.tensor([p for it in items for p in it.answer_positions], device=dev)
+    tgt = torch.tensor([t for it in items for t in it.target_ids], device=dev)
+    resid = capture(model, batch.tokens, "ln_final.hook_in")
+    logits = unembed(model, resid[rows, pos][:, None])[:, 0].float()
+    return torch.nn.functional.cross_entropy(logits, tgt)
+
+
+@torch.no_grad()
+def mean_target_loss(model, items: Sequence[Encoded], batch_size: int = 16) -> float:
+    """Token-weighted mean target cross-entropy over ``items`` (no gradients)."""
+    total, count = 0.0, 0
+    for chunk in batches(list(items), batch_size):
+        n = sum(len(it.target_ids) for it in chunk)
+        total += float(target_loss(model, chunk)) * n
+        count += n
+    return total / count
+
+
+def _check_args(train: list[Example], lr: float | Mapping[str, float], epochs: int, batch_size: int,
+                arms: Sequence[str], neurons: NeuronSet | None, inplace: bool) -> tuple[tuple[str, ...], dict[str, float]]:
+    if not train:
+        raise ValueError("finetune() got an empty training set")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    arms = (arms,) if isinstance(arms, str) else tuple(arms)
+    bad = [a for a in arms if a not in ARMS]
+    if not arms or bad or len(set(arms)) != len(arms):
+        raise ValueError(f"arms must be distinct names from {ARMS}, got {arms!r}")
+    if neurons is None and any(a != "full" for a in arms):
+        raise ValueError(f"arms {[a for a in arms if a != 'full']} need neurons=")
+    if neurons is not None and len(neurons) == 0 and ("located" in arms or "random" in arms):
+        raise ValueError("neurons is empty: the located and random arms would train nothing")
+    lrs = dict(lr) if isinstance(lr, Mapping) else {a: lr for a in arms}
+    if set(lrs) != set(arms):
+        raise ValueError(f"lr as a mapping needs one entry per arm {arms}, got {sorted(lrs)}")
+    for a, v in lrs.items():
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {v!r} (arm {a!r})")
+    if inplace and len(arms) != 1:
+        raise ValueError(f"inplace=True trains the caller's model, so it takes exactly one arm, got {arms!r}")
+    return arms, {a: float(v) for a, v in lrs.items()}
+
+
+def _eval_sets(eval_data: Any) -> dict[str, list[Example]]:
+    if eval_data is None:
+        return {}
+    sets = dict(eval_data) if isinstance(eval_data, Mapping) else {"eval": eval_data}
+    out = {str(k): as_examples(v) for k, v in sets.items()}
+    empty = [k for k, v in out.items() if not v]
+    if empty:
+        raise ValueError(f"eval_data set(s) {empty} are empty")
+    return out
+
+
+def _trainable(model, arm: str, neurons: NeuronSet | None) -> dict[str, torch.Tensor | None]:
+    """``{parameter name: mask of trained entries, or None for the whole parameter}``."""
+    if arm == "full":
+        return {name: None for name, _ in model.named_parameters()}
+    masks = neuron_masks(model, neurons)
+    if arm == "without_located":
+        return {name: (~masks[name] if name in masks else None) for name, _ in model.named_parameters()}
+    return {name: m for name, m in masks.items() if bool(m.any())}
+
+
+def _train(model, items: list[Encoded], trainable: dict[str, torch.Tensor | None], *, lr: float, epochs: int,
+           batch_size: int, seed: int, arm: str, progress: bool) -> list[dict[str, Any]]:
+    """Adam (no weight decay) over the trainable entries; returns the per-step losses."""
+    params = dict(model.named_parameters())
+    for p in params.values():
+        p.requires_grad_(False)
+    frozen: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    for name, mask in trainable.items():
+        params[name].requires_grad_(True)
+        if mask is not None:
+            frozen.append((params[name], ~mask))
+    opt = torch.optim.Adam([params[n] for n in trainable], lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(int(seed))
+    n_steps = epochs * math.ceil(len(items) / batch_size)
+    history: list[dict[str, Any]] = []
+    with tqdm(total=n_steps, desc=f"finetune {arm}", disable=not progress) as bar:
+        for epoch in range(epochs):
+            order = torch.randperm(len(items), generator=gen).tolist()
+            for chunk in batches([items[i] for i in order], batch_size):
+                opt.zero_grad(set_to_none=True)
+                loss = target_loss(model, chunk)
+                value = loss.detach().item()
+                if not math.isfinite(value):
+                    raise FloatingPointError(f"arm {arm!r}: non-finite loss at epoch {epoch}; lower lr (now {lr})")
+                loss.backward()
+                for p, off in frozen:
+                    if p.grad is not None:
+                        p.grad.masked_fill_(off, 0.0)
+                opt.step()
+                history.append({"arm": arm, "epoch": epoch, "step": len(history), "loss": value})
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.4f}")
+    opt.zero_grad(set_to_none=True)
+    return history
+
+
+def _fresh_copy(model, spare=None):
+    """A trainable copy of ``model``: ``spare`` (a used copy) reset to its weights, else a deep copy.
+
+    The tokenizer is shared (it is only read). Training changes parameters only, so copying
+    them back restores a used copy exactly, faster than a new deep copy.
+    """
+    if spare is None:
+        return copy.deepcopy(model, memo={id(model.tokenizer): model.tokenizer})
+    source = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in spare.named_parameters():
+            p.copy_(source[name])
+    return spare
+
+
+def _measure(model, items: list[Encoded], sets: dict[str, list[Example]], batch_size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"train_loss": mean_target_loss(model, items, batch_size)}
+    for name, exs in sets.items():
+        out[name] = evaluate(model, exs, batch_size=batch_size, progress=False)
+    return out
+
+
+def finetune(model, train: Sequence[Any], *, neurons: NeuronSet | None = None,
+             lr: float | Mapping[str, float] = 1e-5,
+             epochs: int = 1, arms: Sequence[str] = ARMS, eval_data: Any = None, batch_size: int = 8,
+             seed: int = 0, device: str | torch.device | None = None, inplace: bool = False,
+             keep_models: bool = False, random_neurons: NeuronSet | None = None,
+             eval_batch_size: int = 16, progress: bool = True) -> FinetuneResult:
+    """Fine-tune each arm on ``train`` and measure it before and after.
+
+    Args:
+        model: a ``TransformerBridge`` from :func:`capinterp.load_model` (left untouched unless
+            ``inplace=True``).
+        train: Examples (or ``(prompt, target)`` pairs); loss on the target tokens only.
+        neurons: the located neurons (required by every arm but ``"full"``).
+        lr: Adam learning rate (no weight decay; CNL used 1e-5), or ``{arm: lr}`` for every arm
+            (few trained parameters usually want a larger rate than full fine-tuning).
+        epochs: passes over ``train``, shuffled per epoch by ``seed``.
+        arms: any of ``"located"``, ``"random"``, ``"without_located"``, ``"full"``.
+        eval_data: None, a list of Examples, or ``{name: examples}``; accuracy by
+            :func:`capinterp.kernels.evaluate` before and after training.
+        seed: draws the random arm's neurons (``neurons.random_like(seed)``) and the batch order.
+        device: where to train (default: the model's device); the copy is moved there.
+        inplace: train the caller's model itself (one arm only).
+        keep_models: return the trained copies in ``result.models``.
+        random_neurons: the random arm's set, instead of ``neurons.random_like(seed)``.
+        eval_batch_size: batch size of the evaluations and of the before/after training loss.
+        progress: a tqdm bar per arm (stderr).
+
+    Returns:
+        A :class:`FinetuneResult` (table, long-form evaluations, loss history, neuron sets).
+
+    Raises:
+        ValueError: empty training or evaluation set, ``lr <= 0``, ``epochs < 1``, an unknown or
+            repeated arm, missing or empty ``neurons``, a NeuronSet made for another model
+            (via :func:`capinterp.interventions.hooks.check_neurons`), ``inplace`` with several arms.
+        TokenizationError: an example's target does not tokenize after its prompt.
+        FloatingPointError: the training loss became NaN/inf (lower ``lr``).
+    """
+    train_ex = as_examples(train)
+    arms, lrs = _check_args(train_ex, lr, epochs, batch_size, arms, neurons, inplace)
+    if neurons is not None:
+        check_neurons(model, neurons)
+    sets = _eval_sets(eval_data)
+    items = encode(model, train_ex)
+    for exs in sets.values():
+        encode(model, exs)  # tokenization problems surface before any training
+    sets_neurons: dict[str, NeuronSet] = {}
+    if neurons is not None and "located" in arms:
+        sets_neurons["located"] = neurons
+    if "random" in arms:
+        rnd = random_neurons if random_neurons is not None else neurons.random_like(seed)
+        check_neurons(model, rnd)
+        if len(rnd) != len(neurons):
+            raise ValueError(f"random_neurons has {len(rnd)} neurons, neurons has {len(neurons)}")
+        sets_neurons["random"] = rnd
+    dev = torch.device(device if device is not None else model.cfg.device)
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    n_total = count_params(model)
+    all_neurons = int(model.cfg.n_layers) * int(model.cfg.d_mlp)
+    n_located = len(neurons) if neurons is not None else 0
+    counts = {"located": n_located, "random": n_located, "without_located": all_neurons - n_located,
+              "full": all_neurons}
+    before: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = []
+    models: dict[str, Any] = {}
+    spare = None  # a finished arm's copy, reset and reused by the next arm (unless kept)
+    for arm in arms:
+        work = model if inplace else _fresh_copy(model, spare)
+        if torch.device(work.cfg.device) != dev:
+            work.to(dev, print_details=False)
+        if arm == "without_located":
+            zero_neurons(work, neurons)
+        trainable = _trainable(work, arm, sets_neurons.get(arm, neurons))
+        sizes = {n: p.numel() for n, p in work.named_parameters()}
+        n_train = sum(sizes[n] if m is None else int(m.sum()) for n, m in trainable.items())
+        start = _START[arm]
+        if start not in before:
+            before[start] = _measure(work, items, sets, eval_batch_size)
+        t0 = time.perf_counter()
+        try:
+            history += _train(work, items, trainable, lr=lrs[arm], epochs=epochs, batch_size=batch_size,
+                              seed=seed, arm=arm, progress=progress)
+        finally:
+            for name, p in work.named_parameters():
+                p.requires_grad_(flags.get(name, True))
+        secs = time.perf_counter() - t0
+        after = _measure(work, items, sets, eval_batch_size)
+        row: dict[str, Any] = {"arm": arm, "lr": lrs[arm], "n_neurons": counts[arm], "n_trainable_params": n_train,
+                               "param_share": n_train / n_total, "train_loss_before": before[start]["train_loss"],
+                               "train_loss_after": after["train_loss"]}
+        for name in sets:
+            row[f"{name}_acc_before"] = before[start][name].accuracy
+            row[f"{name}_acc_after"] = after[name].accuracy
+            evals += [{"arm": arm, "dataset": name, "stage": stage, **res.to_dict()}
+                      for stage, res in (("before", before[start][name]), ("after", after[name]))]
+        rows.append({**row, "train_s": secs, "s_per_epoch": secs / epochs})
+        if keep_models or inplace:
+            models[arm] = work
+        else:
+            spare = work
+        del work
+    if spare is not None and n_total > 10_000_000:  # free a big copy now (the bridge holds reference cycles)
+        del spare
+        gc.collect()
+    config = {"lr": lrs, "epochs": epochs, "batch_size": batch_size, "seed": seed, "device": str(dev),
+              "n_train": len(items), "n_params": n_total, "arms": list(arms)}
+    return FinetuneResult(
+        table=pd.DataFrame(rows),
+        evals=pd.DataFrame(evals, columns=["arm", "dataset", "stage", "accuracy", "mean_prob", "n"]),
+        history=pd.DataFrame(history, columns=["arm", "epoch", "step", "loss"]),
+        neurons=sets_neurons, models=models, config=config)

@@ -1,0 +1,116 @@
+"""Mergeable score sums with checkpointing, shared by the dataset-level localizers.
+
+Dataset-level scores are means over examples. Keeping per-neuron *sums and counts* (in
+float64) instead of means makes them mergeable: shards of a dataset scored separately (other
+processes, other machines) combine exactly with :meth:`ScoreSum.merge`, and an interrupted
+``fit`` resumes from its checkpoint with the examples already done, giving the same result
+as an uninterrupted run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from capinterp.core.example import Example
+
+
+def dataset_fingerprint(examples: Iterable[Example]) -> str:
+    """Hash of the prompts and targets, in order (meta ignored)."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(ex.prompt.encode())
+        h.update(b"\x00")
+        h.update(ex.target.encode())
+        h.update(b"\x01")
+    return h.hexdigest()[:16]
+
+
+class ScoreSum:
+    """Per-neuron sums over scored examples, the set of example indices done, and a key.
+
+    ``key`` identifies what is being summed (method, hyper-parameters, model, dataset): merging
+    or resuming with a different key is refused, so results never silently mix.
+    """
+
+    def __init__(self, shape: tuple[int, int], key: dict | None = None) -> None:
+        self.sum = torch.zeros(shape, dtype=torch.float64)
+        self.done: set[int] = set()
+        self.key = dict(key or {})
+
+    @property
+    def count(self) -> int:
+        return len(self.done)
+
+    def add(self, index: int, scores: torch.Tensor) -> None:
+        if index in self.done:
+            raise ValueError(f"example {index} was already added")
+        if tuple(scores.shape) != tuple(self.sum.shape):
+            raise ValueError(f"scores of shape {tuple(scores.shape)} do not fit sums of shape {tuple(self.sum.shape)}")
+        self.sum += scores.detach().to("cpu", torch.float64)
+        self.done.add(int(index))
+
+    def mean(self) -> torch.Tensor:
+        if not self.done:
+            raise ValueError("no example has been scored")
+        return (self.sum / len(self.done)).to(torch.float32)
+
+    def merge(self, other: "ScoreSum") -> "ScoreSum":
+        """Exact combination of two disjoint shards of the same computation."""
+        if self.key != other.key:
+            raise ValueError(f"cannot merge sums of different computations: {self.key} vs {other.key}")
+        if self.done & other.done:
+            raise ValueError(f"shards overlap on examples {sorted(self.done & other.done)[:5]}...")
+        out = ScoreSum(tuple(self.sum.shape), self.key)
+        out.sum = self.sum + other.sum
+        out.done = self.done | other.done
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | os.PathLike) -> None:
+        """Atomic write (temp file + rename): an interruption never leaves a half file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"capinterp_scoresum": json.dumps({"done": sorted(self.done), "key": self.key})}
+        tmp = path.with_name(path.name + ".tmp")
+        save_file({"sum": self.sum.contiguous()}, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, key: dict | None = None) -> "ScoreSum":
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as f:
+                info = json.loads((f.metadata() or {})["capinterp_scoresum"])
+            tensors = load_file(str(path))
+        except Exception as err:  # safetensors raises its own SafetensorError, or OSError / KeyError
+            raise ValueError(f"{path} is not a valid capinterp checkpoint (corrupted or truncated): {err}") from err
+        out = cls(tuple(tensors["sum"].shape), info["key"])
+        out.sum = tensors["sum"].to(torch.float64)
+        out.done = set(int(i) for i in info["done"])
+        if key is not None and json.loads(json.dumps(key)) != out.key:
+            raise ValueError(
+                f"checkpoint {path} was made by a different computation ({out.key}); "
+                f"this run is {key}: use another checkpoint path or delete it"
+            )
+        return out
+
+    @classmethod
+    def resume(cls, path: str | os.PathLike | None, shape: tuple[int, int], key: dict) -> "ScoreSum":
+        """Load ``path`` if it exists (checking its key and shape), else start empty."""
+        key = json.loads(json.dumps(key))  # normalise tuples etc. as they come back from JSON
+        if path is not None and Path(path).exists():
+            acc = cls.load(path, key)
+            if tuple(acc.sum.shape) != tuple(shape):
+                raise ValueError(f"checkpoint {path} has shape {tuple(acc.sum.shape)}, expected {shape}")
+            return acc
+        return cls(shape, key)

@@ -1,0 +1,105 @@
+"""Accuracy (greedy decoding, parsed per format) and target probability of a dataset.
+
+Interventions (:mod:`capinterp.interventions.hooks`) are hooks on the model, so ``evaluate`` inside
+``with ci.erase(model, neurons):`` measures the intervened model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from capinterp.core.example import as_examples
+from capinterp.core.forward import logits_at
+from capinterp.core.tokens import batches, encode, pad_id, pad_right
+
+
+@dataclass
+class EvalResult:
+    """``accuracy`` and ``mean_prob`` (of the target's first token) over ``n`` examples."""
+
+    accuracy: float
+    mean_prob: float
+    n: int
+    records: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        """One row per example: prompt tail, target, generated text, correct, prob."""
+        return pd.DataFrame(self.records)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"accuracy": self.accuracy, "mean_prob": self.mean_prob, "n": self.n}
+
+    def __getitem__(self, key: str) -> float:
+        return self.to_dict()[key]
+
+    def __str__(self) -> str:
+        return f"accuracy {self.accuracy:.3f}  mean p(target) {self.mean_prob:.3f}  (n={self.n})"
+
+
+@torch.no_grad()
+def greedy_continuations(
+    model, prompt_ids: list[list[int]], n_new: int
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Greedy-decode ``n_new`` tokens for each prompt; also return the first step's probabilities.
+
+    Each step re-runs the right-padded batch (few steps are needed for short answers), so any
+    hooks on the model apply to every generated token.
+    """
+    dev = model.cfg.device
+    seqs = [list(p) for p in prompt_ids]
+    first_probs = None
+    for step in range(n_new):
+        tokens, lengths = pad_right(seqs, pad_id(model.tokenizer))
+        logits = logits_at(model, tokens.to(dev), lengths.to(dev) - 1)
+        if step == 0:
+            first_probs = logits.softmax(-1).cpu()
+        nxt = logits.argmax(-1).tolist()
+        for s, t in zip(seqs, nxt):
+            s.append(int(t))
+    new = [s[len(p) :] for s, p in zip(seqs, prompt_ids)]
+    return new, first_probs
+
+
+def evaluate(
+    model,
+    dataset: Iterable[Any],
+    *,
+    batch_size: int = 16,
+    max_new_tokens: int | None = None,
+    progress: bool | None = None,
+) -> EvalResult:
+    """Greedy accuracy and mean probability of the target's first token.
+
+    ``max_new_tokens`` defaults to the longest target (in tokens) in each batch plus one, so
+    a number that goes on ("12" for target "1") is caught. Answers are parsed per format
+    (:func:`capinterp.data.parsing.is_correct`): DG integers, MQ letters, TF Yes/No.
+    """
+    from capinterp.data.parsing import is_correct
+
+    examples = as_examples(dataset)
+    if not examples:
+        raise ValueError("evaluate() got an empty dataset")
+    encoded = encode(model, examples)
+    show = len(encoded) > 4 * batch_size if progress is None else progress
+    records: list[dict[str, Any]] = []
+    for chunk in tqdm(list(batches(encoded, batch_size)), desc="evaluate", disable=not show):
+        n_new = max_new_tokens or (max(len(e.target_ids) for e in chunk) + 1)
+        new, probs = greedy_continuations(model, [e.prompt_ids for e in chunk], n_new)
+        for e, gen, pr in zip(chunk, new, probs):
+            text = model.tokenizer.decode(gen, skip_special_tokens=True)
+            records.append(
+                {
+                    "prompt_tail": e.example.prompt[-40:],
+                    "target": e.example.target,
+                    "generated": text,
+                    "correct": bool(is_correct(e.example, text)),
+                    "prob": float(pr[e.target_ids[0]]),
+                }
+            )
+    frame = pd.DataFrame(records)
+    return EvalResult(float(frame["correct"].mean()), float(frame["prob"].mean()), len(records), records)

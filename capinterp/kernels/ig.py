@@ -1,0 +1,387 @@
+"""Integrated gradients and gradient x activation on FFN neurons (``blocks.{l}.mlp.hook_post``).
+
+The IG kernel of ALGORITHMS.md sections 1.2, 4.1 and 10, for one example and layer ``l``:
+
+* ``a`` = ``hook_post`` of layer ``l`` at the scaled positions ``P``, baseline ``b`` (0 or given);
+* for ``k = 1..m`` the whole activation vector of layer ``l`` at ``P`` (all neurons jointly) is
+  replaced by ``b + alpha_k (a - b)``; other layers run normally (downstream is recomputed);
+  ``alpha_k = k/m`` ("right", default), ``(k-1)/m`` ("left"), ``(k-1)/(m-1)`` ("linspace",
+  still weighted ``1/m``, as EleutherAI's KN port does);
+* ``F`` = mean over the answer tokens ``y_j`` of ``p(y_j | x + y_<j)`` (``objective="logprob"``:
+  of ``log p``), teacher-forced with the gold target tokens;
+* ``IG_l = (a - b) * (1/m) sum_k dF/da(alpha_k)``, summed over ``P`` -> ``[d_mlp]``.
+
+``positions="answer"`` scales every answer-predicting position ``|x|-1 .. |x|+|y|-2`` (CNL);
+``"last_prompt"`` scales ``|x|-1`` and reads the first target token only (KN).
+
+Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
+
+* ``"loop"``: the straightforward kernel. Per layer, the ``m`` points are a batch of ``m`` full
+  sequences; full forward and backward over the whole sequence.
+* ``"fast"``: rows = (layer, step) pairs of all requested layers, chunked by ``batch_size``.
+  The clean prefix (positions before ``P``) runs once and its KV cache is shared; only the
+  positions ``P`` run per row, and a row scaled at layer ``l`` enters at block ``l`` with the
+  clean residual (the layers below it are never recomputed: a layer staircase). Logits are
+  computed at ``P`` only. One backward per chunk; rows are independent, so each row's
+  gradient is exact. Details in :mod:`capinterp.kernels.prefix`.
+* ``"prefix"``: the prefix reuse and layer batching of ``"fast"``, but every row runs every
+  block through the bridge's own forward. ``"fast"`` falls back to it (with a warning) when
+  direct block calls do not reproduce the model's logits on an architecture (checked on the
+  first example of each call); both fall back to ``"loop"`` for models without an HF KV cache.
+
+Cost per example (SmolLM2, ~30-token prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
+whatever the answer length; "fast" ~0.1 TMAC per answer token (a third of it the unembedding,
+which softmax needs in full). Float32 agreement between methods is limited by float32 itself:
+against float64 runs each method is off by up to ~1e-4 relative on scores near 1% of the max
+(~1e-3 on Gemma 3's 262k vocabulary); measured in ``benchmarks/bench_ig.py --fp64-check``.
+
+Other hooks on the model are not supported during a "fast"/"prefix" call: they would see
+suffix-only (and, for "fast", row-folded) tensors. A warning says so when any are attached.
+
+Parameters never get ``.grad`` (their ``requires_grad`` is switched off during the call and
+restored), hooks are removed on exit, and gradients accumulate in float32. Computation runs
+on ``model.cfg.device``; the returned scores are float32 on the CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+from capinterp.kernels import prefix as _prefix
+from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.core.tokens import Encoded
+
+RULES = ("right", "left", "linspace")
+POSITIONS = ("answer", "last_prompt")
+OBJECTIVES = ("prob", "logprob")
+METHODS = ("fast", "prefix", "loop")
+
+
+def ig_alphas(steps: int, rule: str = "right") -> torch.Tensor:
+    """The ``m`` interpolation coefficients of a rule (float64, CPU); each is weighted ``1/m``."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if steps < 1 or (rule == "linspace" and steps < 2):
+        raise ValueError(f"steps must be >= {2 if rule == 'linspace' else 1} for rule {rule!r}, got {steps}")
+    k = torch.arange(1, steps + 1, dtype=torch.float64)
+    if rule == "right":
+        return k / steps
+    if rule == "left":
+        return (k - 1) / steps
+    return (k - 1) / (steps - 1)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where IG scales and reads one example.
+
+    ``seq`` holds exactly the tokens needed (the last target token predicts nothing and is
+    dropped). The scaled positions are ``p0 .. len(seq)-1`` and ``targets[j]`` is read at
+    ``p0 + j``: every scaled position is read and vice versa.
+    """
+
+    seq: torch.Tensor  # [T] long
+    p0: int
+    targets: torch.Tensor  # [S] long
+
+    @property
+    def n_pos(self) -> int:
+        return int(self.targets.numel())
+
+
+def site(enc: Encoded, positions: str = "answer") -> Site:
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if not enc.target_ids or not enc.prompt_ids:
+        raise ValueError("an example needs prompt and target tokens")
+    targets = list(enc.target_ids) if positions == "answer" else [enc.target_ids[0]]
+    seq = list(enc.prompt_ids) + targets[:-1]
+    return Site(torch.tensor(seq, dtype=torch.long), len(enc.prompt_ids) - 1, torch.tensor(targets))
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def objective_from_logits(logits: torch.Tensor, targets: torch.Tensor, objective: str = "prob") -> torch.Tensor:
+    """F per row: logits [R, S, V] at the read positions, targets [S] -> [R] (float32 at least).
+
+    Written with ``logsumexp``, not ``softmax``: torch's CPU softmax uses a fast approximate exp
+    whose error, summed over the vocabulary in the unembedding's backward, cost up to 1e-3
+    relative on IG scores in float32 (measured against float64 on SmolLM2).
+    """
+    lg = _upcast(logits)
+    idx = targets.to(lg.device).view(1, -1, 1).expand(lg.shape[0], -1, 1)
+    logp = lg.gather(-1, idx).squeeze(-1) - torch.logsumexp(lg, dim=-1)
+    return (logp.exp() if objective == "prob" else logp).mean(-1)
+
+
+class _Objective(torch.autograd.Function):
+    """:func:`objective_from_logits` with a fused backward: (1/S) c (onehot(y) - exp(z - lse)),
+    c = p(y) ("prob") or 1 ("logprob"), built in place in one buffer. Same operations as autograd's
+    (bitwise equal in float64), half the passes over the [rows, S, V] logits."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, logprob: bool):
+        lg = _upcast(logits)
+        idx = targets.to(lg.device).view(1, -1, 1).expand(lg.shape[0], -1, 1)
+        lse = torch.logsumexp(lg, dim=-1, keepdim=True)
+        logp = lg.gather(-1, idx) - lse
+        val = logp if logprob else logp.exp()
+        ctx.save_for_backward(lg, lse, idx, torch.ones_like(val) if logprob else val)
+        ctx.in_dtype = logits.dtype
+        return val.squeeze(-1).mean(-1)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        lg, lse, idx, c = ctx.saved_tensors
+        coef = grad_out.view(-1, 1, 1) * c / idx.shape[1]
+        grad = torch.sub(lg, lse).exp_().mul_(-coef).scatter_add_(-1, idx, coef)
+        return grad.to(ctx.in_dtype), None, None
+
+
+@contextlib.contextmanager
+def frozen_params(model):
+    """Switch ``requires_grad`` off on every parameter for the duration; restore it after."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+def _check(positions: str, objective: str, method: str | None = None) -> None:
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def _items(encoded: Encoded | Sequence[Encoded]) -> list[Encoded]:
+    items = [encoded] if isinstance(encoded, Encoded) else list(encoded)
+    for i, it in enumerate(items):
+        if not isinstance(it, Encoded):
+            raise TypeError(f"item {i} is {type(it).__name__}; pass capinterp.core.tokens.encode(...) output")
+    return items
+
+
+def _layers(layers: Iterable[int] | None, n_layers: int) -> list[int]:
+    if layers is None:
+        return list(range(n_layers))
+    out = sorted({int(l) + n_layers if int(l) < 0 else int(l) for l in layers})
+    if not out or out[0] < 0 or out[-1] >= n_layers:
+        raise ValueError(f"layers must be a non-empty subset of 0..{n_layers - 1}, got {layers}")
+    return out
+
+
+def _baseline(baseline, n_layers: int, d_mlp: int, device) -> torch.Tensor | None:
+    """None, or float32 [n_layers, d_mlp] (a [d_mlp] vector is used for every layer)."""
+    if baseline is None:
+        return None
+    b = torch.as_tensor(baseline, dtype=torch.float32, device=device)
+    if b.shape == (d_mlp,):
+        b = b.expand(n_layers, d_mlp)
+    if b.shape != (n_layers, d_mlp):
+        raise ValueError(f"baseline must have shape [d_mlp]={d_mlp} or [n_layers, d_mlp]=({n_layers}, {d_mlp})")
+    return b
+
+
+def _points(act: torch.Tensor, base: torch.Tensor | None, alphas: torch.Tensor, dtype) -> torch.Tensor:
+    """Leaf [c, S, d_mlp]: ``b + alpha (a - b)`` for each alpha, requiring grad."""
+    a = _upcast(act)
+    al = alphas.to(device=a.device, dtype=a.dtype).view(-1, 1, 1)
+    z = al * a if base is None else base.to(a.dtype) + al * (a - base.to(a.dtype))
+    return z.to(dtype).detach().requires_grad_(True)
+
+
+def _finish(acts: torch.Tensor, gsum: torch.Tensor, base: torch.Tensor | None, m: int) -> torch.Tensor:
+    """IG per layer: (a - b) * mean_k grad, summed over positions. acts/gsum [nl, S, d]."""
+    a = _upcast(acts)
+    diff = a if base is None else a - base[:, None, :].to(a.dtype)
+    return (diff * gsum / m).sum(1)
+
+
+def ig_scores(
+    model,
+    encoded: Encoded | Sequence[Encoded],
+    *,
+    steps: int = 20,
+    rule: str = "right",
+    positions: str = "answer",
+    objective: str = "prob",
+    baseline=None,
+    layers: Iterable[int] | None = None,
+    batch_size: int = 64,
+    method: str = "fast",
+    progress: bool = False,
+) -> torch.Tensor:
+    """Integrated gradients of every neuron: float32 [n_examples, n_layers, d_mlp] (CPU).
+
+    Layers not in ``layers`` are 0. ``baseline``: None (0), a [d_mlp] vector, or one per layer
+    [n_layers, d_mlp]. ``batch_size`` counts rows (one row = one interpolation point of one
+    layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
+    """
+    _check(positions, objective, method)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    items = _items(encoded)
+    n_layers, d_mlp = neuron_shape(model)
+    device = torch.device(model.cfg.device)
+    lay = _layers(layers, n_layers)
+    alphas = ig_alphas(steps, rule)
+    base = _baseline(baseline, n_layers, d_mlp, device)
+    out = torch.zeros(len(items), n_layers, d_mlp)
+    it = enumerate(items)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, total=len(items), desc=f"IG ({method})")
+    if method != "loop" and any(hp._forward_hooks for hp in model.hook_dict.values()):
+        warnings.warn(
+            "hooks are attached to the model; with method='fast'/'prefix' they see suffix-only "
+            "tensors (use method='loop' to run IG under other hooks)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
+    with frozen_params(model), torch.enable_grad():
+        for i, enc in it:
+            s = site(enc, positions)
+            if method == "loop":
+                acts, gsum = _ig_loop(model, s, lay, alphas, base, objective, batch_size)
+            else:
+                acts, gsum = _ig_rows(model, s, lay, alphas, base, objective, batch_size, method, checked)
+            out[i, lay] = _finish(acts, gsum, None if base is None else base[lay], steps).float().cpu()
+    return out
+
+
+def _ig_loop(model, s: Site, lay, alphas, base, objective, batch_size, method=None):
+    """Straightforward kernel: per layer, batches of full sequences, full forward + backward."""
+    device = torch.device(model.cfg.device)
+    tokens = s.seq.to(device).view(1, -1)
+    p0, S = s.p0, s.n_pos
+    grabbed: dict[int, torch.Tensor] = {}
+
+    def grab(act, hook):
+        grabbed[int(hook.name.split(".")[1])] = act[0, p0 : p0 + S].detach().clone()
+
+    with torch.no_grad():
+        model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in lay])
+    acts = torch.stack([grabbed[l] for l in lay])
+    gsum = torch.zeros(len(lay), S, acts.shape[-1], device=device, dtype=_upcast(acts).dtype)
+    for li, l in enumerate(lay):
+        b = None if base is None else base[l]
+        for c0 in range(0, len(alphas), batch_size):
+            z = _points(acts[li], b, alphas[c0 : c0 + batch_size], acts.dtype)
+
+            def put(act, hook, z=z):
+                return torch.cat([act[:, :p0], z, act[:, p0 + S :]], dim=1)
+
+            logits = model.run_with_hooks(tokens.expand(z.shape[0], -1), fwd_hooks=[(neuron_hook(l), put)])
+            F = objective_from_logits(logits[:, p0 : p0 + S], s.targets, objective)
+            (g,) = torch.autograd.grad(F.sum(), z)
+            gsum[li] += g.to(gsum.dtype).sum(0)
+    return acts, gsum
+
+
+def _ig_rows(model, s: Site, lay, alphas, base, objective, batch_size, method="fast", checked=None):
+    """Prefix reuse + (layer, step) rows batched across layers; staircase or bridge route."""
+    try:
+        run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=method == "prefix")
+    except _prefix.NoCache:
+        warnings.warn("the model gives no KV cache to reuse; IG uses method='loop'", RuntimeWarning, stacklevel=3)
+        return _ig_loop(model, s, lay, alphas, base, objective, batch_size)
+    forward = _prefix.stair_logits
+    if method == "prefix":
+        forward = _prefix.bridge_logits
+    elif not _stair_ok(model, run, {} if checked is None else checked):
+        warnings.warn(
+            "direct block calls do not reproduce this model's logits; IG uses the slower "
+            "method='prefix' route",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=True)
+        forward = _prefix.bridge_logits
+    acts = run.acts[lay]
+    gsum = torch.zeros(len(lay), s.n_pos, acts.shape[-1], device=acts.device, dtype=_upcast(acts).dtype)
+    m = len(alphas)
+    rows = [(li, k) for li in range(len(lay)) for k in range(m)]
+    for c0 in range(0, len(rows), batch_size):
+        chunk = rows[c0 : c0 + batch_size]
+        groups, index = [], []
+        for li in sorted({li for li, _ in chunk}):
+            ks = [k for lj, k in chunk if lj == li]
+            b = None if base is None else base[lay[li]]
+            groups.append((lay[li], _points(acts[li], b, alphas[ks], acts.dtype)))
+            index.append(li)
+        logits = forward(model, run, groups)
+        F = _Objective.apply(logits, s.targets, objective == "logprob")
+        grads = torch.autograd.grad(F.sum(), [z for _, z in groups])
+        for li, g in zip(index, grads):
+            gsum[li] += g.to(gsum.dtype).sum(0)
+    return acts, gsum
+
+
+def _stair_ok(model, run, checked: dict) -> bool:
+    if "stair" not in checked:
+        checked["stair"] = _prefix.stair_supported(model, run)
+    return checked["stair"]
+
+
+def grad_x_act(
+    model,
+    encoded: Encoded | Sequence[Encoded],
+    *,
+    positions: str = "answer",
+    objective: str = "prob",
+) -> torch.Tensor:
+    """Gradient x activation at the clean point (alpha = 1, baseline 0): [n, n_layers, d_mlp].
+
+    One forward and one backward per example for all layers at once: a zero leaf is added to
+    every layer's ``hook_post`` at the scaled positions, so each layer's gradient is the total
+    derivative (paths through later layers included). The prefix runs once without gradients.
+    """
+    _check(positions, objective)
+    items = _items(encoded)
+    n_layers, d_mlp = neuron_shape(model)
+    device = torch.device(model.cfg.device)
+    out = torch.zeros(len(items), n_layers, d_mlp)
+    with frozen_params(model), torch.enable_grad():
+        for i, enc in enumerate(items):
+            s = site(enc, positions)
+            tokens = s.seq.to(device).view(1, -1)
+            cache, feed = None, tokens
+            if s.p0 > 0:
+                try:
+                    with torch.no_grad():
+                        cache = _prefix._prefix_forward(model, tokens[:, : s.p0])
+                    feed = tokens[:, s.p0 :]
+                except _prefix.NoCache:
+                    pass  # run the whole sequence; the scaled positions are its last n_pos
+            acts: dict[int, torch.Tensor] = {}
+            eps: dict[int, torch.Tensor] = {}
+
+            def nudge(act, hook):
+                l = int(hook.name.split(".")[1])
+                acts[l] = act[0, -s.n_pos :].detach()
+                eps[l] = torch.zeros_like(act, requires_grad=True)
+                return act + eps[l]
+
+            logits = model.run_with_hooks(
+                feed, past_key_values=cache, fwd_hooks=[(neuron_hook(l), nudge) for l in range(n_layers)]
+            )
+            F = objective_from_logits(logits[:, -s.n_pos :], s.targets, objective)
+            grads = torch.autograd.grad(F.sum(), [eps[l] for l in range(n_layers)])
+            for l, g in enumerate(grads):
+                out[i, l] = (_upcast(acts[l]) * _upcast(g[0, -s.n_pos :])).sum(0).float().cpu()
+    return out

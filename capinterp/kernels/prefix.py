@@ -1,0 +1,285 @@
+"""Running only what changes: prefix reuse and layer-staircase forwards for the IG kernel.
+
+Integrated gradients replaces ``hook_post`` of one layer at a few trailing positions (the
+"suffix", positions ``p0..T-1``) and reads the logits there. Everything before ``p0`` and
+every layer below the replaced one is identical to the clean run, so it is computed once:
+
+1. :func:`clean_suffix` runs the prefix once (HF KV cache via ``return_type="logits_and_cache"``),
+   then the suffix once with that cache, recording what each block received (its input
+   residual and its call arguments: rotary tables, mask, ...), the prefix keys/values each
+   attention layer read, the clean ``hook_post`` activations and the clean logits.
+2. :func:`stair_logits` (route "fast") runs many rows at once by calling the bridge's blocks
+   directly. Rows scaled at layer ``l`` join the batch at block ``l`` (entering with the
+   recorded clean residual), so block ``j`` only runs the rows scaled at layers ``<= j``:
+   no row ever recomputes the layers below its own. Rows are folded into the sequence
+   dimension (batch 1, ``rows*S`` positions, rotary tables tiled, a block-diagonal mask over
+   the suffix keys), so every row reads the one recorded prefix K/V without copies. Hooks
+   still fire (the blocks are the bridge's), and the replaced activation enters through the
+   ordinary ``hook_post`` hook point. :func:`stair_supported` checks on each model that this
+   reproduces the model's own logits.
+3. :func:`bridge_logits` (route "prefix") is the plain bridge route: a widened copy of the
+   prefix cache and ``run_with_hooks(suffix, past_key_values=...)``; every row runs every
+   block. It is the fallback when :func:`stair_supported` finds that direct block calls do
+   not reproduce the model's own logits for an architecture.
+
+Logits are only ever computed at the suffix positions, which are all read.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from capinterp.core.forward import unembed as _unembed
+from capinterp.core.model import neuron_hook
+
+
+@dataclass
+class CleanSuffix:
+    """The clean run of one sequence, split at ``p0`` (see module docstring)."""
+
+    suffix: torch.Tensor  # [1, S] token ids from p0 on
+    acts: torch.Tensor  # [n_layers, S, d_mlp] clean hook_post at the suffix positions
+    logits: torch.Tensor  # [S, V] clean logits at the suffix positions
+    resid: list[torch.Tensor] = field(default_factory=list)  # per block: input hidden [1, S, d]
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)  # per block: (args, kwargs) minus hidden
+    prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    cache: Any = None  # pristine prefix cache (only kept for the bridge route)
+    memo: dict = field(default_factory=dict)  # folded masks / rotary tables by (source id, rows)
+
+    @property
+    def n_pos(self) -> int:
+        return int(self.suffix.shape[1])
+
+
+class _PrefixKV:
+    """Stand-in for the HF cache in direct block calls: prepends the recorded prefix K/V.
+
+    The rows are folded into the sequence (batch 1), so the prefix is neither copied per row
+    nor written to; one object serves every chunk.
+    """
+
+    def __init__(self, prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+        self.prefix_kv = prefix_kv
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        kv = self.prefix_kv.get(layer_idx)
+        if kv is None:
+            return key_states, value_states
+        return torch.cat([kv[0], key_states], dim=-2), torch.cat([kv[1], value_states], dim=-2)
+
+
+class NoCache(RuntimeError):
+    """The model gives no reusable KV cache (e.g. TransformerLens-native models)."""
+
+
+def _prefix_forward(model, prefix: torch.Tensor):
+    """HF cache of ``prefix`` ([1, p0]); logits kept for the last position only when supported."""
+    try:
+        _, cache = model(prefix, return_type="logits_and_cache", logits_to_keep=1)
+    except TypeError:  # a model whose forward has no logits_to_keep
+        _, cache = model(prefix, return_type="logits_and_cache")
+    if cache is not None and not callable(getattr(cache, "update", None)):
+        cache = None
+    if cache is None:
+        raise NoCache("the model returned no KV cache for the prefix")
+    return cache
+
+
+def clean_suffix(model, seq: torch.Tensor, p0: int, *, keep_cache: bool = False) -> CleanSuffix:
+    """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
+    device = torch.device(model.cfg.device)
+    tokens = seq.to(device).view(1, -1)
+    n_layers = len(model.blocks)
+    S = tokens.shape[1] - p0
+    with torch.no_grad():
+        cache = _prefix_forward(model, tokens[:, :p0]) if p0 > 0 else None
+        pristine = copy.deepcopy(cache) if keep_cache and cache is not None else None
+        prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if cache is not None:
+            real_update = cache.update
+
+            def update(key_states, value_states, layer_idx, *args, **kwargs):
+                k, v = real_update(key_states, value_states, layer_idx, *args, **kwargs)
+                n = k.shape[-2] - key_states.shape[-2]
+                prefix_kv[layer_idx] = (k[..., :n, :].detach(), v[..., :n, :].detach())
+                return k, v
+
+            cache.update = update  # instance attribute: this cache object only
+        resid: list[Any] = [None] * n_layers
+        calls: list[Any] = [None] * n_layers
+        acts: list[Any] = [None] * n_layers
+
+        def pre(j, module, args, kwargs):
+            if resid[j] is not None:
+                raise RuntimeError(f"block {j} ran twice in one forward; use method='prefix' or 'loop'")
+            kwargs = dict(kwargs)
+            if args:
+                hidden, rest = args[0], tuple(args[1:])
+            else:
+                hidden, rest = kwargs.pop("hidden_states"), ()
+            kwargs.pop("past_key_values", None)
+            resid[j] = hidden.detach()
+            calls[j] = (rest, kwargs)
+
+        def grab(l, act, hook):
+            acts[l] = act[0].detach().clone()
+
+        handles = [
+            blk.register_forward_pre_hook(functools.partial(pre, j), with_kwargs=True)
+            for j, blk in enumerate(model.blocks)
+        ]
+        try:
+            logits = model.run_with_hooks(
+                tokens[:, p0:],
+                past_key_values=cache,
+                fwd_hooks=[(neuron_hook(l), functools.partial(grab, l)) for l in range(n_layers)],
+            )
+        finally:
+            for h in handles:
+                h.remove()
+    if any(a is None for a in acts):
+        raise RuntimeError("some hook_post hooks did not fire on the suffix run")
+    return CleanSuffix(
+        suffix=tokens[:, p0:],
+        acts=torch.stack(acts),
+        logits=logits[0, -S:].detach(),
+        resid=resid,
+        calls=calls,
+        prefix_kv=prefix_kv,
+        cache=pristine,
+    )
+
+
+def _replace_rows(z: torch.Tensor, start: int, act: torch.Tensor, hook) -> torch.Tensor:
+    """Hook (batch layout): rows ``start..start+len(z)`` of ``act`` become ``z``."""
+    c = z.shape[0]
+    if c == act.shape[0]:
+        return z.to(act.dtype)
+    return torch.cat([act[:start], z.to(act.dtype), act[start + c :]], dim=0)
+
+
+def _replace_tail(z: torch.Tensor, act: torch.Tensor, hook) -> torch.Tensor:
+    """Hook (folded layout [1, rows*S, d]): the last ``z.shape[1]`` positions become ``z``."""
+    n = z.shape[1]
+    if n == act.shape[1]:
+        return z.to(act.dtype)
+    return torch.cat([act[:, :-n], z.to(act.dtype)], dim=1)
+
+
+class Unsupported(ValueError):
+    """The recorded block call cannot be folded (unexpected mask or rotary layout)."""
+
+
+def _fold_mask(mask: torch.Tensor | None, n_pre: int, S: int, R: int, device) -> torch.Tensor:
+    """[1, 1, R*S, n_pre + R*S]: every row's S queries see the prefix and their own S keys only.
+
+    The prefix columns and the S x S block are copied from the recorded 4-D mask (so sliding
+    windows and the like carry over); keys of other rows are masked.
+    """
+    if mask is None:
+        pre = torch.ones(S, n_pre, dtype=torch.bool, device=device)
+        own = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+        hidden: Any = False
+    else:
+        if mask.ndim != 4 or mask.shape[0] != 1 or mask.shape[1] != 1 or mask.shape[-2] != S:
+            raise Unsupported(f"attention mask of shape {tuple(mask.shape)}")
+        m = mask[0, 0]
+        pre, own = m[:, : m.shape[-1] - S], m[:, m.shape[-1] - S :]
+        hidden = False if m.dtype == torch.bool else torch.finfo(m.dtype).min
+    same_row = torch.block_diag(*[torch.ones(S, S, dtype=torch.bool, device=device)] * R)
+    suffix = torch.where(same_row, own.repeat(R, R), torch.tensor(hidden, dtype=own.dtype, device=device))
+    return torch.cat([pre.repeat(R, 1), suffix], dim=1)[None, None]
+
+
+def _tile(t: torch.Tensor, R: int, S: int, dim: int) -> torch.Tensor:
+    if t.shape[dim] != S:
+        raise Unsupported(f"per-position tensor of shape {tuple(t.shape)} (suffix length {S})")
+    reps = [1] * t.ndim
+    reps[dim] = R
+    return t.repeat(*reps)
+
+
+def _memo(run: CleanSuffix, key, make):
+    if key not in run.memo:
+        run.memo[key] = make()
+    return run.memo[key]
+
+
+def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
+    """Block ``j``'s recorded call arguments, rewritten for R rows folded into the sequence."""
+    args, kwargs = run.calls[j]
+    S, kw = run.n_pos, dict(kwargs)
+    mask = kw.get("attention_mask")
+    n_pre = run.prefix_kv[j][0].shape[-2] if j in run.prefix_kv else 0
+    kw["attention_mask"] = _memo(
+        run, ("mask", id(mask), n_pre, R), lambda: _fold_mask(mask, n_pre, S, R, run.suffix.device)
+    )
+    pe = kw.get("position_embeddings")
+    if pe is not None:
+        kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: tuple(_tile(t, R, S, -2) for t in pe))
+    for name in ("position_ids", "cache_position"):
+        if isinstance(kw.get(name), torch.Tensor):
+            kw[name] = _memo(run, (name, id(kw[name]), R), lambda t=kw[name]: _tile(t, R, S, -1))
+    return args, kw
+
+
+def stair_logits(model, run: CleanSuffix, groups: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """Logits [R, S, V] for rows whose layer-``l`` ``hook_post`` (all suffix positions) is ``z``.
+
+    ``groups`` = [(layer, z [c, S, d_mlp]), ...] with strictly increasing layers; the rows are
+    the groups' rows in order. Block ``j`` runs only the rows of groups with layer <= j. Rows
+    are folded into the sequence dimension (batch 1, ``rows*S`` positions, a block-diagonal
+    mask over the suffix keys), so every row reads the one shared prefix K/V.
+    """
+    layers = [l for l, _ in groups]
+    if layers != sorted(set(layers)):
+        raise ValueError("groups must have strictly increasing layers")
+    joining = dict(groups)
+    cache = _PrefixKV(run.prefix_kv)
+    h, R = None, 0
+    hooks = [(neuron_hook(l), functools.partial(_replace_tail, z.reshape(1, -1, z.shape[-1]))) for l, z in groups]
+    with model.hooks(fwd_hooks=hooks):
+        for j in range(layers[0], len(model.blocks)):
+            if j in joining:
+                c = joining[j].shape[0]
+                new = run.resid[j].repeat(1, c, 1)
+                h = new if h is None else torch.cat([h, new], dim=1)
+                R += c
+            args, kwargs = _folded_call(run, j, R)
+            out = model.blocks[j](h, *args, **kwargs, past_key_values=cache)
+            h = out[0] if isinstance(out, (tuple, list)) else out
+    return _unembed(model, h).view(R, run.n_pos, -1)
+
+
+def bridge_logits(model, run: CleanSuffix, groups: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """Same contract as :func:`stair_logits`, through ``run_with_hooks`` with a widened prefix cache."""
+    rows = sum(z.shape[0] for _, z in groups)
+    cache = None
+    if run.cache is not None:
+        cache = copy.deepcopy(run.cache)  # a forward extends the cache in place: fresh copy per chunk
+        cache.batch_repeat_interleave(rows)
+    hooks, start = [], 0
+    for l, z in groups:
+        hooks.append((neuron_hook(l), functools.partial(_replace_rows, z, start)))
+        start += z.shape[0]
+    logits = model.run_with_hooks(
+        run.suffix.expand(rows, -1), past_key_values=cache, fwd_hooks=hooks
+    )
+    return logits[:, -run.suffix.shape[1] :]
+
+
+def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
+    """Do direct block calls reproduce the model's own clean logits on this run?"""
+    groups = [(l, run.acts[l][None].expand(2, -1, -1)) for l in range(min(2, len(run.acts)))]
+    try:
+        with torch.no_grad():
+            logits = stair_logits(model, run, groups)
+    except Exception:  # noqa: BLE001 - any failure means: use the bridge route
+        return False
+    ref = run.logits.float()
+    tol = rtol * max(1.0, ref.abs().max().item())
+    return logits.shape[1:] == ref.shape and bool((logits.float() - ref).abs().max() <= tol)

@@ -1,0 +1,253 @@
+"""Batched restoration engine of ROME causal tracing (used by :mod:`capinterp.localizers.causal_trace`).
+
+Everything here works on one model and one fact at a time; the localizer class, its validation,
+aggregation and located layers live in :class:`capinterp.localizers.causal_trace.CausalTrace`.
+
+Batching. A restoration needs ``samples`` corrupted rows; all restorations of a fact are laid out as
+``restoration x sample`` rows and run in chunks of ``batch_size`` rows, each row patched by
+per-row hooks (row r restores its own (kind, t, l)); only the last position is unembedded.
+States at positions before t are those of the corrupted run whatever is restored at t, so with
+``reuse_prefix=True`` the restorations at token t run only positions t..T-1 on top of a copy of
+the corrupted copies' KV cache cropped to t tokens (rows of one chunk share one t). Restorations
+at tokens before the first subject token are not run: the noise cannot reach those states
+(causal attention), so restoring them changes nothing and their IE is exactly 0.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Sequence
+
+import torch
+
+from capinterp.core.forward import capture
+
+__all__ = [
+    "KINDS", "TOKEN_GROUPS", "HOOK", "subject_token_range", "parse_noise", "subject_std", "make_noise",
+    "prefix_ok", "row_hooks", "restoration_probs", "token_groups", "last_probs", "Runner",
+]
+
+KINDS = ("resid", "mlp", "attn")
+TOKEN_GROUPS = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
+HOOK = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_out"}
+
+
+# ------------------------------------------------------------------------------ subject & noise
+
+def subject_token_range(tokenizer, prompt: str, subject: str, prompt_ids: Sequence[int], offset: int = 0) -> tuple[int, int]:
+    """Token positions ``[start, end)`` of the first occurrence of ``subject`` in ``prompt``.
+
+    ``prompt_ids`` are the prompt's tokens (without special tokens); ``offset`` is added to the
+    positions (1 when a BOS token is prepended). A token belongs to the subject when its character
+    span overlaps the subject's; spans come from the tokenizer's offset mapping, or, for a slow
+    tokenizer, from decoding growing prefixes. ValueError when the subject is not in the prompt.
+    """
+    if not subject:
+        raise ValueError(f"empty subject for prompt {prompt!r}")
+    c0 = prompt.find(subject)
+    if c0 < 0:
+        raise ValueError(f"subject {subject!r} not found in prompt {prompt!r}")
+    c1 = c0 + len(subject)
+    spans = _char_spans(tokenizer, prompt, list(prompt_ids))
+    hit = [i for i, (a, b) in enumerate(spans) if b > a and a < c1 and b > c0]
+    if not hit:
+        raise ValueError(f"subject {subject!r} maps to no token of prompt {prompt!r}")
+    return hit[0] + offset, hit[-1] + 1 + offset
+
+
+def _char_spans(tokenizer, prompt: str, ids: list[int]) -> list[tuple[int, int]]:
+    try:
+        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == ids:
+            return [tuple(map(int, s)) for s in enc["offset_mapping"]]
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        pass
+    spans, prev = [], 0  # slow tokenizers: character length of decoded prefixes
+    for i in range(len(ids)):
+        end = len(tokenizer.decode(ids[: i + 1]))
+        spans.append((prev, end))
+        prev = end
+    return spans
+
+
+def parse_noise(noise: float | str) -> float:
+    """The noise multiplier of ``noise`` (a float, or ROME's rule string ``"s<k>"``)."""
+    if isinstance(noise, str):
+        if noise[:1] == "s":
+            try:
+                return float(noise[1:])
+            except ValueError:
+                pass
+        raise ValueError(f"noise must be a multiplier (float) or a rule 's<k>' such as 's3', got {noise!r}")
+    if not isinstance(noise, (int, float)) or noise < 0 or not math.isfinite(noise):
+        raise ValueError(f"noise must be a finite multiplier >= 0, got {noise!r}")
+    return float(noise)
+
+
+def subject_std(model, prepared: list[dict[str, Any]]) -> float:
+    """Std over every scalar of the ``hook_embed`` outputs of all subject tokens (in context)."""
+    chunks: list[torch.Tensor] = []
+    dev = model.cfg.device
+    for item in prepared:
+        s0, s1 = item["subject_range"]
+        act = capture(model, torch.tensor([item["ids"]], device=dev), "hook_embed")
+        chunks.append(act[0, s0:s1].detach().float().reshape(-1).cpu())
+    flat = torch.cat(chunks)
+    return float(flat.std()) if flat.numel() > 1 else 0.0
+
+
+def make_noise(seed: int, samples: int, n_subject: int, d_model: int, std: float) -> torch.Tensor:
+    """[samples, n_subject, d_model] Gaussian noise of std ``std``, drawn on the CPU in float32 from ``seed``."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    eps = torch.randn(samples, n_subject, d_model, generator=gen, dtype=torch.float32)
+    return eps * std
+
+
+# ------------------------------------------------------------------------------ restoration rows
+
+def prefix_ok(model, reuse_prefix: bool, T: int) -> bool:
+    """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
+    if reuse_prefix is False:
+        return False
+    cfg = getattr(getattr(model, "original_model", None), "config", None)
+    window = getattr(getattr(cfg, "get_text_config", lambda: cfg)(), "sliding_window", None) if cfg else None
+    return not (window and T > int(window))  # a cropped sliding-window cache would be wrong
+
+
+def row_hooks(kinds: Sequence[str], window: int, kind_r: torch.Tensor, t_r: torch.Tensor, l_r: torch.Tensor, L: int):
+    """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows."""
+    out = []
+    half, upper = window // 2, -(-window // 2)
+    for ki, k in enumerate(kinds):
+        sel = kind_r == ki
+        if not bool(sel.any()):
+            continue
+        for j in range(L):
+            if k == "resid":
+                m = sel & (l_r == j)
+            else:  # layer j is restored by centres l with l - half <= j < l + upper
+                m = sel & (l_r - half <= j) & (j < l_r + upper)
+            rows = m.nonzero().flatten()
+            if rows.numel():
+                out.append((f"blocks.{j}.{HOOK[k]}", k, j, rows, t_r[rows]))
+    return out
+
+
+def restoration_probs(run: "Runner", kinds: Sequence[str], window: int, s0: int, L: int, batch_size: int,
+                      cache) -> torch.Tensor:
+    """Restored p(o) [T - s0, K, L] (mean over samples) for every (token >= s0, kind, layer).
+
+    Restorations are token-major, (t, kind, layer) for t >= s0, one row per restoration x sample;
+    with a ``cache`` each token t gets its own suffix run(s) over the corrupted prefix.
+    """
+    T, K, S = run.T, len(kinds), run.samples
+    n_t = T - s0
+    t_idx = torch.arange(s0, T).repeat_interleave(K * L)
+    k_idx = torch.arange(K).repeat_interleave(L).repeat(n_t)
+    l_idx = torch.arange(L).repeat(n_t * K)
+    n_rows = n_t * K * L * S
+    p_rows = torch.empty(n_rows)
+    if cache is not None:  # one suffix run per token t over the corrupted prefix's KV cache
+        spans = [(i * K * L * S, (i + 1) * K * L * S, s0 + i) for i in range(n_t)]
+    else:
+        spans = [(0, n_rows, 0)]
+    for lo, hi, t0 in spans:
+        for a in range(lo, hi, batch_size):
+            rows = torch.arange(a, min(a + batch_size, hi))
+            r = rows // S
+            spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L)
+            p_rows[a: a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
+    return p_rows.view(-1, S).mean(1).view(n_t, K, L)
+
+
+def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]:
+    """ROME's token groups for a prompt of T tokens (positions; empty when absent)."""
+    s0, s1 = subject_range
+    return {
+        "first_subject": [s0],
+        "middle_subject": list(range(s0 + 1, s1 - 1)),
+        "last_subject": [s1 - 1],
+        "first_after": [s1] if s1 < T else [],
+        "further": list(range(s1 + 1, T - 1)),
+        "last": [T - 1],
+    }
+
+
+# ------------------------------------------------------------------------------ forward passes
+
+def last_probs(model, tokens: torch.Tensor, hooks) -> torch.Tensor:
+    """Softmax of the logits at the last position only (the unembedding sees one position a row)."""
+    logits = model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("ln_final.hook_out", _keep_last)])
+    return logits[:, -1].float().softmax(-1)
+
+
+class Runner:
+    """Forward passes of corrupted rows for one fact (full sequences or suffixes over a KV cache).
+
+    ``tracer`` is anything with ``model`` and ``samples`` (a :class:`CausalTrace`).
+    """
+
+    def __init__(self, tracer: Any, ids, noise, span, clean, o) -> None:
+        self.model, self.ids, self.noise, self.span, self.clean, self.o = tracer.model, ids, noise, span, clean, o
+        self.samples = tracer.samples
+        self.T = ids.shape[1]
+
+    def _noise_hook(self, sample_r: torch.Tensor, t0: int):
+        s0, s1 = self.span
+        lo = max(s0, t0)
+        eps = self.noise[sample_r.to(self.ids.device)][:, lo - s0:]
+
+        def corrupt(act, hook):
+            act = act.clone()
+            if s1 > lo:
+                act[:, lo - t0: s1 - t0] += eps.to(act.dtype)
+            return act
+
+        return ("hook_embed", corrupt)
+
+    def corrupted(self, use_cache: bool):
+        """p(o) of the S corrupted copies, and their KV cache (None when unavailable or unwanted)."""
+        S = self.samples
+        hooks = [self._noise_hook(torch.arange(S), 0), ("ln_final.hook_out", _keep_last)]
+        tokens = self.ids.expand(S, -1)
+        if use_cache:
+            try:
+                logits, cache = self.model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits_and_cache")
+            except (TypeError, ValueError, NotImplementedError):
+                logits, cache = None, None
+            if logits is not None and all(hasattr(cache, a) for a in ("crop", "batch_select_indices")):
+                return logits[:, -1].float().softmax(-1)[:, self.o].cpu(), cache
+        logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks)
+        return logits[:, -1].float().softmax(-1)[:, self.o].cpu(), None
+
+    def rows(self, sample_r: torch.Tensor, spec, t0: int, cache) -> torch.Tensor:
+        """p(o) at the last position for corrupted copies ``sample_r`` with restorations ``spec``.
+
+        With a ``cache``, only positions ``t0..T-1`` run, over a copy of the corrupted prefix
+        cache cropped to ``t0`` tokens (row b uses sample ``sample_r[b]``'s prefix).
+        """
+        dev = self.ids.device
+        hooks = [self._noise_hook(sample_r, t0)]
+        for name, k, j, rows, ts in spec:
+            rows_d, ts_d = rows.to(dev), ts.to(dev)
+            vals = self.clean[(k, j)][ts_d + t0]
+
+            def restore(act, hook, rows_d=rows_d, ts_d=ts_d, vals=vals):
+                act[rows_d, ts_d] = vals.to(act.dtype)
+                return act
+
+            hooks.append((name, restore))
+        hooks.append(("ln_final.hook_out", _keep_last))
+        tokens = self.ids[:, t0:].expand(sample_r.numel(), -1)
+        kwargs = {}
+        if cache is not None:
+            past = copy.deepcopy(cache)
+            past.crop(t0 - self.T)
+            past.batch_select_indices(sample_r.to(dev))
+            kwargs["past_key_values"] = past
+        logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks, **kwargs)
+        return logits[:, -1].float().softmax(-1)[:, self.o].cpu()
+
+
+def _keep_last(act, hook):
+    return act[:, -1:]

@@ -1,0 +1,228 @@
+"""The shared "located units" interface.
+
+Localizers locate different kinds of units: FFN neurons ``(layer, index)``, whole layers
+(causal tracing's top MLP layers), circuit edges or nodes. Each result is a :class:`UnitSet`:
+
+- ``kind``: the unit kind, e.g. ``"neuron"``, ``"layer"``, ``"edge"``, ``"node"``;
+- ``space``: a hashable description of the universe the units come from, e.g.
+  ``("neuron", n_layers, d_mlp)`` or ``("layer", n_layers)``. Two sets are comparable (set algebra,
+  metrics) only when their ``kind`` and ``space`` are equal;
+- ``keys()``: a frozenset of hashable unit ids; ``len``, ``iter`` (sorted when the keys sort) and
+  ``in`` follow from it;
+- ``ratio`` = |U| / n_units, the share of all units of the space (needs ``n_units``);
+- ``param_share`` = sum_{u in U} params(u) / n_params, the share of the model's parameters the
+  units own (needs per-unit parameter counts and the model's total).
+
+:class:`KeySet` is the plain concrete set for layers, edges and nodes;
+:class:`capinterp.results.neurons.NeuronSet` is the tensor-backed set for neurons.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from typing import Any
+
+__all__ = ["UnitSet", "KeySet", "check_comparable"]
+
+
+class UnitSet(ABC):
+    """Abstract set of located units. Subclasses implement ``kind``, ``space`` and ``keys()``.
+
+    Parameter accounting hooks (override or pass to :class:`KeySet`): ``unit_params`` is either one
+    int (every unit owns that many parameters) or a mapping key -> int; ``n_params`` is the model's
+    total parameter count; ``n_units`` is the size of the universe.
+    """
+
+    kind: str = "unit"
+
+    @property
+    @abstractmethod
+    def space(self) -> Hashable:
+        """Hashable description of the universe, e.g. ``("neuron", n_layers, d_mlp)``."""
+
+    @abstractmethod
+    def keys(self) -> frozenset:
+        """Frozenset of the hashable unit ids in this set."""
+
+    # --- accounting hooks --------------------------------------------------------------------
+    @property
+    def unit_params(self) -> int | Mapping[Hashable, int] | None:
+        return None
+
+    @property
+    def n_params(self) -> int | None:
+        return None
+
+    @property
+    def n_units(self) -> int | None:
+        return None
+
+    # --- derived -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __iter__(self) -> Iterator[Hashable]:
+        ks = self.keys()
+        try:
+            return iter(sorted(ks))
+        except TypeError:  # keys of mixed, unorderable types
+            return iter(sorted(ks, key=repr))
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return key in self.keys()
+        except TypeError:  # unhashable key
+            return False
+
+    @property
+    def ratio(self) -> float:
+        """|U| / n_units: the share of all units of the space that this set holds."""
+        n = self.n_units
+        if not n:
+            raise ValueError(
+                f"ratio of a {type(self).__name__} of kind {self.kind!r} needs the universe size; "
+                "pass n_units when building it"
+            )
+        return len(self) / n
+
+    def param_count(self) -> int:
+        """sum_{u in U} params(u), from ``unit_params``; ValueError when unknown."""
+        up = self.unit_params
+        if up is None:
+            raise ValueError(
+                f"parameter count of a {type(self).__name__} of kind {self.kind!r} is unknown: "
+                "give per-unit parameter counts (unit_params / params_per_neuron) when building it"
+            )
+        if isinstance(up, Mapping):
+            missing = [k for k in self.keys() if k not in up]
+            if missing:
+                raise ValueError(f"unit_params has no count for units {sorted(missing, key=repr)[:5]}")
+            return int(sum(int(up[k]) for k in self.keys()))
+        return int(up) * len(self)
+
+    @property
+    def param_share(self) -> float:
+        """param_count / n_params: the share of the model's parameters the units own."""
+        total = self.n_params
+        if not total:
+            raise ValueError(
+                f"param_share of a {type(self).__name__} of kind {self.kind!r} needs the model's "
+                "total parameter count: pass n_params when building it"
+            )
+        return self.param_count() / int(total)
+
+    def is_comparable(self, other: UnitSet) -> bool:
+        return self.kind == other.kind and self.space == other.space
+
+
+def check_comparable(a: UnitSet, b: UnitSet) -> None:
+    """Raise ValueError unless ``a`` and ``b`` have the same kind and space, and (where both
+    record one) the same model fingerprint: equal shapes from different models are not comparable."""
+    if a.kind != b.kind or a.space != b.space:
+        raise ValueError(
+            f"cannot compare unit sets of different kinds or spaces: {a.kind!r} over {a.space!r} "
+            f"vs {b.kind!r} over {b.space!r}"
+        )
+    fa, fb = (getattr(x, "meta", {}).get("model_fingerprint") for x in (a, b))
+    if fa is not None and fb is not None and str(fa) != str(fb):
+        raise ValueError(f"cannot compare unit sets of different models (fingerprint {fa!r} vs {fb!r}, "
+                         f"models {a.meta.get('model')!r} and {b.meta.get('model')!r})")
+
+
+class KeySet(UnitSet):
+    """A frozenset of unit keys with a kind, a space and optional parameter accounting.
+
+    >>> top = KeySet.layers([4, 5, 6], n_layers=30)
+    >>> top.ratio  # 3 / 30
+    0.1
+    """
+
+    def __init__(
+        self,
+        keys: Iterable[Hashable],
+        kind: str,
+        space: Hashable | None = None,
+        *,
+        unit_params: int | Mapping[Hashable, int] | None = None,
+        n_params: int | None = None,
+        n_units: int | None = None,
+    ) -> None:
+        if not isinstance(kind, str) or not kind:
+            raise ValueError("kind must be a non-empty string such as 'layer', 'edge' or 'node'")
+        self._keys = frozenset(keys)
+        self.kind = kind
+        self._space = (kind,) if space is None else space
+        hash(self._space)
+        self._unit_params = dict(unit_params) if isinstance(unit_params, Mapping) else unit_params
+        self._n_params = n_params
+        self._n_units = n_units
+
+    @classmethod
+    def layers(cls, layers: Iterable[int], n_layers: int, **kw: Any) -> KeySet:
+        """Layer set over the space ``("layer", n_layers)``; ``n_units`` defaults to n_layers."""
+        layers = [int(x) for x in layers]
+        bad = [x for x in layers if not 0 <= x < n_layers]
+        if bad:
+            raise ValueError(f"layers {bad} out of range for a model with {n_layers} layers")
+        kw.setdefault("n_units", n_layers)
+        return cls(layers, "layer", ("layer", int(n_layers)), **kw)
+
+    @property
+    def space(self) -> Hashable:
+        return self._space
+
+    def keys(self) -> frozenset:
+        return self._keys
+
+    @property
+    def unit_params(self) -> int | Mapping[Hashable, int] | None:
+        return self._unit_params
+
+    @property
+    def n_params(self) -> int | None:
+        return self._n_params
+
+    @property
+    def n_units(self) -> int | None:
+        return self._n_units
+
+    def _combine(self, other: object, keys: frozenset) -> KeySet:
+        assert isinstance(other, KeySet)
+        return KeySet(
+            keys, self.kind, self._space,
+            unit_params=self._unit_params if self._unit_params is not None else other._unit_params,
+            n_params=self._n_params if self._n_params is not None else other._n_params,
+            n_units=self._n_units if self._n_units is not None else other._n_units,
+        )
+
+    def _checked(self, other: object) -> KeySet:
+        if not isinstance(other, KeySet):
+            raise TypeError(f"cannot combine KeySet with {type(other).__name__}")
+        check_comparable(self, other)
+        return other
+
+    def __and__(self, other: KeySet) -> KeySet:
+        return self._combine(other, self._keys & self._checked(other)._keys)
+
+    def __or__(self, other: KeySet) -> KeySet:
+        return self._combine(other, self._keys | self._checked(other)._keys)
+
+    def __sub__(self, other: KeySet) -> KeySet:
+        return self._combine(other, self._keys - self._checked(other)._keys)
+
+    def __xor__(self, other: KeySet) -> KeySet:
+        return self._combine(other, self._keys ^ self._checked(other)._keys)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KeySet):
+            return NotImplemented
+        return self.kind == other.kind and self._space == other._space and self._keys == other._keys
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self._space, self._keys))
+
+    def __repr__(self) -> str:
+        shown = list(self)[:6]
+        more = ", ..." if len(self) > 6 else ""
+        keys = ", ".join(map(repr, shown)) + more
+        return f"KeySet(kind={self.kind!r}, space={self._space!r}, n={len(self)}, keys=[{keys}])"
