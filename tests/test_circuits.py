@@ -14,7 +14,7 @@ from capinterp.circuits import (Circuit, EdgeSet, Graph, acdc, check_additive, g
                                 make_pairs, match_nll, prune_dead, run_graph, score_edges, select_edges)
 from capinterp.circuits.eap import corrupt_embeddings, pair_loss
 from capinterp.core.example import Example
-from capinterp.localizers import get
+from capinterp.localizers import available, get
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 from capinterp.core.model import load_model
 from capinterp.core.tokens import TokenizationError, encode, model_bos
@@ -283,14 +283,14 @@ def test_corruption_pairs(tiny):
 
 
 def test_circuit_save_load_round_trip(tiny, tmp_path):
-    kc = KnowledgeCircuit(tiny, method="eap-ig", top_n=25, steps=3, progress=False).fit(FACTS)
+    kc = KnowledgeCircuit(tiny, algorithm="eap-ig", top_n=25, steps=3, progress=False).fit(FACTS)
     c = kc.circuit_
     path = c.save(tmp_path / "c.json")
     back = Circuit.load(path)
     assert back.graph == c.graph and torch.equal(back.mask, c.mask)
     torch.testing.assert_close(back.scores, c.scores)
     assert back.edges == pytest.approx(c.edges) and back.nodes == c.nodes
-    assert back.meta["method"] == "eap-ig" and back.param_share == pytest.approx(c.param_share)
+    assert back.meta["algorithm"] == "eap-ig" and back.meta["method"] == "knowledge_circuit" and back.param_share == pytest.approx(c.param_share)
     assert json.loads(path.read_text())["type"] == "Circuit"
     pytest.raises(ValueError, Circuit.from_dict, {"type": "NeuronSet"})
     # units: a KeySet of kind "edge"; param share = touched nodes' parameters / all parameters
@@ -335,7 +335,7 @@ def test_corrupt_ablation_of_every_edge_reproduces_the_corrupted_run(tiny):
 
 
 def test_plots(tiny):
-    kc = KnowledgeCircuit(tiny, method="eap", top_n=20, progress=False).fit(FACTS[:2])
+    kc = KnowledgeCircuit(tiny, algorithm="eap", top_n=20, progress=False).fit(FACTS[:2])
     fig = kc.circuit_.plot()
     assert {"input", "logits"} <= {t.name for t in fig.data if t.name}
     hover = [t for t in fig.data if t.hovertext is not None][0]
@@ -364,17 +364,17 @@ def test_acdc_greedy_pruning():
 
 
 def test_knowledge_circuit_localizer(tiny):
-    assert get("kc") is KnowledgeCircuit
+    assert get("kc") is get("knowledge_circuit") is KnowledgeCircuit and "kc" not in available()
     with warnings.catch_warnings():  # 30 of 343 edges may not keep a random model's behaviour
         warnings.simplefilter("ignore", RuntimeWarning)
-        kc = KnowledgeCircuit(tiny, method="acdc", candidates=30, steps=2, progress=False).fit(FACTS[:2])
-    assert kc.info_["n_visited"] <= 30 and kc.circuit_.meta["method"] == "acdc"
+        kc = KnowledgeCircuit(tiny, algorithm="acdc", candidates=30, steps=2, progress=False).fit(FACTS[:2])
+    assert kc.info_["n_visited"] <= 30 and kc.circuit_.meta["algorithm"] == "acdc"
     assert len(kc.units_) == len(kc.circuit_)
     assert torch.equal(prune_dead(kc.graph_, kc.circuit_.mask), kc.circuit_.mask)
-    eap = KnowledgeCircuit(tiny, method="eap", top_n=10, prune=False, progress=False).fit(FACTS)
+    eap = KnowledgeCircuit(tiny, algorithm="eap", top_n=10, prune=False, progress=False).fit(FACTS)
     assert len(eap.circuit_) == 10 and eap.info_["steps"] == 1
     assert eap.info_["corruption"] == {"noise": 1, "swap": 2}
-    for bad in (dict(method="ig"), dict(steps=0), dict(corrupt="zeros"), dict(top_n=None),
+    for bad in (dict(algorithm="ig"), dict(method="ig"), dict(algorithm="eap", method="acdc"), dict(steps=0), dict(corrupt="zeros"), dict(top_n=None),
                 dict(metric="prob"), dict(granularity="layer")):
         with pytest.raises(ValueError):
             KnowledgeCircuit(tiny, **bad)
@@ -388,7 +388,7 @@ def test_smollm2_eiffel_circuit(record_property):
     facts = [Example("The Eiffel Tower is located in the city of", " Paris", {"subject": "The Eiffel Tower"}),
              Example("The Colosseum is located in the city of", " Rome", {"subject": "The Colosseum"})]
     t0 = time.perf_counter()
-    kc = KnowledgeCircuit(model, method="eap-ig", top_n=200, steps=3, batch_size=4, progress=False).fit(facts)
+    kc = KnowledgeCircuit(model, algorithm="eap-ig", top_n=200, steps=3, batch_size=4, progress=False).fit(facts)
     seconds = time.perf_counter() - t0
     record_property("smollm2_eap_ig_seconds", round(seconds, 1))
     print(f"SmolLM2 EAP-IG (3 steps, 2 facts, {kc.graph_.n_edges} edges): {seconds:.1f} s")

@@ -69,17 +69,17 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_localize(args) -> int:
-    from capinterp.localizers import get
-    from capinterp.localizers.dataset import DatasetNeuronLocalizer
+    from capinterp.localizers import available, get
 
     cls = get(args.method)
-    if not issubclass(cls, DatasetNeuronLocalizer) and args.method != "kn":
-        raise ValueError(f"'capinterp localize' runs neuron localizers (cnl, dcsn, kn), not {args.method!r}")
+    if cls.unit_kind != "neuron":
+        raise ValueError(f"'capinterp localize' runs neuron localizers ({', '.join(available(unit_kind='neuron'))}), "
+                         f"not {args.method!r} (its units are {cls.unit_kind}s)")
     ds = _dataset(args)
     model = _load(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    extra = {"checkpoint": out / f"{args.method}.ckpt"} if issubclass(cls, DatasetNeuronLocalizer) else {}
+    extra = {"checkpoint": out / f"{cls.name}.ckpt"} if cls.checkpointable else {}
     loc = cls(model, batch_size=args.batch_size, **extra).fit(ds)
     loc.scores_.save(out / f"{args.method}_scores.capi")
     loc.neurons_.save(out / f"{args.method}_neurons.capi")
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("localize", help="run a localizer on generated arithmetic, save scores/neurons/heatmap")
     _common(p)
     _data_args(p)
-    p.add_argument("--method", default="cnl")
+    p.add_argument("--method", default="cnl", help="neuron localizer by registry name (capinterp.localizers.available(unit_kind='neuron'))")
     p.add_argument("--out", default="out")
     p.set_defaults(func=cmd_localize)
     p = sub.add_parser("reproduce", help="run the papers' experiments, write DIR/report.html and results.json")

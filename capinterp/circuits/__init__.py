@@ -7,7 +7,7 @@
 - :mod:`~capinterp.circuits.forward`: the graph forward pass (per-edge ablation), :func:`hit_at_k`;
 - :mod:`~capinterp.plots.circuits`: layered circuit graph and edge-score heatmap (plotly).
 
-The localizer is :class:`capinterp.localizers.knowledge_circuit.KnowledgeCircuit` (``"kc"``).
+The localizer is :class:`capinterp.localizers.knowledge_circuit.KnowledgeCircuit` (``"knowledge_circuit"``).
 """
 from capinterp.circuits.acdc import acdc, match_nll
 from capinterp.circuits.eap import Pair, make_pairs, score_edges

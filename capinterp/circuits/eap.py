@@ -43,9 +43,11 @@ from capinterp.core.example import Example, as_examples
 from capinterp.core.forward import capture
 from capinterp.core.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
 
-__all__ = ["Pair", "make_pairs", "score_edges", "corrupt_embeddings", "noise_std", "METRICS"]
+__all__ = ["Pair", "make_pairs", "score_edges", "corrupt_embeddings", "noise_std", "LOSSES"]
 
-METRICS = ("auto", "logit_diff", "nll")
+#: EAP losses (the ``metric=`` argument): ``"auto"`` picks ``"logit_diff"`` when a corrupted answer exists.
+LOSSES = ("auto", "logit_diff", "nll")
+METRICS = LOSSES  # former name
 _MAX_TRIES = 20  # subject-swap candidates (of matching subject width) tried per fact
 
 
@@ -199,8 +201,8 @@ def score_edges(model: Any, graph: Graph, pairs: Sequence[Pair], *, steps: int =
     """EAP (``steps=1``) or EAP-IG scores, float32 ``[n_src, n_slots]`` (0 off the edges), and run info."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if metric not in LOSSES:
+        raise ValueError(f"metric must be one of {LOSSES}, got {metric!r}")
     if not pairs:
         raise ValueError("score_edges needs at least one pair")
     dev = next(model.parameters()).device

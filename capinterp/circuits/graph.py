@@ -372,7 +372,7 @@ class Circuit:
 
     def __repr__(self) -> str:
         return (f"Circuit(edges={len(self)}/{self.graph.n_edges}, nodes={len(self.nodes)}, "
-                f"method={self.meta.get('method')!r})")
+                f"algorithm={self.meta.get('algorithm', self.meta.get('method'))!r})")
 
     # ------------------------------------------------------------------ save / load
     def to_dict(self) -> dict:

@@ -91,11 +91,14 @@ class Context:
         extra = "_".join(f"{k}{v}" for k, v in sorted(params.items()))
         key = f"{method}_{data_name}_n{len(examples)}" + (f"_{extra}" if extra else "")
 
+        cls = localizers.get(method)
+        if cls.unit_kind != "neuron" or cls.scope != "dataset":
+            raise ValueError(f"localize needs a dataset-level neuron localizer "
+                             f"({', '.join(localizers.available(unit_kind='neuron', scope='dataset'))}), got {method!r}")
+
         def fit() -> NeuronScores:
-            loc = localizers.get(method)(
-                self.model, checkpoint=self.checkpoint(key), progress=self.progress, **params
-            )
-            return loc.fit(examples).scores_
+            extra = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}
+            return cls(self.model, progress=self.progress, **extra, **params).fit(examples).scores_
 
         return self.scores(key, fit)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from capinterp.core.example import Example, as_examples
-from capinterp.experiments.scoring import METRICS, greedy_correct, target_scores
+from capinterp.experiments.scoring import TASK_METRICS, greedy_correct, target_scores
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.core.model import model_fingerprint
 from capinterp.results.neurons import NeuronScores
@@ -82,8 +82,8 @@ def solved_first(
     Returns the kept examples and how many of them the model solves. Prompts without a target
     get the model's greedy next token as target first (as the localizers do).
     """
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    if metric not in TASK_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(TASK_METRICS)}")
     exs = fill_greedy_targets(model, as_examples(examples))
     stats = target_scores(model, exs, batch_size)
     if metric == "accuracy":

@@ -56,7 +56,7 @@ def locate_paraphrases(model: Any, bag: Sequence[Example], method: str, *, kn_st
     if method == "kc":
         from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 
-        return [KnowledgeCircuit(model, method="eap", top_n=kc_top_n, progress=False).fit([ex]).units_ for ex in bag]
+        return [KnowledgeCircuit(model, algorithm="eap", top_n=kc_top_n, progress=False).fit([ex]).units_ for ex in bag]
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 

@@ -30,7 +30,7 @@ from capinterp.kernels.evaluate import evaluate
 from capinterp.core.forward import capture, unembed
 from capinterp.core.tokens import batches, collate, encode, pad_id
 
-METRICS: tuple[str, ...] = ("accuracy", "target_prob")
+TASK_METRICS: tuple[str, ...] = ("accuracy", "target_prob")
 
 
 @torch.no_grad()
@@ -144,8 +144,8 @@ def measure(model: Any, examples: Sequence[Example], metric: str, batch_size: in
     ``metric="accuracy"`` is :func:`greedy_accuracy` (greedy decoding only where the teacher-forced
     pass cannot decide); ``"target_prob"`` needs only the teacher-forced pass.
     """
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    if metric not in TASK_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(TASK_METRICS)}")
     if not examples:
         raise ValueError("measure() got no examples")
     stats = target_scores(model, examples, batch_size)

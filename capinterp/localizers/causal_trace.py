@@ -85,6 +85,8 @@ class CausalTrace(Localizer):
     ``noise_std_``, ``n_traced_``, ``meta_``.
     """
 
+    unit_kind = "layer"
+
     def __init__(
         self,
         model: Any,
@@ -140,9 +142,9 @@ class CausalTrace(Localizer):
     # ------------------------------------------------------------------------------------ fit
 
     @torch.no_grad()
-    def fit(self, facts: Iterable[Any]) -> "CausalTrace":
-        """Trace every fact; facts are Examples (or dicts / pairs) with ``meta["subject"]``."""
-        facts = as_examples(facts)
+    def fit(self, data: Iterable[Any]) -> "CausalTrace":
+        """Trace every fact in ``data`` (Examples, or dicts / pairs, with ``meta["subject"]``)."""
+        facts = as_examples(data)
         if not facts:
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
@@ -171,10 +173,7 @@ class CausalTrace(Localizer):
         self.layer_scores_ = self.layer_scores(self.layer_kind, self.token)
         self.layers_ = self.top_layers(self.top_k, self.layer_kind, self.token)
         self.units_ = self._units(self.layers_)
-        from capinterp.core.model import model_meta
-
-        self.meta_ = {"method": "causal_trace", **self.get_params(), "noise_std_": self.noise_std_,
-                      "n_traced": self.n_traced_, "n_skipped": self.skipped_, **model_meta(self.model)}
+        self._set_meta(noise_std=self.noise_std_, n_traced=self.n_traced_, n_skipped=self.skipped_)
         return self
 
     def _prepare(self, i: int, ex: Example) -> dict[str, Any]:

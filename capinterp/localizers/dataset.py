@@ -13,11 +13,9 @@ from capinterp.units import metrics
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
 from capinterp.core.example import Example, as_examples
 from capinterp.localizers.base import Localizer
-from capinterp.core.model import model_fingerprint, model_meta, neuron_shape
+from capinterp.core.model import model_fingerprint, neuron_shape
 from capinterp.results.neurons import NeuronScores
 from capinterp.core.tokens import Encoded, batches, encode
-
-_NOT_HYPER = ("checkpoint", "batch_size", "device", "progress")
 
 
 def describe_data(examples: list[Example]) -> str:
@@ -56,6 +54,7 @@ class DatasetNeuronLocalizer(Localizer):
     path, model, data and hyper-parameters resumes where it stopped.
     """
 
+    checkpointable = True
     chunk_examples: int = 8
 
     def __init__(
@@ -86,10 +85,9 @@ class DatasetNeuronLocalizer(Localizer):
         raise NotImplementedError
 
     # -------------------------------------------------------------------------------
-    def hyper_params(self) -> dict[str, Any]:
-        return {k: v for k, v in self.get_params().items() if k not in _NOT_HYPER}
-
     def fit(self, data: Any) -> "DatasetNeuronLocalizer":
+        """Mean per-example scores over ``data`` (Examples, dicts or pairs): ``scores_``
+        ``[n_layers, d_mlp]``, ``neurons_`` (the sigma mask), ``sums_`` (the running sums)."""
         examples = as_examples(data)
         if not examples:
             raise ValueError(f"{type(self).__name__}.fit got an empty dataset")
@@ -116,13 +114,7 @@ class DatasetNeuronLocalizer(Localizer):
             bar.update(len(chunk))
         bar.close()
         self.sums_ = acc
-        meta = {
-            "method": self.name,
-            "params": self.hyper_params(),
-            **model_meta(self.model),
-            "dataset": describe_data([e.example for e in encoded]),
-            "n_samples": acc.count,
-        }
+        meta = self._set_meta(dataset=describe_data([e.example for e in encoded]), n_samples=acc.count)
         self.scores_ = NeuronScores(acc.mean(), meta=meta)
         self.neurons_ = self.scores_.select(sigma=self.sigma, spread=self.spread)
         self.units_ = self.neurons_

@@ -19,7 +19,6 @@ from capinterp.core.example import as_examples
 from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
-from capinterp.core.model import model_meta
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.core.tokens import encode
 
@@ -46,6 +45,9 @@ class KN(Localizer):
         method: IG kernel, as for :class:`capinterp.CNL`.
     """
 
+    scope = "fact"
+    per_query = True
+
     def __init__(
         self,
         model: Any,
@@ -70,8 +72,10 @@ class KN(Localizer):
         self.steps, self.threshold, self.share, self.refine = steps, float(threshold), float(share), bool(refine)
         self.rule, self.objective, self.method = rule, objective, method
 
-    def fit(self, prompts: Any) -> "KN":
-        examples = as_examples(prompts)
+    def fit(self, data: Any) -> "KN":
+        """IG scores of every prompt of one fact (``data``: paraphrased prompts, strings or Examples):
+        ``prompt_scores_`` ``[n, n_layers, d_mlp]``, ``coarse_``, ``counts_``, ``scores_`` (mean), ``neurons_``."""
+        examples = as_examples(data)
         if not examples:
             raise ValueError("KN.fit got no prompts")
         examples = fill_greedy_targets(self.model, examples)
@@ -83,13 +87,7 @@ class KN(Localizer):
                 for it in tqdm(items, desc="kn", disable=not self.progress)
             ]
         )
-        meta = {
-            "method": "kn",
-            "params": {k: v for k, v in self.get_params().items() if k not in ("batch_size",)},
-            **model_meta(self.model),
-            "dataset": describe_data(examples),
-            "n_samples": len(items),
-        }
+        meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items))
         coarse = [coarse_mask(s, self.threshold) for s in per]
         self.prompt_scores_ = per
         self.coarse_ = [NeuronSet(c, meta=meta) for c in coarse]

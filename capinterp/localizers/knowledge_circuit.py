@@ -1,11 +1,11 @@
 """Knowledge circuits (Yao et al., NeurIPS 2024): the edges of the computational graph behind facts.
 
->>> kc = KnowledgeCircuit(model, method="eap-ig", top_n=200, steps=30).fit(facts)
+>>> kc = KnowledgeCircuit(model, algorithm="eap-ig", top_n=200, steps=30).fit(facts)
 >>> kc.circuit_            # Circuit: kept edges + all edge scores; .save(), .plot(), .edge_heatmap()
 >>> kc.units_              # EdgeSet (a KeySet of kind "edge"): keys ("a3.h1", "a5.h2<q"), param_share
 >>> capinterp.circuits.hit_at_k(model, kc.circuit_, facts)   # circuit-only Hit@1 / Hit@10
 
-Methods:
+Algorithms:
 
 * ``"eap-ig"`` (default): edge attribution patching with integrated gradients, ``steps`` points
   (30; the KC notebook uses 100 on one pair), then the top ``top_n`` edges by |score| (or those with
@@ -29,45 +29,55 @@ import time
 from typing import Any, Callable
 
 from capinterp.circuits.acdc import acdc
-from capinterp.circuits.eap import METRICS, make_pairs, score_edges
+from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core.example import as_examples
 from capinterp.localizers.base import Localizer, register
-from capinterp.core.model import model_meta
 
 __all__ = ["KnowledgeCircuit"]
 
-_METHODS = {"eap": "eap", "eap-ig": "eap-ig", "eap_ig": "eap-ig", "acdc": "acdc"}
+ALGORITHMS = {"eap": "eap", "eap-ig": "eap-ig", "eap_ig": "eap-ig", "acdc": "acdc"}
 
 
-@register("kc")
+@register("knowledge_circuit", aliases=("kc",))
 class KnowledgeCircuit(Localizer):
     """Locate a knowledge circuit by edge attribution (EAP / EAP-IG) or greedy ablation (ACDC).
 
+    Yao et al. (2024), Sec. 2 (circuit discovery); the EAP-IG scores of Hanna et al. (2024).
+    ``fit(data)`` takes facts (Examples with ``meta["subject"]``) and leaves ``circuit_`` (kept
+    edges and all ``[n_edges]`` edge scores), ``scores_``, ``units_`` (an edge KeySet), ``meta_``.
+
     Args:
-        method: ``"eap-ig"``, ``"eap"`` or ``"acdc"``.
+        algorithm: ``"eap-ig"``, ``"eap"`` or ``"acdc"``.
         top_n: edges kept by EAP / EAP-IG (largest |score|), before dead-node pruning.
         tau: EAP: keep edges with |score| >= tau (with ``top_n``: both rules). ACDC: the MatchNLL
             threshold (default 0.01).
         steps: integration steps of EAP-IG (right Riemann rule).
         corrupt: ``"auto"`` (subject swap, noise fallback), ``"noise"``, or a callable (see eap.py).
-        metric: EAP loss, ``"auto"`` / ``"logit_diff"`` / ``"nll"``.
+        metric: EAP loss, ``"auto"`` / ``"logit_diff"`` / ``"nll"`` (:data:`capinterp.circuits.eap.LOSSES`).
         noise: noise std in units of the subject embeddings' std (noise corruption).
         granularity: ``"auto"`` (q/k/v slots when the model allows), ``"qkv"`` or ``"head"``.
         prune: drop edges on no input -> logits path.
         candidates: ACDC only: visit only the top N edges of an EAP-IG pass with ``steps`` steps.
         seed: corruption choice and noise.
+        method: former name of ``algorithm`` (still accepted).
     """
 
-    def __init__(self, model: Any, *, method: str = "eap-ig", top_n: int | None = 200, tau: float | None = None,
+    unit_kind = "edge"
+
+    def __init__(self, model: Any, *, algorithm: str = "eap-ig", top_n: int | None = 200, tau: float | None = None,
                  steps: int = 30, corrupt: str | Callable = "auto", metric: str = "auto", noise: float = 3.0,
                  granularity: str = "auto", prune: bool = True, candidates: int | None = None, seed: int = 0,
-                 batch_size: int = 8, device: Any = None, progress: bool = True) -> None:
+                 batch_size: int = 8, device: Any = None, progress: bool = True, method: str | None = None) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        if method not in _METHODS:
-            raise ValueError(f"method must be one of {sorted(set(_METHODS))}, got {method!r}")
-        if _METHODS[method] != "acdc" and top_n is None and tau is None:
+        if method is not None:
+            if algorithm != "eap-ig" and algorithm != method:
+                raise ValueError(f"pass algorithm= only (method= is its former name), got both {algorithm!r} and {method!r}")
+            algorithm = method
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {sorted(set(ALGORITHMS))}, got {algorithm!r}")
+        if ALGORITHMS[algorithm] != "acdc" and top_n is None and tau is None:
             raise ValueError("EAP needs top_n or tau to select edges")
         if top_n is not None and top_n < 0:
             raise ValueError(f"top_n must be >= 0, got {top_n}")
@@ -75,13 +85,13 @@ class KnowledgeCircuit(Localizer):
             raise ValueError(f"steps must be >= 1, got {steps}")
         if not (callable(corrupt) or corrupt in ("auto", "noise")):
             raise ValueError(f"corrupt must be 'auto', 'noise' or a callable, got {corrupt!r}")
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if metric not in LOSSES:
+            raise ValueError(f"metric must be one of {LOSSES}, got {metric!r}")
         if granularity not in GRANULARITIES + ("auto",):
             raise ValueError(f"granularity must be 'auto' or one of {GRANULARITIES}, got {granularity!r}")
         if candidates is not None and candidates < 1:
             raise ValueError(f"candidates must be >= 1, got {candidates}")
-        self.method = _METHODS[method]
+        self.algorithm = ALGORITHMS[algorithm]
         self.top_n = None if top_n is None else int(top_n)
         self.tau = tau
         self.steps = int(steps)
@@ -99,13 +109,14 @@ class KnowledgeCircuit(Localizer):
                            seed=self.seed, batch_size=self.batch_size, progress=self.progress)
 
     def fit(self, data: Any) -> "KnowledgeCircuit":
+        """Score every edge of the model's graph on the facts in ``data``, keep the circuit."""
         facts = as_examples(data)
         if not facts:
             raise ValueError("KnowledgeCircuit.fit needs at least one fact")
         t0 = time.perf_counter()
         graph = Graph.from_model(self.model, self.granularity)
         check_additive(self.model, graph)
-        if self.method == "acdc":
+        if self.algorithm == "acdc":
             cand = None
             if self.candidates is not None:
                 eap_scores, _ = self._eap(graph, facts, self.steps)
@@ -114,14 +125,13 @@ class KnowledgeCircuit(Localizer):
             mask, scores, info = acdc(self.model, graph, facts, tau=tau, candidates=cand,
                                       batch_size=self.batch_size, progress=self.progress)
         else:
-            scores, info = self._eap(graph, facts, 1 if self.method == "eap" else self.steps)
+            scores, info = self._eap(graph, facts, 1 if self.algorithm == "eap" else self.steps)
             mask = select_edges(graph, scores, top_n=self.top_n, tau=self.tau)
         n_selected = int(mask.sum())
         if self.prune:
             mask = prune_dead(graph, mask)
-        meta = model_meta(self.model)
-        meta.update(method=self.method, params=self.get_params(), n_facts=len(facts), n_selected=n_selected,
-                    info=info, seconds=time.perf_counter() - t0, n_edges=graph.n_edges)
+        meta = self._set_meta(algorithm=self.algorithm, n_facts=len(facts), n_selected=n_selected,
+                              info=info, seconds=time.perf_counter() - t0, n_edges=graph.n_edges)
         self.graph_ = graph
         self.scores_ = scores
         self.info_ = info

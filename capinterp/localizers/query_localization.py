@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core.example import Example, as_examples
-from capinterp.localizers.base import Localizer, get
+from capinterp.localizers.base import Localizer, available, get
 from capinterp.localizers.kn import coarse_mask
 from capinterp.units.metrics import consistency, otsu_threshold
 from capinterp.core.model import model_meta, neuron_shape
@@ -136,8 +136,9 @@ class QueryLocalization:
         if min_queries < 1:
             raise ValueError(f"min_queries must be >= 1, got {min_queries}")
         cls = type(localizer) if isinstance(localizer, Localizer) else get(localizer)
-        if cls.name != "kn" and not getattr(cls, "per_query", False):
-            raise ValueError(f"localizer {cls.name!r} gives no per-query scores (prompt_scores_); use 'kn'")
+        if not cls.per_query:
+            raise ValueError(f"localizer {cls.name!r} gives no per-query scores (prompt_scores_); "
+                             f"choose one of {available(per_query=True)}")
         if isinstance(localizer, Localizer):
             if localizer_params:
                 raise ValueError("localizer parameters go to the localizer's constructor, not here")
@@ -186,8 +187,7 @@ class QueryLocalization:
             raise ValueError("every fact needs one score map per query")
         self.facts_ = [list(f) for f in facts] if facts is not None else None
         self.query_scores_ = [s.detach().float().cpu() for s in query_scores]
-        self.meta_ = {"method": "query_localization", "localizer": type(self.localizer_).name,
-                      "params": self.get_params(), **model_meta(self.model)}
+        self.meta_ = {"method": "query_localization", "params": self.get_params(), **model_meta(self.model)}
         self.query_neurons_ = [[NeuronSet(coarse_mask(q, self.query_threshold), meta=self.meta_) for q in s]
                                for s in self.query_scores_]
         self.consistency_ = self._frame()
@@ -196,7 +196,7 @@ class QueryLocalization:
     def get_params(self) -> dict[str, Any]:
         """Hyper-parameters of the analysis (recorded in result metadata)."""
         loc = self.localizer_.get_params() if hasattr(self.localizer_, "get_params") else {}
-        return {"tau": self.tau, "score": self.score, "beta1": self.beta1, "beta2": self.beta2,
+        return {"localizer": type(self.localizer_).name, "tau": self.tau, "score": self.score, "beta1": self.beta1, "beta2": self.beta2,
                 "cas_threshold": self.cas_threshold, "normalize": self.normalize,
                 "query_threshold": self.query_threshold, "localizer_params": loc}
 

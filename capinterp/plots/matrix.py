@@ -5,7 +5,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from capinterp.units.metrics import METRICS, Metric, SetLike, intersection_size, pairwise
+from capinterp.units.metrics import SET_METRICS, Metric, SetLike, intersection_size, pairwise
 
 __all__ = ["overlap_matrix"]
 
@@ -23,7 +23,7 @@ def overlap_matrix(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric:
               f"(|A∩B|={intersection_size(named[keys[r]], named[keys[c]])}, "
               f"|A|={len(named[keys[r]])}, |B|={len(named[keys[c]])})"
               for c in range(len(keys))] for r in range(len(keys))]
-    bounded = isinstance(metric, str) and metric in METRICS and metric != "intersection"
+    bounded = isinstance(metric, str) and metric in SET_METRICS and metric != "intersection"
     fig = go.Figure(go.Heatmap(
         z=z, x=names, y=names, text=[[f"{v:.2f}" for v in row] for row in z], texttemplate="%{text}",
         customdata=hover, hovertemplate="%{customdata}<extra></extra>", colorscale="Blues",

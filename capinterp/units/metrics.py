@@ -41,7 +41,7 @@ from capinterp.units.base import UnitSet, check_comparable
 
 __all__ = [
     "intersection_size", "overlap", "iou", "cohesion", "separability", "ratio", "param_share",
-    "pairwise", "mean_pairwise", "consistency", "ipp", "otsu_threshold", "METRICS",
+    "pairwise", "mean_pairwise", "consistency", "ipp", "otsu_threshold", "SET_METRICS",
 ]
 
 SetLike = Union[UnitSet, set, frozenset]
@@ -120,7 +120,7 @@ def param_share(a: UnitSet) -> float:
     return a.param_share
 
 
-METRICS: dict[str, Callable[[SetLike, SetLike], float]] = {
+SET_METRICS: dict[str, Callable[[SetLike, SetLike], float]] = {
     "overlap": overlap, "iou": iou, "cohesion": cohesion, "separability": separability,
     "intersection": intersection_size,
 }
@@ -132,9 +132,9 @@ def _metric_fn(metric: Metric) -> Callable[[SetLike, SetLike], float]:
     if callable(metric):
         return metric
     try:
-        return METRICS[metric]
+        return SET_METRICS[metric]
     except KeyError:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {sorted(METRICS)} or pass a callable") from None
+        raise ValueError(f"unknown metric {metric!r}; choose one of {sorted(SET_METRICS)} or pass a callable") from None
 
 
 def _named(sets: Mapping[Hashable, SetLike] | Sequence[SetLike]) -> dict[Hashable, SetLike]:
