@@ -96,14 +96,14 @@ def test_graph_size_matches_brute_force_count():
         g.mask_of([("m3", "a2.h0<q")])  # m3 is computed after layer 2 reads
 
 
-def test_select_edges_top_n_and_tau():
+def test_select_edges_top_n_and_min_score():
     g = Graph(2, 2, 1)
     s = torch.randn(g.n_src, g.n_slots, generator=torch.Generator().manual_seed(0))
     top = select_edges(g, s, top_n=5)
     assert int(top.sum()) == 5 and not (top & ~g.edge_mask).any()
     kept = s.abs()[top]
     assert kept.min() >= s.abs()[g.edge_mask & ~top].max()
-    thr = select_edges(g, s, tau=1.0)
+    thr = select_edges(g, s, min_score=1.0)
     assert torch.equal(thr, g.edge_mask & (s.abs() >= 1.0))
 
 
@@ -349,17 +349,17 @@ def test_acdc_greedy_pruning():
     m = load_model("tiny", n_layers=2, threads=1)
     g = Graph.from_model(m)
     facts = _greedy_facts(m, n=2)
-    kept, deltas, info = acdc(m, g, facts, tau=0.01)
+    kept, deltas, info = acdc(m, g, facts, threshold=0.01)
     assert info["n_visited"] == g.n_edges == 82
     assert 0 < int(kept.sum()) < g.n_edges
-    assert (deltas[kept] >= 0.01).all()  # a kept edge was kept because removing it cost >= tau
+    assert (deltas[kept] >= 0.01).all()  # a kept edge was kept because removing it cost >= threshold
     assert match_nll(m, g, facts, g.edge_mask & ~kept) == pytest.approx(info["match_nll"], abs=1e-4)
     assert match_nll(m, g, facts, torch.zeros_like(kept)) == pytest.approx(0.0, abs=1e-6)
-    kept_all, _, _ = acdc(m, g, facts, tau=1e9)  # nothing is ever worth removing... everything is
+    kept_all, _, _ = acdc(m, g, facts, threshold=1e9)  # nothing is ever worth removing... everything is
     assert int(kept_all.sum()) == 0
     cand = g.mask_of([("input", "m0"), ("m1", "logits")])
     with pytest.warns(RuntimeWarning, match="candidates do not carry"):
-        _, _, info_c = acdc(m, g, facts, tau=0.01, candidates=cand)
+        _, _, info_c = acdc(m, g, facts, threshold=0.01, candidates=cand)
     assert info_c["n_visited"] == 2
 
 
@@ -379,6 +379,10 @@ def test_knowledge_circuit_localizer(tiny):
         with pytest.raises(ValueError):
             KnowledgeCircuit(tiny, **bad)
     pytest.raises(RuntimeError, KnowledgeCircuit(tiny)._check_fitted)
+    old = KnowledgeCircuit(tiny, method="eap", tau=0.5, top_n=None)  # former names still resolve
+    assert (old.algorithm, old.min_score, old.top_n) == ("eap", 0.5, None)
+    assert KnowledgeCircuit(tiny, method="acdc", tau=0.2).acdc_threshold == 0.2
+    assert "tau" not in old.get_params() and "method" not in old.get_params()
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ other positions, which only rescales the threshold).
 Slots are visited in reverse topological order (``logits`` first, then the last MLP, the last
 layer's attention slots, ...), and a slot's incoming edges from the latest source back to
 ``input``. Each edge is removed on trial; ``delta = MatchNLL(with it removed) - MatchNLL(now)``;
-if ``delta < tau`` it stays removed, otherwise it is restored. The trial delta is the edge's score.
+if ``delta < threshold`` it stays removed, otherwise it is restored. The trial delta is the edge's score.
 
 Cost: one forward pass over the facts per edge, so ``n_edges`` passes: 343 on the 4-layer tiny
 test model (a few seconds), about 70,000 on SmolLM2-135M (about 1-3 s each on 2 CPU cores: a day).
@@ -62,15 +62,15 @@ def _chunks(model: Any, facts: Any, batch_size: int) -> list[EncodedBatch]:
 
 
 @torch.no_grad()
-def acdc(model: Any, graph: Graph, facts: Any, *, tau: float = 0.01, candidates: torch.Tensor | None = None,
+def acdc(model: Any, graph: Graph, facts: Any, *, threshold: float = 0.01, candidates: torch.Tensor | None = None,
          batch_size: int = 16, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Greedy reverse-topological pruning. Returns ``(kept mask, trial deltas, info)``.
 
     ``kept`` is bool ``[n_src, n_slots]`` (dead nodes not yet pruned); ``deltas`` holds each visited
     edge's trial delta (0 for edges not visited).
     """
-    if tau < 0:
-        raise ValueError(f"tau must be >= 0, got {tau}")
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
     chunks = _chunks(model, facts, batch_size)
     em = graph.edge_mask
     visit = em if candidates is None else (candidates.bool() & em)
@@ -92,7 +92,7 @@ def acdc(model: Any, graph: Graph, facts: Any, *, tau: float = 0.01, candidates:
             removed[i, j] = True
             new = float((_nll(model, graph, chunks, removed) - full).mean())
             deltas[i, j] = new - cur
-            if new - cur < tau:
+            if new - cur < threshold:
                 cur = new
             else:
                 removed[i, j] = False
@@ -104,6 +104,6 @@ def acdc(model: Any, graph: Graph, facts: Any, *, tau: float = 0.01, candidates:
         warnings.warn(f"with only the candidate edges kept, MatchNLL is already {start:.2f} nats: the "
                       "candidates do not carry the behaviour and the greedy pass is not meaningful; "
                       "give more candidates", RuntimeWarning, stacklevel=2)
-    info = {"tau": tau, "n_forward": len(order) + 2, "seconds": time.perf_counter() - t0,
+    info = {"threshold": threshold, "n_forward": len(order) + 2, "seconds": time.perf_counter() - t0,
             "match_nll_start": start, "match_nll": cur, "n_visited": len(order)}
     return em & ~removed, deltas, info

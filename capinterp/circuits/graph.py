@@ -204,19 +204,19 @@ class Graph:
 # ---------------------------------------------------------------------- selection and pruning
 
 def select_edges(graph: Graph, scores: torch.Tensor, top_n: int | None = None,
-                 tau: float | None = None) -> torch.Tensor:
-    """Bool mask of the ``top_n`` edges by |score|, or of those with |score| >= ``tau``.
+                 min_score: float | None = None) -> torch.Tensor:
+    """Bool mask of the ``top_n`` edges by |score|, or of those with |score| >= ``min_score``.
 
-    Both given: the top ``top_n`` among those with |score| >= tau. Ties at the cut are broken by
+    Both given: the top ``top_n`` among those with |score| >= min_score. Ties at the cut are broken by
     edge order (stable). Non-edges are never selected.
     """
-    if top_n is None and tau is None:
-        raise ValueError("give top_n, tau, or both")
+    if top_n is None and min_score is None:
+        raise ValueError("give top_n, min_score, or both")
     em = graph.edge_mask
     s = scores.detach().float().abs().masked_fill(~em, float("-inf"))
     keep = em.clone()
-    if tau is not None:
-        keep &= s >= float(tau)
+    if min_score is not None:
+        keep &= s >= float(min_score)
     if top_n is not None:
         if top_n < 0:
             raise ValueError(f"top_n must be >= 0, got {top_n}")

@@ -9,9 +9,9 @@ Algorithms:
 
 * ``"eap-ig"`` (default): edge attribution patching with integrated gradients, ``steps`` points
   (30; the KC notebook uses 100 on one pair), then the top ``top_n`` edges by |score| (or those with
-  |score| >= ``tau``), then dead-node pruning;
+  |score| >= ``min_score``), then dead-node pruning;
 * ``"eap"``: the same with one gradient at the clean run;
-* ``"acdc"``: greedy zero-ablation pruning with MatchNLL and threshold ``tau`` (0.01 by default).
+* ``"acdc"``: greedy zero-ablation pruning with MatchNLL and threshold ``acdc_threshold`` (0.01).
   One forward pass per edge: fine on small models; on SmolLM2 pass ``candidates=N`` to visit only
   the top N edges of an EAP-IG pass (the rest start removed).
 
@@ -51,8 +51,8 @@ class KnowledgeCircuit(Localizer):
     Args:
         algorithm: ``"eap-ig"``, ``"eap"`` or ``"acdc"``.
         top_n: edges kept by EAP / EAP-IG (largest |score|), before dead-node pruning.
-        tau: EAP: keep edges with |score| >= tau (with ``top_n``: both rules). ACDC: the MatchNLL
-            threshold (default 0.01).
+        min_score: EAP: keep edges with |score| >= min_score (with ``top_n``: both rules).
+        acdc_threshold: ACDC: an edge stays removed when its MatchNLL increase is below this (0.01).
         steps: integration steps of EAP-IG (right Riemann rule).
         corrupt: ``"auto"`` (subject swap, noise fallback), ``"noise"``, or a callable (see eap.py).
         metric: EAP loss, ``"auto"`` / ``"logit_diff"`` / ``"nll"`` (:data:`capinterp.circuits.eap.LOSSES`).
@@ -62,14 +62,16 @@ class KnowledgeCircuit(Localizer):
         candidates: ACDC only: visit only the top N edges of an EAP-IG pass with ``steps`` steps.
         seed: corruption choice and noise.
         method: former name of ``algorithm`` (still accepted).
+        tau: former name of ``min_score`` (EAP) or ``acdc_threshold`` (ACDC), still accepted.
     """
 
     unit_kind = "edge"
 
-    def __init__(self, model: Any, *, algorithm: str = "eap-ig", top_n: int | None = 200, tau: float | None = None,
+    def __init__(self, model: Any, *, algorithm: str = "eap-ig", top_n: int | None = 200, min_score: float | None = None,
                  steps: int = 30, corrupt: str | Callable = "auto", metric: str = "auto", noise: float = 3.0,
                  granularity: str = "auto", prune: bool = True, candidates: int | None = None, seed: int = 0,
-                 batch_size: int = 8, device: Any = None, progress: bool = True, method: str | None = None) -> None:
+                 batch_size: int = 8, device: Any = None, progress: bool = True, acdc_threshold: float = 0.01,
+                 method: str | None = None, tau: float | None = None) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         if method is not None:
             if algorithm != "eap-ig" and algorithm != method:
@@ -77,8 +79,15 @@ class KnowledgeCircuit(Localizer):
             algorithm = method
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(set(ALGORITHMS))}, got {algorithm!r}")
-        if ALGORITHMS[algorithm] != "acdc" and top_n is None and tau is None:
-            raise ValueError("EAP needs top_n or tau to select edges")
+        if tau is not None:  # former name of both thresholds
+            if ALGORITHMS[algorithm] == "acdc":
+                acdc_threshold = tau
+            elif min_score is None:
+                min_score = tau
+        if ALGORITHMS[algorithm] != "acdc" and top_n is None and min_score is None:
+            raise ValueError("EAP needs top_n or min_score to select edges")
+        if not acdc_threshold >= 0:
+            raise ValueError(f"acdc_threshold must be >= 0, got {acdc_threshold}")
         if top_n is not None and top_n < 0:
             raise ValueError(f"top_n must be >= 0, got {top_n}")
         if steps < 1:
@@ -93,7 +102,8 @@ class KnowledgeCircuit(Localizer):
             raise ValueError(f"candidates must be >= 1, got {candidates}")
         self.algorithm = ALGORITHMS[algorithm]
         self.top_n = None if top_n is None else int(top_n)
-        self.tau = tau
+        self.min_score = None if min_score is None else float(min_score)
+        self.acdc_threshold = float(acdc_threshold)
         self.steps = int(steps)
         self.corrupt = corrupt
         self.metric = metric
@@ -121,12 +131,11 @@ class KnowledgeCircuit(Localizer):
             if self.candidates is not None:
                 eap_scores, _ = self._eap(graph, facts, self.steps)
                 cand = select_edges(graph, eap_scores, top_n=self.candidates)
-            tau = 0.01 if self.tau is None else float(self.tau)
-            mask, scores, info = acdc(self.model, graph, facts, tau=tau, candidates=cand,
+            mask, scores, info = acdc(self.model, graph, facts, threshold=self.acdc_threshold, candidates=cand,
                                       batch_size=self.batch_size, progress=self.progress)
         else:
             scores, info = self._eap(graph, facts, 1 if self.algorithm == "eap" else self.steps)
-            mask = select_edges(graph, scores, top_n=self.top_n, tau=self.tau)
+            mask = select_edges(graph, scores, top_n=self.top_n, min_score=self.min_score)
         n_selected = int(mask.sum())
         if self.prune:
             mask = prune_dead(graph, mask)
