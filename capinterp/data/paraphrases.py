@@ -128,14 +128,15 @@ def pararel_paraphrases(n_facts: int, *, path: Any = None, per_fact: int = 5) ->
 
     Only prompts whose subject was recovered are kept (causal tracing needs it), at most
     ``per_fact`` per fact; facts left with fewer than two prompts are skipped. ``path`` defaults
-    to the shared data folder; FileNotFoundError when it is absent.
+    to ``knowledge_neurons/data_11.json`` in the ``CAPINTERP_DATA`` folder; FileNotFoundError when
+    neither is there.
     """
     from .capability_sources import data_file
     from .facts import load_pararel_bags
 
     p = path if path is not None else data_file("knowledge_neurons/data_11.json")
     if p is None:
-        raise FileNotFoundError("knowledge_neurons/data_11.json not found in the shared data folder (CAPINTERP_DATA)")
+        raise FileNotFoundError("knowledge_neurons/data_11.json not found: pass path= or set CAPINTERP_DATA to the data folder")
     out = []
     for bag in load_pararel_bags(p, min_prompts=2):
         kept = [e for e in bag if e.meta.get("subject")][:per_fact]
