@@ -1,6 +1,6 @@
 """The computational graph of a transformer as knowledge circuits see it, and the Circuit result.
 
-Nodes (Yao et al. 2024, ALGORITHMS.md section 3), in topological order:
+Nodes (Yao et al. 2024, Sec. 2), in topological order:
 
 * ``input``: the residual stream entering block 0 (token embeddings, scaled and with learned
   position embeddings where the model has them; rotary models add positions inside attention);

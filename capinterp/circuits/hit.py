@@ -1,5 +1,5 @@
 """Circuit-only recall: Hit@k of the target when every edge outside a circuit is ablated
-(Yao et al. 2024, Sec. 3; papers/001 Sec. 3.2 reports Hit@1 of the located circuit)."""
+(Yao et al. 2024, Sec. 3; Huang et al. 2025, Sec. 3.2 reports Hit@1 of the located circuit)."""
 from __future__ import annotations
 
 from typing import Any, Sequence

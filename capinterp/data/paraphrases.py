@@ -1,4 +1,4 @@
-"""Paraphrase bags of one fact each, for the fidelity and reliability experiments (papers/001 3.1-3.2).
+"""Paraphrase bags of one fact each, for the fidelity and reliability experiments (Huang et al. 2025, Sec. 3.1-3.2).
 
 * :func:`builtin_paraphrases` -- five prompts per built-in fact (:func:`~capinterp.data.builtin_facts`),
   written for this package: the subject occurs verbatim (causal tracing needs it) and every prompt
@@ -136,7 +136,8 @@ def pararel_paraphrases(n_facts: int, *, path: Any = None, per_fact: int = 5) ->
 
     p = path if path is not None else data_file("knowledge_neurons/data_11.json")
     if p is None:
-        raise FileNotFoundError("knowledge_neurons/data_11.json not found: pass path= or set CAPINTERP_DATA to the data folder")
+        raise FileNotFoundError(
+            "knowledge_neurons/data_11.json not found: pass path= or set CAPINTERP_DATA to the data folder")
     out = []
     for bag in load_pararel_bags(p, min_prompts=2):
         kept = [e for e in bag if e.meta.get("subject")][:per_fact]

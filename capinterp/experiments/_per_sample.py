@@ -1,6 +1,6 @@
 """Per-prompt knowledge neurons shared by the fidelity, reliability and decoupling experiments.
 
-A prompt's KN set is KN's coarse set for that single prompt (ALGORITHMS.md 1.3): IG scores at the
+A prompt's KN set is KN's coarse set for that single prompt (Dai et al. 2022, Sec. 3.3): IG scores at the
 last prompt token for the target's first token, kept when positive and above ``threshold * max``
 (0.2). With one prompt, KN's refined set equals this coarse set. The IG scores are cached through
 ``cache`` (``Context.scores``), keyed by a hash of the prompt and target, so experiments that

@@ -1,4 +1,4 @@
-"""CNLF: fine-tune only the capability neurons (papers/003 Sec. 6, Table 6; ALGORITHMS.md 5.6).
+"""CNLF: fine-tune only the capability neurons (the DCSN paper, anon. 2025, Sec. 6, Table 6).
 
 The "+" block of Table 6, on generated arithmetic:
 
@@ -35,7 +35,7 @@ __all__ = ["PAPER", "CNLFConfig", "QUICK", "FULL", "cnlf_data", "cnlf_neurons", 
 LABELS = {"original": "Original", "located": "Ours (CNLF)", "random": "FT-Random",
           "without_located": "FT-w/o Cap", "full": "FT-All"}
 _COLS = ["+", "+&-", "+&*", "+&/"]
-# papers/003 Table 6, "+" block: accuracy (%) on 1-OP "+" (fitting) and 2-OP sets with "+" (generalization).
+# the DCSN paper (anon. 2025), Table 6, "+" block: accuracy (%) on 1-OP "+" (fitting) and 2-OP sets with "+" (generalization).
 PAPER: dict[str, Any] = {
     "table6_plus": {
         "LLaMA-2-7B": {"columns": _COLS, "Original": [52.41, 47.63, 43.65, 41.65],
@@ -168,7 +168,7 @@ def cnlf(ctx: Context, **overrides: Any) -> ExperimentResult:
     return ExperimentResult("cnlf", title, table, _figure(table, names, title), info, dict(ft.neurons))
 
 
-@experiment("cnlf", "CNLF: capability-neuron fine-tuning vs random neurons and full fine-tuning (papers/003 Table 6)")
+@experiment("cnlf", "CNLF: capability-neuron fine-tuning vs random neurons and full fine-tuning (the DCSN paper, anon. 2025, Table 6)")
 def run(ctx: Context) -> ExperimentResult:
     """The registered experiment: :func:`cnlf` with the default settings."""
     return cnlf(ctx)

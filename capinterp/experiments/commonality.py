@@ -1,4 +1,4 @@
-"""Split-half consistency of capability neurons per capability (papers/001 Sec. 5.3, Table 1).
+"""Split-half consistency of capability neurons per capability (Huang et al. 2025, Sec. 5.3, Table 1).
 
 Each capability's localization examples (solved ones first, train split; see
 :mod:`capinterp.experiments.capability_data`) are split into two seeded disjoint halves; CNL (and
@@ -19,9 +19,9 @@ from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 
-NAME, TITLE = "commonality", "Split-half consistency of capability neurons (papers/001 Table 1)"
+NAME, TITLE = "commonality", "Split-half consistency of capability neurons (Huang et al. 2025, Table 1)"
 
-#: papers/001 Table 1 (percent): overlap, IoU and ratio per dataset, CNL on 7B-13B models with
+#: Huang et al. 2025, Table 1 (percent): overlap, IoU and ratio per dataset, CNL on 7B-13B models with
 #: 350-1200 examples per half.
 PAPER_TABLE1: dict[str, dict[str, dict[str, float]]] = {
     "Llama2-7B": {"overlap": {"GSM8K": 96.42, "Emotion": 97.93, "Code25K": 90.14, "Meta_Math": 94.33, "Imdb": 95.81},

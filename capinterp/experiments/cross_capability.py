@@ -1,4 +1,4 @@
-"""Erase one capability's neurons, test every capability (papers/001 Fig. 5, erase half).
+"""Erase one capability's neurons, test every capability (Huang et al. 2025, Fig. 5, erase half).
 
 For each source capability, its CNL neurons (sigma 6, pooled half fits shared with the other
 capability experiments) are zeroed and every capability's held-out metric is measured: the
@@ -24,7 +24,7 @@ from capinterp.experiments.scoring import measure
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
 
-NAME, TITLE = "cross_capability", "Erasing one capability's neurons, measured on every capability (papers/001 Fig. 5)"
+NAME, TITLE = "cross_capability", "Erasing one capability's neurons, measured on every capability (Huang et al. 2025, Fig. 5)"
 COLUMNS = ["erased", "tested", "metric", "n_neurons", "set_overlap", "base", "after", "rel_drop", "after_random",
            "rel_drop_random"]
 

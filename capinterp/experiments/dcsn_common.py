@@ -1,6 +1,7 @@
-"""Shared pieces of the papers/003 (DCSN) experiments: per-sample DCSN scores, operator neurons.
+"""Shared pieces of the DCSN paper's experiments (anon. 2025, "Combination Generalization of
+Capability-Specific Neurons in LLMs"): per-sample DCSN scores, operator neurons.
 
-One forward pass per prompt gives both the single-sample DCSN score (ALGORITHMS.md 5.1)
+One forward pass per prompt gives both the single-sample DCSN score (Eq. 1)
 
     C_j[l, i] = a^l_{j,i} * (W_out[l] @ W_U)[i, t_j]      (t_j = first gold answer token)
 
@@ -93,7 +94,7 @@ def correct_scores(
 def top_fraction(scores: NeuronScores, neurons: NeuronSet, fraction: float) -> NeuronSet:
     """The ``ceil(fraction * |N|)`` neurons of ``N`` with the largest ``|C - mean(C)|``.
 
-    ``fraction >= 1`` returns ``N`` itself (papers/003 erases "10% of capability neurons").
+    ``fraction >= 1`` returns ``N`` itself (the DCSN paper, anon. 2025, erases "10% of capability neurons").
     """
     if not 0 < fraction:
         raise ValueError(f"fraction must be > 0, got {fraction}")
@@ -119,7 +120,7 @@ def union(sets: Sequence[NeuronSet], like: NeuronSet) -> NeuronSet:
 
 def one_op_data(op: str, n: int, seed: int, fmt: str = "DG", lang: str = "en",
                 style: str = "compact", shots: int = 4) -> list[Example]:
-    """``n`` 1-OP arithmetic examples of one operator (papers/003 neuron-identification part)."""
+    """``n`` 1-OP arithmetic examples of one operator (the DCSN paper, anon. 2025, neuron-identification part)."""
     return arithmetic(ops=op, n=n, fmt=fmt, lang=lang, seed=seed, style=style, shots=shots)
 
 

@@ -1,4 +1,4 @@
-"""Decoupling: the same expression, two task requirements (papers/001 Sec. 4; ALGORITHMS.md 4.4).
+"""Decoupling: the same expression, two task requirements (Huang et al. 2025, Sec. 4, Eqs. 4-6).
 
 Each comparative pair shares one arithmetic "main part" (``3+4=?``) and differs in the task:
 
@@ -32,7 +32,7 @@ from capinterp.results.neurons import NeuronSet
 
 __all__ = ["PAPER", "decoupling_pairs", "locate_pairs", "decoupling_table", "run"]
 
-PAPER = {"within pair": 15.6, "all sub-1": 7.3, "all sub-2": 8.6}  # % (papers/001 Sec. 4, GPT-J)
+PAPER = {"within pair": 15.6, "all sub-1": 7.3, "all sub-2": 8.6}  # % (Huang et al. 2025, Sec. 4, GPT-J)
 COMPARISONS = ("within pair", "all sub-1", "all sub-2", "across tasks, other pairs")
 
 
@@ -88,7 +88,7 @@ def _figure(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
-@experiment("decoupling", "Decoupling: compute vs code prompts on the same expression (papers/001 4)")
+@experiment("decoupling", "Decoupling: compute vs code prompts on the same expression (Huang et al. 2025, Sec. 4)")
 def run(ctx: Context) -> ExperimentResult:
     """Seeded single-digit pairs; per-sample KN sets; IoU within pairs vs within groups."""
     n, steps = ctx.size(4, 24), ctx.size(3, 10)

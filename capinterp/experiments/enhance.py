@@ -1,4 +1,4 @@
-"""Enhancing a capability by fine-tuning only its neurons (papers/001 Table 2).
+"""Enhancing a capability by fine-tuning only its neurons (Huang et al. 2025, Table 2).
 
 Per capability, the CNL neurons located for :mod:`~capinterp.experiments.erase` (sigma 6, the
 pooled half fits of :mod:`~capinterp.experiments.commonality`) are fine-tuned on the
@@ -27,14 +27,14 @@ from capinterp.experiments.scoring import measure
 from capinterp.interventions.finetune import finetune
 from capinterp.results.neurons import NeuronSet
 
-NAME, TITLE = "enhance", "Fine-tuning capability neurons vs random neurons and the rest (papers/001 Table 2)"
+NAME, TITLE = "enhance", "Fine-tuning capability neurons vs random neurons and the rest (Huang et al. 2025, Table 2)"
 ARMS: tuple[str, ...] = ("located", "random", "without_located")
 LR: dict[str, float] = {"located": 3e-5, "random": 3e-5, "without_located": 1e-5}
 #: One arithmetic and one text capability (quick and full): every arm trains a copy of the model
 #: and the whole-model arm is costly (all seven capabilities with it ran over an hour on one
 #: CPU thread); the located sets are the erase experiment's, shared through the fit cache.
 CAPABILITIES: tuple[str, ...] = ("sub", "sentiment")
-#: papers/001 Table 2 (Llama2-7B, first block; accuracy %): GSM8K, Emotion, Code25K, average.
+#: Huang et al. 2025, Table 2 (Llama2-7B, first block; accuracy %): GSM8K, Emotion, Code25K, average.
 PAPER_TABLE2: dict[str, Any] = {
     "columns": ["GSM8K", "Emotion", "Code25K", "avg"],
     "Llama2-7B": {"random": [0.00, 14.62, 52.79, 22.47], "without_located": [25.35, 19.06, 44.43, 28.95],

@@ -1,4 +1,4 @@
-"""Erasing capability neurons: a sigma sweep against random sets (papers/001 Table 3) and IPP (Table 4).
+"""Erasing capability neurons: a sigma sweep against random sets (Huang et al. 2025, Table 3) and IPP (Table 4).
 
 Per capability, CNL neurons are located on the train-split localization examples (the pooled
 half fits of :mod:`capinterp.experiments.commonality`), selected at each ``sigma``, and zeroed at
@@ -6,7 +6,7 @@ every position (:func:`capinterp.interventions.hooks.erase`); the metric is meas
 test-split examples before, after erasing them, and after erasing each of ``n_random`` seeded
 random neuron sets of the same size. IPP (:func:`capinterp.units.metrics.ipp`) uses the *drops*:
 IPP = drop(located) - max_r drop(random_r), positive when the located set hurts more than every
-random draw (ALGORITHMS.md 10).
+random draw (docs/results.md).
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from capinterp.experiments.scoring import measure
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
-NAME, TITLE = "erase", "Erasing capability neurons vs random neurons (papers/001 Tables 3-4)"
+NAME, TITLE = "erase", "Erasing capability neurons vs random neurons (Huang et al. 2025, Tables 3-4)"
 
-#: papers/001 Table 3, accuracy in %: columns GSM8K, Emotion, Code25K, average. The sigma label of
+#: Huang et al. 2025, Table 3, accuracy in %: columns GSM8K, Emotion, Code25K, average. The sigma label of
 #: each (Random, Locate) pair is lost in the text extraction; they are listed in the paper's order.
 PAPER_TABLE3: dict[str, Any] = {
     "columns": ["GSM8K", "Emotion", "Code25K", "avg"],
@@ -37,7 +37,7 @@ PAPER_TABLE3: dict[str, Any] = {
                    "random": [[1.00, 30.96, 45.72, 25.89], [0.31, 33.75, 45.81, 26.62], [0.38, 32.04, 45.80, 26.07]],
                    "located": [[0.00, 0.33, 21.95, 7.42], [0.00, 5.38, 18.06, 7.81], [0.31, 2.50, 20.48, 7.76]]},
 }
-#: papers/001 Table 4: overlap %, located parameters %, IPP (percentage points).
+#: Huang et al. 2025, Table 4: overlap %, located parameters %, IPP (percentage points).
 PAPER_TABLE4: dict[str, dict[str, float]] = {
     "KN": {"overlap": 37.3, "neuron_pct": 0.2, "ipp": 11.4}, "ROME": {"overlap": 32.7, "neuron_pct": 16.7, "ipp": 0.0},
     "KC": {"overlap": 7.2, "neuron_pct": 1.6, "ipp": 10.5}, "CNL": {"overlap": 96.4, "neuron_pct": 0.2, "ipp": 20.0},

@@ -1,4 +1,4 @@
-"""Fidelity of individual-knowledge localization (papers/001 Sec. 3.1; ALGORITHMS.md 4.8).
+"""Fidelity of individual-knowledge localization (Huang et al. 2025, Sec. 3.1).
 
 A faithful localizer should find the same units for paraphrases of one fact. For every fact the
 model answers (builtin paraphrase bags, :mod:`capinterp.data.paraphrases`), each paraphrase is
@@ -34,7 +34,7 @@ from capinterp.units.base import UnitSet
 __all__ = ["METHODS", "PAPER_OVERLAP", "locate_paraphrases", "fidelity_table", "summarize", "run"]
 
 METHODS: tuple[str, ...] = ("kn", "rome", "kc")
-PAPER_OVERLAP = {"kn": 37.3, "rome": 32.7, "kc": 7.2}  # % (papers/001 Table 4, GPT-J)
+PAPER_OVERLAP = {"kn": 37.3, "rome": 32.7, "kc": 7.2}  # % (Huang et al. 2025, Table 4, GPT-J)
 COLUMNS = ["method", "fact", "subject", "n_paraphrases", "mean_overlap", "mean_iou", "identical_pairs",
            "mean_units", "unit"]
 
@@ -115,7 +115,7 @@ def _figure(summary: pd.DataFrame) -> go.Figure:
     return fig
 
 
-@experiment("fidelity", "Fidelity: do paraphrases of one fact get the same units? (papers/001 3.1)")
+@experiment("fidelity", "Fidelity: do paraphrases of one fact get the same units? (Huang et al. 2025, Sec. 3.1)")
 def run(ctx: Context) -> ExperimentResult:
     """Builtin paraphrase bags the model answers; KN, ROME top-3 layers, KC EAP edges; pairwise overlap."""
     per_fact = ctx.size(3, 4)

@@ -1,6 +1,6 @@
-"""Forward reasoning and reverse validation on multi-operator expressions (papers/003 Table 4).
+"""Forward reasoning and reverse validation on multi-operator expressions (the DCSN paper, anon. 2025, Table 4).
 
-Forward (ALGORITHMS.md 5.4): for each 2- to 5-OP expression ``d_i``, the activated set ``A_i``
+Forward (Eq. 4): for each 2- to 5-OP expression ``d_i``, the activated set ``A_i``
 is the sigma mask (Eq. 2) of the single-sample DCSN score ``C(., ., t_i, {d_i})``, and
 
     R_i = mean_{o in ops(d_i)} |N_o ∩ A_i| / |N_o|,       R = mean_i R_i
@@ -32,7 +32,7 @@ from capinterp.experiments.dcsn_common import (
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
 
-TITLE = "Capability-specific neurons (papers/003): forward reasoning and reverse validation"
+TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): forward reasoning and reverse validation"
 PAPER = {  # Table 4, LLaMA-2-7B, DG rows, percent
     "forward_R_DG": {"2-OP": 94.37, "3-OP": 89.67, "4-OP": 87.43, "5-OP": 86.66, "avg": 89.53},
     "reverse_original": {"2-OP": 60.25, "3-OP": 56.47, "4-OP": 54.29, "5-OP": 54.17},

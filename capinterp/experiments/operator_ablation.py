@@ -1,4 +1,4 @@
-"""Cross-operator ablation (papers/003 Table 5, ALGORITHMS.md 5.5).
+"""Cross-operator ablation (the DCSN paper, anon. 2025, Table 5).
 
 Erase one operator's DCSN neurons (the top ``fraction`` by |C - mean|, or all located with
 ``fraction=1``) and measure accuracy and mean target probability on every operator's 1-OP
@@ -23,7 +23,7 @@ from capinterp.experiments.dcsn_common import (
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
 
-TITLE = "Capability-specific neurons (papers/003): cross-operator ablation"
+TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): cross-operator ablation"
 PAPER = {  # Table 5, LLaMA-3-8B: accuracy drop (points), rows = test items, columns = erased operator
     "1-OP (+)": {"+": 23.9, "-": 6.3, "*": 0.1, "/": 0.2},
     "1-OP (-)": {"+": 5.7, "-": 23.8, "*": 0.0, "/": 0.1},

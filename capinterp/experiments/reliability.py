@@ -1,4 +1,4 @@
-"""Reliability of KN's validation (papers/001 Sec. 3.2; ALGORITHMS.md 1.4).
+"""Reliability of KN's validation (Huang et al. 2025, Sec. 3.2; Dai et al. 2022's suppress / amplify test).
 
 KN validates knowledge neurons by doubling or zeroing them and watching the answer's probability.
 The CNL paper repeats this with an equal-size random neuron set and finds that random neurons
@@ -40,7 +40,7 @@ POSITIONS = ("last", "all")
 OPERATIONS = {2.0: "amplify x2", 0.0: "erase x0"}
 COLUMNS = ["sample", "fact", "n_neurons", "factor", "operation", "arm", "draw", "seed", "p_before", "p_after"]
 SUMMARY_COLUMNS = ["operation", "arm", "n", "share_up", "share_down", "rel_change", "paper_up", "paper_down"]
-# (operation, arm) -> (% samples up, % samples down), papers/001 Sec. 3.2 (GPT-J, zsRE)
+# (operation, arm) -> (% samples up, % samples down), Huang et al. 2025, Sec. 3.2 (GPT-J, zsRE)
 PAPER = {("amplify x2", "located"): (85.1, 14.9), ("amplify x2", "random"): (72.3, 27.7),
          ("erase x0", "located"): (27.4, 72.4), ("erase x0", "random"): (17.6, 82.6)}
 
@@ -133,7 +133,7 @@ def _figure(summary: pd.DataFrame) -> go.Figure:
     return fig
 
 
-@experiment("reliability", "Reliability: located vs random neurons under KN's amplify / erase test (papers/001 3.2)")
+@experiment("reliability", "Reliability: located vs random neurons under KN's amplify / erase test (Huang et al. 2025, Sec. 3.2)")
 def run(ctx: Context) -> ExperimentResult:
     """Per-prompt KN sets on builtin paraphrases the model answers; x2 and x0 vs 3 random sets."""
     candidates = builtin_paraphrases(3 if ctx.quick else None)

@@ -6,7 +6,7 @@ Two metrics, each named in every experiment table's ``metric`` column:
   format; for plain-text targets, the stripped continuation must start with the stripped target).
   Meaningful for arithmetic (one number) and sentiment (one label word).
 - ``"target_prob"``: the mean over the target's *content* tokens of ``p(y_j | x + y_<j)``,
-  teacher-forced, averaged over examples -- CNL's objective F (ALGORITHMS.md 4.1) without the
+  teacher-forced, averaged over examples -- CNL's objective F (Huang et al. 2025, Eq. 7) without the
   whitespace-only tokens (a lone space, a line break, indentation), which any model predicts
   and which would otherwise dominate short answers. One forward per batch, so it is
   cheap also for long targets (the first line of code, ~10 tokens, where greedy decoding needs

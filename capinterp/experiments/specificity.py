@@ -1,4 +1,4 @@
-"""Cohesion and separability of capability-specific neurons (papers/003 Table 3, ALGORITHMS.md 5.3).
+"""Cohesion and separability of capability-specific neurons (the DCSN paper, anon. 2025, Table 3, Eq. 3).
 
 DCSN locates each operator's neurons (``+ - * /``) on 1-OP arithmetic in several *conditions*
 (format DG/MQ/TF, language en/zh, template style). Then, with ``|A ∩ B| / max(|A|, |B|)``:
@@ -50,7 +50,7 @@ POOLS: dict[str, list[str]] = {"EN": ["MQ-en", "TF-en", "DGp-en"], "ZH": ["MQ-zh
 QUICK_CONDITIONS = ["DG-en", "TF-en", "TF-zh", "DG-en-s1"]
 QUICK_PAIRS = [("DG-en", "TF-en", "format"),
                ("TF-en", "TF-zh", "language"), ("DG-en", "DG-en-s1", "resample")]
-TITLE = "Capability-specific neurons (papers/003): cohesion and separability"
+TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): cohesion and separability"
 PAPER_SEP_PAIRS = {("+", "-"), ("+", "*"), ("+", "/"), ("*", "/")}
 PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
     "cohesion_avg": {"DG": 94.19, "TF": 94.26, "MQ": 94.13, "CH": 82.97},

@@ -1,6 +1,6 @@
 """Attention's role in knowledge expression: the paper's knowledge-synapse (KS) experiment.
 
-Chen et al. (ICLR 2025, Sec. 4; ALGORITHMS.md 6) scale the attention scores that the answering
+Chen et al. (ICLR 2025, Sec. 4) scale the attention scores that the answering
 position pays to chosen key positions, the *knowledge synapses*, and measure how the answer
 probability (and the knowledge neurons' activations) change:
 

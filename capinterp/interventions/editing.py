@@ -1,4 +1,4 @@
-"""Edit a fact through its knowledge neurons' value vectors (ALGORITHMS.md 1.4 and 6).
+"""Edit a fact through its knowledge neurons' value vectors (Dai et al. 2022, Sec. 5; Chen et al. 2025, Sec. 4; docs/interventions.md).
 
 A neuron (l, i)'s *value vector* v is what it writes into the residual stream: row i of
 ``W_out[l]`` (``[d_mlp, d_model]``; the HF down projection's column i). Two edits:

@@ -1,6 +1,6 @@
 """Integrated gradients and gradient x activation on FFN neurons (``blocks.{l}.mlp.hook_post``).
 
-The IG kernel of ALGORITHMS.md sections 1.2, 4.1 and 10, for one example and layer ``l``:
+The IG kernel of Dai et al. 2022 (Sec. 3.2) and Huang et al. 2025 (Eq. 7), for one example and layer ``l``:
 
 * ``a`` = ``hook_post`` of layer ``l`` at the scaled positions ``P``, baseline ``b`` (0 or given);
 * for ``k = 1..m`` the whole activation vector of layer ``l`` at ``P`` (all neurons jointly) is

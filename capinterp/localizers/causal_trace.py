@@ -15,7 +15,7 @@ For each fact (an Example with ``meta["subject"]``):
    j in the window ``[l - window//2, l + ceil(window/2)) ∩ [0, L)`` (ROME's window; ``[l-5, l+5)``
    for the default 10). IE(t, l) = p*_restored(o) - p*.
 
-Noise scale (ALGORITHMS.md section 2): ``noise_std`` given -> that literal std; otherwise
+Noise scale (Meng et al. 2022, Sec. 2.1): ``noise_std`` given -> that literal std; otherwise
 ``noise`` x the std over every scalar of the stacked ``hook_embed`` outputs of all subject tokens
 of all facts passed to ``fit`` (ROME's rule ``"s3"`` for ``noise=3.0``; the strings ``"s<k>"`` are
 accepted too). Subject tokens are taken in context (in the prompt), including facts that are
@@ -30,7 +30,7 @@ tokens (their mean), last subject token, first token after the subject, further 
 mean, excluding the last token), last token. Groups a fact lacks (e.g. middle tokens of a
 one-token subject) are NaN for that fact and ignored by the average.
 
-Located layers (ALGORITHMS.md's recommendation for a layer localizer): rank layers by the IE of
+Located layers (docs/localizers/causal_trace.md): rank layers by the IE of
 kind ``layer_kind`` (``"mlp"``, what ROME edits) at the token group ``token`` (``"last_subject"``
 by default) of the averaged grid, or, with ``token="any"``, by the mean over facts of each fact's
 max over all its tokens; keep the ``top_k`` best. ``units_`` is a layer :class:`KeySet` whose

@@ -1,4 +1,4 @@
-"""CNL: dataset-level capability neurons by integrated gradients (papers/001, ALGORITHMS.md 4, 10).
+"""CNL: dataset-level capability neurons by integrated gradients (Huang et al. 2025, Sec. 5, Eqs. 7-8; docs/localizers/cnl.md).
 
     Attr_D(l, i) = mean over (x, y) in D of  a_{l,i} * (1/m) sum_k dF(a_l = (k/m) a_l) / da_{l,i}
 

@@ -125,7 +125,7 @@ class DatasetNeuronLocalizer(Localizer):
         return type(self)(self.model, **params)
 
     def split_half(self, data: Any, seed: int = 0) -> dict[str, float]:
-        """Localize on two disjoint random halves; overlap, IoU and ratio (papers/001 Table 1)."""
+        """Localize on two disjoint random halves; overlap, IoU and ratio (Huang et al. 2025, Table 1)."""
         examples = as_examples(data)
         if len(examples) < 2:
             raise ValueError("split_half needs at least 2 examples")

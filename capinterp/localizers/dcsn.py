@@ -1,4 +1,4 @@
-"""DCSN: capability-specific neurons by activation x unembedding projection (papers/003, Eq. 1).
+"""DCSN: capability-specific neurons by activation x unembedding projection (the DCSN paper, anon. 2025, Eq. 1; docs/localizers/dcsn.md).
 
     C[l, i] = mean_j  a^l_{j,i} * (W_out[l] @ W_U)[i, t_j]
 
@@ -141,7 +141,7 @@ class DCSN(DatasetNeuronLocalizer):
     """Activation x unembedding-projection scores, averaged over a dataset.
 
     Args:
-        sigma: mask threshold in standard deviations (papers/003 Table 12 peaks at 6).
+        sigma: mask threshold in standard deviations (the DCSN paper, anon. 2025, Table 12 peaks at 6).
         target: ``"gold"`` (first gold answer token) or ``"pred"`` (the model's argmax).
         norms: ``"raw"`` (the paper's ``W_out @ W_U``) or ``"fold"`` (fold the post-FFN and final
             RMSNorms into the projection, scales frozen per sample: the exact direct effect;

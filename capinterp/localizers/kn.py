@@ -1,4 +1,4 @@
-"""KN: knowledge neurons by integrated gradients (Dai et al. 2022; ALGORITHMS.md 1 and 10).
+"""KN: knowledge neurons by integrated gradients (Dai et al. 2022, Sec. 3; docs/localizers/kn.md).
 
 For each prompt x_j of a fact (a bag of paraphrases with one answer), IG scores every neuron
 at the last prompt token for the first answer token. Per prompt, the coarse set keeps

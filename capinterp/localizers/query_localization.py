@@ -1,4 +1,4 @@
-"""Query Localization (Chen et al., ICLR 2025; ALGORITHMS.md 6 and 10): are a fact's knowledge
+"""Query Localization (Chen et al., ICLR 2025, Sec. 3; docs/query_localization.md): are a fact's knowledge
 neurons the same for every paraphrase of it?
 
 A *fact* is a group of paraphrased queries q_1..q_n with one answer. A per-query localizer (KN,

@@ -1,4 +1,4 @@
-"""Before/after bars of neuron-level fine-tuning, one panel per metric (papers/003 Table 6's view)."""
+"""Before/after bars of neuron-level fine-tuning, one panel per metric (the DCSN paper, anon. 2025, Table 6's view)."""
 from __future__ import annotations
 
 import pandas as pd

@@ -3,7 +3,7 @@
 ``NeuronScores`` holds a float32 CPU tensor of scores; ``NeuronSet`` a bool mask and is a
 :class:`~capinterp.units.base.UnitSet` of kind ``"neuron"`` whose keys are ``(layer, index)`` tuples.
 
-Selection rules (ALGORITHMS.md 4.2, 5.2, 10):
+Selection rules (Huang et al. 2025, Eq. 8; the DCSN paper, anon. 2025, Eq. 2; docs/localizers/cnl.md):
 
 - ``select(sigma)``: Mask(l,i) = |s(l,i) - mean(s)| > sigma * spread(s), mean and spread taken over
   all L*d_mlp neurons; spread = population std (default) or variance (fidelity checks only);

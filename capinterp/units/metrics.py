@@ -1,4 +1,4 @@
-"""Metrics over located unit sets (ALGORITHMS.md 4.3, 4.7, 5.3, 6, 10).
+"""Metrics over located unit sets (Huang et al. 2025, Table 1 and Table 4; the DCSN paper, anon. 2025, Eq. 3; Chen et al. 2025, Sec. 3; docs/metrics.md).
 
 Inputs are :class:`~capinterp.units.base.UnitSet` objects (``NeuronSet`` takes a tensor fast path) or
 plain python sets / frozensets of keys. Two UnitSets must have the same ``kind`` and ``space``
