@@ -90,7 +90,8 @@ def test_shards_scored_separately_merge_exactly(planted):
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"steps": 0}, "steps must be"), ({"sigma": -1}, "sigma must be > 0"), ({"rule": "mid"}, "unknown rule"),
-     ({"positions": "all"}, "unknown positions"), ({"method": "magic"}, "unknown method")],
+     ({"positions": "all"}, "unknown positions"), ({"kernel": "magic"}, "unknown kernel"), ({"method": "magic"}, "unknown kernel"),
+     ({"kernel": "loop", "method": "prefix"}, "former name")],
 )
 def test_cnl_bad_hyper_parameters(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):

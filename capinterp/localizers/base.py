@@ -76,6 +76,15 @@ def available(**capabilities: Any) -> list[str]:
                   if all(getattr(cls, c) == v for c, v in capabilities.items()))
 
 
+def former_name(value: Any, old: Any, name: str, old_name: str, default: Any) -> Any:
+    """``value``, or ``old`` when a caller used the argument's former name ``old_name``."""
+    if old is None:
+        return value
+    if value != default and value != old:
+        raise ValueError(f"pass {name}= only ({old_name}= is its former name), got {name}={value!r}, {old_name}={old!r}")
+    return old
+
+
 class Localizer:
     """Base class: hyper-parameters in ``__init__``, ``fit(data)`` returns ``self``, results end in ``_``.
 

@@ -15,20 +15,21 @@ from typing import Any
 import torch
 
 from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, RULES, ig_scores
-from capinterp.localizers.base import register
+from capinterp.localizers.base import former_name, register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 from capinterp.core.tokens import Encoded
 
 
-def check_ig_args(steps: int, rule: str, positions: str, objective: str, method: str) -> None:
-    """Validate IG hyper-parameters at construction, before any work."""
+def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel: str) -> None:
+    """Validate IG hyper-parameters at construction, before any work (``kernel``: one of the IG
+    kernel's ``METHODS``)."""
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     for name, value, allowed in (
         ("rule", rule, RULES),
         ("positions", positions, POSITIONS),
         ("objective", objective, OBJECTIVES),
-        ("method", method, METHODS),
+        ("kernel", kernel, METHODS),
     ):
         if value not in allowed:
             raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
@@ -44,10 +45,11 @@ class CNL(DatasetNeuronLocalizer):
         rule: ``"right"`` (k/m, default), ``"left"`` or ``"linspace"``.
         positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
         objective: ``"prob"`` (default) or ``"logprob"``.
-        method: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"``.
+        kernel: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
         batch_size: IG rows (layer x step points) per forward/backward; bounds peak memory.
         **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
             running sums are saved after every example and resumed from).
+        method: former name of ``kernel`` (still accepted).
     """
 
     chunk_examples = 1
@@ -61,14 +63,16 @@ class CNL(DatasetNeuronLocalizer):
         rule: str = "right",
         positions: str = "answer",
         objective: str = "prob",
-        method: str = "fast",
+        kernel: str = "fast",
         batch_size: int = 64,
+        method: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, sigma=sigma, batch_size=batch_size, **kwargs)
-        check_ig_args(steps, rule, positions, objective, method)
+        kernel = former_name(kernel, method, "kernel", "method", "fast")
+        check_ig_args(steps, rule, positions, objective, kernel)
         self.steps, self.rule, self.positions = steps, rule, positions
-        self.objective, self.method = objective, method
+        self.objective, self.kernel = objective, kernel
 
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
         return ig_scores(
@@ -79,5 +83,5 @@ class CNL(DatasetNeuronLocalizer):
             positions=self.positions,
             objective=self.objective,
             batch_size=self.batch_size,
-            method=self.method,
+            method=self.kernel,
         )

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from capinterp.kernels.ig import ig_scores
 from capinterp.core.example import as_examples
-from capinterp.localizers.base import Localizer, register
+from capinterp.localizers.base import Localizer, former_name, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
 from capinterp.results.neurons import NeuronScores, NeuronSet
@@ -42,7 +42,8 @@ class KN(Localizer):
         refine: False keeps the union of the coarse sets.
         rule: IG interpolation rule, as for :class:`capinterp.CNL`.
         objective: IG objective, as for :class:`capinterp.CNL`.
-        method: IG kernel, as for :class:`capinterp.CNL`.
+        kernel: IG kernel, as for :class:`capinterp.CNL`.
+        method: former name of ``kernel`` (still accepted).
     """
 
     scope = "fact"
@@ -58,19 +59,21 @@ class KN(Localizer):
         refine: bool = True,
         rule: str = "right",
         objective: str = "prob",
-        method: str = "fast",
+        kernel: str = "fast",
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
+        method: str | None = None,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        check_ig_args(steps, rule, "last_prompt", objective, method)
+        kernel = former_name(kernel, method, "kernel", "method", "fast")
+        check_ig_args(steps, rule, "last_prompt", objective, kernel)
         if not 0 <= threshold < 1:
             raise ValueError(f"threshold must be in [0, 1), got {threshold}")
         if not 0 <= share < 1:
             raise ValueError(f"share must be in [0, 1), got {share}")
         self.steps, self.threshold, self.share, self.refine = steps, float(threshold), float(share), bool(refine)
-        self.rule, self.objective, self.method = rule, objective, method
+        self.rule, self.objective, self.kernel = rule, objective, kernel
 
     def fit(self, data: Any) -> "KN":
         """IG scores of every prompt of one fact (``data``: paraphrased prompts, strings or Examples):
@@ -83,7 +86,7 @@ class KN(Localizer):
         per = torch.stack(
             [
                 ig_scores(self.model, it, steps=self.steps, rule=self.rule, positions="last_prompt",
-                          objective=self.objective, batch_size=self.batch_size, method=self.method)[0]
+                          objective=self.objective, batch_size=self.batch_size, method=self.kernel)[0]
                 for it in tqdm(items, desc="kn", disable=not self.progress)
             ]
         )

@@ -33,7 +33,7 @@ from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core.example import as_examples
-from capinterp.localizers.base import Localizer, register
+from capinterp.localizers.base import Localizer, former_name, register
 
 __all__ = ["KnowledgeCircuit"]
 
@@ -73,10 +73,7 @@ class KnowledgeCircuit(Localizer):
                  batch_size: int = 8, device: Any = None, progress: bool = True, acdc_threshold: float = 0.01,
                  method: str | None = None, tau: float | None = None) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        if method is not None:
-            if algorithm != "eap-ig" and algorithm != method:
-                raise ValueError(f"pass algorithm= only (method= is its former name), got both {algorithm!r} and {method!r}")
-            algorithm = method
+        algorithm = former_name(algorithm, method, "algorithm", "method", "eap-ig")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(set(ALGORITHMS))}, got {algorithm!r}")
         if tau is not None:  # former name of both thresholds
