@@ -122,7 +122,7 @@ def test_edit_localizes_by_itself(planted, monkeypatch):
 
 def test_edit_table(planted, ql):
     table, raw = edit_table(planted, [FACT_A, FACT_B], ql=ql, neutral_text=TEXT, per_fact=True)
-    assert list(zip(table["mode"], table["method"])) == [
+    assert list(zip(table["mode"], table["selection"])) == [
         (mo, me) for mo in ("erase", "update") for me in ("consistency-aware", "query", "union")]
     assert (table["n_facts"] == 2).all() and len(raw) == 12
     erase = table[table["mode"] == "erase"]
@@ -145,7 +145,7 @@ def test_perplexity_matches_the_loss(planted):
 @pytest.mark.parametrize("args, kwargs, match", [
     (("consistency-aware", "erase"), {"fact": []}, "at least 2"),
     (("consistency-aware", "erase"), {"fact": FACT_A[:1]}, "at least 2"),
-    (("everything", "erase"), {}, "unknown method"),
+    (("everything", "erase"), {}, "unknown selection"),
     (("union", "forget"), {}, "unknown mode"),
     (("union", "update"), {}, "new_target"),
     (("union", "update", " Paris"), {}, "same token"),
@@ -165,8 +165,8 @@ def test_edit_table_bad_input(planted, monkeypatch):
     monkeypatch.setattr(KN, "fit", lambda *a, **k: pytest.fail("attribution ran before validation"))
     with pytest.raises(ValueError, match="no facts"):
         edit_table(planted, [])
-    with pytest.raises(ValueError, match="unknown method"):
-        edit_table(planted, [FACT_A, FACT_B], methods=["random"])
+    with pytest.raises(ValueError, match="unknown selection"):
+        edit_table(planted, [FACT_A, FACT_B], methods=["random"])  # the former name still reaches the check
     with pytest.raises(ValueError, match="two different answers"):
         edit_table(planted, [FACT_A, [Example("The Eiffel Tower stands in the city of", " Paris")] * 2])
 

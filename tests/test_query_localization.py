@@ -144,8 +144,10 @@ def test_unfitted_and_unknown_fact(tiny):
     ql.fit_scores(_scores(tiny, [[[(0, 1)], [(0, 1)]]]))
     with pytest.raises(ValueError, match="not one of"):
         ql.neurons(5)
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match="unknown selection"):
         ql.neurons(0, "all")
+    assert ql.neurons(0, method="union") == ql.neurons(0, "union")  # former name
+    assert ql.neurons(0, "union").meta["selection"] == {"rule": "union"}
 
 
 # ------------------------------------------------------------------------------ attention (KS)

@@ -38,12 +38,15 @@ from capinterp.interventions.edit_eval import measure_edit, next_token_probs, pe
 from capinterp.interventions.hooks import check_neurons
 from capinterp.core.model import neuron_hook
 from capinterp.results.neurons import NeuronSet
-from capinterp.localizers.query_localization import NEURON_METHODS, QueryLocalization, as_facts
+from capinterp.localizers.base import former_name
+from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
 from capinterp.core.tokens import encode
 
-__all__ = ["EDIT_METHODS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_table", "new_values", "value_weight"]
+__all__ = ["EDIT_SELECTIONS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_table", "new_values", "value_weight"]
 
-EDIT_METHODS = ("consistency-aware", "query", "union")
+#: The neuron selections :func:`edit_table` compares by default (``"intersection"`` is accepted too).
+EDIT_SELECTIONS = ("consistency-aware", "query", "union")
+EDIT_METHODS = EDIT_SELECTIONS  # former name
 MODES = ("erase", "update")
 DIRECTIONS = ("unembed", "embed")
 
@@ -81,7 +84,7 @@ def _write(model, layer: int, idx: torch.Tensor, values: torch.Tensor) -> None:
 class KnowledgeEdit:
     """One edit: which neurons get which value vectors, and what it did (``metrics``, ``records``)."""
 
-    method: str
+    selection: str
     mode: str
     neurons: NeuronSet
     values: dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (neuron indices, new rows [k, d_model])
@@ -91,6 +94,11 @@ class KnowledgeEdit:
     metrics: dict[str, float] = field(default_factory=dict)
     records: pd.DataFrame | None = None
     model: Any = None  # the edited model when inplace=True
+
+    @property
+    def method(self) -> str:
+        """Former name of :attr:`selection`."""
+        return self.selection
 
     @contextlib.contextmanager
     def apply(self, model) -> Iterator[Any]:
@@ -160,9 +168,9 @@ def new_values(model, neurons: NeuronSet, mode: str, old_token: int | None = Non
     return out
 
 
-def _check_args(method: str, mode: str, direction: str, lambdas: Sequence[float]) -> None:
-    if method not in NEURON_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(EDIT_METHODS)}")
+def _check_args(selection: str, mode: str, direction: str, lambdas: Sequence[float]) -> None:
+    if selection not in NEURON_SELECTIONS:
+        raise ValueError(f"unknown selection {selection!r}; choose one of {', '.join(NEURON_SELECTIONS)}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if direction not in DIRECTIONS:
@@ -177,19 +185,20 @@ def _spaced(new_target: str, old_target: str) -> str:
     return new_target if new_target[:1].isspace() or not lead else lead + new_target
 
 
-def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware", mode: str = "erase",
+def edit_knowledge(model, fact: Sequence[Any], selection: str = "consistency-aware", mode: str = "erase",
                    new_target: str | None = None, *, neurons: NeuronSet | None = None,
                    ql: QueryLocalization | None = None, query_index: int = 0, unrelated: Sequence[Any] | None = None,
                    neutral_text: str | Sequence[str] | None = None, lambdas: tuple[float, float] = (1.0, 8.0),
                    direction: str = "unembed", signed: bool = True, inplace: bool = False, evaluate: bool = True,
                    ppl_before: float | None = None, before_probs: torch.Tensor | None = None, batch_size: int = 16,
-                   **ql_params: Any) -> KnowledgeEdit:
+                   method: str | None = None, **ql_params: Any) -> KnowledgeEdit:
     """Erase or update one fact through its knowledge neurons and measure the edit.
 
     Args:
         model: the model to edit (left unchanged unless ``inplace=True``).
         fact: the fact's paraphrased queries (one answer).
-        method: ``"consistency-aware"``, ``"query"`` or ``"union"`` (also ``"intersection"``).
+        selection: which neurons: ``"consistency-aware"``, ``"query"`` or ``"union"`` (also
+            ``"intersection"``), as :meth:`QueryLocalization.neurons` picks them.
         mode: ``"erase"`` or ``"update"``.
         new_target: the new answer for ``"update"`` (spaced like the old answer: ``"Rome"`` gets
             the old answer's leading space).
@@ -208,6 +217,7 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
         before_probs: the unedited model's next-token probabilities ``[n_queries + n_unrelated, d_vocab]``
             (queries, then unrelated prompts), if already measured (:func:`edit_table` reuses them).
         batch_size: prompts per forward pass when measuring.
+        method: former name of ``selection`` (still accepted).
         ql_params: QueryLocalization / KN parameters for a fresh localization (e.g. ``steps=20``).
 
     Metrics: ``reliability`` (erase: the edited query's top-1 is no longer the old answer; update:
@@ -216,10 +226,11 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
     ``ppl_after``, ``delta_ppl``, ``rel_prob`` / ``gen_prob`` (erase: relative drop of p(old answer);
     update: p(new answer) after), ``n_neurons``. Every input error is raised before any attribution.
     """
-    _check_args(method, mode, direction, lambdas)
+    selection = former_name(selection, method, "selection", "method", "consistency-aware")
+    _check_args(selection, mode, direction, lambdas)
     if ql_params and (neurons is not None or ql is not None):
         raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
-    need = 2 if neurons is None and ql is None and method != "query" else 1
+    need = 2 if neurons is None and ql is None and selection != "query" else 1
     _, (queries,) = as_facts([fact], min_queries=need)
     if not -len(queries) <= query_index < len(queries):
         raise ValueError(f"query_index {query_index} out of range for a fact with {len(queries)} queries")
@@ -242,18 +253,18 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
     if neurons is not None:
         check_neurons(model, neurons)
     elif ql is not None:
-        neurons = ql.neurons(ql.index_of(queries), method, query_index)
+        neurons = ql.neurons(ql.index_of(queries), selection, query_index)
     else:
-        qs = [queries[query_index]] if method == "query" else queries
+        qs = [queries[query_index]] if selection == "query" else queries
         loc = QueryLocalization(model, min_queries=1, progress=False, **ql_params).fit([qs])
-        neurons = loc.neurons(0, method, 0 if method == "query" else query_index)
+        neurons = loc.neurons(0, selection, 0 if selection == "query" else query_index)
     signs = None
     if mode == "update" and signed:
         acts = last_activations(model, enc[query_index].prompt_ids, neurons)
         signs = torch.where(acts < 0, -1.0, 1.0)
     values = new_values(model, neurons, mode, enc[query_index].target_ids[0],
                         new_ids[query_index] if new_ids else None, tuple(lambdas), direction, signs)
-    edit = KnowledgeEdit(method, mode, neurons, values, old, new_target,
+    edit = KnowledgeEdit(selection, mode, neurons, values, old, new_target,
                          {"query_index": query_index, "lambdas": list(lambdas), "direction": direction,
                           "signed": bool(signed) if mode == "update" else None})
     if evaluate:
@@ -264,14 +275,14 @@ def edit_knowledge(model, fact: Sequence[Any], method: str = "consistency-aware"
     return edit
 
 
-def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, methods: Sequence[str] = EDIT_METHODS,
+def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, selections: Sequence[str] = EDIT_SELECTIONS,
                modes: Sequence[str] = ("erase", "update"), new_targets: Sequence[str] | None = None,
                n_unrelated: int = 10, unrelated: Sequence[Any] | None = None,
                neutral_text: str | Sequence[str] | None = None, query_index: int = 0,
                lambdas: tuple[float, float] = (1.0, 8.0), direction: str = "unembed", signed: bool = True,
-               per_fact: bool = False,
+               per_fact: bool = False, methods: Sequence[str] | None = None,
                **ql_params: Any) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
-    """Edit every fact with every method and mode; mean metrics per (mode, method).
+    """Edit every fact with every neuron selection and mode; mean metrics per (mode, selection).
 
     Columns are means over facts of the :func:`edit_knowledge` metrics (``delta_ppl_median``: the
     median, robust to the few edits that wreck the model) and ``n_facts``.
@@ -280,7 +291,7 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, method
         model: the model (left unchanged).
         facts: a list of facts (lists of paraphrased queries) or a mapping name -> fact.
         ql: a QueryLocalization fitted on ``facts``; fitted here with ``ql_params`` if missing.
-        methods: neuron sets to compare (consistency-aware, query-level, fact-union).
+        selections: neuron sets to compare (consistency-aware, query-level, fact-union).
         modes: ``"erase"`` and / or ``"update"``.
         new_targets: one new answer per fact; default: the answer of the next fact (cyclically)
             with another answer.
@@ -292,12 +303,15 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, method
         direction: the answer direction of the update.
         signed: sign-corrected update (see :func:`edit_knowledge`).
         per_fact: also return the frame with one row per edit.
+        methods: former name of ``selections`` (still accepted).
         ql_params: parameters of the QueryLocalization fitted when ``ql`` is missing.
     """
+    selections = tuple(former_name(tuple(selections), None if methods is None else tuple(methods), "selections",
+                                   "methods", EDIT_SELECTIONS))
     names, groups = as_facts(facts, min_queries=2)
-    if not methods or not modes:
-        raise ValueError("edit_table needs at least one method and one mode")
-    for m in methods:
+    if not selections or not modes:
+        raise ValueError("edit_table needs at least one selection and one mode")
+    for m in selections:
         _check_args(m, "erase", direction, lambdas)
     for mode in modes:
         _check_args("query", mode, direction, lambdas)
@@ -327,15 +341,15 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, method
         before = next_token_probs(model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel))  # once per fact
         new = new_targets[k] if new_targets is not None else answers[others(k)[0]] if others(k) else None
         for mode in modes:
-            for method in methods:
-                e = edit_knowledge(model, g, method, mode, new if mode == "update" else None,
-                                   neurons=ql.neurons(k, method, query_index), query_index=query_index,
+            for selection in selections:
+                e = edit_knowledge(model, g, selection, mode, new if mode == "update" else None,
+                                   neurons=ql.neurons(k, selection, query_index), query_index=query_index,
                                    unrelated=unrel, neutral_text=texts, ppl_before=ppl0, before_probs=before,
                                    lambdas=lambdas, direction=direction, signed=signed)
-                rows.append({"fact": name, "mode": mode, "method": method, **e.metrics})
+                rows.append({"fact": name, "mode": mode, "selection": selection, **e.metrics})
     raw = pd.DataFrame(rows)
     cols = ["reliability", "generalization", "locality", "avg", "rel_prob", "gen_prob", "delta_ppl", "n_neurons"]
-    groups_ = raw.groupby(["mode", "method"], sort=False)
+    groups_ = raw.groupby(["mode", "selection"], sort=False)
     table = groups_[cols].mean()
     table["delta_ppl_median"] = groups_["delta_ppl"].median()
     table["n_facts"] = groups_.size()

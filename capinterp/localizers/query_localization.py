@@ -31,16 +31,18 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core.example import Example, as_examples
-from capinterp.localizers.base import Localizer, available, get
+from capinterp.localizers.base import Localizer, available, former_name, get
 from capinterp.localizers.kn import coarse_mask
 from capinterp.units.metrics import consistency, otsu_threshold
 from capinterp.core.model import model_meta, neuron_shape
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.core.tokens import encode
 
-__all__ = ["QueryLocalization", "as_facts", "consistency_aware_scores", "NEURON_METHODS"]
+__all__ = ["QueryLocalization", "as_facts", "consistency_aware_scores", "NEURON_SELECTIONS"]
 
-NEURON_METHODS = ("consistency-aware", "query", "union", "intersection")
+#: Rules that pick a fact's neurons in :meth:`QueryLocalization.neurons` (its ``selection``).
+NEURON_SELECTIONS = ("consistency-aware", "query", "union", "intersection")
+NEURON_METHODS = NEURON_SELECTIONS  # former name
 SCORES = ("cs1", "cs2")
 
 
@@ -287,23 +289,26 @@ class QueryLocalization:
         cas = consistency_aware_scores(self.query_scores_[k], self.beta1, self.beta2, self.normalize)
         return NeuronScores(cas, meta={**self.meta_, "fact": str(self.names_[k]), "rule": "cas"})
 
-    def neurons(self, fact: Any, method: str = "consistency-aware", query: int = 0) -> NeuronSet:
+    def neurons(self, fact: Any, selection: str = "consistency-aware", query: int = 0, *,
+                method: str | None = None) -> NeuronSet:
         """Neurons of one fact: ``"consistency-aware"`` (CAS rule), ``"query"`` (N_query, the coarse
-        set of query ``query``), ``"union"`` (N_g, union over queries) or ``"intersection"``."""
-        if method not in NEURON_METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(NEURON_METHODS)}")
+        set of query ``query``), ``"union"`` (N_g, union over queries) or ``"intersection"``
+        (Chen et al. 2025, Sec. 4). ``method`` is the former name of ``selection``."""
+        selection = former_name(selection, method, "selection", "method", "consistency-aware")
+        if selection not in NEURON_SELECTIONS:
+            raise ValueError(f"unknown selection {selection!r}; choose one of {', '.join(NEURON_SELECTIONS)}")
         k = self.index_of(fact)
         sets = self.query_neurons_[k]
-        meta = {**self.meta_, "fact": str(self.names_[k]), "selection": {"method": method}}
-        if method == "consistency-aware":
+        meta = {**self.meta_, "fact": str(self.names_[k]), "selection": {"rule": selection}}
+        if selection == "consistency-aware":
             mask = coarse_mask(self.cas_scores(k).scores, self.cas_threshold)
             meta["selection"].update(beta1=self.beta1, beta2=self.beta2, cas_threshold=self.cas_threshold)
-        elif method == "query":
+        elif selection == "query":
             if not -len(sets) <= query < len(sets):
                 raise ValueError(f"query {query} out of range for a fact with {len(sets)} queries")
             mask = sets[query].mask
             meta["selection"]["query"] = int(query)
         else:
             stack = torch.stack([s.mask for s in sets])
-            mask = stack.any(0) if method == "union" else stack.all(0)
+            mask = stack.any(0) if selection == "union" else stack.all(0)
         return NeuronSet(mask, meta=meta)
