@@ -5,7 +5,6 @@ import torch
 import capinterp as ci
 from capinterp.kernels.accumulate import ScoreSum
 from capinterp.data import Example
-from capinterp.results.neurons import NeuronSet
 from planting import PLANTED, plant
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]

@@ -33,13 +33,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from capinterp.circuits.graph import INPUT, LOGITS, Circuit, Graph, supports
-from capinterp.core.example import as_examples
-from capinterp.core.settings import set_threads
-from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
+from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 
-__all__ = ["graph_mode", "supports", "run_graph", "check_additive", "node_params", "hit_at_k",
-           "GraphRun", "ABLATIONS"]
+__all__ = ["graph_mode", "supports", "run_graph", "check_additive", "node_params", "GraphRun"]
 
 _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 

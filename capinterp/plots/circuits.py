@@ -51,7 +51,6 @@ def plot_circuit(circuit: Circuit, *, show_all_nodes: bool = False, max_edges: i
     """The circuit on a layered layout (see the module docstring). ``max_edges``: draw the largest only."""
     g = circuit.graph
     pos = layout(g)
-    si = {s: i for i, s in enumerate(g.sources)}
     sj = {s: j for j, s in enumerate(g.slots)}
     edges = list(circuit.edges.items())
     if max_edges is not None and len(edges) > max_edges:

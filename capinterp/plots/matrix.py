@@ -5,7 +5,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from capinterp.units.metrics import SET_METRICS, Metric, SetLike, intersection_size, pairwise
+from capinterp.units.metrics import SET_METRICS, SetLike, intersection_size, pairwise
 
 __all__ = ["overlap_matrix"]
 
