@@ -43,6 +43,7 @@ def _dataset(args):
 
 
 def cmd_info(args) -> int:
+    """``capinterp info``: print the model's metadata and neuron hook as one JSON line."""
     from capinterp.core.model import model_meta, neuron_hook
 
     model = _load(args)
@@ -60,6 +61,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    """``capinterp evaluate``: accuracy and mean target probability on generated arithmetic, one JSON line."""
     from capinterp.kernels.evaluate import evaluate
 
     ds = _dataset(args)
@@ -70,6 +72,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_localize(args) -> int:
+    """``capinterp localize``: fit a neuron localizer (``unit_kind == "neuron"``) on generated arithmetic; write its
+    scores, neurons and heatmap under ``--out`` (a checkpoint too when the class is ``checkpointable``)."""
     from capinterp.localizers import available, get
 
     cls = get(args.method)
@@ -124,6 +128,7 @@ def cmd_reproduce(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand (``capinterp --help`` prints it)."""
     ap = argparse.ArgumentParser(prog="capinterp", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="model facts: layers, d_mlp, hook names")
@@ -160,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on ``argv``; returns the exit status (2 with a one-line message on bad input)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -19,6 +19,8 @@ def _say(msg: str) -> None:
 
 
 def run_main(args) -> int:
+    """The README job (``capinterp main``): evaluate, localize CNL neurons, write the heatmap, erase them and
+    evaluate again; returns the exit status."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

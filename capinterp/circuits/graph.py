@@ -107,22 +107,27 @@ class Graph:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Graph":
+        """The graph described by :meth:`to_dict`'s output."""
         return cls(int(d["n_layers"]), int(d["n_heads"]), int(d["n_kv_heads"]), str(d["granularity"]))
 
     def to_dict(self) -> dict:
+        """The four numbers that define the graph (JSON-serializable)."""
         return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
                 "granularity": self.granularity}
 
     @property
     def signature(self) -> tuple:
+        """``(n_layers, n_heads, n_kv_heads, granularity)``: graphs with equal signatures have the same edges."""
         return (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
 
     # ------------------------------------------------------------------ slot layout
     @property
     def gqa(self) -> bool:
+        """True when key/value heads are shared by groups of query heads (grouped-query attention)."""
         return self.n_kv_heads < self.n_heads
 
     def attn_slots(self, l: int) -> list[str]:
+        """Names of layer ``l``'s attention input slots (per head and q / k / v, or per head)."""
         H, G = self.n_heads, self.n_kv_heads
         if self.granularity == "head":
             return [f"a{l}.h{h}" for h in range(H)]
@@ -131,6 +136,7 @@ class Graph:
 
     @property
     def slots_per_layer(self) -> int:
+        """Input slots of one layer: its attention slots and its MLP."""
         return len(self.attn_slots(0)) + 1
 
     def head_src(self, l: int, h: int = 0) -> int:
@@ -165,6 +171,7 @@ class Graph:
 
     @property
     def n_edges(self) -> int:
+        """Number of edges (source -> slot pairs allowed by the topological order)."""
         return int(sum(self.n_upstream(j) for j in range(self.n_slots)))
 
     def slot_nodes(self, j: int) -> tuple[str, ...]:
@@ -288,9 +295,11 @@ class EdgeSet(KeySet):
         self.node_params = dict(node_params) if node_params is not None else None
 
     def nodes(self) -> list[str]:
+        """Names of the nodes the edges touch, in topological order."""
         return _touched(self.graph, self.graph.mask_of(self.keys()))
 
     def param_count(self) -> int:
+        """Parameters of the nodes the edges touch (needs ``node_params``)."""
         if self.node_params is None:
             raise ValueError("param_count of an EdgeSet needs node_params (see capinterp.circuits.node_params)")
         return int(sum(self.node_params.get(n, 0) for n in self.nodes()))
@@ -323,10 +332,12 @@ class Circuit:
 
     @classmethod
     def full(cls, graph: Graph, **kw: Any) -> "Circuit":
+        """The circuit with every edge of ``graph``."""
         return cls(graph, graph.edge_mask, **kw)
 
     @classmethod
     def empty(cls, graph: Graph, **kw: Any) -> "Circuit":
+        """The circuit with no edge of ``graph``."""
         return cls(graph, torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool), **kw)
 
     # ------------------------------------------------------------------ views
@@ -342,6 +353,7 @@ class Circuit:
 
     @property
     def nodes(self) -> list[str]:
+        """Names of the nodes the kept edges touch, in topological order."""
         return _touched(self.graph, self.mask)
 
     def __len__(self) -> int:
@@ -355,11 +367,13 @@ class Circuit:
         return Circuit(self.graph, prune_dead(self.graph, self.mask), self.scores, self.meta, self.node_params)
 
     def units(self, n_params: int | None = None) -> EdgeSet:
+        """The kept edges as an :class:`EdgeSet` (a ``KeySet`` of kind ``"edge"``) for the unit metrics."""
         n = n_params if n_params is not None else self.meta.get("n_params")
         return EdgeSet(self.graph.edges(self.mask), self.graph, node_params=self.node_params, n_params=n)
 
     @property
     def param_share(self) -> float:
+        """Share of the model's parameters in the nodes the circuit touches."""
         return self.units().param_share
 
     def plot(self, **kw: Any):
@@ -376,6 +390,7 @@ class Circuit:
 
     # ------------------------------------------------------------------ save / load
     def to_dict(self) -> dict:
+        """The circuit as a JSON-serializable dict (graph, ``[n_src, n_slots]`` mask and scores, metadata)."""
         return {
             "type": "Circuit", "format_version": self.FORMAT_VERSION, "version": __version__,
             "graph": self.graph.to_dict(),
@@ -386,6 +401,7 @@ class Circuit:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Circuit":
+        """The circuit described by :meth:`to_dict`'s output; ValueError for another type."""
         if d.get("type") != "Circuit":
             raise ValueError(f"not a saved Circuit (type {d.get('type')!r})")
         if int(d.get("format_version", 0)) > cls.FORMAT_VERSION:
@@ -399,6 +415,7 @@ class Circuit:
         return cls(g, mask, scores, d.get("meta"), d.get("node_params"))
 
     def save(self, path: str | os.PathLike) -> Path:
+        """Write the circuit to ``path`` as JSON; returns the path."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(self.to_dict(), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
@@ -406,4 +423,5 @@ class Circuit:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Circuit":
+        """Read a circuit written by :meth:`save`."""
         return cls.from_dict(json.loads(Path(path).read_text()))

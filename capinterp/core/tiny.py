@@ -61,6 +61,7 @@ def _tokenizer_dir(vocab_size: int) -> str:
 
 
 def tiny_tokenizer(vocab_size: int = 512) -> Any:
+    """A deterministic BPE tokenizer of ``vocab_size`` tokens (digits split), built locally once, no network."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(_tokenizer_dir(vocab_size))
@@ -110,6 +111,7 @@ def tiny_llama_hf(
 def tiny_native_config(
     n_layers: int = 2, d_model: int = 32, d_mlp: int = 64, n_heads: int = 4, n_ctx: int = 256, seed: int = 0
 ) -> Any:
+    """The config of a tiny TransformerLens-native model (``n_layers`` x ``d_mlp`` neurons), seeded."""
     from transformer_lens.config import TransformerBridgeConfig
 
     tok = tiny_tokenizer()

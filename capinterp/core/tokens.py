@@ -35,10 +35,12 @@ class Encoded:
 
     @property
     def ids(self) -> list[int]:
+        """Prompt then target token ids, ``[len(prompt_ids) + len(target_ids)]``."""
         return self.prompt_ids + self.target_ids
 
     @property
     def last_prompt_pos(self) -> int:
+        """Position of the last prompt token (where the first target token is predicted)."""
         return len(self.prompt_ids) - 1
 
     @property
@@ -149,6 +151,7 @@ def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
 
 
 def pad_id(tokenizer) -> int:
+    """The token id used for right padding: the tokenizer's pad, else its EOS, else its BOS token."""
     for attr in ("pad_token_id", "eos_token_id", "bos_token_id"):
         v = getattr(tokenizer, attr, None)
         if v is not None:

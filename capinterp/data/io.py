@@ -71,6 +71,7 @@ def records_of(doc: Any, path: PathLike) -> list[Any]:
 
 
 def need_keys(rec: Any, keys: Sequence[str], i: int, path: PathLike, what: str) -> None:
+    """Check record ``i`` of ``path``: ValueError when it is not a dict, KeyError naming the first missing key."""
     if not isinstance(rec, dict):
         raise ValueError(f"{path}: record {i} is a {type(rec).__name__}, expected an object ({what})")
     missing = [k for k in keys if k not in rec]
@@ -81,12 +82,14 @@ def need_keys(rec: Any, keys: Sequence[str], i: int, path: PathLike, what: str) 
 
 
 def nonempty(out: list, path: PathLike, why: str = "") -> list:
+    """``out`` itself; ValueError naming ``path`` (and ``why``) when it is empty."""
     if not out:
         raise ValueError(f"{path}: no usable records{(' ' + why) if why else ''}")
     return out
 
 
 def limit_records(records: list, limit: int | None) -> list:
+    """The first ``limit`` records (all when ``limit`` is None); ValueError for a limit below 1."""
     if limit is None:
         return records
     if limit < 1:

@@ -45,6 +45,7 @@ class ExperimentResult:
 
     @classmethod
     def load(cls, folder: str | Path, name: str) -> "ExperimentResult":
+        """Read the result that :meth:`save` wrote under ``folder / name``."""
         import plotly.io as pio
 
         d = Path(folder) / name
@@ -66,6 +67,7 @@ class Context:
     progress: bool = False
 
     def size(self, quick: int, full: int) -> int:
+        """``quick`` in quick mode, else ``full`` (sample sizes of an experiment)."""
         return quick if self.quick else full
 
     def scores(self, key: str, fit: Callable[[], NeuronScores]) -> NeuronScores:
@@ -128,6 +130,7 @@ def experiment(name: str, title: str) -> Callable[[Runner], Runner]:
 
 
 def get(name: str) -> Runner:
+    """The runner of the experiment registered as ``name``; ValueError listing the registered ones."""
     try:
         return EXPERIMENTS[name][1]
     except KeyError:

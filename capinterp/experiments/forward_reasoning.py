@@ -134,6 +134,7 @@ def _figure(table: pd.DataFrame) -> Any:
 
 @experiment("forward_reasoning", TITLE)
 def run(ctx: Context) -> ExperimentResult:
+    """The registered experiment: forward reasoning and reverse validation on the context's model."""
     sigma, fraction = 6.0, 0.1
     n_loc, n_test = ctx.size(6, 50), ctx.size(2, 20)
     scores, sets = operator_neurons(context_scorer(ctx), n_loc, ctx.seed, sigma)

@@ -114,6 +114,7 @@ def _figure(table: pd.DataFrame) -> Any:
 
 @experiment("operator_ablation", TITLE)
 def run(ctx: Context) -> ExperimentResult:
+    """The registered experiment: cross-operator ablation on the context's model."""
     sigma, fractions = 6.0, ((1.0,) if ctx.quick else (0.1, 1.0))
     n_loc, n_test = ctx.size(6, 50), ctx.size(2, 16)
     scores, sets = operator_neurons(context_scorer(ctx), n_loc, ctx.seed, sigma)

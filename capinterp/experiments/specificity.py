@@ -149,6 +149,7 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
 
 @experiment("specificity", TITLE)
 def run(ctx: Context) -> ExperimentResult:
+    """The registered experiment: cohesion and separability of each operator's neurons."""
     from capinterp.plots.matrix import overlap_matrix
 
     sigma = 6.0

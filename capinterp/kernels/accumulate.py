@@ -45,9 +45,11 @@ class ScoreSum:
 
     @property
     def count(self) -> int:
+        """Number of examples added so far."""
         return len(self.done)
 
     def add(self, index: int, scores: torch.Tensor) -> None:
+        """Add example ``index``'s scores ``[n_layers, d_mlp]`` (in float64); ValueError if it was added before."""
         if index in self.done:
             raise ValueError(f"example {index} was already added")
         if tuple(scores.shape) != tuple(self.sum.shape):
@@ -56,6 +58,7 @@ class ScoreSum:
         self.done.add(int(index))
 
     def mean(self) -> torch.Tensor:
+        """Mean score per neuron ``[n_layers, d_mlp]`` (float32); ValueError when nothing was added."""
         if not self.done:
             raise ValueError("no example has been scored")
         return (self.sum / len(self.done)).to(torch.float32)
@@ -83,6 +86,7 @@ class ScoreSum:
 
     @classmethod
     def load(cls, path: str | os.PathLike, key: dict | None = None) -> "ScoreSum":
+        """Read sums saved by :meth:`save`; ValueError when ``key`` differs from the saved computation's key."""
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no checkpoint at {path}")

@@ -32,6 +32,7 @@ class EvalResult:
         return pd.DataFrame(self.records)
 
     def to_dict(self) -> dict[str, float]:
+        """``{"accuracy", "mean_prob", "n"}`` as plain numbers."""
         return {"accuracy": self.accuracy, "mean_prob": self.mean_prob, "n": self.n}
 
     def __getitem__(self, key: str) -> float:

@@ -121,6 +121,7 @@ class DatasetNeuronLocalizer(Localizer):
         return self
 
     def clone(self, **changes: Any) -> "DatasetNeuronLocalizer":
+        """A new unfitted localizer with the same hyper-parameters (no checkpoint) and ``changes`` applied."""
         params = {**self.get_params(), "progress": self.progress, "checkpoint": None, **changes}
         return type(self)(self.model, **params)
 

@@ -295,6 +295,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
     n_params = property(lambda self: self.meta.get("n_params"), doc="meta['n_params']")
 
     def keys(self) -> frozenset[tuple[int, int]]:
+        """The located neurons as ``(layer, index)`` pairs."""
         return frozenset(self)
 
     def __len__(self) -> int:
@@ -355,6 +356,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
         return cls(mask, meta)
 
     def empty_like(self) -> NeuronSet:
+        """An empty set over the same model (same shape and model metadata)."""
         return NeuronSet(torch.zeros_like(self.mask), self._model_meta())
 
     def random_like(self, seed: int, per_layer: bool = False, disjoint: bool = False) -> NeuronSet:

@@ -47,14 +47,17 @@ class UnitSet(ABC):
     # --- accounting hooks --------------------------------------------------------------------
     @property
     def unit_params(self) -> int | Mapping[Hashable, int] | None:
+        """Parameters per unit: one number, a mapping key -> number, or None when unknown."""
         return None
 
     @property
     def n_params(self) -> int | None:
+        """Parameters of the whole model, or None when unknown."""
         return None
 
     @property
     def n_units(self) -> int | None:
+        """Number of units in the space, or None when unknown."""
         return None
 
     # --- derived -----------------------------------------------------------------------------
@@ -112,6 +115,7 @@ class UnitSet(ABC):
         return self.param_count() / int(total)
 
     def is_comparable(self, other: UnitSet) -> bool:
+        """True when ``other`` holds units of the same kind over the same space."""
         return self.kind == other.kind and self.space == other.space
 
 
@@ -169,21 +173,26 @@ class KeySet(UnitSet):
 
     @property
     def space(self) -> Hashable:
+        """The universe the keys come from (e.g. ``("layer", n_layers)``)."""
         return self._space
 
     def keys(self) -> frozenset:
+        """The located keys."""
         return self._keys
 
     @property
     def unit_params(self) -> int | Mapping[Hashable, int] | None:
+        """Parameters per unit: one number, a mapping key -> number, or None when unknown."""
         return self._unit_params
 
     @property
     def n_params(self) -> int | None:
+        """Parameters of the whole model, or None when unknown."""
         return self._n_params
 
     @property
     def n_units(self) -> int | None:
+        """Number of units in the space, or None when unknown."""
         return self._n_units
 
     def _combine(self, other: object, keys: frozenset) -> KeySet:
