@@ -86,10 +86,11 @@ def cmd_localize(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     extra = {"checkpoint": out / f"{cls.name}.ckpt"} if cls.checkpointable else {}
     loc = cls(model, batch_size=args.batch_size, **extra).fit(ds)
-    loc.scores_.save(out / f"{args.method}_scores.capi")
-    loc.neurons_.save(out / f"{args.method}_neurons.capi")
-    loc.scores_.plot(title=f"{args.method.upper()} scores, ops {args.ops}").write_html(out / f"{args.method}_heatmap.html")
-    print(json.dumps({"method": args.method, "neurons": len(loc.neurons_), "ratio": loc.neurons_.ratio, "out": str(out)}))
+    name = cls.name
+    loc.scores_.save(out / f"{name}_scores.capi")
+    loc.neurons_.save(out / f"{name}_neurons.capi")
+    loc.scores_.plot(title=f"{name.upper()} scores, ops {args.ops}").write_html(out / f"{name}_heatmap.html")
+    print(json.dumps({"method": name, "neurons": len(loc.neurons_), "ratio": loc.neurons_.ratio, "out": str(out)}))
     return 0
 
 
