@@ -110,3 +110,9 @@ def test_params_round_trip_and_repr(name, fitted, tiny, facts):
     assert again.units_ == loc.units_
     if isinstance(getattr(loc, "scores_", None), NeuronScores):
         torch.testing.assert_close(again.scores_.scores, loc.scores_.scores)
+
+
+def test_query_localization_takes_data_too():
+    from capinterp.localizers.query_localization import QueryLocalization
+
+    assert list(inspect.signature(QueryLocalization.fit).parameters) == ["self", "data"]

@@ -154,12 +154,13 @@ class QueryLocalization:
         self.progress = bool(progress)
 
     # ------------------------------------------------------------------------------------ fitting
-    def fit(self, facts: Any) -> "QueryLocalization":
-        """Localize every query of every fact, then score consistency (see :meth:`fit_scores`).
+    def fit(self, data: Any) -> "QueryLocalization":
+        """Localize every query of every fact in ``data`` (a list of facts, each a list of paraphrased
+        queries, or a mapping name -> fact), then score consistency (see :meth:`fit_scores`).
 
         All facts are validated and tokenized before the first attribution runs.
         """
-        names, groups = as_facts(facts, min_queries=self.min_queries)
+        names, groups = as_facts(data, min_queries=self.min_queries)
         for g in groups:
             encode(self.model, g, max_target_tokens=1)  # TokenizationError (a ValueError) before work
         scores = []
