@@ -99,8 +99,8 @@ class Context:
                              f"({', '.join(localizers.available(unit_kind='neuron', scope='dataset'))}), got {method!r}")
 
         def fit() -> NeuronScores:
-            extra = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}
-            return cls(self.model, progress=self.progress, **extra, **params).fit(examples).scores_
+            ckpt = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}
+            return cls(self.model, progress=self.progress, **ckpt, **params).fit(examples).scores_
 
         return self.scores(key, fit)
 
