@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export CAPINTERP_THREADS=${CAPINTERP_THREADS:-1}
+# The evaluation data (CI clones the repository with shared/ beside it); the package never looks
+# for it by itself, so name it here for the quick reproduction and the notebooks.
+if [ -z "${CAPINTERP_DATA:-}" ] && [ -d ../shared/data ]; then export CAPINTERP_DATA="$(cd ../shared/data && pwd)"; fi
 if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
