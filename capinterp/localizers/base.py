@@ -14,6 +14,7 @@ docs page (docs/extending.md).
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any, Callable, ClassVar, TypeVar
 
 from capinterp.core.model import model_meta
@@ -109,7 +110,7 @@ class Localizer:
     CAPABILITIES: ClassVar[tuple[str, ...]] = ("unit_kind", "scope", "per_query", "checkpointable")
 
     def __init__(self, model: Any, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if device is not None:
             model.to(device, print_details=False)
