@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
+from einops import rearrange
 
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 
@@ -120,7 +121,7 @@ def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.T
     d = int(model.cfg.d_model)
     dtype = next(model.parameters()).dtype
     outs = torch.zeros(graph.n_src, B, T, d, dtype=dtype, device=tokens.device)  # source-major: matmuls
-    ref_n = None if ref is None else ref.permute(2, 0, 1, 3).to(dtype).contiguous()
+    ref_n = None if ref is None else rearrange(ref, "b t n d -> n b t d").to(dtype).contiguous()
     slots: list[torch.Tensor] = []
     rem = None if removed is None else (removed.bool() & graph.edge_mask).to(tokens.device)
     if rem is not None and not rem.any():
@@ -133,8 +134,8 @@ def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.T
         if not r.any():
             return x
         delta = outs[:n_up] if ref_n is None else outs[:n_up] - ref_n[:n_up]
-        sub = (r.T.to(dtype) @ delta.reshape(n_up, -1)).view(-1, B, T, d)  # [k, B, T, d]
-        return x - (sub.permute(1, 2, 0, 3) if x.dim() == 4 else sub[0])
+        sub = rearrange(r.T.to(dtype) @ rearrange(delta, "n b t d -> n (b t d)"), "k (b t d) -> k b t d", b=B, t=T)
+        return x - (rearrange(sub, "k b t d -> b t k d") if x.dim() == 4 else sub[0])
 
     def on_input(x, hook):
         x = x if resid0 is None else resid0.to(x.dtype)
@@ -143,7 +144,7 @@ def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.T
 
     def on_result(l):
         def fn(x, hook):
-            outs[graph.head_src(l): graph.head_src(l) + H] = x.detach().permute(2, 0, 1, 3)
+            outs[graph.head_src(l): graph.head_src(l) + H] = rearrange(x.detach(), "b t h d -> h b t d")
         return fn
 
     def on_mlp_out(l):
@@ -182,7 +183,7 @@ def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.T
     logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
     if keep_slots and len(slots) != graph.n_layers * (len(names["attn_in"][0]) + 1) + 1:
         raise RuntimeError(f"only {len(slots)} slot hooks fired: is graph_mode on?")
-    return GraphRun(logits, outs.permute(1, 2, 0, 3), slots)
+    return GraphRun(logits, rearrange(outs, "n b t d -> b t n d"), slots)
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from einops import einsum, repeat
 
 from capinterp.circuits.eap import _tensor, corrupt_embeddings, make_pairs, noise_std
 from capinterp.circuits.forward import graph_mode, run_graph
@@ -61,7 +62,7 @@ def hit_at_k(model: Any, circuit: Circuit, facts: Any, k: int | Sequence[int] = 
         for chunk in chunks:
             batch = collate([items[i] for i in chunk], pad, with_target=False, device=dev)
             B, T = batch.tokens.shape
-            ref = None if mean is None else mean[None, None].expand(B, T, -1, -1)
+            ref = None if mean is None else repeat(mean, "n d -> b t n d", b=B, t=T)
             if pairs:
                 gp = [pairs[i] for i in chunk]
                 toks = _tensor([p.corrupt_ids[: len(p.clean.prompt_ids)] for p in gp], pad, dev)
@@ -85,7 +86,7 @@ def _mean_outputs(model: Any, graph: Graph, batches_: list[EncodedBatch]) -> tor
     for batch in batches_:
         outs = run_graph(model, graph, batch.tokens).outputs.float()
         real = (torch.arange(outs.shape[1], device=outs.device)[None] < batch.lengths[:, None]).float()
-        part = torch.einsum("btnd,bt->nd", outs, real)
+        part = einsum(outs, real, "b t n d, b t -> n d")
         total = part if total is None else total + part
         count += int(real.sum())
     return total / count

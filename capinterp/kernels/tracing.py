@@ -19,6 +19,9 @@ import math
 from typing import Any, Sequence
 
 import torch
+from einops import rearrange, reduce, repeat
+from jaxtyping import Float, Int
+from torch import Tensor
 
 from capinterp.core.forward import capture
 
@@ -91,12 +94,13 @@ def subject_std(model, prepared: list[dict[str, Any]]) -> float:
     for item in prepared:
         s0, s1 = item["subject_range"]
         act = capture(model, torch.tensor([item["ids"]], device=dev), "hook_embed")
-        chunks.append(act[0, s0:s1].detach().float().reshape(-1).cpu())
+        chunks.append(rearrange(act[0, s0:s1].detach().float(), "s d -> (s d)").cpu())
     flat = torch.cat(chunks)
     return float(flat.std()) if flat.numel() > 1 else 0.0
 
 
-def make_noise(seed: int, samples: int, n_subject: int, d_model: int, std: float) -> torch.Tensor:
+def make_noise(seed: int, samples: int, n_subject: int, d_model: int, std: float
+               ) -> Float[Tensor, "samples n_subject d_model"]:
     """[samples, n_subject, d_model] Gaussian noise of std ``std``, drawn on the CPU in float32 from ``seed``."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     eps = torch.randn(samples, n_subject, d_model, generator=gen, dtype=torch.float32)
@@ -114,7 +118,8 @@ def prefix_ok(model, reuse_prefix: bool, T: int) -> bool:
     return not (window and T > int(window))  # a cropped sliding-window cache would be wrong
 
 
-def row_hooks(kinds: Sequence[str], window: int, kind_r: torch.Tensor, t_r: torch.Tensor, l_r: torch.Tensor, L: int):
+def row_hooks(kinds: Sequence[str], window: int, kind_r: Int[Tensor, " rows"], t_r: Int[Tensor, " rows"],
+              l_r: Int[Tensor, " rows"], L: int):
     """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows."""
     out = []
     half, upper = window // 2, -(-window // 2)
@@ -134,7 +139,7 @@ def row_hooks(kinds: Sequence[str], window: int, kind_r: torch.Tensor, t_r: torc
 
 
 def restoration_probs(run: "Runner", kinds: Sequence[str], window: int, s0: int, L: int, batch_size: int,
-                      cache) -> torch.Tensor:
+                      cache) -> Float[Tensor, "n_t kinds n_layers"]:
     """Restored p(o) [T - s0, K, L] (mean over samples) for every (token >= s0, kind, layer).
 
     Restorations are token-major, (t, kind, layer) for t >= s0, one row per restoration x sample;
@@ -142,9 +147,9 @@ def restoration_probs(run: "Runner", kinds: Sequence[str], window: int, s0: int,
     """
     T, K, S = run.T, len(kinds), run.samples
     n_t = T - s0
-    t_idx = torch.arange(s0, T).repeat_interleave(K * L)
-    k_idx = torch.arange(K).repeat_interleave(L).repeat(n_t)
-    l_idx = torch.arange(L).repeat(n_t * K)
+    t_idx = repeat(torch.arange(s0, T), "t -> (t k l)", k=K, l=L)
+    k_idx = repeat(torch.arange(K), "k -> (t k l)", t=n_t, l=L)
+    l_idx = repeat(torch.arange(L), "l -> (t k l)", t=n_t, k=K)
     n_rows = n_t * K * L * S
     p_rows = torch.empty(n_rows)
     if cache is not None:  # one suffix run per token t over the corrupted prefix's KV cache
@@ -157,7 +162,7 @@ def restoration_probs(run: "Runner", kinds: Sequence[str], window: int, s0: int,
             r = rows // S
             spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L)
             p_rows[a: a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
-    return p_rows.view(-1, S).mean(1).view(n_t, K, L)
+    return reduce(p_rows, "(t k l s) -> t k l", "mean", t=n_t, k=K, l=L)
 
 
 def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]:
@@ -175,7 +180,7 @@ def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]
 
 # ------------------------------------------------------------------------------ forward passes
 
-def last_probs(model, tokens: torch.Tensor, hooks) -> torch.Tensor:
+def last_probs(model, tokens: Int[Tensor, "batch T"], hooks) -> Float[Tensor, "batch d_vocab"]:
     """Softmax of the logits at the last position only (the unembedding sees one position a row)."""
     logits = model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("ln_final.hook_out", _keep_last)])
     return logits[:, -1].float().softmax(-1)
@@ -209,7 +214,7 @@ class Runner:
         """p(o) of the S corrupted copies, and their KV cache (None when unavailable or unwanted)."""
         S = self.samples
         hooks = [self._noise_hook(torch.arange(S), 0), ("ln_final.hook_out", _keep_last)]
-        tokens = self.ids.expand(S, -1)
+        tokens = repeat(self.ids, "1 t -> s t", s=S)
         if use_cache:
             try:
                 logits, cache = self.model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits_and_cache")
@@ -220,7 +225,7 @@ class Runner:
         logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks)
         return logits[:, -1].float().softmax(-1)[:, self.o].cpu(), None
 
-    def rows(self, sample_r: torch.Tensor, spec, t0: int, cache) -> torch.Tensor:
+    def rows(self, sample_r: Int[Tensor, " rows"], spec, t0: int, cache) -> Float[Tensor, " rows"]:
         """p(o) at the last position for corrupted copies ``sample_r`` with restorations ``spec``.
 
         With a ``cache``, only positions ``t0..T-1`` run, over a copy of the corrupted prefix
@@ -238,7 +243,7 @@ class Runner:
 
             hooks.append((name, restore))
         hooks.append(("ln_final.hook_out", _keep_last))
-        tokens = self.ids[:, t0:].expand(sample_r.numel(), -1)
+        tokens = repeat(self.ids[:, t0:], "1 t -> s t", s=sample_r.numel())
         kwargs = {}
         if cache is not None:
             past = copy.deepcopy(cache)

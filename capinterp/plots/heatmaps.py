@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import torch
+from einops import rearrange
 
 __all__ = ["neuron_heatmap", "layer_profile", "default_bin_size"]
 
@@ -78,7 +79,7 @@ def neuron_heatmap(scores_or_set: Any, bin_size: int | None = None, title: str |
     ends = np.minimum(starts + b, d_mlp) - 1
     text: list[list[str]] = []
     if obj.is_set:
-        blocks = torch.nn.functional.pad(obj.values.to(torch.int64), (0, pad)).view(n_layers, n_bins, b)
+        blocks = rearrange(torch.nn.functional.pad(obj.values.to(torch.int64), (0, pad)), "l (k b) -> l k b", b=b)
         z = blocks.sum(-1).numpy()
         for layer in range(n_layers):
             row = []
@@ -91,7 +92,7 @@ def neuron_heatmap(scores_or_set: Any, bin_size: int | None = None, title: str |
         colorscale, zmid, cbar = "Blues", None, "located"
     else:
         s = obj.values
-        mag = torch.nn.functional.pad(s.abs(), (0, pad), value=-1.0).view(n_layers, n_bins, b)
+        mag = rearrange(torch.nn.functional.pad(s.abs(), (0, pad), value=-1.0), "l (k b) -> l k b", b=b)
         vmax, arg = mag.max(-1)
         arg = arg + torch.as_tensor(starts).view(1, -1)
         signed = s.gather(1, arg)
