@@ -12,6 +12,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from capinterp.core.example import Example
 from capinterp.core.forward import logits_at
@@ -31,7 +33,7 @@ def probe_ids(model, enc, others: Sequence[Example]) -> list[list[int]]:
 
 
 @torch.no_grad()
-def next_token_probs(model, ids: Sequence[Sequence[int]], batch_size: int = 16) -> torch.Tensor:
+def next_token_probs(model, ids: Sequence[Sequence[int]], batch_size: int = 16) -> Float[Tensor, "n d_vocab"]:
     """Softmax of the next-token logits after each id sequence: ``[n, d_vocab]`` float32 on the CPU."""
     if not ids:
         return torch.zeros(0, int(model.cfg.d_vocab))

@@ -32,6 +32,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from capinterp.core.example import Example, as_examples
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
@@ -51,7 +53,7 @@ MODES = ("erase", "update")
 DIRECTIONS = ("unembed", "embed")
 
 
-def value_weight(model, layer: int) -> tuple[torch.Tensor, int]:
+def value_weight(model, layer: int) -> tuple[Float[Tensor, "d_model d_mlp"] | Float[Tensor, "d_mlp d_model"], int]:
     """The down-projection weight of ``layer`` and the dimension that indexes its neurons."""
     mlp = model.blocks[layer].mlp
     out = getattr(getattr(mlp, "out", None), "original_component", None)
@@ -130,7 +132,7 @@ def _direction(model, token: int, direction: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def last_activations(model, ids: Sequence[int], neurons: NeuronSet) -> torch.Tensor:
+def last_activations(model, ids: Sequence[int], neurons: NeuronSet) -> Float[Tensor, "n_layers d_mlp"]:
     """Activations ``[n_layers, d_mlp]`` at the last position of ``ids`` (layers with neurons only)."""
     acts = torch.zeros(neurons.shape)
     layers = [l for l in range(neurons.n_layers) if bool(neurons.mask[l].any())]
@@ -146,7 +148,7 @@ def last_activations(model, ids: Sequence[int], neurons: NeuronSet) -> torch.Ten
 
 def new_values(model, neurons: NeuronSet, mode: str, old_token: int | None = None, new_token: int | None = None,
                lambdas: tuple[float, float] = (1.0, 8.0), direction: str = "unembed",
-               signs: torch.Tensor | None = None):
+               signs: Float[Tensor, "n_layers d_mlp"] | None = None):
     """Per layer ``(indices, new value rows)``: zeros (erase) or Dai's update of every row.
 
     ``signs`` (``[n_layers, d_mlp]``, +-1) flips the update of neurons that fire negative.

@@ -36,6 +36,8 @@ from typing import Any
 
 import pandas as pd
 import torch
+from jaxtyping import Float
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from capinterp.core.example import Example, as_examples
@@ -53,7 +55,7 @@ ARMS: tuple[str, ...] = ("located", "random", "without_located", "full")
 _START = {"located": "original", "random": "original", "full": "original", "without_located": "erased"}
 
 
-def target_loss(model, items: Sequence[Encoded]) -> torch.Tensor:
+def target_loss(model, items: Sequence[Encoded]) -> Float[Tensor, ""]:
     """Mean cross-entropy of the target tokens, teacher-forced (one scalar with autograd)."""
     dev = torch.device(model.cfg.device)
     batch = collate(items, pad_id(model.tokenizer), device=dev)

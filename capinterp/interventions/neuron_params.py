@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from jaxtyping import Bool
+from torch import Tensor
 
 from capinterp.core.model import neuron_shape
 from capinterp.results.neurons import NeuronSet
@@ -81,7 +83,7 @@ def neuron_slices(model) -> list[NeuronSlice]:
     return out
 
 
-def neuron_masks(model, neurons: NeuronSet) -> dict[str, torch.Tensor]:
+def neuron_masks(model, neurons: NeuronSet) -> dict[str, Bool[Tensor, "..."]]:
     """``{parameter name: bool mask}``: True on the entries owned by a neuron of ``neurons``.
 
     Only parameters holding at least one neuron family appear; masks live on each parameter's

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 from safetensors.torch import load_file, save_file
 
 from capinterp.core.example import Example
@@ -48,7 +50,7 @@ class ScoreSum:
         """Number of examples added so far."""
         return len(self.done)
 
-    def add(self, index: int, scores: torch.Tensor) -> None:
+    def add(self, index: int, scores: Float[Tensor, "n_layers d_mlp"]) -> None:
         """Add example ``index``'s scores ``[n_layers, d_mlp]`` (in float64); ValueError if it was added before."""
         if index in self.done:
             raise ValueError(f"example {index} was already added")
@@ -57,7 +59,7 @@ class ScoreSum:
         self.sum += scores.detach().to("cpu", torch.float64)
         self.done.add(int(index))
 
-    def mean(self) -> torch.Tensor:
+    def mean(self) -> Float[Tensor, "n_layers d_mlp"]:
         """Mean score per neuron ``[n_layers, d_mlp]`` (float32); ValueError when nothing was added."""
         if not self.done:
             raise ValueError("no example has been scored")

@@ -26,6 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from jaxtyping import Float, Int
+from torch import Tensor
 
 from capinterp.core.forward import capture, unembed
 from capinterp.localizers.base import register
@@ -40,7 +42,8 @@ NORMS: tuple[str, ...] = ("raw", "fold")
 @torch.no_grad()
 def last_token_activations(
     model, items: list[Encoded], extra: tuple[str, ...] = ()
-) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+) -> (tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"]]
+      | tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"], dict[str, Float[Tensor, "n ..."]]]):
     """``hook_post`` of every layer at each prompt's last token: ``[n, n_layers, d_mlp]``, and logits there.
 
     With ``extra`` hook names, also returns ``{name: activation at the last token, [n, ...]}``.
@@ -69,7 +72,7 @@ def last_token_activations(
     return (acts, logits, seen) if extra else (acts, logits)
 
 
-def rms_gain(norm: torch.nn.Module, d_model: int) -> torch.Tensor:
+def rms_gain(norm: torch.nn.Module, d_model: int) -> Float[Tensor, " d_model"]:
     """The elementwise gain ``g`` of an RMSNorm (``x / rms(x) * g``), read off the module itself:
     an all-ones input has RMS 1, so ``norm(1) = g / sqrt(1 + eps)`` (relative error ~eps / 2)."""
     p = next(norm.parameters())
@@ -94,7 +97,7 @@ def fold_for(model, norms: str) -> tuple | None:
     return folded_norms(model) if norms == "fold" else None
 
 
-def projection(model, layer: int, token_ids: torch.Tensor) -> torch.Tensor:
+def projection(model, layer: int, token_ids: Int[Tensor, " n"]) -> Float[Tensor, "d_mlp n"]:
     """``(W_out[layer] @ W_U)[:, token_ids]`` -> ``[d_mlp, len(token_ids)]``, only the needed columns."""
     w_out = model.blocks[layer].mlp.W_out  # [d_mlp, d_model], raw weights
     return (w_out @ model.W_U[:, token_ids]).float()
@@ -103,7 +106,7 @@ def projection(model, layer: int, token_ids: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def per_sample_scores(
     model, items: list[Encoded], target: str = "gold", fold: tuple | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[Float[Tensor, "n n_layers d_mlp"], Int[Tensor, " n"], Int[Tensor, " n"]]:
     """Single-sample scores ``C_j`` ``[n, n_layers, d_mlp]``, the token ``t_j`` scored ``[n]``, and
     the greedy token at the last prompt position ``[n]``.
 
@@ -125,7 +128,8 @@ def per_sample_scores(
     return out, tok, logits.argmax(-1)
 
 
-def folded_projection(model, layer: int, tok: torch.Tensor, fold: tuple, scales: dict[str, torch.Tensor]) -> torch.Tensor:
+def folded_projection(model, layer: int, tok: Int[Tensor, " n"], fold: tuple,
+                      scales: dict[str, Float[Tensor, "n 1"]]) -> Float[Tensor, "n d_mlp"]:
     """``[n, d_mlp]``: each neuron's direct effect on ``tok`` per unit activation, norms folded (scales frozen)."""
     post, g_final, _ = fold
     w = model.blocks[layer].mlp.W_out.float() * g_final  # [d_mlp, d_model]

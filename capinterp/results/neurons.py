@@ -31,7 +31,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
@@ -208,7 +208,7 @@ class NeuronScores(_NeuronTensor):
     def _data(self) -> Tensor:
         return self.scores
 
-    def __getitem__(self, key: Any) -> Tensor:
+    def __getitem__(self, key: Any) -> Float[Tensor, "..."]:
         """``scores[l]`` is layer l's row [d_mlp]; any torch index works."""
         return self.scores[key]
 
@@ -374,11 +374,11 @@ class NeuronSet(_NeuronTensor, UnitSet):
         meta["random_control"] = {"seed": int(seed), "per_layer": bool(per_layer), "disjoint": bool(disjoint)}
         return NeuronSet(out.view(self.shape), meta)
 
-    def per_layer(self) -> Tensor:
+    def per_layer(self) -> Int[Tensor, " n_layers"]:
         """Located neurons per layer, int64 [n_layers]."""
         return self.mask.sum(dim=1)
 
-    def to_frame(self, scores: NeuronScores | Tensor | None = None) -> pd.DataFrame:
+    def to_frame(self, scores: NeuronScores | Float[Tensor, "n_layers d_mlp"] | None = None) -> pd.DataFrame:
         """Columns layer, neuron (sorted), plus score when ``scores`` is given."""
         idx = self.mask.nonzero().numpy().reshape(-1, 2)
         df = pd.DataFrame({"layer": idx[:, 0], "neuron": idx[:, 1]})

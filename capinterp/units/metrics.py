@@ -36,6 +36,8 @@ from typing import Union
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
 
 from capinterp.units.base import UnitSet, check_comparable
 
@@ -47,7 +49,7 @@ __all__ = [
 SetLike = Union[UnitSet, set, frozenset]
 
 
-def _mask(a: object) -> torch.Tensor | None:
+def _mask(a: object) -> Bool[Tensor, "n_layers d_mlp"] | None:
     """The bool ``[n_layers, d_mlp]`` mask of a neuron set (the tensor fast path), else None."""
     mask = getattr(a, "mask", None)
     return mask if getattr(a, "kind", None) == "neuron" and isinstance(mask, torch.Tensor) else None
@@ -194,7 +196,7 @@ def ipp(located_metric: float, random_metrics: Sequence[float], higher_is_better
     return float(loc - r.max()) if higher_is_better else float(r.min() - loc)
 
 
-def otsu_threshold(values: Sequence[float] | np.ndarray | torch.Tensor, bins: int = 256) -> float:
+def otsu_threshold(values: Sequence[float] | np.ndarray | Float[Tensor, "..."], bins: int = 256) -> float:
     """Otsu's threshold t of a 1-D sample: values >= t form the upper class, values < t the lower.
 
     Histogram the sample into ``bins`` equal bins over [min, max]; for each cut k between bins,
