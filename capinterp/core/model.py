@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.settings import resolve_device, set_threads
+from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
 
 DEFAULT_MODEL = "gemma3"
 
@@ -69,6 +69,8 @@ def load_model(
     threads: int | None = None,
     cache: str | os.PathLike | None = None,
     tokenizer: Any = None,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
     **tiny_kwargs: Any,
 ):
     """Load a model as a ``TransformerBridge`` (eval mode, gradients off for parameters' users).
@@ -76,13 +78,20 @@ def load_model(
     Args:
         name: see the module docstring. A ``transformers`` model instance needs ``tokenizer``.
         device: ``"cpu"`` (default), ``"cuda"``, ``"cuda:1"``, ...
-        dtype: parameter dtype (float32 by default; attribution accumulates in float32 anyway).
+        dtype: parameter dtype: float32 (default), ``torch.bfloat16`` / ``"bfloat16"`` or float16
+            (scores are still accumulated in float32 / float64; docs/scale.md gives the measured gap).
+        device_map: place a local-folder / cached model over several devices with accelerate
+            (``"auto"``, ``"balanced"``, or a ``{module name: device}`` dict, CPU offload included);
+            activations move between blocks, so every method runs unchanged. Excludes ``device``.
+        max_memory: per-device limits for ``device_map`` (``{0: "20GiB", "cpu": "60GiB"}``).
         threads: torch intra-op threads (``None`` keeps the current setting or ``$CAPINTERP_THREADS``).
         cache: folder for dequantized packaged weights (see :func:`cache_dir`).
         tiny_kwargs: sizes for ``"tiny"`` models (``n_layers``, ``d_model``, ``d_mlp``, ``seed``, ...).
     """
     set_threads(threads)
-    dev = resolve_device(device)
+    dev = resolve_device(device)  # every argument is checked before anything is loaded or moved
+    dtype = resolve_dtype(dtype)
+    placed = _check_placement(device, device_map, max_memory, name)
     if name is None or (isinstance(name, str) and name.lower() in _ALIASES):
         name = _ALIASES[(name or "default").lower()]
     if tiny_kwargs and name not in ("tiny", "tiny-native"):
@@ -93,7 +102,7 @@ def load_model(
             raise ValueError("loading a transformers model instance needs tokenizer=...")
         hf, tok, label = name, tokenizer, getattr(name.config, "_name_or_path", None) or type(name).__name__
     elif name in _PACKAGED:
-        hf, tok = _load_packaged(name, cache, dtype)
+        hf, tok = _load_packaged(name, cache, dtype, placed)
         label = name
     elif name == "tiny":
         from capinterp.core.tiny import tiny_llama_hf
@@ -103,10 +112,10 @@ def load_model(
     elif name == "tiny-native":
         return _finish(_boot_native(tiny_kwargs), "tiny-native", dev, dtype)
     elif Path(name).is_dir():
-        hf, tok = _load_local(Path(name), dtype)
+        hf, tok = _load_local(Path(name), dtype, placed)
         label = str(name)
     else:
-        hf, tok, label = _load_hub_cached(str(name), dtype)
+        hf, tok, label = _load_hub_cached(str(name), dtype, placed)
 
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -118,7 +127,7 @@ def load_model(
         _PACKAGED.get(label, {}).get("tl_name", label), hf_model=hf, tokenizer=tok
     )
     bridge.capinterp_adds_bos = adds_bos
-    return _finish(bridge, label, dev, dtype)
+    return _finish(bridge, label, None if placed else dev, dtype)
 
 
 def _tokenizer_adds_bos(tok) -> bool:
@@ -128,8 +137,50 @@ def _tokenizer_adds_bos(tok) -> bool:
     return bos is not None and bool(ids) and ids[0] == bos
 
 
-def _finish(bridge, label: str, device: torch.device, dtype: torch.dtype):
-    bridge.to(device, print_details=False)
+def _check_placement(device, device_map, max_memory, name) -> dict:
+    """``from_pretrained`` placement arguments for ``device_map`` / ``max_memory`` (checked first)."""
+    if device_map is None:
+        if max_memory is not None:
+            raise ValueError("max_memory only applies with device_map=...; pass device_map='auto' too")
+        return {}
+    if device is not None:
+        raise ValueError(f"pass either device={device!r} or device_map=..., not both")
+    if name in ("tiny", "tiny-native") or not isinstance(name, (str, os.PathLike)):
+        raise ValueError(f"device_map applies to models loaded from a folder, a packaged name or the HF cache, not {name!r}")
+    if isinstance(device_map, str):
+        if device_map not in ("auto", "balanced", "balanced_low_0", "sequential", "cpu"):
+            raise ValueError(f"device_map must be 'auto', 'balanced', 'balanced_low_0', 'sequential' or a dict, got {device_map!r}")
+    elif isinstance(device_map, dict):
+        for where in device_map.values():
+            if where not in ("disk",):
+                resolve_device(f"cuda:{where}" if isinstance(where, int) else where)
+    else:
+        raise TypeError(f"device_map must be a string or a dict, got {type(device_map).__name__}")
+    if importlib.util.find_spec("accelerate") is None:
+        raise ImportError("device_map needs the accelerate package: pip install accelerate")
+    return {"device_map": device_map, **({"max_memory": max_memory} if max_memory is not None else {})}
+
+
+def move_model(model, device) -> None:
+    """Move ``model`` to ``device`` after checking it (:func:`resolve_device`); None leaves it in place.
+
+    Refused before anything changes when the device does not exist or the model is spread over
+    several devices with ``device_map`` (moving it would undo the placement).
+    """
+    if device is None:
+        return
+    dev = resolve_device(device)
+    if getattr(model, "hf_device_map", None) or getattr(getattr(model, "original_model", None), "hf_device_map", None):
+        raise ValueError(f"this model was placed with device_map; device={device!r} would move all of it: pass device=None")
+    if torch.device(model.cfg.device) != dev or next(model.parameters()).device != dev:
+        model.to(dev, print_details=False)
+
+
+def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype):
+    if device is not None:
+        bridge.to(device, print_details=False)
+    else:  # placed by accelerate: inputs go where the embedding lives
+        bridge.cfg.device = next(bridge.original_model.get_input_embeddings().parameters()).device
     if dtype is not None and next(bridge.parameters()).dtype != dtype:
         bridge.to(dtype, print_details=False)
     bridge.eval()
@@ -168,7 +219,7 @@ def _gguf_path(name: str, cache: Path) -> Path:
         ) from err
 
 
-def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtype):
+def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtype, placed: dict | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = cache_dir(cache)
@@ -181,7 +232,7 @@ def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtyp
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         _save_dequantized(hf, tok, folder, info["architecture"])
-    return _load_local(folder, dtype)
+    return _load_local(folder, dtype, placed)
 
 
 def _save_dequantized(hf, tok, folder: Path, architecture: str) -> None:
@@ -204,7 +255,7 @@ def _save_dequantized(hf, tok, folder: Path, architecture: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_local(folder: Path, dtype: torch.dtype):
+def _load_local(folder: Path, dtype: torch.dtype, placed: dict | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -212,11 +263,11 @@ def _load_local(folder: Path, dtype: torch.dtype):
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} has no config.json: not a transformers model folder")
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **(placed or {}))
     return hf.eval(), tok
 
 
-def _load_hub_cached(name: str, dtype: torch.dtype):
+def _load_hub_cached(name: str, dtype: torch.dtype, placed: dict | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     known = _tl_supported_names()
@@ -227,7 +278,7 @@ def _load_hub_cached(name: str, dtype: torch.dtype):
         )
     try:
         tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
-        hf = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=True)
+        hf = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=True, **(placed or {}))
     except OSError as err:
         raise FileNotFoundError(
             f"{name!r} is a TransformerLens-supported model but is not in the local Hugging Face cache; "

@@ -224,6 +224,7 @@ def default_localize(model: Any) -> Localize:
 
 def on_device(model: Any, device: Any) -> Any:
     """Move ``model`` to ``device`` when one is given (the localizers' convention); return it."""
-    if device is not None:
-        model.to(device, print_details=False)
+    from capinterp.core.model import move_model
+
+    move_model(model, device)
     return model

@@ -44,6 +44,7 @@ from capinterp.core.example import Example, as_examples
 from capinterp.kernels.evaluate import evaluate
 from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
 from capinterp.core.forward import capture, unembed
+from capinterp.core.settings import resolve_device
 from capinterp.interventions.hooks import check_neurons
 from capinterp.interventions.neuron_params import count_params, neuron_masks, zero_neurons
 from capinterp.results.neurons import NeuronSet
@@ -238,7 +239,7 @@ def finetune(model, train: Sequence[Any], *, neurons: NeuronSet | None = None,
         if len(rnd) != len(neurons):
             raise ValueError(f"random_neurons has {len(rnd)} neurons, neurons has {len(neurons)}")
         sets_neurons["random"] = rnd
-    dev = torch.device(device if device is not None else model.cfg.device)
+    dev = resolve_device(device) if device is not None else torch.device(model.cfg.device)
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     n_total = count_params(model)
     all_neurons = int(model.cfg.n_layers) * int(model.cfg.d_mlp)

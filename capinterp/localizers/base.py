@@ -17,7 +17,7 @@ import inspect
 import numbers
 from typing import Any, Callable, ClassVar, TypeVar
 
-from capinterp.core.model import model_meta
+from capinterp.core.model import model_meta, move_model
 
 _REGISTRY: dict[str, type["Localizer"]] = {}
 _ALIASES: dict[str, str] = {}
@@ -112,8 +112,7 @@ class Localizer:
     def __init__(self, model: Any, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if device is not None:
-            model.to(device, print_details=False)
+        move_model(model, device)  # checked first: a bad device leaves the model untouched
         self.model = model
         self.batch_size = int(batch_size)
         self.progress = bool(progress)
