@@ -19,6 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 from safetensors.torch import load_file, save_file
 
+from capinterp.core import distributed as dist
 from capinterp.core.example import Example
 
 
@@ -74,6 +75,21 @@ class ScoreSum:
         out = ScoreSum(tuple(self.sum.shape), self.key)
         out.sum = self.sum + other.sum
         out.done = self.done | other.done
+        return out
+
+    def all_reduced(self) -> "ScoreSum":
+        """The merge of every rank's shard under torchrun (float64 all-reduce); ``self`` on one process."""
+        if dist.world_size() == 1:
+            return self
+        shards = dist.gather(sorted(self.done))
+        seen: set[int] = set()
+        for part in shards:
+            if seen & set(part):
+                raise ValueError(f"ranks overlap on examples {sorted(seen & set(part))[:5]}...")
+            seen |= set(part)
+        out = ScoreSum(tuple(self.sum.shape), self.key)
+        out.sum = dist.all_reduce_sum(self.sum)
+        out.done = seen
         return out
 
     # ------------------------------------------------------------------ checkpoints

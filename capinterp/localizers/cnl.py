@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from capinterp.kernels.memory import ig_row_bytes
 from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, RULES, ig_scores
 from capinterp.localizers.base import former_name, register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
@@ -47,6 +48,7 @@ class CNL(DatasetNeuronLocalizer):
         objective: ``"prob"`` (default) or ``"logprob"``.
         kernel: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
         batch_size: IG rows (layer x step points) per forward/backward; bounds peak memory.
+            ``"auto"``: the largest that fits in free memory (halved on out-of-memory).
         **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
             running sums are saved after every example and resumed from).
         method: former name of ``kernel`` (still accepted).
@@ -64,7 +66,7 @@ class CNL(DatasetNeuronLocalizer):
         positions: str = "answer",
         objective: str = "prob",
         kernel: str = "fast",
-        batch_size: int = 64,
+        batch_size: int | str = 64,
         method: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -74,6 +76,10 @@ class CNL(DatasetNeuronLocalizer):
         self.steps, self.rule, self.positions = steps, rule, positions
         self.objective, self.kernel = objective, kernel
 
+    def _row_bytes(self, items: list[Encoded]) -> int:
+        longest = max(items, key=lambda it: len(it.prompt_ids) + len(it.target_ids))
+        return ig_row_bytes(self.model, len(longest.prompt_ids) + len(longest.target_ids), len(longest.target_ids))
+
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
         return ig_scores(
             self.model,
@@ -82,6 +88,6 @@ class CNL(DatasetNeuronLocalizer):
             rule=self.rule,
             positions=self.positions,
             objective=self.objective,
-            batch_size=self.batch_size,
+            batch_size=self.batch_size_,
             method=self.kernel,
         )

@@ -1,5 +1,7 @@
 """Shared machinery of dataset-level neuron localizers (CNL, DCSN): mean per-neuron scores over
-a dataset, a sigma mask, resumable checkpoints, and split-half consistency."""
+a dataset, a sigma mask, resumable checkpoints, split-half consistency, data parallel runs under
+``torchrun`` (:mod:`capinterp.core.distributed`), ``batch_size="auto"`` and out-of-memory retries
+(:mod:`capinterp.kernels.memory`)."""
 from __future__ import annotations
 
 import random
@@ -9,6 +11,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.core import distributed as dist
+from capinterp.kernels.memory import auto_batch_size, is_oom, release
 from capinterp.units import metrics
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
 from capinterp.core.example import Example, as_examples
@@ -52,6 +56,14 @@ class DatasetNeuronLocalizer(Localizer):
     Subclasses implement :meth:`_score_chunk` (``list[Encoded] -> [n, n_layers, d_mlp]``).
     ``checkpoint=path`` saves the running sums after every chunk; a later ``fit`` with the same
     path, model, data and hyper-parameters resumes where it stopped.
+
+    Under ``torchrun`` each rank scores every ``world_size``-th chunk of ``chunk_examples``
+    examples (the chunks a single process would score, so per-example scores are bitwise the
+    same), checkpoints its own shard to ``checkpoint.rank<r>-of-<n>``, and the float64 sums are
+    all-reduced: every rank ends with the one-process result (sums equal to rounding, ~1e-16).
+    ``batch_size="auto"`` picks the largest batch that fits in free memory
+    (:func:`capinterp.kernels.memory.auto_batch_size`); an out-of-memory error halves the batch
+    (or splits the chunk) and scores the same examples again, so nothing is lost or counted twice.
     """
 
     checkpointable = True
@@ -63,12 +75,16 @@ class DatasetNeuronLocalizer(Localizer):
         *,
         sigma: float = 6.0,
         spread: str = "std",
-        batch_size: int = 32,
+        batch_size: int | str = 32,
         checkpoint: str | Path | None = None,
         device: Any = None,
         progress: bool = True,
     ) -> None:
-        super().__init__(model, batch_size=batch_size, device=device, progress=progress)
+        if batch_size == "auto":  # resolved at fit time, from the data and the free memory
+            super().__init__(model, batch_size=1, device=device, progress=progress)
+            self.batch_size = "auto"
+        else:  # the base checks it is an integer >= 1
+            super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         if not sigma > 0:
             raise ValueError(f"sigma must be > 0, got {sigma}")
         if spread not in ("std", "var"):
@@ -82,7 +98,33 @@ class DatasetNeuronLocalizer(Localizer):
         return encode(self.model, examples)
 
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:  # pragma: no cover - abstract
+        """Scores ``[len(items), n_layers, d_mlp]`` with ``self.batch_size_`` (an int) as batch size."""
         raise NotImplementedError
+
+    def _chunk_size(self) -> int:
+        """Examples scored together (one checkpoint step); DCSN: its batch size."""
+        return self.chunk_examples
+
+    def _row_bytes(self, items: list[Encoded]) -> int:  # pragma: no cover - abstract
+        """Peak bytes one batch row needs (for ``batch_size="auto"``)."""
+        raise NotImplementedError
+
+    def _score_safely(self, items: list[Encoded]) -> torch.Tensor:
+        """:meth:`_score_chunk`, halving the batch (or splitting the chunk) on out-of-memory."""
+        try:
+            return self._score_chunk(items)
+        except Exception as err:  # noqa: BLE001 - only out-of-memory errors are retried
+            if not is_oom(err):
+                raise
+        release(self.model.cfg.device)
+        if len(items) > 1:
+            half = len(items) // 2
+            return torch.cat([self._score_safely(items[:half]), self._score_safely(items[half:])])
+        if self.batch_size_ <= 1:
+            raise torch.OutOfMemoryError(f"{self.name}: out of memory with batch_size 1 on one example")
+        self.batch_size_ //= 2
+        self.oom_retries_ += 1
+        return self._score_safely(items)
 
     # -------------------------------------------------------------------------------
     def fit(self, data: Any) -> "DatasetNeuronLocalizer":
@@ -102,17 +144,26 @@ class DatasetNeuronLocalizer(Localizer):
             "model": model_fingerprint(self.model),
             "data": dataset_fingerprint(e.example for e in encoded),
         }
-        acc = ScoreSum.resume(self.checkpoint, shape, key)
-        todo = [i for i in range(len(encoded)) if i not in acc.done]
-        bar = tqdm(total=len(encoded), initial=acc.count, desc=self.name, disable=not self.progress)
-        for chunk in batches(todo, self.chunk_examples):
-            scores = self._score_chunk([encoded[i] for i in chunk])
+        dist.init(self.model.cfg.device)
+        self.batch_size_ = self.batch_size if self.batch_size != "auto" else auto_batch_size(
+            self.model.cfg.device, self._row_bytes(encoded))
+        self.oom_retries_ = 0
+        ckpt = dist.rank_path(self.checkpoint)
+        acc = ScoreSum.resume(ckpt, shape, key)
+        mine = dist.shard(list(batches(list(range(len(encoded))), self._chunk_size())))
+        todo = [[i for i in chunk if i not in acc.done] for chunk in mine]
+        show = self.progress and dist.is_main()
+        desc = self.name if dist.world_size() == 1 else f"{self.name} (rank 0 of {dist.world_size()})"
+        bar = tqdm(total=sum(len(c) for c in mine), initial=acc.count, desc=desc, disable=not show)
+        for chunk in filter(None, todo):
+            scores = self._score_safely([encoded[i] for i in chunk])
             for i, row in zip(chunk, scores):
                 acc.add(i, row)
-            if self.checkpoint:
-                acc.save(self.checkpoint)
+            if ckpt:
+                acc.save(ckpt)
             bar.update(len(chunk))
         bar.close()
+        acc = acc.all_reduced()
         self.sums_ = acc
         meta = self._set_meta(dataset=describe_data([e.example for e in encoded]), n_samples=acc.count)
         self.scores_ = NeuronScores(acc.mean(), meta=meta)

@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from capinterp.core.forward import capture, unembed
+from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 from capinterp.core.model import neuron_hook, neuron_shape
@@ -161,7 +162,12 @@ class DCSN(DatasetNeuronLocalizer):
         self.target = target
         self.norms = norms
         self._fold = fold
-        self.chunk_examples = self.batch_size
+
+    def _chunk_size(self) -> int:
+        return self.batch_size_
+
+    def _row_bytes(self, items: list[Encoded]) -> int:
+        return forward_row_bytes(self.model, max(len(it.prompt_ids) for it in items))
 
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
         return per_sample_scores(self.model, items, self.target, self._fold)[0].cpu()
