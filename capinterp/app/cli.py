@@ -21,10 +21,26 @@ def _data_args(p: argparse.ArgumentParser, n: int = 100) -> None:
     p.add_argument("--ops", default="+", help="operators, e.g. '+' or '+-*/'")
     p.add_argument("--fmt", default="DG", choices=["DG", "MQ", "TF"])
     p.add_argument("--lang", default="en", choices=["en", "zh"])
-    p.add_argument("--n", type=int, default=n, help="number of examples")
+    p.add_argument("--n", "--n-examples", dest="n", type=int, default=n,
+                   help="number of examples (under torchrun write --n-examples: torchrun reads --n as its own)")
     p.add_argument("--digits", type=int, default=1, help="operand digits")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=_batch_size, default=16, help="an integer, or 'auto' (localize)")
+
+
+def _batch_size(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"batch size must be an integer or 'auto', got {text!r}") from None
+
+
+def _int_batch(args) -> int:
+    if args.batch_size == "auto":
+        raise ValueError("--batch-size auto applies to 'capinterp localize' only; give an integer here")
+    return args.batch_size
 
 
 def _load(args):
@@ -66,7 +82,7 @@ def cmd_evaluate(args) -> int:
 
     ds = _dataset(args)
     model = _load(args)
-    res = evaluate(model, ds, batch_size=args.batch_size, progress=True)
+    res = evaluate(model, ds, batch_size=_int_batch(args), progress=True)
     print(json.dumps({"ops": args.ops, "fmt": args.fmt, "lang": args.lang, **res.to_dict()}))
     return 0
 
@@ -86,6 +102,10 @@ def cmd_localize(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     extra = {"checkpoint": out / f"{cls.name}.ckpt"} if cls.checkpointable else {}
     loc = cls(model, batch_size=args.batch_size, **extra).fit(ds)
+    from capinterp.core import distributed as dist
+
+    if not dist.is_main():  # under torchrun every rank holds the merged result; rank 0 writes it
+        return 0
     name = cls.name
     loc.scores_.save(out / f"{name}_scores.capi")
     loc.neurons_.save(out / f"{name}_neurons.capi")
@@ -98,6 +118,7 @@ def cmd_main(args) -> int:
     """The README job: default model, arithmetic data, evaluation, CNL localization, heatmap."""
     from capinterp.app.main_job import run_main
 
+    _int_batch(args)
     return run_main(args)
 
 
@@ -173,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"capinterp: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        from capinterp.core import distributed as dist
+
+        dist.finish()  # leave the torchrun process group, if this command joined one
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,6 +30,9 @@ tokens (their mean), last subject token, first token after the subject, further 
 mean, excluding the last token), last token. Groups a fact lacks (e.g. middle tokens of a
 one-token subject) are NaN for that fact and ignored by the average.
 
+Under ``torchrun`` the facts are sharded by rank (each fact's trace is independent and its noise
+seeded per fact), the records gathered in fact order: every rank ends with the one-process result.
+
 Located layers (docs/localizers/causal_trace.md): rank layers by the IE of
 kind ``layer_kind`` (``"mlp"``, what ROME edits) at the token group ``token`` (``"last_subject"``
 by default) of the averaged grid, or, with ``token="any"``, by the mean over facts of each fact's
@@ -44,6 +47,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.core import distributed as dist
 from capinterp.core.example import Example, as_examples
 from capinterp.localizers.base import Localizer, register
 from capinterp.core.tokens import _ids, encode, model_bos
@@ -152,9 +156,10 @@ class CausalTrace(Localizer):
 
         self.per_prompt_: list[dict[str, Any]] = []
         self.skipped_facts_: list[dict[str, Any]] = []
-        it = tqdm(prepared, desc="causal trace", disable=not self.progress, leave=False)
-        for item in it:
-            res = self._trace_one(item)
+        dist.init(self.model.cfg.device)  # under torchrun: each rank traces every world_size-th fact
+        it = tqdm(dist.shard(prepared), desc="causal trace", disable=not (self.progress and dist.is_main()), leave=False)
+        mine = [self._trace_one(item) for item in it]
+        for res in sorted((r for part in dist.gather(mine) for r in part), key=lambda r: r["index"]):
             if res.get("skipped"):
                 self.skipped_facts_.append(res)
             else:

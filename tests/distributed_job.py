@@ -1,0 +1,52 @@
+"""A data-parallel job for tests/test_distributed.py: run with ``torchrun`` or plain python.
+
+    torchrun --standalone --nproc-per-node 2 tests/distributed_job.py OUT.pt CKPT_DIR
+
+Fits CNL, DCSN (with checkpoints) and causal tracing on the tiny model, refits CNL and DCSN
+from their checkpoints with scoring disabled (resume must need no work), and rank 0 saves
+every float64 sum, located mask and causal-trace grid to OUT.pt.
+"""
+import sys
+
+import torch
+
+from capinterp.core import distributed as dist
+from capinterp.core.example import Example
+from capinterp.core.model import load_model
+from capinterp.data import arithmetic
+from capinterp.localizers.causal_trace import CausalTrace
+from capinterp.localizers.cnl import CNL
+from capinterp.localizers.dcsn import DCSN
+
+SUBJECTS = [("The Eiffel Tower is in the city of", "Eiffel Tower"), ("Rome is the capital of", "Rome"),
+            ("Marie Curie was born in", "Marie Curie"), ("The Nile flows through", "Nile"),
+            ("Mount Fuji is in", "Mount Fuji")]
+
+
+def refuse(items):
+    raise AssertionError("a resumed fit scored an example again")
+
+
+def main(out: str, ckpt: str) -> None:
+    model = load_model("tiny", threads=1)
+    ds = arithmetic(ops="+", n=11, seed=0)
+    res = {"world": dist.world_size() if dist.init() else 1}
+    for name, make in (("cnl", lambda **k: CNL(model, steps=6, progress=False, **k)),
+                       ("dcsn", lambda **k: DCSN(model, batch_size=3, progress=False, **k))):
+        loc = make(checkpoint=f"{ckpt}/{name}.ckpt").fit(ds)
+        again = make(checkpoint=f"{ckpt}/{name}.ckpt")
+        again._score_chunk = refuse
+        again.fit(ds)
+        assert torch.equal(again.sums_.sum, loc.sums_.sum) and again.sums_.done == loc.sums_.done
+        res[name] = {"sum": loc.sums_.sum, "done": sorted(loc.sums_.done), "mask": loc.neurons_.mask}
+    facts = [Example(p, "", {"subject": s}) for p, s in SUBJECTS]
+    tr = CausalTrace(model, samples=3, kinds=("mlp",), progress=False).fit(facts)
+    res["trace"] = {"grid": tr.grids_["mlp"], "per_prompt": [r["grids"]["mlp"] for r in tr.per_prompt_],
+                    "index": [r["index"] for r in tr.per_prompt_], "layers": tr.layers_}
+    if dist.is_main():
+        torch.save(res, out)
+    dist.finish()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
