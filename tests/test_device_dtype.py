@@ -86,3 +86,18 @@ def test_bfloat16_causal_trace_runs_and_agrees(tiny32, tiny16):
     b = CausalTrace(tiny16, samples=3, kinds=("mlp",), progress=False).fit(facts)
     assert b.grids_["mlp"].dtype == torch.float32 and b.grids_["mlp"].shape == a.grids_["mlp"].shape
     assert float((a.grids_["mlp"] - b.grids_["mlp"]).nan_to_num().abs().max()) < 0.05
+
+
+@pytest.mark.slow
+def test_smollm2_bfloat16_scores_match_float32():
+    """Half precision on a real model: the numbers docs/scale.md quotes come from benchmarks/bench_precision.py."""
+    ds = arithmetic(ops="+", n=2, seed=0)
+    got = {}
+    for dtype in ("float32", "bfloat16"):
+        model = load_model("smollm2", dtype=dtype, threads=1)
+        got[dtype] = [CNL(model, steps=10, progress=False).fit(ds).scores_[:], DCSN(model, progress=False).fit(ds).scores_[:]]
+        del model
+    for (a, b), (min_overlap, max_rel) in zip(zip(got["float32"], got["bfloat16"]), ((80, 0.3), (95, 0.1))):
+        assert b.dtype == torch.float32
+        assert len(_top(a, 100) & _top(b, 100)) >= min_overlap
+        assert float((a - b).abs().max() / a.abs().max()) < max_rel
