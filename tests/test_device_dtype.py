@@ -49,7 +49,7 @@ def test_load_model_checks_arguments_before_loading():
         load_model("tiny", dtype="int8")
     with pytest.raises(ValueError, match="either device"):
         load_model("smollm2", device="cpu", device_map="auto")
-    with pytest.raises(ValueError, match="max_memory only applies"):
+    with pytest.raises(ValueError, match="max_memory and offload_folder only apply"):
         load_model("smollm2", max_memory={"cpu": "1GiB"})
     with pytest.raises(ValueError, match="device_map must be"):
         load_model("smollm2", device_map="everywhere")

@@ -71,6 +71,7 @@ def load_model(
     tokenizer: Any = None,
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
     **tiny_kwargs: Any,
 ):
     """Load a model as a ``TransformerBridge`` (eval mode, gradients off for parameters' users).
@@ -84,6 +85,9 @@ def load_model(
             (``"auto"``, ``"balanced"``, or a ``{module name: device}`` dict, CPU offload included);
             activations move between blocks, so every method runs unchanged. Excludes ``device``.
         max_memory: per-device limits for ``device_map`` (``{0: "20GiB", "cpu": "60GiB"}``).
+        offload_folder: where accelerate keeps the weights of modules mapped to ``"disk"``. Offloaded
+            weights live on the meta device between calls: forward-only methods (IG, tracing,
+            circuits) work; methods that read weights directly (DCSN's projection, editing) do not.
         threads: torch intra-op threads (``None`` keeps the current setting or ``$CAPINTERP_THREADS``).
         cache: folder for dequantized packaged weights (see :func:`cache_dir`).
         tiny_kwargs: sizes for ``"tiny"`` models (``n_layers``, ``d_model``, ``d_mlp``, ``seed``, ...).
@@ -91,7 +95,7 @@ def load_model(
     set_threads(threads)
     dev = resolve_device(device)  # every argument is checked before anything is loaded or moved
     dtype = resolve_dtype(dtype)
-    placed = _check_placement(device, device_map, max_memory, name)
+    placed = _check_placement(device, device_map, max_memory, name, offload_folder)
     if name is None or (isinstance(name, str) and name.lower() in _ALIASES):
         name = _ALIASES[(name or "default").lower()]
     if tiny_kwargs and name not in ("tiny", "tiny-native"):
@@ -101,6 +105,10 @@ def load_model(
         if tokenizer is None:
             raise ValueError("loading a transformers model instance needs tokenizer=...")
         hf, tok, label = name, tokenizer, getattr(name.config, "_name_or_path", None) or type(name).__name__
+        if getattr(hf, "hf_device_map", None):  # already placed by accelerate: keep it where it is
+            if device is not None:
+                raise ValueError(f"this model was placed with device_map; device={device!r} would move all of it: pass device=None")
+            placed = {"device_map": hf.hf_device_map}
     elif name in _PACKAGED:
         hf, tok = _load_packaged(name, cache, dtype, placed)
         label = name
@@ -127,7 +135,8 @@ def load_model(
         _PACKAGED.get(label, {}).get("tl_name", label), hf_model=hf, tokenizer=tok
     )
     bridge.capinterp_adds_bos = adds_bos
-    return _finish(bridge, label, None if placed else dev, dtype)
+    bridge.capinterp_device_map = placed.get("device_map")
+    return _finish(bridge, label, None if placed else dev, None if placed else dtype)
 
 
 def _tokenizer_adds_bos(tok) -> bool:
@@ -137,11 +146,11 @@ def _tokenizer_adds_bos(tok) -> bool:
     return bos is not None and bool(ids) and ids[0] == bos
 
 
-def _check_placement(device, device_map, max_memory, name) -> dict:
+def _check_placement(device, device_map, max_memory, name, offload_folder=None) -> dict:
     """``from_pretrained`` placement arguments for ``device_map`` / ``max_memory`` (checked first)."""
     if device_map is None:
-        if max_memory is not None:
-            raise ValueError("max_memory only applies with device_map=...; pass device_map='auto' too")
+        if max_memory is not None or offload_folder is not None:
+            raise ValueError("max_memory and offload_folder only apply with device_map=...; pass device_map='auto' too")
         return {}
     if device is not None:
         raise ValueError(f"pass either device={device!r} or device_map=..., not both")
@@ -158,7 +167,8 @@ def _check_placement(device, device_map, max_memory, name) -> dict:
         raise TypeError(f"device_map must be a string or a dict, got {type(device_map).__name__}")
     if importlib.util.find_spec("accelerate") is None:
         raise ImportError("device_map needs the accelerate package: pip install accelerate")
-    return {"device_map": device_map, **({"max_memory": max_memory} if max_memory is not None else {})}
+    extra = {"max_memory": max_memory, "offload_folder": None if offload_folder is None else str(offload_folder)}
+    return {"device_map": device_map, **{k: v for k, v in extra.items() if v is not None}}
 
 
 def move_model(model, device) -> None:
@@ -170,7 +180,7 @@ def move_model(model, device) -> None:
     if device is None:
         return
     dev = resolve_device(device)
-    if getattr(model, "hf_device_map", None) or getattr(getattr(model, "original_model", None), "hf_device_map", None):
+    if getattr(model, "capinterp_device_map", None) or getattr(getattr(model, "original_model", None), "hf_device_map", None):
         raise ValueError(f"this model was placed with device_map; device={device!r} would move all of it: pass device=None")
     if torch.device(model.cfg.device) != dev or next(model.parameters()).device != dev:
         model.to(dev, print_details=False)
