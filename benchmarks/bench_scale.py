@@ -1,0 +1,192 @@
+"""Time, memory and FLOPs per ~30-token prompt on a randomly initialised Llama-shaped model.
+
+    .venv/bin/python benchmarks/bench_scale.py --config 1b --threads 2               # CPU
+    python benchmarks/bench_scale.py --config llama2-7b --device cuda --dtype bfloat16  # one GPU
+
+``--config``: ``llama2-7b`` (32 x 11008 neurons, 32k vocabulary), ``llama3-8b`` (32 x 14336,
+128k vocabulary, 8 KV heads) or ``1b`` (Llama-3.2-1B's shape: 16 x 8192, 128k vocabulary).
+No weights are needed to measure time and memory. Side by side in one run, per prompt:
+
+* ``ig``: CNL/KN integrated gradients over every neuron, the fast kernel (``method="fast"``);
+* ``loop``: the same scores by the per-layer batched loop (``method="loop"``: m full sequences
+  per layer, forward + backward);
+* ``captum``: captum's ``LayerIntegratedGradients`` on each layer's down-projection input, the
+  route a user would take (``--captum-layers k`` measures k layers and scales by n_layers/k);
+* ``dcsn``: one forward, activations x unembedding projection;
+* ``trace``: ROME causal tracing of one fact (``--trace-kinds``, 10 noise samples).
+
+FLOPs are counted by ``torch.utils.flop_counter`` on one fast-IG call with m=1 and m=2 steps
+(IG is linear in m). The cost model (:func:`ig_cost`) predicts the fast kernel's FLOPs and weight
+traffic from the shape alone; the run prints its prediction next to the count, then the
+prediction for the 7B / 8B shapes. Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU,
+the process's peak RSS on the CPU (a high-water mark over the whole run).
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+
+PRESETS = {
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+}
+
+
+def block_params(c: dict) -> int:
+    d, kv = c["hidden_size"], c["hidden_size"] * c["num_key_value_heads"] // c["num_attention_heads"]
+    return 2 * d * d + 2 * d * kv + 3 * d * c["intermediate_size"]
+
+
+def ig_cost(c: dict, seq: int, steps: int, n_pos: int = 1, batch_rows: int = 64, elem: int = 2) -> dict:
+    """Fast-kernel IG of every neuron for one prompt: FLOPs and bytes of weights read.
+
+    Clean prefix: one forward over ``seq`` tokens (2 P_block FLOPs per token per block). Rows:
+    ``steps x L`` (layer, step) pairs; a row scaled at layer l runs blocks l..L-1 on ``n_pos``
+    positions, forward and an input-gradient backward (x2: parameters need no gradient), and the
+    unembedding at those positions (x2).
+    Weight traffic: each chunk of ``batch_rows`` rows reads the blocks it spans, forward and back.
+    """
+    L, V, d = c["num_hidden_layers"], c["vocab_size"], c["hidden_size"]
+    pb = block_params(c)
+    prefix = 2 * pb * L * seq + 2 * d * V * n_pos
+    rows = steps * L * (L + 1) // 2 * n_pos * 2 * pb * 2 + steps * L * n_pos * 2 * d * V * 2
+    n_chunks = -(-steps * L // batch_rows)
+    traffic = n_chunks * (pb * L + d * V) * elem * 2
+    return {"flops": prefix + rows, "weight_bytes": traffic}
+
+
+def build(cfg_name: str, device: str, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from capinterp.core.model import load_model
+    from capinterp.core.tiny import tiny_tokenizer
+
+    cfg = LlamaConfig(**PRESETS[cfg_name], max_position_embeddings=4096)
+    torch.manual_seed(0)
+    with torch.device(device):
+        hf = LlamaForCausalLM(cfg).to(dtype)
+    hf.config.architectures = ["LlamaForCausalLM"]
+    return load_model(hf, tokenizer=tiny_tokenizer(), device=device, dtype=dtype)
+
+
+def timed(fn, device: str):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    out = fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out, time.perf_counter() - t, peak
+
+
+def captum_ig(model, item, steps: int, layers: list[int]) -> None:
+    from captum.attr import LayerIntegratedGradients
+
+    hf = model.original_model
+    ids = torch.tensor([item.prompt_ids], device=model.cfg.device)
+    target = item.target_ids[0]
+
+    def prob(x):
+        return hf(x).logits[:, -1].float().softmax(-1)[:, target]
+
+    for l in layers:
+        lig = LayerIntegratedGradients(prob, hf.model.layers[l].mlp.down_proj)
+        lig.attribute(ids, n_steps=steps, method="riemann_right", attribute_to_layer_input=True,
+                      internal_batch_size=steps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="1b", choices=sorted(PRESETS))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--seq", type=int, default=30, help="prompt tokens (plus one answer token)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=64, help="IG rows per forward/backward")
+    ap.add_argument("--methods", default="ig,loop,captum,dcsn")
+    ap.add_argument("--captum-layers", type=int, default=1)
+    ap.add_argument("--trace-kinds", default="mlp")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+
+    from capinterp.core.example import Example
+    from capinterp.core.settings import resolve_dtype, set_threads
+    from capinterp.core.tokens import Encoded
+    from capinterp.kernels.ig import ig_scores
+    from capinterp.localizers.dcsn import per_sample_scores
+
+    set_threads(args.threads)
+    dtype = resolve_dtype(args.dtype)
+    model, t_build, _ = timed(lambda: build(args.config, args.device, dtype), args.device)
+    c, L = PRESETS[args.config], PRESETS[args.config]["num_hidden_layers"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 500, (args.seq + 1,), generator=g).tolist()  # ids the stand-in tokenizer knows
+    item = Encoded(ids[:-1], ids[-1:], Example("x", "y"))
+    print(f"config {args.config}: {L} layers x {c['intermediate_size']} neurons, vocab {c['vocab_size']}, "
+          f"{sum(p.numel() for p in model.original_model.parameters()) / 1e9:.2f}B params, {args.dtype} on "
+          f"{args.device} ({torch.get_num_threads()} threads), prompt {args.seq}+1 tokens, m={args.steps}; built in {t_build:.0f}s")
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counts = []
+    for m in (1, 2):
+        with FlopCounterMode(display=False) as fc:
+            ig_scores(model, item, steps=m, batch_size=args.batch_size, method="fast")
+        counts.append(fc.get_total_flops())
+    measured = counts[0] + (counts[1] - counts[0]) * (args.steps - 1)
+    elem = torch.finfo(dtype).bits // 8
+    pred = ig_cost(c, args.seq, args.steps, batch_rows=args.batch_size, elem=elem)
+    print(f"fast IG FLOPs per prompt: counted {measured / 1e12:.3f} T, cost model {pred['flops'] / 1e12:.3f} T "
+          f"(ratio {measured / pred['flops']:.3f}); weight traffic (model) {pred['weight_bytes'] / 1e9:.1f} GB")
+
+    results = {}
+    runs = {
+        "ig": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.batch_size, method="fast"),
+        "loop": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.steps, method="loop"),
+        "captum": lambda: captum_ig(model, item, args.steps, list(range(args.captum_layers))),
+        "dcsn": lambda: per_sample_scores(model, [item]),
+        "trace": lambda: trace(model, args),
+    }
+    for name in args.methods.split(","):
+        out, secs, peak = timed(runs[name], args.device)
+        if name == "captum":
+            secs *= L / args.captum_layers
+        results[name] = (secs, peak)
+        if name == "ig":
+            results["ig_scores"] = out
+        if name == "loop" and "ig_scores" in results:
+            a, b = results["ig_scores"], out
+            print(f"  fast vs loop: max rel diff {float((a - b).abs().max() / b.abs().max()):.2e}")
+        note = f" (measured {args.captum_layers} of {L} layers, scaled)" if name == "captum" else ""
+        print(f"{name:7s} {secs:9.2f} s/prompt  peak {peak:6.2f} GiB{note}")
+    if "ig" in results:
+        base = results["ig"][0]
+        print("ratios to fast IG: " + ", ".join(f"{k} {v[0] / base:.1f}x" for k, v in results.items()
+                                               if k not in ("ig", "ig_scores", "dcsn", "trace")))
+    for name in ("llama2-7b", "llama3-8b"):
+        p = ig_cost(PRESETS[name], args.seq, args.steps, batch_rows=args.batch_size, elem=2)
+        print(f"cost model, {name} bf16: fast IG {p['flops'] / 1e12:.1f} TFLOPs and {p['weight_bytes'] / 1e9:.0f} GB "
+              f"of weight reads per prompt (not measured on a GPU)")
+
+
+def trace(model, args):
+    from capinterp.core.example import Example
+    from capinterp.localizers.causal_trace import CausalTrace
+
+    fact = Example("The Eiffel Tower is located in the city of", "", {"subject": "Eiffel Tower"})
+    return CausalTrace(model, samples=10, kinds=tuple(args.trace_kinds.split(",")), progress=False).fit([fact])
+
+
+if __name__ == "__main__":
+    main()
