@@ -11,7 +11,8 @@ No weights are needed to measure time and memory. Side by side in one run, per p
 * ``loop``: the same scores by the per-layer batched loop (``method="loop"``: m full sequences
   per layer, forward + backward);
 * ``captum``: captum's ``LayerIntegratedGradients`` on each layer's down-projection input, the
-  route a user would take (``--captum-layers k`` measures k layers and scales by n_layers/k);
+  route a user would take (``--captum-layers k`` measures k layers and scales by n_layers/k;
+  ``--loop-layers k`` does the same for ``loop``);
 * ``dcsn``: one forward, activations x unembedding projection;
 * ``trace``: ROME causal tracing of one fact (``--trace-kinds``, 10 noise samples).
 
@@ -116,6 +117,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64, help="IG rows per forward/backward")
     ap.add_argument("--methods", default="ig,loop,captum,dcsn")
     ap.add_argument("--captum-layers", type=int, default=1)
+    ap.add_argument("--loop-layers", type=int, default=0, help="measure the loop on k layers, scale by L/k (0: all)")
     ap.add_argument("--trace-kinds", default="mlp")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
@@ -153,22 +155,23 @@ def main() -> None:
     results = {}
     runs = {
         "ig": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.batch_size, method="fast"),
-        "loop": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.steps, method="loop"),
+        "loop": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.steps, method="loop",
+                                  layers=range(args.loop_layers or L)),
         "captum": lambda: captum_ig(model, item, args.steps, list(range(args.captum_layers))),
         "dcsn": lambda: per_sample_scores(model, [item]),
         "trace": lambda: trace(model, args),
     }
     for name in args.methods.split(","):
         out, secs, peak = timed(runs[name], args.device)
-        if name == "captum":
-            secs *= L / args.captum_layers
+        part = {"captum": args.captum_layers, "loop": args.loop_layers or L}.get(name, L)
+        secs *= L / part
         results[name] = (secs, peak)
         if name == "ig":
             results["ig_scores"] = out
         if name == "loop" and "ig_scores" in results:
-            a, b = results["ig_scores"], out
+            a, b = results["ig_scores"][:, :part], out[:, :part]
             print(f"  fast vs loop: max rel diff {float((a - b).abs().max() / b.abs().max()):.2e}")
-        note = f" (measured {args.captum_layers} of {L} layers, scaled)" if name == "captum" else ""
+        note = f" (measured {part} of {L} layers, scaled)" if part < L else ""
         print(f"{name:7s} {secs:9.2f} s/prompt  peak {peak:6.2f} GiB{note}")
     if "ig" in results:
         base = results["ig"][0]
