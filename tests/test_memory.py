@@ -86,5 +86,5 @@ def test_batch_size_auto_fits_and_matches(tiny, ds):
     torch.testing.assert_close(auto.scores_[:], ref.scores_[:], rtol=1e-5, atol=1e-7)
     cnl = CNL(tiny, steps=4, batch_size="auto", progress=False).fit(ds)
     assert cnl.batch_size_ >= 1
-    with pytest.raises(TypeError, match="batch_size must be an integer >= 1 or 'auto'"):
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         DCSN(tiny, batch_size="big")
