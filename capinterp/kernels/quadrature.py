@@ -54,3 +54,20 @@ def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, "
         return (k - 1) / (m - 1), w
     x, wx = np.polynomial.legendre.leggauss(m)
     return torch.from_numpy((x + 1) / 2), torch.from_numpy(wx / 2)
+
+
+IG_RULES = {
+    "papers": "right Riemann sum, the papers' steps (Dai et al. 2022 section 3.1)",
+    "accurate": "Gauss-Legendre, at most 5 points (ACCURATE_STEPS)",
+}
+ACCURATE_STEPS = 5
+
+
+def ig_preset(name: str, steps: int) -> dict:
+    """``{"rule", "steps"}`` for a named choice: ``"papers"`` keeps ``steps`` on the right Riemann
+    rule; ``"accurate"`` uses Gauss-Legendre with ``min(steps, ACCURATE_STEPS)`` points."""
+    if name not in IG_RULES:
+        raise ValueError(f"ig_rule must be one of {tuple(IG_RULES)}, got {name!r}")
+    if name == "papers":
+        return {"rule": "right", "steps": int(steps)}
+    return {"rule": "gauss", "steps": min(int(steps), ACCURATE_STEPS)}
