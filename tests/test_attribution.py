@@ -320,3 +320,20 @@ def test_fast_matches_loop_on_gemma3(gemma3):
     # are each off by up to ~1e-3 relative on layer-17 scores near 1% of the max (measured), so
     # the two cannot agree to 1e-4; the scale-relative check stays tight.
     assert rel <= 2e-3 and scale <= 3e-5  # measured: 2.4e-4 and 1.4e-5
+
+
+def test_ig_presets_and_reproduce_switch(tiny, tmp_path):
+    from capinterp.app.reproduce import report_html, reproduce
+    from capinterp.experiments import Context
+    from capinterp.kernels.quadrature import ig_preset
+
+    assert ig_preset("papers", 10) == {"rule": "right", "steps": 10}
+    assert ig_preset("accurate", 10) == {"rule": "gauss", "steps": 5}
+    assert ig_preset("accurate", 3) == {"rule": "gauss", "steps": 3}
+    assert Context(tiny, quick=True, ig_rule="accurate").ig(3, 10) == {"rule": "gauss", "steps": 3}
+    assert Context(tiny).ig(3, 10) == {"rule": "right", "steps": 10}
+    with pytest.raises(ValueError, match="ig_rule"):
+        reproduce(tiny, tmp_path, ig_rule="exact")
+    page = report_html({"config": {"model": "tiny", "quick": True, "seed": 0, "ig_rule": "accurate"},
+                        "experiments": {}}, {})
+    assert "integrated gradients: <b>accurate</b> (Gauss-Legendre" in page
