@@ -30,7 +30,10 @@ Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
   direct block calls do not reproduce the model's logits on an architecture (checked on the
   first example of each call); both fall back to ``"loop"`` for models without an HF KV cache.
 
-Cost per example (SmolLM2, ~30-token prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
+Every rule costs the same per point: ``n_layers x m`` rows per example, so the cost is linear in
+``steps`` whatever the rule (Gauss-Legendre with 5 points = a quarter of the papers' 20 rows;
+errors per rule in ``benchmarks/bench_ig.py --rules``). Cost per example (SmolLM2, ~30-token
+prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
 whatever the answer length; "fast" ~0.1 TMAC per answer token (a third of it the unembedding,
 which softmax needs in full). Float32 agreement between methods is limited by float32 itself:
 against float64 runs each method is off by up to ~1e-4 relative on scores near 1% of the max
