@@ -13,6 +13,16 @@ Also: gradient x activation throughput and its agreement with IG; ``--with-prefi
 bridge-only prefix route (ablation); ``--completeness`` prints sum(IG) vs F(a)-F(0) for one
 layer at m = 20/50/200; ``--fp64-check`` reruns one prompt in float64 to show the fp32 noise
 floor of both methods.
+
+``--rules`` compares quadrature rules instead (the papers' 20-point right sum against midpoint
+and Gauss-Legendre, ``--rule-list``), all on the fast route, all layers, CNL positions: time per
+prompt, error against a high-order Gauss-Legendre reference (``--ref-steps``), completeness
+error sum(IG_l) vs F(a) - F(a_l = 0) per layer, the sigma = 6 CNL set of the prompts' mean scores
+and the KN sets (last prompt token, > 0.2 max) against the reference's (IoU), and a profile of
+where the time goes (unembedding + objective, i.e. ops on [.., vocabulary] tensors, vs the rest)::
+
+    .venv/bin/python benchmarks/bench_ig.py --rules --model gemma3 --n 4 --threads 2
+    .venv/bin/python benchmarks/bench_ig.py --rules --quick      # 2 prompts, smaller reference
 """
 from __future__ import annotations
 
@@ -127,7 +137,15 @@ def main(argv=None) -> int:
     ap.add_argument("--with-prefix", action="store_true", help="also time method='prefix' (no layer staircase)")
     ap.add_argument("--completeness", action="store_true")
     ap.add_argument("--fp64-check", action="store_true")
+    ap.add_argument("--rules", action="store_true", help="compare quadrature rules (see above)")
+    ap.add_argument("--rule-list", default="right:20,midpoint:10,gauss:3,gauss:5,gauss:8")
+    ap.add_argument("--ref-steps", type=int, default=32, help="Gauss-Legendre points of the reference")
+    ap.add_argument("--quick", action="store_true", help="with --rules: 2 prompts, 16-point reference")
     args = ap.parse_args(argv)
+    if args.rules:
+        from bench_ig_rules import run_rules
+
+        return run_rules(args)
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

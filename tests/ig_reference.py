@@ -59,14 +59,33 @@ def ref_activation(model, enc: Encoded, layer: int, positions: str = "answer") -
     return cache[neuron_hook(layer)][0, pos].float().detach()
 
 
-def ref_alpha(k: int, steps: int, rule: str) -> float:
-    """Coefficient of step ``k`` in 1..steps."""
+def ref_gauss(m: int) -> tuple[list[float], list[float]]:
+    """Gauss-Legendre on [0, 1] by Golub-Welsch: eigenvalues of the Jacobi matrix of the
+    Legendre recurrence (off-diagonal k / sqrt(4k^2 - 1)) are the nodes on [-1, 1], and twice
+    the squared first components of the eigenvectors are the weights."""
+    k = torch.arange(1, m, dtype=torch.float64)
+    off = k / torch.sqrt(4 * k * k - 1)
+    J = torch.diag(off, 1) + torch.diag(off, -1)
+    x, v = torch.linalg.eigh(J)
+    w = 2 * v[0] ** 2
+    return ((x + 1) / 2).tolist(), (w / 2).tolist()
+
+
+def ref_rule(steps: int, rule: str) -> list[tuple[float, float]]:
+    """[(alpha_k, w_k)] for k in 1..steps, from the definitions."""
+    m = steps
     if rule == "right":
-        return k / steps
+        return [(k / m, 1 / m) for k in range(1, m + 1)]
     if rule == "left":
-        return (k - 1) / steps
+        return [((k - 1) / m, 1 / m) for k in range(1, m + 1)]
+    if rule == "midpoint":
+        return [((k - 0.5) / m, 1 / m) for k in range(1, m + 1)]
     if rule == "linspace":
-        return (k - 1) / (steps - 1)
+        return [((k - 1) / (m - 1), 1 / m) for k in range(1, m + 1)]
+    if rule == "trapezoid":
+        return [((k - 1) / (m - 1), (0.5 if k in (1, m) else 1.0) / (m - 1)) for k in range(1, m + 1)]
+    if rule == "gauss":
+        return list(zip(*ref_gauss(m)))
     raise ValueError(rule)
 
 
@@ -93,10 +112,9 @@ def ref_ig_layer(
     a = ref_activation(model, enc, layer, positions)
     b = torch.zeros_like(a) if baseline is None else baseline.float().to(a.device).expand_as(a)
     total = torch.zeros_like(a)
-    for k in range(1, steps + 1):
-        alpha = ref_alpha(k, steps, rule)
-        total += ref_gradient(model, enc, layer, b + alpha * (a - b), positions=positions, objective=objective)
-    return ((a - b) * total / steps).sum(0).cpu()
+    for alpha, w in ref_rule(steps, rule):
+        total += w * ref_gradient(model, enc, layer, b + alpha * (a - b), positions=positions, objective=objective)
+    return ((a - b) * total).sum(0).cpu()
 
 
 def ref_ig(model, enc: Encoded, *, layers=None, **kw) -> torch.Tensor:

@@ -8,7 +8,8 @@ import torch
 
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.ig import _Objective, grad_x_act, ig_alphas, ig_scores, objective_from_logits, site
-from ig_reference import ref_grad_x_act, ref_ig, ref_objective
+from capinterp.kernels.quadrature import RULES, quadrature
+from ig_reference import ref_grad_x_act, ref_ig, ref_objective, ref_rule
 from capinterp.core.example import Example
 from capinterp.core.tokens import encode
 from conftest import HAS_GEMMA3, HAS_SMOLLM2
@@ -67,6 +68,8 @@ CASES = (
     + [("answer", "logprob", "left", None), ("last_prompt", "prob", "left", None)]
     + [("answer", "prob", "linspace", None), ("last_prompt", "logprob", "linspace", None)]
     + [("answer", "prob", "right", "vector"), ("last_prompt", "logprob", "left", "per_layer")]
+    + [("answer", "prob", "gauss", None), ("last_prompt", "logprob", "gauss", "vector")]
+    + [("answer", "logprob", "midpoint", None), ("last_prompt", "prob", "trapezoid", "per_layer")]
 )
 
 
@@ -98,7 +101,8 @@ def test_options_change_the_scores(tiny64, encs64):
     """Guards against options being ignored (a comparison above would then pass vacuously)."""
     tiny, encs = tiny64, encs64
     base = ig_scores(tiny, encs[1], steps=STEPS)
-    for kw in (dict(rule="left"), dict(rule="linspace"), dict(objective="logprob"), dict(positions="last_prompt")):
+    for kw in (dict(rule="left"), dict(rule="linspace"), dict(rule="midpoint"), dict(rule="gauss"),
+               dict(objective="logprob"), dict(positions="last_prompt")):
         assert max_rel(ig_scores(tiny, encs[1], steps=STEPS, **kw), base) > 1e-3, kw
     # with a single-token answer, "answer" and "last_prompt" are the same positions
     one = ig_scores(tiny, encs[0], steps=STEPS)
@@ -139,6 +143,51 @@ def test_completeness_error_shrinks_with_steps(tiny64, encs64):
         assert errs[200] < errs[50] < errs[20]
         assert errs[20] / errs[200] > 5 and errs[200] < 5e-2
         assert richardson < 2e-3
+
+
+def test_quadrature_orders_on_an_analytic_path():
+    """Error of each rule on int_0^1 e^(2a) da against its known order: right/left ~ 1/m,
+    midpoint/trapezoid ~ 1/m^2, Gauss-Legendre exact to degree 2m-1 (error ~1e-12 at m = 6)."""
+    exact = (torch.e**2 - 1) / 2
+
+    def err(m, rule):
+        a, w = quadrature(m, rule)
+        return abs((w * torch.exp(2 * a)).sum().item() - exact)
+
+    for rule, order in (("right", 1), ("left", 1), ("midpoint", 2), ("trapezoid", 2)):
+        ratio = err(10, rule) / err(40, rule)  # 4^order for an order-`order` rule
+        assert 4**order * 0.8 < ratio < 4**order * 1.25, (rule, ratio)
+    assert [err(m, "gauss") < 10.0 ** -e for m, e in ((2, 1), (4, 5), (6, 10))] == [True] * 3
+    for m in (1, 2, 3, 7):  # degree 2m - 1 polynomials are integrated exactly
+        a, w = quadrature(m, "gauss")
+        assert abs((w * a ** (2 * m - 1)).sum().item() - 1 / (2 * m)) < 1e-14
+
+
+def test_completeness_gauss_converges_fast(tiny64, encs64):
+    """Completeness on a real forward path (the layer with the largest F(a) - F(0)): Gauss-Legendre
+    with 8 points beats the papers' 20-point right sum by two orders of magnitude, and its error
+    falls with points down to the float noise floor."""
+    model, enc = tiny64, encs64[1]
+    n_pos = len(enc.target_ids)
+    with torch.no_grad():
+        f_clean = ref_objective(model, enc).item()
+        deltas = [f_clean - ref_objective(model, enc, layer=l, value=torch.zeros(n_pos, model.cfg.d_mlp)).item()
+                  for l in range(model.cfg.n_layers)]
+    layer = max(range(len(deltas)), key=lambda l: abs(deltas[l]))
+    delta = deltas[layer]
+
+    def err(m, rule):
+        return abs(ig_scores(model, enc, steps=m, rule=rule, layers=[layer]).sum().item() - delta) / abs(delta)
+
+    right20 = err(20, "right")
+    gauss = {m: err(m, "gauss") for m in (2, 4, 8, 16)}
+    print(f"\ncompleteness (layer {layer}): right m=20 {right20:.1e}; "
+          + ", ".join(f"gauss m={m} {e:.1e}" for m, e in gauss.items()))
+    # measured: right m=20 1.3e-1; gauss m=2 1.6e-1, 4 3.3e-2, 8 9.4e-4, 16 9.8e-7 (the bridge's
+    # float32 attention softmax puts the floor near 1e-6)
+    assert gauss[8] < gauss[4] < gauss[2]
+    assert gauss[8] < right20 / 100 and gauss[16] < 1e-4
+    assert err(20, "midpoint") < right20 / 10 and err(20, "trapezoid") < right20 / 10
 
 
 def test_batch_size_does_not_change_results(tiny64, encs64):
@@ -213,6 +262,13 @@ def test_alphas_and_sites(tiny, encs):
     torch.testing.assert_close(ig_alphas(4, "right"), torch.tensor([0.25, 0.5, 0.75, 1.0], dtype=torch.float64))
     torch.testing.assert_close(ig_alphas(4, "left"), torch.tensor([0.0, 0.25, 0.5, 0.75], dtype=torch.float64))
     torch.testing.assert_close(ig_alphas(3, "linspace"), torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64))
+    for rule in RULES:
+        for m in (2, 3, 5, 12):
+            a, w = quadrature(m, rule)
+            ref = torch.tensor(ref_rule(m, rule), dtype=torch.float64)
+            torch.testing.assert_close(a, ref[:, 0], rtol=0, atol=1e-14)
+            torch.testing.assert_close(w, ref[:, 1], rtol=0, atol=1e-14)
+            assert abs(w.sum().item() - 1) < 1e-14 and bool((a >= 0).all() and (a <= 1).all())
     s = site(encs[1], "answer")
     assert s.p0 == len(encs[1].prompt_ids) - 1 and s.seq.tolist() == encs[1].ids[:-1]
     assert s.targets.tolist() == encs[1].target_ids
@@ -223,7 +279,8 @@ def test_alphas_and_sites(tiny, encs):
 @pytest.mark.parametrize(
     "kw",
     [dict(rule="mid"), dict(positions="all"), dict(objective="logit"), dict(method="magic"), dict(layers=[9]),
-     dict(baseline=torch.zeros(3)), dict(batch_size=0), dict(steps=1, rule="linspace")],
+     dict(baseline=torch.zeros(3)), dict(batch_size=0), dict(steps=1, rule="linspace"),
+     dict(steps=1, rule="trapezoid"), dict(steps=0, rule="gauss"), dict(steps=2.0, rule="gauss")],
 )
 def test_bad_arguments(tiny, encs, kw):
     with pytest.raises(ValueError):
@@ -263,3 +320,20 @@ def test_fast_matches_loop_on_gemma3(gemma3):
     # are each off by up to ~1e-3 relative on layer-17 scores near 1% of the max (measured), so
     # the two cannot agree to 1e-4; the scale-relative check stays tight.
     assert rel <= 2e-3 and scale <= 3e-5  # measured: 2.4e-4 and 1.4e-5
+
+
+def test_ig_presets_and_reproduce_switch(tiny, tmp_path):
+    from capinterp.app.reproduce import report_html, reproduce
+    from capinterp.experiments import Context
+    from capinterp.kernels.quadrature import ig_preset
+
+    assert ig_preset("papers", 10) == {"rule": "right", "steps": 10}
+    assert ig_preset("accurate", 10) == {"rule": "gauss", "steps": 5}
+    assert ig_preset("accurate", 3) == {"rule": "gauss", "steps": 3}
+    assert Context(tiny, quick=True, ig_rule="accurate").ig(3, 10) == {"rule": "gauss", "steps": 3}
+    assert Context(tiny).ig(3, 10) == {"rule": "right", "steps": 10}
+    with pytest.raises(ValueError, match="ig_rule"):
+        reproduce(tiny, tmp_path, ig_rule="exact")
+    page = report_html({"config": {"model": "tiny", "quick": True, "seed": 0, "ig_rule": "accurate"},
+                        "experiments": {}}, {})
+    assert "integrated gradients: <b>accurate</b> (Gauss-Legendre" in page

@@ -401,3 +401,28 @@ def test_smollm2_eiffel_circuit(record_property):
     assert 0 < kc.units_.param_share < 0.9
     res = hit_at_k(model, kc.circuit_, facts, full=True)
     assert res["full_hit@1"] == 1.0
+
+
+def test_eap_ig_gauss_rule_converges_to_the_integral():
+    """EAP-IG's Gauss-Legendre error against a 200-point midpoint integral falls fast with points:
+    20 Gauss points beat 200 right-Riemann points. (On this very nonlinear random model 5 points
+    are not enough: measured 2.3e-2 for gauss m=5, 9e-4 right m=30, 3e-5 right m=200, 1e-5 gauss m=20.)
+    The rule reaches the run info, and a bad rule is refused."""
+    from capinterp.circuits.eap import make_pairs, score_edges
+
+    m = load_model("tiny", n_layers=2, threads=1)
+    g = Graph.from_model(m)
+    pairs = make_pairs(m, FACTS[:2])
+    ref, _ = score_edges(m, g, pairs, steps=200, rule="midpoint")
+    err = lambda s: ((s - ref).abs().max() / ref.abs().max()).item()  # noqa: E731
+    right = err(score_edges(m, g, pairs, steps=200)[0])
+    gauss = {k: err(score_edges(m, g, pairs, steps=k, rule="gauss")[0]) for k in (5, 10, 20)}
+    info = score_edges(m, g, pairs[:1], steps=2, rule="gauss")[1]
+    print(f"\nEAP-IG error vs 200-point midpoint: right m=200 {right:.1e}, "
+          + ", ".join(f"gauss m={k} {e:.1e}" for k, e in gauss.items()))
+    assert gauss[20] < gauss[10] / 10 < gauss[5] / 10 and gauss[20] < right
+    assert info["rule"] == "gauss"
+    with pytest.raises(ValueError, match="rule"):
+        score_edges(m, g, pairs, steps=3, rule="simpson")
+    with pytest.raises(ValueError, match="rule"):
+        KnowledgeCircuit(m, rule="simpson")

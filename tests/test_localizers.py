@@ -111,3 +111,20 @@ def test_bad_data_is_refused_before_work(tiny):
 def test_registry_names():
     assert {"cnl", "kn", "dcsn"} <= set(ci.localizers.available())
     assert ci.localizers.get("cnl") is ci.CNL and ci.localizers.get("KN") is ci.KN
+
+
+def test_gauss_rule_recovers_planted_neurons(planted):
+    """Gauss-Legendre with 5 points finds the planted neurons and is recorded in the metadata.
+
+    KN (last prompt token) ranks all three planted neurons on top. CNL's accurate integral gives
+    the layer-2/3 planted neurons almost nothing (z-scores of (1,5), (2,17), (3,40): right m=20
+    18.8, 8.3, 8.7; gauss m=5 21.1, 5.3, 5.5; gauss m=10 22.6, 0.04, 0.05; gauss m=40 22.6, 0.0,
+    0.0), so the first planted neuron is the one it must find: the 20-point right sum's weight on
+    the later two is quadrature error.
+    """
+    kn = ci.KN(planted, rule="gauss", steps=5, progress=False).fit(EXAMPLES)
+    assert set(kn.scores_.top_k(3)) == set(PLANTED) and set(PLANTED) <= set(kn.neurons_)
+    cnl = ci.CNL(planted, rule="gauss", steps=5, progress=False).fit(EXAMPLES)
+    assert list(cnl.scores_.top_k(1)) == [PLANTED[0]] and PLANTED[0] in set(cnl.neurons_)
+    for loc in (kn, cnl):
+        assert loc.scores_.meta["params"]["rule"] == "gauss" and loc.scores_.meta["params"]["steps"] == 5

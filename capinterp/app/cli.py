@@ -143,7 +143,7 @@ def cmd_reproduce(args) -> int:
     model = _load(args)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     res = reproduce(model, args.out, quick=args.quick, only=only, seed=args.seed, batch_size=args.batch_size,
-                    fresh=args.fresh, progress=args.progress, log=say)
+                    fresh=args.fresh, progress=args.progress, log=say, ig_rule=args.ig_rule)
     failed = [n for n, e in res["experiments"].items() if "error" in e]
     say(f"report: {Path(args.out) / 'report.html'}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--progress", action="store_true", help="progress bars for localizer fits")
+    p.add_argument("--ig-rule", default="papers", choices=["papers", "accurate"],
+                   help="IG quadrature: the papers' right Riemann sum, or Gauss-Legendre (accurate)")
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("main", help="the README job on the embedded default model")
     _common(p)

@@ -23,11 +23,12 @@ from typing import Any, Sequence
 
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
 from capinterp.core.model import model_fingerprint, model_meta
+from capinterp.kernels.quadrature import IG_RULES
 
 
-def _config(model: Any, quick: bool, seed: int) -> dict[str, Any]:
+def _config(model: Any, quick: bool, seed: int, ig_rule: str = "papers") -> dict[str, Any]:
     return {"model": model_meta(model)["model"], "model_fingerprint": model_fingerprint(model),
-            "quick": bool(quick), "seed": int(seed)}
+            "quick": bool(quick), "seed": int(seed), "ig_rule": ig_rule}
 
 
 def _check_run(out: Path, config: dict[str, Any]) -> None:
@@ -61,8 +62,15 @@ def reproduce(
     fresh: bool = False,
     progress: bool = False,
     log: Any = print,
+    ig_rule: str = "papers",
 ) -> dict[str, Any]:
-    """Run the experiments (all, or ``only``), resuming from ``out``; return the results dict."""
+    """Run the experiments (all, or ``only``), resuming from ``out``; return the results dict.
+
+    ``ig_rule``: ``"papers"`` (right Riemann sum, the papers' rule) or ``"accurate"``
+    (Gauss-Legendre, :func:`capinterp.kernels.quadrature.ig_preset`) for every IG-based fit.
+    """
+    if ig_rule not in IG_RULES:
+        raise ValueError(f"ig_rule must be one of {tuple(IG_RULES)}, got {ig_rule!r}")
     names = list(EXPERIMENTS) if only is None else list(only)
     unknown = [n for n in names if n not in EXPERIMENTS]
     if unknown or not names:
@@ -72,10 +80,11 @@ def reproduce(
         import shutil
 
         shutil.rmtree(out)
-    config = _config(model, quick, seed)
+    config = _config(model, quick, seed, ig_rule)
     _check_run(out, config)
     folder = out / "experiments"
-    ctx = Context(model, quick=quick, seed=seed, workdir=out / "cache", batch_size=batch_size, progress=progress)
+    ctx = Context(model, quick=quick, seed=seed, workdir=out / "cache", batch_size=batch_size, progress=progress,
+                  ig_rule=ig_rule)
     prior = _read_results(out)
     results: dict[str, Any] = {"config": config, "experiments": {}}
     done: dict[str, ExperimentResult] = {}
@@ -132,7 +141,9 @@ def report_html(results: dict[str, Any], done: dict[str, ExperimentResult]) -> s
         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px}"
         ".err{color:#b00;white-space:pre-wrap}</style></head><body>",
         f"<h1>capinterp reproduction</h1><p>model <b>{html.escape(str(cfg['model']))}</b>, "
-        f"{'quick' if cfg['quick'] else 'full'} mode, seed {cfg['seed']}</p><ul>",
+        f"{'quick' if cfg['quick'] else 'full'} mode, seed {cfg['seed']}, integrated gradients: "
+        f"<b>{html.escape(cfg.get('ig_rule', 'papers'))}</b> "
+        f"({html.escape(IG_RULES.get(cfg.get('ig_rule', 'papers'), '?'))})</p><ul>",
     ]
     for name, e in results["experiments"].items():
         status = "failed" if "error" in e else f"{e.get('seconds')} s"

@@ -42,6 +42,7 @@ from capinterp.circuits.graph import Graph
 from capinterp.core.example import Example, as_examples
 from capinterp.core.forward import capture
 from capinterp.core.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
+from capinterp.kernels.quadrature import check_rule, quadrature
 
 __all__ = ["Pair", "make_pairs", "score_edges", "corrupt_embeddings", "noise_std", "LOSSES"]
 
@@ -196,11 +197,16 @@ def noise_std(model: Any, graph: Graph, pairs: Sequence[Pair], noise: float, bat
 
 
 def score_edges(model: Any, graph: Graph, pairs: Sequence[Pair], *, steps: int = 30, metric: str = "auto",
-                noise: float = 3.0, seed: int = 0, batch_size: int = 8,
+                noise: float = 3.0, seed: int = 0, batch_size: int = 8, rule: str = "right",
                 progress: bool = False) -> tuple[torch.Tensor, dict]:
-    """EAP (``steps=1``) or EAP-IG scores, float32 ``[n_src, n_slots]`` (0 off the edges), and run info."""
+    """EAP (``steps=1``, right rule) or EAP-IG scores, float32 ``[n_src, n_slots]`` (0 off the edges), and run info.
+
+    ``rule``/``steps``: the quadrature of the path integral from the corrupted to the clean input
+    (:mod:`capinterp.kernels.quadrature`; Hanna et al. 2024 use the right Riemann sum).
+    """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    check_rule(steps, rule)
     if metric not in LOSSES:
         raise ValueError(f"metric must be one of {LOSSES}, got {metric!r}")
     if not pairs:
@@ -210,7 +216,8 @@ def score_edges(model: Any, graph: Graph, pairs: Sequence[Pair], *, steps: int =
     sigma = noise_std(model, graph, pairs, noise, batch_size)
     scores = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.float32, device=dev)
     clean_loss, corrupt_loss = [], []
-    alphas = [k / steps for k in range(1, steps + 1)]
+    nodes, weights = quadrature(steps, rule)
+    alphas = list(zip(nodes.tolist(), weights.tolist()))
     bar = _progress(len(pairs), progress)
     with graph_mode(model, graph):
         for group in batches(list(range(len(pairs))), batch_size):
@@ -226,23 +233,25 @@ def score_edges(model: Any, graph: Graph, pairs: Sequence[Pair], *, steps: int =
                 corrupt_loss += pair_loss(rk.logits, gp, metric).tolist()
             e_clean = rc.outputs[:, :, 0]
             grads = torch.zeros(*d_out.shape[:2], graph.n_slots, d_out.shape[-1], device=dev)
-            rows = [(b, a) for b in range(len(gp)) for a in alphas]
+            rows = [(b, a, w) for b in range(len(gp)) for a, w in alphas]
             for chunk in batches(rows, batch_size):
-                idx = torch.tensor([b for b, _ in chunk], device=dev)
-                alpha = torch.tensor([a for _, a in chunk], device=dev, dtype=e_clean.dtype)[:, None, None]
+                idx = torch.tensor([b for b, _, _ in chunk], device=dev)
+                alpha = torch.tensor([a for _, a, _ in chunk], device=dev, dtype=e_clean.dtype)[:, None, None]
+                weight = torch.tensor([w for _, _, w in chunk], device=dev, dtype=torch.float32)
                 x = (e_corr[idx] + alpha * (e_clean[idx] - e_corr[idx])).detach().requires_grad_(True)
                 with torch.enable_grad():
                     run = run_graph(model, graph, clean[idx], resid0=x, keep_slots=True)
-                    loss = pair_loss(run.logits, [gp[b] for b, _ in chunk], metric).sum()
+                    loss = pair_loss(run.logits, [gp[b] for b, _, _ in chunk], metric)
+                    loss = (loss * weight.to(loss.dtype)).sum()  # rows are independent: w_k scales row k's gradient
                     g = torch.autograd.grad(loss, run.slot_inputs, allow_unused=True)
                 g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
                 grads.index_add_(0, idx, run.stack_slots(g).float())
-            scores += torch.einsum("btud,btvd->uv", d_out, grads) / steps
+            scores += torch.einsum("btud,btvd->uv", d_out, grads)
             bar.update(len(group))
     bar.close()
     scores = (scores / len(pairs)).cpu() * graph.edge_mask
     modes = [p.mode for p in pairs]
-    info = {"steps": steps, "metric": metric, "noise_std": sigma, "n_pairs": len(pairs),
+    info = {"steps": steps, "rule": rule, "metric": metric, "noise_std": sigma, "n_pairs": len(pairs),
             "corruption": {m: modes.count(m) for m in sorted(set(modes))},
             "clean_loss": clean_loss, "corrupt_loss": corrupt_loss}
     return scores, info

@@ -31,18 +31,20 @@ def with_greedy_targets(model: Any, examples: list[Example]) -> list[Example]:
     return fill_greedy_targets(model, list(examples))
 
 
-def kn_scores(model: Any, ex: Example, *, steps: int, cache: ScoreCache | None = None) -> NeuronScores:
-    """IG scores [n_layers, d_mlp] of one prompt for its target's first token (KN's per-prompt scores)."""
+def kn_scores(model: Any, ex: Example, *, steps: int, rule: str = "right",
+              cache: ScoreCache | None = None) -> NeuronScores:
+    """IG scores [n_layers, d_mlp] of one prompt for its target's first token (KN's per-prompt scores);
+    ``rule``: the IG quadrature (:mod:`capinterp.kernels.quadrature`)."""
     if not ex.target:
         raise ValueError(f"example {ex.prompt[-40:]!r} has no target; fill it first (with_greedy_targets)")
 
     def fit() -> NeuronScores:
-        kn = KN(model, steps=steps, progress=False).fit([ex])
+        kn = KN(model, steps=steps, rule=rule, progress=False).fit([ex])
         return NeuronScores(kn.prompt_scores_[0], meta=kn.scores_.meta)
 
     if cache is None:
         return fit()
-    return cache(f"kn1_{example_key(ex)}_steps{steps}", fit)
+    return cache(f"kn1_{example_key(ex)}_steps{steps}" + ("" if rule == "right" else f"_{rule}"), fit)
 
 
 def kn_neurons(scores: NeuronScores, threshold: float = 0.2) -> NeuronSet:

@@ -65,10 +65,18 @@ class Context:
     workdir: Path | None = None
     batch_size: int = 16
     progress: bool = False
+    ig_rule: str = "papers"
 
     def size(self, quick: int, full: int) -> int:
         """``quick`` in quick mode, else ``full`` (sample sizes of an experiment)."""
         return quick if self.quick else full
+
+    def ig(self, quick: int, full: int) -> dict[str, Any]:
+        """IG ``{"rule", "steps"}`` for this run: ``ig_rule="papers"`` (right Riemann sum with
+        ``size(quick, full)`` points) or ``"accurate"`` (Gauss-Legendre, at most 5 points)."""
+        from capinterp.kernels.quadrature import ig_preset
+
+        return ig_preset(self.ig_rule, self.size(quick, full))
 
     def scores(self, key: str, fit: Callable[[], NeuronScores]) -> NeuronScores:
         """``fit()``'s scores, cached as ``workdir/scores/key.capi`` (reused on the next run)."""

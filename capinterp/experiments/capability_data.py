@@ -205,8 +205,14 @@ def settings(ctx: Any) -> dict[str, Any]:
     return {
         "capabilities": tuple(QUICK_CAPABILITIES if ctx.quick else CAPABILITIES),
         "n_candidates": ctx.size(16, 48), "n_locate": ctx.size(12, 24), "n_test": ctx.size(12, 32),
-        "params": {"cnl": {"steps": ctx.size(4, 6)}, "dcsn": {}},
+        "params": {"cnl": _cnl_params(ctx), "dcsn": {}},
     }
+
+
+def _cnl_params(ctx: Any) -> dict[str, Any]:
+    """CNL's IG settings; the papers' rule is left out of the cache key (older caches stay valid)."""
+    ig = ctx.ig(4, 6) if hasattr(ctx, "ig") else {"rule": "right", "steps": ctx.size(4, 6)}
+    return {"steps": ig["steps"]} if ig["rule"] == "right" else ig
 
 
 def prepared(ctx: Any, s: dict[str, Any]) -> dict[str, CapabilityData]:

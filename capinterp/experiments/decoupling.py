@@ -53,10 +53,10 @@ def decoupling_pairs(n: int, seed: int = 0, ops: str = "+-*") -> list[tuple[Exam
 
 
 def locate_pairs(model: Any, pairs: Sequence[tuple[Example, Example]], *, steps: int = 20, threshold: float = 0.2,
-                 cache: ScoreCache | None = None) -> tuple[list[NeuronSet], list[NeuronSet], list[Example]]:
+                 rule: str = "right", cache: ScoreCache | None = None) -> tuple[list[NeuronSet], list[NeuronSet], list[Example]]:
     """Per-sample KN sets of every sub-1 and sub-2 prompt, and the examples with their targets filled."""
     flat = with_greedy_targets(model, [ex for pair in pairs for ex in pair])
-    sets = [kn_neurons(kn_scores(model, ex, steps=steps, cache=cache), threshold) for ex in flat]
+    sets = [kn_neurons(kn_scores(model, ex, steps=steps, rule=rule, cache=cache), threshold) for ex in flat]
     return sets[0::2], sets[1::2], flat
 
 
@@ -91,13 +91,14 @@ def _figure(table: pd.DataFrame) -> go.Figure:
 @experiment("decoupling", "Decoupling: compute vs code prompts on the same expression (Huang et al. 2025, Sec. 4)")
 def run(ctx: Context) -> ExperimentResult:
     """Seeded single-digit pairs; per-sample KN sets; IoU within pairs vs within groups."""
-    n, steps = ctx.size(4, 24), ctx.size(3, 10)
+    n, ig = ctx.size(4, 24), ctx.ig(3, 10)
+    steps = ig["steps"]
     pairs = decoupling_pairs(n, seed=ctx.seed)
-    sub1, sub2, flat = locate_pairs(ctx.model, pairs, steps=steps, cache=ctx.scores)
+    sub1, sub2, flat = locate_pairs(ctx.model, pairs, **ig, cache=ctx.scores)
     table = decoupling_table(sub1, sub2)
     code_targets = pd.Series([e.target for e in flat[1::2]]).value_counts().head(5).to_dict()
     info = {
-        "paper_percent": PAPER, "n_pairs": n, "kn_steps": steps,
+        "paper_percent": PAPER, "n_pairs": n, "kn_steps": steps, "kn_rule": ig["rule"],
         "mean_neurons_sub1": float(np.mean([len(s) for s in sub1])),
         "mean_neurons_sub2": float(np.mean([len(s) for s in sub2])),
         "code_targets": code_targets,

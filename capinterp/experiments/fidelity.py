@@ -39,12 +39,13 @@ COLUMNS = ["method", "fact", "subject", "n_paraphrases", "mean_overlap", "mean_i
            "mean_units", "unit"]
 
 
-def locate_paraphrases(model: Any, bag: Sequence[Example], method: str, *, kn_steps: int = 20,
+def locate_paraphrases(model: Any, bag: Sequence[Example], method: str, *, kn_steps: int = 20, kn_rule: str = "right",
                        kn_threshold: float = 0.2, ct_samples: int = 10, ct_top_k: int = 3,
                        kc_top_n: int = 100, cache: ScoreCache | None = None) -> list[UnitSet | None]:
     """One located unit set per paraphrase (None where causal tracing skips the prompt)."""
     if method == "kn":
-        return [kn_neurons(kn_scores(model, ex, steps=kn_steps, cache=cache), kn_threshold) for ex in bag]
+        return [kn_neurons(kn_scores(model, ex, steps=kn_steps, rule=kn_rule, cache=cache), kn_threshold)
+                for ex in bag]
     if method == "rome":
         from capinterp.localizers.causal_trace import CausalTrace
 
@@ -121,7 +122,8 @@ def run(ctx: Context) -> ExperimentResult:
     per_fact = ctx.size(3, 4)
     candidates = builtin_paraphrases(3 if ctx.quick else None)
     bags = known_paraphrases(ctx.model, candidates, per_fact=per_fact, max_facts=ctx.size(1, 4))
-    params = dict(kn_steps=ctx.size(3, 10), ct_samples=ctx.size(1, 3), kc_top_n=100)
+    ig = ctx.ig(3, 10)
+    params = dict(kn_steps=ig["steps"], kn_rule=ig["rule"], ct_samples=ctx.size(1, 3), kc_top_n=100)
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if ctx.progress else None
     table = fidelity_table(ctx.model, bags, cache=ctx.scores, progress=progress, **params)
     summary = summarize(table)

@@ -76,7 +76,7 @@ def target_prob(model: Any, ex: Example, neurons: NeuronSet | None = None, facto
 
 
 def reliability_frame(model: Any, examples: Sequence[Example], *, neuron_sets: Sequence[NeuronSet] | None = None,
-                      kn_steps: int = 20, kn_threshold: float = 0.2, factors: Sequence[float] = (2.0, 0.0),
+                      kn_steps: int = 20, kn_rule: str = "right", kn_threshold: float = 0.2, factors: Sequence[float] = (2.0, 0.0),
                       n_random: int = 3, seed: int = 0, position: str = "last",
                       cache: ScoreCache | None = None) -> pd.DataFrame:
     """One row per (prompt, factor, arm, draw): target probability before and after.
@@ -91,7 +91,7 @@ def reliability_frame(model: Any, examples: Sequence[Example], *, neuron_sets: S
     rows = []
     for i, ex in enumerate(examples):
         ns = neuron_sets[i] if neuron_sets is not None else kn_neurons(
-            kn_scores(model, ex, steps=kn_steps, cache=cache), kn_threshold)
+            kn_scores(model, ex, steps=kn_steps, rule=kn_rule, cache=cache), kn_threshold)
         before = target_prob(model, ex)
         arms = [("located", -1, None, ns)] + [
             ("random", r, seed + 1000 * r + i, ns.random_like(seed + 1000 * r + i)) for r in range(n_random)]
@@ -139,8 +139,9 @@ def run(ctx: Context) -> ExperimentResult:
     candidates = builtin_paraphrases(3 if ctx.quick else None)
     bags = known_paraphrases(ctx.model, candidates, per_fact=ctx.size(3, 4), max_facts=ctx.size(1, 8))
     examples = [e for bag in bags for e in bag]
-    kn_steps, n_random = ctx.size(3, 10), ctx.size(2, 3)
-    frame = reliability_frame(ctx.model, examples, kn_steps=kn_steps, n_random=n_random, seed=ctx.seed,
+    ig, n_random = ctx.ig(3, 10), ctx.size(2, 3)
+    kn_steps = ig["steps"]
+    frame = reliability_frame(ctx.model, examples, kn_steps=kn_steps, kn_rule=ig["rule"], n_random=n_random, seed=ctx.seed,
                               position="last", cache=ctx.scores)
     table = summarize(frame)
     sizes = frame.drop_duplicates("sample")["n_neurons"]
@@ -148,7 +149,7 @@ def run(ctx: Context) -> ExperimentResult:
         "paper": {f"{op} / {arm}": {"up": u, "down": d} for (op, arm), (u, d) in PAPER.items()},
         "n_samples": len(examples), "n_empty": int((sizes == 0).sum()),
         "mean_neurons": float(sizes.mean()) if len(sizes) else None,
-        "paper_mean_neurons": 15.3, "kn_steps": kn_steps, "n_random": n_random, "position": "last",
+        "paper_mean_neurons": 15.3, "kn_steps": kn_steps, "kn_rule": ig["rule"], "n_random": n_random, "position": "last",
         "notes": ("Per-prompt KN coarse sets (IG at the last prompt token, > 0.2 x max), scaled at the last "
                   "prompt token only (KN's convention). Random arms: equal-size sets, seed + 1000*draw + "
                   "sample. The paper used GPT-J on zsRE."),

@@ -5,11 +5,12 @@ The IG kernel of Dai et al. 2022 (Sec. 3.2) and Huang et al. 2025 (Eq. 7), for o
 * ``a`` = ``hook_post`` of layer ``l`` at the scaled positions ``P``, baseline ``b`` (0 or given);
 * for ``k = 1..m`` the whole activation vector of layer ``l`` at ``P`` (all neurons jointly) is
   replaced by ``b + alpha_k (a - b)``; other layers run normally (downstream is recomputed);
-  ``alpha_k = k/m`` ("right", default), ``(k-1)/m`` ("left"), ``(k-1)/(m-1)`` ("linspace",
-  still weighted ``1/m``, as EleutherAI's KN port does);
+  the nodes ``alpha_k`` and weights ``w_k`` come from a quadrature rule
+  (:mod:`capinterp.kernels.quadrature`): ``"right"`` (k/m, weights 1/m: the papers' rule),
+  ``"left"``, ``"midpoint"``, ``"trapezoid"``, ``"linspace"`` or ``"gauss"`` (Gauss-Legendre);
 * ``F`` = mean over the answer tokens ``y_j`` of ``p(y_j | x + y_<j)`` (``objective="logprob"``:
   of ``log p``), teacher-forced with the gold target tokens;
-* ``IG_l = (a - b) * (1/m) sum_k dF/da(alpha_k)``, summed over ``P`` -> ``[d_mlp]``.
+* ``IG_l = (a - b) * sum_k w_k dF/da(alpha_k)``, summed over ``P`` -> ``[d_mlp]``.
 
 ``positions="answer"`` scales every answer-predicting position ``|x|-1 .. |x|+|y|-2`` (CNL);
 ``"last_prompt"`` scales ``|x|-1`` and reads the first target token only (KN).
@@ -29,7 +30,10 @@ Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
   direct block calls do not reproduce the model's logits on an architecture (checked on the
   first example of each call); both fall back to ``"loop"`` for models without an HF KV cache.
 
-Cost per example (SmolLM2, ~30-token prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
+Every rule costs the same per point: ``n_layers x m`` rows per example, so the cost is linear in
+``steps`` whatever the rule (Gauss-Legendre with 5 points = a quarter of the papers' 20 rows;
+errors per rule in ``benchmarks/bench_ig.py --rules``). Cost per example (SmolLM2, ~30-token
+prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
 whatever the answer length; "fast" ~0.1 TMAC per answer token (a third of it the unembedding,
 which softmax needs in full). Float32 agreement between methods is limited by float32 itself:
 against float64 runs each method is off by up to ~1e-4 relative on scores near 1% of the max
@@ -50,29 +54,22 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
+from einops import rearrange, repeat
+from jaxtyping import Float, Int
 
 from capinterp.kernels import prefix as _prefix
+from capinterp.kernels.quadrature import RULES, quadrature
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 
-RULES = ("right", "left", "linspace")
 POSITIONS = ("answer", "last_prompt")
 OBJECTIVES = ("prob", "logprob")
 METHODS = ("fast", "prefix", "loop")
 
 
-def ig_alphas(steps: int, rule: str = "right") -> torch.Tensor:
-    """The ``m`` interpolation coefficients of a rule (float64, CPU); each is weighted ``1/m``."""
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if steps < 1 or (rule == "linspace" and steps < 2):
-        raise ValueError(f"steps must be >= {2 if rule == 'linspace' else 1} for rule {rule!r}, got {steps}")
-    k = torch.arange(1, steps + 1, dtype=torch.float64)
-    if rule == "right":
-        return k / steps
-    if rule == "left":
-        return (k - 1) / steps
-    return (k - 1) / (steps - 1)
+def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, "m"]:
+    """The ``m`` interpolation coefficients of a rule (float64, CPU); weights: :func:`quadrature`."""
+    return quadrature(steps, rule)[0]
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,9 @@ def _upcast(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def objective_from_logits(logits: torch.Tensor, targets: torch.Tensor, objective: str = "prob") -> torch.Tensor:
+def objective_from_logits(
+    logits: Float[torch.Tensor, "rows S V"], targets: Int[torch.Tensor, "S"], objective: str = "prob"
+) -> Float[torch.Tensor, "rows"]:
     """F per row: logits [R, S, V] at the read positions, targets [S] -> [R] (float32 at least).
 
     Written with ``logsumexp``, not ``softmax``: torch's CPU softmax uses a fast approximate exp
@@ -115,7 +114,7 @@ def objective_from_logits(logits: torch.Tensor, targets: torch.Tensor, objective
     relative on IG scores in float32 (measured against float64 on SmolLM2).
     """
     lg = _upcast(logits)
-    idx = targets.to(lg.device).view(1, -1, 1).expand(lg.shape[0], -1, 1)
+    idx = repeat(targets.to(lg.device), "s -> r s 1", r=lg.shape[0])
     logp = lg.gather(-1, idx).squeeze(-1) - torch.logsumexp(lg, dim=-1)
     return (logp.exp() if objective == "prob" else logp).mean(-1)
 
@@ -128,7 +127,7 @@ class _Objective(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, logprob: bool):
         lg = _upcast(logits)
-        idx = targets.to(lg.device).view(1, -1, 1).expand(lg.shape[0], -1, 1)
+        idx = repeat(targets.to(lg.device), "s -> r s 1", r=lg.shape[0])
         lse = torch.logsumexp(lg, dim=-1, keepdim=True)
         logp = lg.gather(-1, idx) - lse
         val = logp if logprob else logp.exp()
@@ -139,7 +138,7 @@ class _Objective(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         lg, lse, idx, c = ctx.saved_tensors
-        coef = grad_out.view(-1, 1, 1) * c / idx.shape[1]
+        coef = rearrange(grad_out, "r -> r 1 1") * c / idx.shape[1]
         grad = torch.sub(lg, lse).exp_().mul_(-coef).scatter_add_(-1, idx, coef)
         return grad.to(ctx.in_dtype), None, None
 
@@ -198,16 +197,22 @@ def _baseline(baseline, n_layers: int, d_mlp: int, device) -> torch.Tensor | Non
 def _points(act: torch.Tensor, base: torch.Tensor | None, alphas: torch.Tensor, dtype) -> torch.Tensor:
     """Leaf [c, S, d_mlp]: ``b + alpha (a - b)`` for each alpha, requiring grad."""
     a = _upcast(act)
-    al = alphas.to(device=a.device, dtype=a.dtype).view(-1, 1, 1)
+    al = rearrange(alphas.to(device=a.device, dtype=a.dtype), "c -> c 1 1")
     z = al * a if base is None else base.to(a.dtype) + al * (a - base.to(a.dtype))
     return z.to(dtype).detach().requires_grad_(True)
 
 
-def _finish(acts: torch.Tensor, gsum: torch.Tensor, base: torch.Tensor | None, m: int) -> torch.Tensor:
-    """IG per layer: (a - b) * mean_k grad, summed over positions. acts/gsum [nl, S, d]."""
+def _finish(acts: torch.Tensor, gsum: torch.Tensor, base: torch.Tensor | None) -> torch.Tensor:
+    """IG per layer: (a - b) * sum_k w_k grad_k, summed over positions. acts/gsum [nl, S, d]."""
     a = _upcast(acts)
-    diff = a if base is None else a - base[:, None, :].to(a.dtype)
-    return (diff * gsum / m).sum(1)
+    diff = a if base is None else a - rearrange(base, "nl d -> nl 1 d").to(a.dtype)
+    return (diff * gsum).sum(1)
+
+
+def _weighted(g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum_k w_k g_k over the rows of g [c, S, d] -> [S, d] (in float32 at least)."""
+    g = _upcast(g)
+    return torch.einsum("c,csd->sd", weights.to(device=g.device, dtype=g.dtype), g)
 
 
 def ig_scores(
@@ -223,10 +228,11 @@ def ig_scores(
     batch_size: int = 64,
     method: str = "fast",
     progress: bool = False,
-) -> torch.Tensor:
+) -> Float[torch.Tensor, "n n_layers d_mlp"]:
     """Integrated gradients of every neuron: float32 [n_examples, n_layers, d_mlp] (CPU).
 
-    Layers not in ``layers`` are 0. ``baseline``: None (0), a [d_mlp] vector, or one per layer
+    ``rule``/``steps``: the quadrature of the path integral (:mod:`capinterp.kernels.quadrature`;
+    ``steps`` points = rows per layer). Layers not in ``layers`` are 0. ``baseline``: None (0), a [d_mlp] vector, or one per layer
     [n_layers, d_mlp]. ``batch_size`` counts rows (one row = one interpolation point of one
     layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
     """
@@ -237,7 +243,7 @@ def ig_scores(
     n_layers, d_mlp = neuron_shape(model)
     device = torch.device(model.cfg.device)
     lay = _layers(layers, n_layers)
-    alphas = ig_alphas(steps, rule)
+    alphas, weights = quadrature(steps, rule)
     base = _baseline(baseline, n_layers, d_mlp, device)
     out = torch.zeros(len(items), n_layers, d_mlp)
     it = enumerate(items)
@@ -257,14 +263,14 @@ def ig_scores(
         for i, enc in it:
             s = site(enc, positions)
             if method == "loop":
-                acts, gsum = _ig_loop(model, s, lay, alphas, base, objective, batch_size)
+                acts, gsum = _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)
             else:
-                acts, gsum = _ig_rows(model, s, lay, alphas, base, objective, batch_size, method, checked)
-            out[i, lay] = _finish(acts, gsum, None if base is None else base[lay], steps).float().cpu()
+                acts, gsum = _ig_rows(model, s, lay, alphas, weights, base, objective, batch_size, method, checked)
+            out[i, lay] = _finish(acts, gsum, None if base is None else base[lay]).float().cpu()
     return out
 
 
-def _ig_loop(model, s: Site, lay, alphas, base, objective, batch_size, method=None):
+def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
     """Straightforward kernel: per layer, batches of full sequences, full forward + backward."""
     device = torch.device(model.cfg.device)
     tokens = s.seq.to(device).view(1, -1)
@@ -289,17 +295,17 @@ def _ig_loop(model, s: Site, lay, alphas, base, objective, batch_size, method=No
             logits = model.run_with_hooks(tokens.expand(z.shape[0], -1), fwd_hooks=[(neuron_hook(l), put)])
             F = objective_from_logits(logits[:, p0 : p0 + S], s.targets, objective)
             (g,) = torch.autograd.grad(F.sum(), z)
-            gsum[li] += g.to(gsum.dtype).sum(0)
+            gsum[li] += _weighted(g, weights[c0 : c0 + batch_size]).to(gsum.dtype)
     return acts, gsum
 
 
-def _ig_rows(model, s: Site, lay, alphas, base, objective, batch_size, method="fast", checked=None):
+def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, method="fast", checked=None):
     """Prefix reuse + (layer, step) rows batched across layers; staircase or bridge route."""
     try:
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=method == "prefix")
     except _prefix.NoCache:
         warnings.warn("the model gives no KV cache to reuse; IG uses method='loop'", RuntimeWarning, stacklevel=3)
-        return _ig_loop(model, s, lay, alphas, base, objective, batch_size)
+        return _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)
     forward = _prefix.stair_logits
     if method == "prefix":
         forward = _prefix.bridge_logits
@@ -323,12 +329,12 @@ def _ig_rows(model, s: Site, lay, alphas, base, objective, batch_size, method="f
             ks = [k for lj, k in chunk if lj == li]
             b = None if base is None else base[lay[li]]
             groups.append((lay[li], _points(acts[li], b, alphas[ks], acts.dtype)))
-            index.append(li)
+            index.append((li, ks))
         logits = forward(model, run, groups)
         F = _Objective.apply(logits, s.targets, objective == "logprob")
         grads = torch.autograd.grad(F.sum(), [z for _, z in groups])
-        for li, g in zip(index, grads):
-            gsum[li] += g.to(gsum.dtype).sum(0)
+        for (li, ks), g in zip(index, grads):
+            gsum[li] += _weighted(g, weights[ks]).to(gsum.dtype)
     return acts, gsum
 
 
@@ -344,7 +350,7 @@ def grad_x_act(
     *,
     positions: str = "answer",
     objective: str = "prob",
-) -> torch.Tensor:
+) -> Float[torch.Tensor, "n n_layers d_mlp"]:
     """Gradient x activation at the clean point (alpha = 1, baseline 0): [n, n_layers, d_mlp].
 
     One forward and one backward per example for all layers at once: a zero leaf is added to

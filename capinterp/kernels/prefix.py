@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from einops import rearrange
+from jaxtyping import Float, Int
 
 from capinterp.core.forward import unembed as _unembed
 from capinterp.core.model import neuron_hook
@@ -89,7 +91,7 @@ def _prefix_forward(model, prefix: torch.Tensor):
     return cache
 
 
-def clean_suffix(model, seq: torch.Tensor, p0: int, *, keep_cache: bool = False) -> CleanSuffix:
+def clean_suffix(model, seq: Int[torch.Tensor, "T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)
@@ -227,7 +229,9 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
     return args, kw
 
 
-def stair_logits(model, run: CleanSuffix, groups: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+def stair_logits(
+    model, run: CleanSuffix, groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]]
+) -> Float[torch.Tensor, "R S V"]:
     """Logits [R, S, V] for rows whose layer-``l`` ``hook_post`` (all suffix positions) is ``z``.
 
     ``groups`` = [(layer, z [c, S, d_mlp]), ...] with strictly increasing layers; the rows are
@@ -241,7 +245,7 @@ def stair_logits(model, run: CleanSuffix, groups: list[tuple[int, torch.Tensor]]
     joining = dict(groups)
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
-    hooks = [(neuron_hook(l), functools.partial(_replace_tail, z.reshape(1, -1, z.shape[-1]))) for l, z in groups]
+    hooks = [(neuron_hook(l), functools.partial(_replace_tail, rearrange(z, "c s d -> 1 (c s) d"))) for l, z in groups]
     with model.hooks(fwd_hooks=hooks):
         for j in range(layers[0], len(model.blocks)):
             if j in joining:
@@ -252,10 +256,12 @@ def stair_logits(model, run: CleanSuffix, groups: list[tuple[int, torch.Tensor]]
             args, kwargs = _folded_call(run, j, R)
             out = model.blocks[j](h, *args, **kwargs, past_key_values=cache)
             h = out[0] if isinstance(out, (tuple, list)) else out
-    return _unembed(model, h).view(R, run.n_pos, -1)
+    return rearrange(_unembed(model, h), "1 (r s) v -> r s v", r=R)
 
 
-def bridge_logits(model, run: CleanSuffix, groups: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+def bridge_logits(
+    model, run: CleanSuffix, groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]]
+) -> Float[torch.Tensor, "R S V"]:
     """Same contract as :func:`stair_logits`, through ``run_with_hooks`` with a widened prefix cache."""
     rows = sum(z.shape[0] for _, z in groups)
     cache = None

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, ig_scores
 from capinterp.kernels.memory import ig_row_bytes
-from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, RULES, ig_scores
+from capinterp.kernels.quadrature import check_rule
 from capinterp.localizers.base import former_name, register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 from capinterp.core.tokens import Encoded
@@ -24,10 +25,13 @@ from capinterp.core.tokens import Encoded
 def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel: str) -> None:
     """Validate IG hyper-parameters at construction, before any work (``kernel``: one of the IG
     kernel's ``METHODS``)."""
-    if not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    try:
+        check_rule(steps, rule)
+    except ValueError as err:
+        raise ValueError(f"unknown rule or too few steps: {err}") from None
     for name, value, allowed in (
-        ("rule", rule, RULES),
         ("positions", positions, POSITIONS),
         ("objective", objective, OBJECTIVES),
         ("kernel", kernel, METHODS),
@@ -43,7 +47,9 @@ class CNL(DatasetNeuronLocalizer):
     Args:
         steps: interpolation points m (20, the KN/CNL grid).
         sigma: mask threshold in standard deviations of all scores (6).
-        rule: ``"right"`` (k/m, default), ``"left"`` or ``"linspace"``.
+        rule: quadrature of the IG path integral: ``"right"`` (k/m, weights 1/m: the papers'),
+            ``"left"``, ``"midpoint"``, ``"trapezoid"``, ``"linspace"`` or ``"gauss"``
+            (Gauss-Legendre; :mod:`capinterp.kernels.quadrature`).
         positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
         objective: ``"prob"`` (default) or ``"logprob"``.
         kernel: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).

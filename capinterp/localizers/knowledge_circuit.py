@@ -31,6 +31,7 @@ from typing import Any, Callable
 from capinterp.circuits.acdc import acdc
 from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
+from capinterp.kernels.quadrature import check_rule
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core.example import as_examples
 from capinterp.localizers.base import Localizer, former_name, register
@@ -53,7 +54,9 @@ class KnowledgeCircuit(Localizer):
         top_n: edges kept by EAP / EAP-IG (largest |score|), before dead-node pruning.
         min_score: EAP: keep edges with |score| >= min_score (with ``top_n``: both rules).
         acdc_threshold: ACDC: an edge stays removed when its MatchNLL increase is below this (0.01).
-        steps: integration steps of EAP-IG (right Riemann rule).
+        steps: integration points of EAP-IG.
+        rule: their quadrature, ``"right"`` (Riemann, Hanna et al. 2024) or ``"gauss"`` etc.
+            (:mod:`capinterp.kernels.quadrature`).
         corrupt: ``"auto"`` (subject swap, noise fallback), ``"noise"``, or a callable (see eap.py).
         metric: EAP loss, ``"auto"`` / ``"logit_diff"`` / ``"nll"`` (:data:`capinterp.circuits.eap.LOSSES`).
         noise: noise std in units of the subject embeddings' std (noise corruption).
@@ -71,7 +74,7 @@ class KnowledgeCircuit(Localizer):
                  steps: int = 30, corrupt: str | Callable = "auto", metric: str = "auto", noise: float = 3.0,
                  granularity: str = "auto", prune: bool = True, candidates: int | None = None, seed: int = 0,
                  batch_size: int = 8, device: Any = None, progress: bool = True, acdc_threshold: float = 0.01,
-                 method: str | None = None, tau: float | None = None) -> None:
+                 method: str | None = None, tau: float | None = None, rule: str = "right") -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         algorithm = former_name(algorithm, method, "algorithm", "method", "eap-ig")
         if algorithm not in ALGORITHMS:
@@ -89,6 +92,7 @@ class KnowledgeCircuit(Localizer):
             raise ValueError(f"top_n must be >= 0, got {top_n}")
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
+        check_rule(steps, rule)
         if not (callable(corrupt) or corrupt in ("auto", "noise")):
             raise ValueError(f"corrupt must be 'auto', 'noise' or a callable, got {corrupt!r}")
         if metric not in LOSSES:
@@ -102,6 +106,7 @@ class KnowledgeCircuit(Localizer):
         self.min_score = None if min_score is None else float(min_score)
         self.acdc_threshold = float(acdc_threshold)
         self.steps = int(steps)
+        self.rule = rule
         self.corrupt = corrupt
         self.metric = metric
         self.noise = float(noise)
@@ -112,7 +117,8 @@ class KnowledgeCircuit(Localizer):
 
     def _eap(self, graph: Graph, facts: list, steps: int) -> tuple[Any, dict]:
         pairs = make_pairs(self.model, facts, self.corrupt, seed=self.seed)
-        return score_edges(self.model, graph, pairs, steps=steps, metric=self.metric, noise=self.noise,
+        rule = "right" if steps == 1 else self.rule  # one point: plain EAP (gradient at the clean input)
+        return score_edges(self.model, graph, pairs, steps=steps, rule=rule, metric=self.metric, noise=self.noise,
                            seed=self.seed, batch_size=self.batch_size, progress=self.progress)
 
     def fit(self, data: Any) -> "KnowledgeCircuit":
