@@ -276,8 +276,3 @@ def test_smollm2_fingerprint_is_weight_aware_and_cached(smollm2):
 def test_selection_rules_check_their_arguments(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call(NeuronScores(torch.randn(3, 8)))
-
-
-def test_load_model_refuses_a_dtype_string():
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
-        load_model("tiny", dtype="float32")

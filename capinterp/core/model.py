@@ -92,8 +92,6 @@ def load_model(
         cache: folder for dequantized packaged weights (see :func:`cache_dir`).
         tiny_kwargs: sizes for ``"tiny"`` models (``n_layers``, ``d_model``, ``d_mlp``, ``seed``, ...).
     """
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype such as torch.float32 or torch.bfloat16, got {dtype!r}")
     set_threads(threads)
     dev = resolve_device(device)  # every argument is checked before anything is loaded or moved
     dtype = resolve_dtype(dtype)

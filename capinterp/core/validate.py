@@ -40,11 +40,12 @@ def _is_number(value: Any) -> bool:
 def integer(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int in ``[low, high]`` (either bound optional).
 
-    A bool or a float (even ``2.0``) is a ValueError; a non-number (``"3"``, None) a TypeError.
+    A bool, a float (even ``2.0``) or a string is a ValueError; any other non-number (None, a
+    list) a TypeError.
     """
     what = f"an integer {_bounds(low, high)}".rstrip()
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        err = ValueError if _is_number(value) else TypeError
+        err = ValueError if _is_number(value) or isinstance(value, str) else TypeError
         raise err(f"{name} must be {what}, got {_show(value)} ({type(value).__name__})")
     v = int(value)
     if (low is not None and v < low) or (high is not None and v > high):
@@ -66,13 +67,13 @@ def finite_float(name: str, value: Any, *, low: float | None = None, high: float
                  low_open: bool = False, high_open: bool = False) -> float:
     """``value`` as a finite float within the bounds (closed unless ``low_open`` / ``high_open``).
 
-    Ints and 0-d numpy / torch values are accepted; NaN, +-inf and bools are ValueErrors,
-    non-numbers (strings, None, lists) TypeErrors.
+    Ints and 0-d numpy / torch values are accepted; NaN, +-inf, bools and strings are
+    ValueErrors, other non-numbers (None, lists) TypeErrors.
     """
     bounds = _bounds(low, high, low_open, high_open)
     what = f"{bounds} (a finite number)" if bounds else "a finite number"
     if isinstance(value, bool) or not _is_number(value):
-        err = ValueError if isinstance(value, bool) else TypeError
+        err = ValueError if isinstance(value, (bool, str)) else TypeError
         raise err(f"{name} must be {what}, got {_show(value)} ({type(value).__name__})")
     if not isinstance(value, numbers.Real):
         value = value.item()

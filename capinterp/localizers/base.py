@@ -14,7 +14,6 @@ docs page (docs/extending.md).
 from __future__ import annotations
 
 import inspect
-import numbers
 from typing import Any, Callable, ClassVar, TypeVar
 
 from capinterp.core.model import model_meta, move_model
