@@ -53,7 +53,8 @@ def test_fingerprint_depends_on_shape():
     a = load_model("tiny")
     b = load_model("tiny", d_mlp=96)
     assert model_fingerprint(a) != model_fingerprint(b)
-    assert model_fingerprint(a) == model_fingerprint(load_model("tiny", seed=3))  # config, not weights
+    assert model_fingerprint(a) != model_fingerprint(load_model("tiny", seed=3))  # weights count too
+    assert model_fingerprint(a) == model_fingerprint(load_model("tiny"))  # same seed, same weights
     assert model_meta(b)["shape"] == [4, 96]
 
 

@@ -251,7 +251,7 @@ def test_file_layout_is_safetensors_with_json_metadata(tmp_path):
     with safe_open(str(tmp_path / "x.capi"), framework="pt") as f:
         assert list(f.keys()) == ["mask"] and f.get_tensor("mask").dtype == torch.uint8
         hdr = json.loads(f.metadata()["capinterp"])
-    assert hdr["type"] == "NeuronSet" and hdr["format_version"] == 1 and hdr["shape"] == [3, 3]
+    assert hdr["type"] == "NeuronSet" and hdr["format_version"] == nmod.FORMAT_VERSION and hdr["shape"] == [3, 3]
     assert hdr["meta"]["params"] == META["params"]
 
 

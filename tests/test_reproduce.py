@@ -74,6 +74,21 @@ def test_runs_resumes_and_reports(tiny, tmp_path, toy_experiments):
     assert CALLS == ["ok"]
 
 
+@pytest.mark.parametrize("damage", ["table", "info", "neurons", "checksum"])
+def test_damaged_result_is_rerun_not_loaded(tiny, tmp_path, toy_experiments, damage):
+    first = reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
+    d = tmp_path / "experiments" / "toy_ok"
+    target = {"table": d / "table.csv", "info": d / "info.json", "neurons": d / "neurons" / "top.capi",
+              "checksum": d / "CHECKSUM"}[damage]
+    target.write_bytes(target.read_bytes()[:-7])  # truncated
+    CALLS.clear()
+    logs: list[str] = []
+    again = reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=logs.append)
+    assert CALLS == ["ok"] and any("damaged" in m for m in logs)
+    assert again["experiments"]["toy_ok"]["table"] == first["experiments"]["toy_ok"]["table"]
+    assert "resumed" not in again["experiments"]["toy_ok"]
+
+
 def test_mismatched_folder_and_unknown_names(tiny, tmp_path, toy_experiments):
     reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
     with pytest.raises(ValueError, match="other settings"):
@@ -93,3 +108,18 @@ def test_cli(tmp_path, toy_experiments, capsys):
     assert cli(["reproduce", "--quick", "--only", "toy_ok", "--model", "tiny", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "report.html").exists()
     assert cli(["reproduce", "--quick", "--only", "toy_fail", "--model", "tiny", "--out", str(tmp_path)]) == 1
+
+
+def test_damaged_cached_scores_are_refitted(tiny, tmp_path, toy_experiments):
+    reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
+    cached = tmp_path / "cache" / "scores" / "toy.capi"
+    raw = bytearray(cached.read_bytes())
+    raw[-3] ^= 0x10
+    cached.write_bytes(bytes(raw))
+    import shutil
+
+    shutil.rmtree(tmp_path / "experiments" / "toy_ok")
+    CALLS.clear()
+    reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
+    assert CALLS == ["ok", "fit"]  # the damaged cache was not trusted
+    assert NeuronScores.load(cached).shape == (tiny.cfg.n_layers, tiny.cfg.d_mlp)

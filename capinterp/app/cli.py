@@ -131,8 +131,8 @@ def cmd_reproduce(args) -> int:
         for name, (title, _) in EXPERIMENTS.items():
             print(f"{name:20s} {title}")
         return 0
-    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-    if only:
+    only = None if args.only is None else [s.strip() for s in args.only.split(",") if s.strip()]
+    if only is not None:
         unknown = [n for n in only if n not in EXPERIMENTS]
         if unknown:  # before the model loads
             raise ValueError(f"unknown experiment(s) {unknown}; available: {', '.join(EXPERIMENTS)}")
@@ -188,12 +188,30 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_args(args) -> None:
+    """Every argument problem found before a model loads: a ValueError / TypeError naming it."""
+    from capinterp.core import validate
+
+    validate.device("--device", getattr(args, "device", None))
+    for flag in ("threads", "n", "digits", "batch_size"):
+        value = getattr(args, flag, None)
+        if value is not None and value != "auto":
+            validate.positive_int("--" + flag.replace("_", "-"), value)
+    if getattr(args, "only", None) is not None and not [s for s in args.only.split(",") if s.strip()]:
+        raise ValueError(f"--only {args.only!r} names no experiment; omit --only to run them all (see --list)")
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out!r} is an existing file, not a folder; choose a folder path")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv``; returns the exit status (2 with a one-line message on bad input)."""
     args = build_parser().parse_args(argv)
     try:
+        if not getattr(args, "list", False):
+            check_args(args)
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"capinterp: error: {err}", file=sys.stderr)
         return 2
     finally:

@@ -9,12 +9,16 @@ Layout of ``DIR``::
     report.html              tables and interactive figures, self-contained (plotly.js inlined once)
 
 Resuming: an experiment whose folder is complete is loaded, not rerun; one interrupted midway
-restarts, but its localizer fits resume from ``cache/``. An experiment that raises is recorded
+restarts, but its localizer fits resume from ``cache/``. A finished experiment's folder holds a
+``CHECKSUM`` (SHA-256 of its files): a folder whose files no longer match (edited, truncated,
+deleted) is reported and rerun, never loaded as done. An experiment that raises is recorded
 (error and traceback in results.json and the report) and the others still run.
 """
 from __future__ import annotations
 
+import hashlib
 import html
+import shutil
 import json
 import time
 import traceback
@@ -46,9 +50,39 @@ def _check_run(out: Path, config: dict[str, Any]) -> None:
     path.write_text(json.dumps(config, indent=2))
 
 
+_CHECKSUM = "CHECKSUM"
+
+
+def _digest(d: Path) -> str:
+    """SHA-256 over the relative paths and bytes of every file under ``d`` except ``CHECKSUM``."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in d.rglob("*") if p.is_file() and p.name != _CHECKSUM):
+        h.update(f.relative_to(d).as_posix().encode() + b"\x00")
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def _done(folder: Path, name: str) -> bool:
+    """True when ``folder/name`` holds a finished result whose files match its checksum."""
     d = folder / name
-    return (d / "info.json").exists() and (d / "table.csv").exists()
+    need = [d / "info.json", d / "table.csv", d / _CHECKSUM]
+    return all(p.is_file() for p in need) and (d / _CHECKSUM).read_text().strip() == _digest(d)
+
+
+def _load_done(folder: Path, name: str, log: Any) -> ExperimentResult | None:
+    """The finished result of ``name``, or None (after clearing a damaged or partial folder)."""
+    d = folder / name
+    if not d.exists():
+        return None
+    if _done(folder, name):
+        try:
+            return ExperimentResult.load(folder, name)
+        except Exception as err:  # noqa: BLE001 - unreadable despite the checksum: rerun
+            log(f"      {name}: saved result unreadable ({type(err).__name__}: {err}); rerunning")
+    else:
+        log(f"      {name}: saved result incomplete or damaged (checksum mismatch); rerunning")
+    shutil.rmtree(d)
+    return None
 
 
 def reproduce(
@@ -77,8 +111,6 @@ def reproduce(
         raise ValueError(f"unknown experiment(s) {unknown or names}; available: {', '.join(EXPERIMENTS)}")
     out = Path(out)
     if fresh and out.exists():
-        import shutil
-
         shutil.rmtree(out)
     config = _config(model, quick, seed, ig_rule)
     _check_run(out, config)
@@ -91,8 +123,9 @@ def reproduce(
     for i, name in enumerate(names, 1):
         title, run = EXPERIMENTS[name]
         entry: dict[str, Any]
-        if _done(folder, name):
-            done[name] = ExperimentResult.load(folder, name)
+        loaded = _load_done(folder, name, log)
+        if loaded is not None:
+            done[name] = loaded
             entry = {"seconds": prior.get(name, {}).get("seconds"), "resumed": True}
             log(f"[{i}/{len(names)}] {name}: already done, loaded")
         else:
@@ -100,7 +133,8 @@ def reproduce(
             t0 = time.time()
             try:
                 res = run(ctx)
-                res.save(folder)
+                d = res.save(folder)
+                (d / _CHECKSUM).write_text(_digest(d))
                 done[name] = res
                 entry = {"seconds": round(time.time() - t0, 1)}
                 log(f"      {name} done in {entry['seconds']} s")

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -24,25 +25,46 @@ class Example:
 
 
 def as_examples(items: Iterable[Any]) -> list[Example]:
-    """Accept Examples, ``(prompt, target)`` pairs, or dicts with prompt/target keys.
+    """Accept Examples, ``(prompt, target)`` pairs, dicts with prompt/target keys, or a DataFrame.
 
-    Plain strings are returned as Examples with an empty target; callers that allow them
-    (e.g. KN, whose target is then the model's greedy next token) fill it in.
+    A DataFrame needs a ``prompt`` column; ``target`` is optional (empty when missing) and every
+    other column goes to ``meta``. Plain strings are returned as Examples with an empty target;
+    callers that allow them (e.g. KN, whose target is then the model's greedy next token) fill it
+    in. A bare string, bytes, a mapping or a single Example is refused (it would be iterated as
+    characters / keys), and so is an empty prompt; errors name the item's index.
     """
+    if isinstance(items, (str, bytes, bytearray, Example, Mapping)):
+        raise TypeError(
+            f"expected a list of examples, got a single {type(items).__name__} ({items!r:.60}); "
+            "wrap it in a list: [...]"
+        )
+    if hasattr(items, "columns") and hasattr(items, "to_dict"):  # a pandas DataFrame
+        if "prompt" not in items.columns:
+            raise ValueError(f"a DataFrame of examples needs a 'prompt' column, got columns {list(items.columns)}")
+        items = items.to_dict(orient="records")
+    if not isinstance(items, Iterable):
+        raise TypeError(f"expected a list of examples, got {type(items).__name__}")
     out: list[Example] = []
     for i, it in enumerate(items):
         if isinstance(it, Example):
-            out.append(it)
+            ex = it
         elif isinstance(it, str):
-            out.append(Example(it, "", {"target_from": "greedy"}))
-        elif isinstance(it, dict) and "prompt" in it and "target" in it:
+            ex = Example(it, "", {"target_from": "greedy"})
+        elif isinstance(it, Mapping) and "prompt" in it:
+            target = it.get("target", "")
+            if not isinstance(it["prompt"], str) or not isinstance(target, str):
+                raise TypeError(f"item {i}: prompt and target must be strings, got "
+                                f"{type(it['prompt']).__name__} and {type(target).__name__}")
             meta = {k: v for k, v in it.items() if k not in ("prompt", "target")}
-            out.append(Example(str(it["prompt"]), str(it["target"]), meta))
+            ex = Example(it["prompt"], target, meta if "target" in it else {**meta, "target_from": "greedy"})
         elif isinstance(it, Sequence) and len(it) == 2 and all(isinstance(x, str) for x in it):
-            out.append(Example(it[0], it[1], {}))
+            ex = Example(it[0], it[1], {})
         else:
             raise TypeError(
-                f"item {i} is {type(it).__name__}; expected an Example, a (prompt, target) pair, "
-                "a dict with 'prompt' and 'target', or a plain prompt string"
+                f"item {i} is {type(it).__name__} ({it!r:.60}); expected an Example, a (prompt, target) pair "
+                "of strings, a dict with 'prompt' (and 'target'), or a plain prompt string"
             )
+        if not ex.prompt:
+            raise ValueError(f"item {i} has an empty prompt (target {ex.target!r:.40}); every example needs a prompt")
+        out.append(ex)
     return out

@@ -15,7 +15,6 @@ The packaged GGUF weights are dequantized to float32 once and cached in
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint, refresh_fingerprint  # noqa: F401
 from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
 
 DEFAULT_MODEL = "gemma3"
@@ -350,18 +350,6 @@ def check_neuron_hooks(model) -> None:
         )
 
 
-def model_fingerprint(model) -> str:
-    """A short hash of the config facts that fix the neuron layout (and the model's name)."""
-    cfg = model.cfg
-    facts = {
-        k: getattr(cfg, k, None)
-        for k in ("n_layers", "d_model", "d_mlp", "n_heads", "d_vocab", "n_ctx", "act_fn", "architecture")
-    }
-    facts["name"] = getattr(model, "capinterp_name", None)
-    blob = json.dumps(facts, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
 def neuron_param_info(model) -> dict[str, int]:
     """Parameter counts: ``params_per_neuron`` (W_in col, W_gate col, b_in, W_out row) and ``n_params``.
 
@@ -389,6 +377,7 @@ def model_meta(model) -> dict[str, Any]:
     return {
         "model": getattr(model, "capinterp_name", None),
         "model_fingerprint": model_fingerprint(model),
+        "architecture_fingerprint": architecture_fingerprint(model),
         "shape": [n_layers, d_mlp],
         **neuron_param_info(model),
     }

@@ -84,10 +84,13 @@ class Context:
             return fit()
         path = Path(self.workdir) / "scores" / f"{key}.capi"
         if path.exists():
-            return NeuronScores.load(path, model_shape=self.model, fingerprint=model_fingerprint(self.model))
+            try:
+                return NeuronScores.load(path, model_shape=self.model, fingerprint=model_fingerprint(self.model))
+            except ValueError:  # damaged (checksum) or made for other weights: refit, never reuse
+                pass
         s = fit()
         path.parent.mkdir(parents=True, exist_ok=True)
-        s.save(path)
+        s.save(path, overwrite=True)
         return s
 
     def localize(self, method: str, data_name: str, examples: list, **params: Any) -> NeuronScores:

@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator, Sequence
 import pandas as pd
 import torch
 
-from capinterp.core.example import Example, as_examples
+from capinterp.core import validate
+from capinterp.core.example import Example
 from capinterp.interventions.edit_eval import next_token_probs
 from capinterp.core.model import neuron_hook
 from capinterp.results.neurons import NeuronSet
@@ -150,11 +151,14 @@ def attention_scaling(model, examples: Sequence[Any], *, keys: KeySpec = "subjec
     last position before and after (``act_before``/``act_after``). An arm with no positions (empty
     KS, or too few other positions for the control) gets NaN. Inputs are checked first.
     """
-    exs = as_examples(examples)
-    if not exs:
-        raise ValueError("attention_scaling needs at least one example")
-    if not factors:
-        raise ValueError("attention_scaling needs at least one factor")
+    validate.model(model)
+    exs = validate.examples(examples, "attention_scaling(examples)")
+    if isinstance(factors, (str, bytes)) or not isinstance(factors, Sequence) or not factors:
+        raise ValueError(f"factors must be a non-empty sequence of numbers, got {factors!r:.60}")
+    for i, f in enumerate(factors):
+        validate.finite_float(f"factors[{i}]", f)
+    validate.positive_int("k", k)
+    validate.integer("seed", seed)
     _layers(model, layers)
     sets = [neurons] * len(exs) if isinstance(neurons, NeuronSet) else (list(neurons) if neurons is not None else None)
     if sets is not None and len(sets) != len(exs):

@@ -29,12 +29,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.core import validate
+from capinterp.core.fingerprint import restoring
 from capinterp.core.example import Example, as_examples
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
@@ -107,13 +108,14 @@ class KnowledgeEdit:
         """Write the new value vectors into ``model``; restore the exact old ones on exit."""
         check_neurons(model, self.neurons)
         saved = {l: _rows(model, l, idx) for l, (idx, _) in self.values.items()}
-        try:
-            for l, (idx, new) in self.values.items():
-                _write(model, l, idx, new)
-            yield model
-        finally:
-            for l, (idx, _) in self.values.items():
-                _write(model, l, idx, saved[l])
+        with restoring(model):  # the old rows go back exactly: the fingerprint stays valid
+            try:
+                for l, (idx, new) in self.values.items():
+                    _write(model, l, idx, new)
+                yield model
+            finally:
+                for l, (idx, _) in self.values.items():
+                    _write(model, l, idx, saved[l])
 
     def apply_permanently(self, model) -> Any:
         """Write the edit into ``model`` for good; returns the model."""
@@ -177,8 +179,10 @@ def _check_args(selection: str, mode: str, direction: str, lambdas: Sequence[flo
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if len(lambdas) != 2 or any(not np.isfinite(x) or x < 0 for x in lambdas):
+    if isinstance(lambdas, (str, bytes)) or not isinstance(lambdas, Sequence) or len(lambdas) != 2:
         raise ValueError(f"lambdas must be two finite numbers >= 0, got {lambdas!r}")
+    for i, x in enumerate(lambdas):
+        validate.finite_float(f"lambdas[{i}]", x, low=0.0)
 
 
 def _spaced(new_target: str, old_target: str) -> str:

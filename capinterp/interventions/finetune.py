@@ -40,7 +40,8 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from capinterp.core.example import Example, as_examples
+from capinterp.core import validate
+from capinterp.core.example import Example
 from capinterp.kernels.evaluate import evaluate
 from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
 from capinterp.core.forward import capture, unembed
@@ -83,10 +84,9 @@ def _check_args(train: list[Example], lr: float | Mapping[str, float], epochs: i
                 arms: Sequence[str], neurons: NeuronSet | None, inplace: bool) -> tuple[tuple[str, ...], dict[str, float]]:
     if not train:
         raise ValueError("finetune() got an empty training set")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    validate.positive_int("epochs", epochs)
+    validate.positive_int("batch_size", batch_size)
+    validate.boolean("inplace", inplace)
     arms = (arms,) if isinstance(arms, str) else tuple(arms)
     bad = [a for a in arms if a not in ARMS]
     if not arms or bad or len(set(arms)) != len(arms):
@@ -110,7 +110,7 @@ def _eval_sets(eval_data: Any) -> dict[str, list[Example]]:
     if eval_data is None:
         return {}
     sets = dict(eval_data) if isinstance(eval_data, Mapping) else {"eval": eval_data}
-    out = {str(k): as_examples(v) for k, v in sets.items()}
+    out = {str(k): validate.examples(v, f"eval_data[{k!r}]", min_count=0) for k, v in sets.items()}
     empty = [k for k, v in out.items() if not v]
     if empty:
         raise ValueError(f"eval_data set(s) {empty} are empty")
@@ -222,7 +222,8 @@ def finetune(model, train: Sequence[Any], *, neurons: NeuronSet | None = None,
         TokenizationError: an example's target does not tokenize after its prompt.
         FloatingPointError: the training loss became NaN/inf (lower ``lr``).
     """
-    train_ex = as_examples(train)
+    validate.model(model)
+    train_ex = validate.examples(train, "finetune(train)", min_count=0)
     arms, lrs = _check_args(train_ex, lr, epochs, batch_size, arms, neurons, inplace)
     if neurons is not None:
         check_neurons(model, neurons)

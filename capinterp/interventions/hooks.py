@@ -16,20 +16,30 @@ from typing import Iterator
 
 import torch
 
-from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core import validate
+from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape
 from capinterp.results.neurons import NeuronSet
 
 
-def check_neurons(model, neurons: NeuronSet) -> None:
-    """Raise a clear ValueError if ``neurons`` was made for another model."""
+def check_neurons(model, neurons: NeuronSet, across_models: bool = False) -> None:
+    """Raise a clear ValueError if ``neurons`` was made for another model (other weights or config).
+
+    ``across_models=True`` accepts a set located on another checkpoint of the same architecture
+    (e.g. erasing base-model neurons in its fine-tune): only the architecture must then match.
+    """
+    validate.model(model)
     if not isinstance(neurons, NeuronSet):
-        raise TypeError(f"expected a NeuronSet, got {type(neurons).__name__}")
-    neurons.check_compatible(neuron_shape(model), model_fingerprint(model))
+        raise TypeError(f"neurons must be a NeuronSet, got {type(neurons).__name__}")
+    name = getattr(model, "capinterp_name", None)
+    if validate.boolean("across_models", across_models):
+        neurons.check_compatible(neuron_shape(model), architecture=architecture_fingerprint(model), model_name=name)
+    else:
+        neurons.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)
 
 
-def neuron_hooks(model, neurons: NeuronSet, factor: float) -> list[tuple[str, object]]:
+def neuron_hooks(model, neurons: NeuronSet, factor: float, across_models: bool = False) -> list[tuple[str, object]]:
     """Forward hooks multiplying the located neurons' activations by ``factor`` at every position."""
-    check_neurons(model, neurons)
+    check_neurons(model, neurons, across_models)
     hooks = []
     dev = model.cfg.device
     for layer in range(neurons.n_layers):
@@ -48,17 +58,18 @@ def neuron_hooks(model, neurons: NeuronSet, factor: float) -> list[tuple[str, ob
 
 
 @contextmanager
-def scale(model, neurons: NeuronSet, factor: float) -> Iterator[object]:
+def scale(model, neurons: NeuronSet, factor: float, *, across_models: bool = False) -> Iterator[object]:
     """Multiply the located neurons' activations by ``factor`` inside the ``with`` block."""
-    with model.hooks(fwd_hooks=neuron_hooks(model, neurons, float(factor))):
+    factor = validate.finite_float("factor", factor)
+    with model.hooks(fwd_hooks=neuron_hooks(model, neurons, factor, across_models)):
         yield model
 
 
-def erase(model, neurons: NeuronSet):
+def erase(model, neurons: NeuronSet, *, across_models: bool = False):
     """Zero the located neurons' activations (all positions) inside the ``with`` block."""
-    return scale(model, neurons, 0.0)
+    return scale(model, neurons, 0.0, across_models=across_models)
 
 
-def amplify(model, neurons: NeuronSet, factor: float = 2.0):
+def amplify(model, neurons: NeuronSet, factor: float = 2.0, *, across_models: bool = False):
     """Multiply the located neurons' activations by ``factor`` (default 2, as in KN and CNL)."""
-    return scale(model, neurons, factor)
+    return scale(model, neurons, factor, across_models=across_models)

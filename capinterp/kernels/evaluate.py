@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from capinterp.core.example import as_examples
+from capinterp.core import validate
 from capinterp.core.forward import logits_at
 from capinterp.core.tokens import batches, encode, pad_id, pad_right
 
@@ -82,9 +82,11 @@ def evaluate(
     """
     from capinterp.data.parsing import is_correct
 
-    examples = as_examples(dataset)
-    if not examples:
-        raise ValueError("evaluate() got an empty dataset")
+    validate.model(model)
+    examples = validate.examples(dataset, "evaluate(dataset)")
+    batch_size = validate.positive_int("batch_size", batch_size)
+    if max_new_tokens is not None:
+        validate.positive_int("max_new_tokens", max_new_tokens)
     encoded = encode(model, examples)
     show = len(encoded) > 4 * batch_size if progress is None else progress
     records: list[dict[str, Any]] = []

@@ -14,10 +14,10 @@ docs page (docs/extending.md).
 from __future__ import annotations
 
 import inspect
-import numbers
 from typing import Any, Callable, ClassVar, TypeVar
 
 from capinterp.core.model import model_meta, move_model
+from capinterp.core import validate
 
 _REGISTRY: dict[str, type["Localizer"]] = {}
 _ALIASES: dict[str, str] = {}
@@ -110,8 +110,8 @@ class Localizer:
     CAPABILITIES: ClassVar[tuple[str, ...]] = ("unit_kind", "scope", "per_query", "checkpointable")
 
     def __init__(self, model: Any, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        validate.model(model)
+        batch_size = validate.positive_int("batch_size", batch_size)
         move_model(model, device)  # checked first: a bad device leaves the model untouched
         self.model = model
         self.batch_size = int(batch_size)

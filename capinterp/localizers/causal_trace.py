@@ -48,7 +48,8 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core import distributed as dist
-from capinterp.core.example import Example, as_examples
+from capinterp.core import validate
+from capinterp.core.example import Example
 from capinterp.localizers.base import Localizer, register
 from capinterp.core.tokens import _ids, encode, model_bos
 from capinterp.kernels.tracing import HOOK as _HOOK
@@ -113,24 +114,16 @@ class CausalTrace(Localizer):
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         self.noise = noise
         self._noise_mult = parse_noise(noise)
-        if noise_std is not None and (not math.isfinite(noise_std) or noise_std < 0):
-            raise ValueError(f"noise_std must be a finite value >= 0, got {noise_std!r}")
-        self.noise_std = None if noise_std is None else float(noise_std)
-        if int(samples) < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
-        self.samples = int(samples)
-        if int(window) < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        self.window = int(window)
+        self.noise_std = None if noise_std is None else validate.finite_float("noise_std", noise_std, low=0.0)
+        self.samples = validate.positive_int("samples", samples)
+        self.window = validate.positive_int("window", window)
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         bad = [k for k in kinds if k not in KINDS]
         if bad or not kinds or len(set(kinds)) != len(kinds):
             raise ValueError(f"kinds must be distinct values among {KINDS}, got {kinds}")
         self.kinds = kinds
         n_layers = int(model.cfg.n_layers)
-        if not 1 <= int(top_k) <= n_layers:
-            raise ValueError(f"top_k must be in [1, {n_layers}], got {top_k}")
-        self.top_k = int(top_k)
+        self.top_k = validate.integer("top_k", top_k, low=1, high=n_layers)
         if token not in TOKEN_GROUPS and token != "any":
             raise ValueError(f"token must be one of {TOKEN_GROUPS + ('any',)}, got {token!r}")
         self.token = token
@@ -139,16 +132,16 @@ class CausalTrace(Localizer):
         if layer_kind not in kinds:
             raise ValueError(f"layer_kind {layer_kind!r} is not among the traced kinds {kinds}")
         self.layer_kind = layer_kind
-        self.seed = int(seed)
-        self.require_correct = bool(require_correct)
-        self.reuse_prefix = bool(reuse_prefix)
+        self.seed = validate.integer("seed", seed)
+        self.require_correct = validate.boolean("require_correct", require_correct)
+        self.reuse_prefix = validate.boolean("reuse_prefix", reuse_prefix)
 
     # ------------------------------------------------------------------------------------ fit
 
     @torch.no_grad()
     def fit(self, data: Iterable[Any]) -> "CausalTrace":
         """Trace every fact in ``data`` (Examples, or dicts / pairs, with ``meta["subject"]``)."""
-        facts = as_examples(data)
+        facts = validate.examples(data, "CausalTrace.fit(data)", min_count=0)
         if not facts:
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]

@@ -17,6 +17,7 @@ import torch
 from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, ig_scores
 from capinterp.kernels.memory import ig_row_bytes
 from capinterp.kernels.quadrature import check_rule
+from capinterp.core import validate
 from capinterp.localizers.base import former_name, register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 from capinterp.core.tokens import Encoded
@@ -25,8 +26,7 @@ from capinterp.core.tokens import Encoded
 def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel: str) -> None:
     """Validate IG hyper-parameters at construction, before any work (``kernel``: one of the IG
     kernel's ``METHODS``)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    validate.positive_int("steps", steps)
     try:
         check_rule(steps, rule)
     except ValueError as err:

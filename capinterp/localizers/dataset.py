@@ -4,6 +4,7 @@ a dataset, a sigma mask, resumable checkpoints, split-half consistency, data par
 (:mod:`capinterp.kernels.memory`)."""
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from capinterp.core import distributed as dist
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
 from capinterp.units import metrics
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
+from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.localizers.base import Localizer
 from capinterp.core.model import model_fingerprint, neuron_shape
@@ -85,11 +87,10 @@ class DatasetNeuronLocalizer(Localizer):
             self.batch_size = "auto"
         else:  # the base checks it is an integer >= 1
             super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        if not sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {sigma}")
-        if spread not in ("std", "var"):
-            raise ValueError(f"spread must be 'std' or 'var', got {spread!r}")
-        self.sigma = float(sigma)
+        self.sigma = validate.finite_float("sigma", sigma, low=0.0, low_open=True)
+        validate.choice("spread", spread, ("std", "var"))
+        if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+            raise TypeError(f"checkpoint must be a path (str or Path) or None, got {type(checkpoint).__name__}")
         self.spread = spread
         self.checkpoint = None if checkpoint is None else str(checkpoint)
 
@@ -130,9 +131,7 @@ class DatasetNeuronLocalizer(Localizer):
     def fit(self, data: Any) -> "DatasetNeuronLocalizer":
         """Mean per-example scores over ``data`` (Examples, dicts or pairs): ``scores_``
         ``[n_layers, d_mlp]``, ``neurons_`` (the sigma mask), ``sums_`` (the running sums)."""
-        examples = as_examples(data)
-        if not examples:
-            raise ValueError(f"{type(self).__name__}.fit got an empty dataset")
+        examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
         examples = fill_greedy_targets(self.model, examples)
         encoded = self._encode(examples)  # every tokenization problem surfaces here, before work
         if not encoded:
@@ -150,6 +149,10 @@ class DatasetNeuronLocalizer(Localizer):
         self.oom_retries_ = 0
         ckpt = dist.rank_path(self.checkpoint)
         acc = ScoreSum.resume(ckpt, shape, key)
+        stray = sorted(i for i in acc.done if not 0 <= i < len(encoded))
+        if stray:
+            raise ValueError(f"checkpoint {ckpt} marks examples {stray[:5]} as done, but the data has "
+                             f"{len(encoded)} examples: the file is damaged; delete it to start over")
         mine = dist.shard(list(batches(list(range(len(encoded))), self._chunk_size())))
         todo = [[i for i in chunk if i not in acc.done] for chunk in mine]
         show = self.progress and dist.is_main()

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.kernels.ig import ig_scores
-from capinterp.core.example import as_examples
+from capinterp.core import validate
 from capinterp.localizers.base import Localizer, former_name, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
@@ -68,17 +68,16 @@ class KN(Localizer):
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         kernel = former_name(kernel, method, "kernel", "method", "fast")
         check_ig_args(steps, rule, "last_prompt", objective, kernel)
-        if not 0 <= threshold < 1:
-            raise ValueError(f"threshold must be in [0, 1), got {threshold}")
-        if not 0 <= share < 1:
-            raise ValueError(f"share must be in [0, 1), got {share}")
-        self.steps, self.threshold, self.share, self.refine = steps, float(threshold), float(share), bool(refine)
+        threshold = validate.probability("threshold", threshold, high_open=True)
+        share = validate.probability("share", share, high_open=True)
+        self.steps, self.threshold, self.share = steps, threshold, share
+        self.refine = validate.boolean("refine", refine)
         self.rule, self.objective, self.kernel = rule, objective, kernel
 
     def fit(self, data: Any) -> "KN":
         """IG scores of every prompt of one fact (``data``: paraphrased prompts, strings or Examples):
         ``prompt_scores_`` ``[n, n_layers, d_mlp]``, ``coarse_``, ``counts_``, ``scores_`` (mean), ``neurons_``."""
-        examples = as_examples(data)
+        examples = validate.examples(data, "KN.fit(data)", min_count=0)
         if not examples:
             raise ValueError("KN.fit got no prompts")
         examples = fill_greedy_targets(self.model, examples)

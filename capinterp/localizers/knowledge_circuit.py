@@ -33,7 +33,7 @@ from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.kernels.quadrature import check_rule
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
-from capinterp.core.example import as_examples
+from capinterp.core import validate
 from capinterp.localizers.base import Localizer, former_name, register
 
 __all__ = ["KnowledgeCircuit"]
@@ -88,10 +88,15 @@ class KnowledgeCircuit(Localizer):
             raise ValueError("EAP needs top_n or min_score to select edges")
         if not acdc_threshold >= 0:
             raise ValueError(f"acdc_threshold must be >= 0, got {acdc_threshold}")
-        if top_n is not None and top_n < 0:
-            raise ValueError(f"top_n must be >= 0, got {top_n}")
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
+        if min_score is not None:
+            validate.finite_float("min_score", min_score)
+        validate.finite_float("acdc_threshold", acdc_threshold, low=0.0)
+        if top_n is not None:
+            validate.nonneg_int("top_n", top_n)
+        validate.positive_int("steps", steps)
+        validate.finite_float("noise", noise, low=0.0)
+        validate.integer("seed", seed)
+        validate.boolean("prune", prune)
         check_rule(steps, rule)
         if not (callable(corrupt) or corrupt in ("auto", "noise")):
             raise ValueError(f"corrupt must be 'auto', 'noise' or a callable, got {corrupt!r}")
@@ -99,8 +104,8 @@ class KnowledgeCircuit(Localizer):
             raise ValueError(f"metric must be one of {LOSSES}, got {metric!r}")
         if granularity not in GRANULARITIES + ("auto",):
             raise ValueError(f"granularity must be 'auto' or one of {GRANULARITIES}, got {granularity!r}")
-        if candidates is not None and candidates < 1:
-            raise ValueError(f"candidates must be >= 1, got {candidates}")
+        if candidates is not None:
+            validate.positive_int("candidates", candidates)
         self.algorithm = ALGORITHMS[algorithm]
         self.top_n = None if top_n is None else int(top_n)
         self.min_score = None if min_score is None else float(min_score)
@@ -123,7 +128,7 @@ class KnowledgeCircuit(Localizer):
 
     def fit(self, data: Any) -> "KnowledgeCircuit":
         """Score every edge of the model's graph on the facts in ``data``, keep the circuit."""
-        facts = as_examples(data)
+        facts = validate.examples(data, "KnowledgeCircuit.fit(data)", min_count=0)
         if not facts:
             raise ValueError("KnowledgeCircuit.fit needs at least one fact")
         t0 = time.perf_counter()

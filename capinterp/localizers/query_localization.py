@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.localizers.base import Localizer, available, former_name, get
 from capinterp.localizers.kn import coarse_mask
@@ -127,16 +128,14 @@ class QueryLocalization:
         if isinstance(tau, str):
             if tau != "otsu":
                 raise ValueError(f"tau must be a number in [0, 1] or 'otsu', got {tau!r}")
-        elif not 0 <= float(tau) <= 1:
-            raise ValueError(f"a static tau must be in [0, 1], got {tau}")
-        if score not in SCORES:
-            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-        if not 0 <= cas_threshold < 1:
-            raise ValueError(f"cas_threshold must be in [0, 1), got {cas_threshold}")
-        if beta1 < 0 or beta2 < 0:
-            raise ValueError(f"beta1 and beta2 must be >= 0, got {beta1}, {beta2}")
-        if min_queries < 1:
-            raise ValueError(f"min_queries must be >= 1, got {min_queries}")
+        else:
+            tau = validate.probability("tau", tau)
+        validate.choice("score", score, SCORES)
+        validate.probability("cas_threshold", cas_threshold, high_open=True)
+        validate.finite_float("beta1", beta1, low=0.0)
+        validate.finite_float("beta2", beta2, low=0.0)
+        validate.positive_int("min_queries", min_queries)
+        validate.positive_int("batch_size", batch_size)
         cls = type(localizer) if isinstance(localizer, Localizer) else get(localizer)
         if not cls.per_query:
             raise ValueError(f"localizer {cls.name!r} gives no per-query scores (prompt_scores_); "

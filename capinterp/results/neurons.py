@@ -15,13 +15,18 @@ Metadata keys (all optional, JSON-serializable): method, params (hyper-parameter
 model_fingerprint, n_params (all model parameters), params_per_neuron, dataset, n_samples, version
 (auto-filled). Sets made by a rule add ``selection``; random controls add ``random_control``.
 
-Save format 1: one safetensors file (``.capi`` by convention) with one tensor, ``"scores"``
+Save format 2: one safetensors file (``.capi`` by convention) with one tensor, ``"scores"``
 (float32) or ``"mask"`` (uint8), and metadata ``{"capinterp": JSON {type, format_version, shape,
-meta}}``; a folder path (existing, or ending in "/") gets ``tensors.safetensors`` + ``meta.json``.
+checksum, meta}}``; a folder path (existing, or ending in "/") gets ``tensors.safetensors`` +
+``meta.json``. ``checksum`` is the SHA-256 of the tensor's bytes: a load verifies it, so flipped
+bytes are an error, not different scores (format 1 files, without it, still load). Saving never
+replaces by accident: an existing file must be a capinterp file of the same type, an existing
+folder empty or a saved folder of the same type, unless ``overwrite=True``.
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import operator
 import os
@@ -37,13 +42,14 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from capinterp._version import __version__
+from capinterp.core import validate
 from capinterp.plots.heatmaps import neuron_heatmap
 from capinterp.units.base import UnitSet
 
 __all__ = ["NeuronScores", "NeuronSet", "load", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 1
-MODEL_KEYS = ("model", "model_fingerprint", "n_params", "params_per_neuron")
+FORMAT_VERSION = 2
+MODEL_KEYS = ("model", "model_fingerprint", "architecture_fingerprint", "n_params", "params_per_neuron")
 _TENSOR_FILE, _META_FILE = "tensors.safetensors", "meta.json"
 
 
@@ -101,38 +107,83 @@ class _NeuronTensor:
             keep = {k: v for k, v in keep.items() if other.meta.get(k, v) == v}
         return keep
 
-    def check_compatible(self, model_shape: Any = None, fingerprint: str | None = None) -> None:
+    def check_compatible(self, model_shape: Any = None, fingerprint: str | None = None, *,
+                         architecture: str | None = None, model_name: str | None = None) -> None:
         """ValueError if made for a model of another (n_layers, d_mlp) or, when both are known,
-        another fingerprint. ``model_shape`` may also be a model with ``cfg.n_layers``/``cfg.d_mlp``."""
-        name, mine = type(self).__name__, self.meta.get("model_fingerprint")
+        another fingerprint (weights + config, :func:`capinterp.core.fingerprint.model_fingerprint`)
+        or another ``architecture`` fingerprint. ``model_shape`` may also be a model with
+        ``cfg.n_layers``/``cfg.d_mlp``; ``model_name`` only words the message."""
+        name = type(self).__name__
         if model_shape is not None and (shape := _shape_of(model_shape)) != self.shape:
             raise ValueError(f"{name} was made for a model with {self.n_layers} layers x {self.d_mlp} "
                              f"neurons; this model has {shape[0]} x {shape[1]}")
-        if fingerprint is not None and mine is not None and str(fingerprint) != str(mine):
-            raise ValueError(f"{name} was made for a model with fingerprint {mine!r} (model "
-                             f"{self.meta.get('model')!r}); this model's fingerprint is {fingerprint!r}")
+        for key, theirs, what in (("model_fingerprint", fingerprint, "weights or config"),
+                                  ("architecture_fingerprint", architecture, "architecture")):
+            mine = self.meta.get(key)
+            if theirs is not None and mine is not None and str(theirs) != str(mine):
+                hint = ("; if this model is another checkpoint of the same architecture on purpose, pass "
+                        "across_models=True" if key == "model_fingerprint" else "")
+                raise ValueError(f"{name} was made for model {self.meta.get('model')!r} ({key} {mine!r}); this "
+                                 f"model {model_name!r} has {key} {theirs!r}: their {what} differ{hint}")
 
     def plot(self, **kwargs: Any):
         """Binned layer x neuron heatmap: max |score| or located count per block (:func:`capinterp.plots.neuron_heatmap`)."""
         return neuron_heatmap(self, **kwargs)
 
     # --- save / load --------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write a ``.capi`` safetensors file, or a folder when ``path`` is a folder / ends in "/"."""
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write a ``.capi`` safetensors file, or a folder when ``path`` is a folder / ends in "/".
+
+        Refuses (ValueError) to replace anything but a capinterp file / folder of the same type,
+        or a non-empty folder of other files, unless ``overwrite=True``. Writes are atomic.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
         p = Path(path)
-        header = {"type": type(self).__name__, "format_version": FORMAT_VERSION,
-                  "shape": list(self.shape), "meta": self.meta}
-        blob = json.dumps(header, default=_json_default, sort_keys=True)
+        as_folder = str(path).endswith(("/", os.sep)) or p.is_dir()
+        if not overwrite:
+            self._check_target(p, as_folder)
         data = self._data()
-        tensors = {self._tensor_name: data.to(torch.uint8) if data.dtype == torch.bool else data}
-        if str(path).endswith(("/", os.sep)) or p.is_dir():
+        stored = (data.to(torch.uint8) if data.dtype == torch.bool else data).contiguous()
+        header = {"type": type(self).__name__, "format_version": FORMAT_VERSION, "shape": list(self.shape),
+                  "checksum": _checksum(stored), "meta": self.meta}
+        blob = json.dumps(header, default=_json_default, sort_keys=True)
+        tensors = {self._tensor_name: stored}
+        if as_folder:
             p.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(p / _TENSOR_FILE), metadata={"capinterp": blob})
-            (p / _META_FILE).write_text(blob)
+            _atomic_save(tensors, p / _TENSOR_FILE, blob)
+            tmp = p / (_META_FILE + ".tmp")
+            tmp.write_text(blob)
+            os.replace(tmp, p / _META_FILE)
         else:
             p.parent.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(p), metadata={"capinterp": blob})
+            _atomic_save(tensors, p, blob)
         return p
+
+    def _check_target(self, p: Path, as_folder: bool) -> None:
+        """ValueError if saving at ``p`` would replace something that is not our own kind of file."""
+        mine = type(self).__name__
+        if p.is_dir():
+            entries = sorted(x.name for x in p.iterdir())
+            if not entries:
+                return
+            if set(entries) <= {_TENSOR_FILE, _META_FILE}:
+                kind = _stored_type(p)
+                if kind == mine:
+                    return
+                raise ValueError(f"{p} holds a saved {kind or 'unreadable capinterp folder'}; saving a {mine} "
+                                 "there would replace it: choose another path or pass overwrite=True")
+            raise ValueError(f"{p} is an existing folder with other files ({', '.join(entries[:3])}"
+                             f"{', ...' if len(entries) > 3 else ''}); save to a new path, e.g. {p / 'scores.capi'}, "
+                             "or pass overwrite=True")
+        if p.exists():
+            if as_folder:
+                raise ValueError(f"{p} is an existing file, not a folder; choose another path")
+            kind = _stored_type(p)
+            if kind != mine:
+                what = f"a saved {kind}" if kind else "a file that is not a capinterp file"
+                raise ValueError(f"{p} is {what}; saving a {mine} there would replace it: choose another path "
+                                 "or pass overwrite=True")
 
     @classmethod
     def load(cls, path: str | os.PathLike, expected_shape: Any = None, *, model_shape: Any = None,
@@ -144,6 +195,29 @@ class _NeuronTensor:
                              f"use {type(obj).__name__}.load or capinterp.results.neurons.load")
         obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
         return obj
+
+
+def _checksum(t: Tensor) -> str:
+    return hashlib.sha256(t.cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _atomic_save(tensors: dict[str, Tensor], p: Path, blob: str) -> None:
+    tmp = p.with_name(p.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"capinterp": blob})
+    os.replace(tmp, p)
+
+
+def _stored_type(p: Path) -> str | None:
+    """The type recorded in a saved capinterp file / folder, None when it is not one."""
+    try:
+        if p.is_dir():
+            blob = (p / _META_FILE).read_text()
+        else:
+            with safe_open(str(p), framework="pt") as f:
+                blob = (f.metadata() or {}).get("capinterp")
+        return str(json.loads(blob)["type"]) if blob else None
+    except Exception:  # noqa: BLE001 - anything unreadable is "not a capinterp file"
+        return None
 
 
 def _read_safetensors(p: Path) -> tuple[str | None, dict[str, Tensor]]:
@@ -180,14 +254,23 @@ def load(path: str | os.PathLike, expected_shape: Any = None, *, model_shape: An
     classes = {"NeuronScores": NeuronScores, "NeuronSet": NeuronSet}
     if typ not in classes:
         raise ValueError(f"{p} holds an unknown capinterp type {typ!r}")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"{p} has format_version {version!r}; capinterp {__version__} reads <= {FORMAT_VERSION}")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise ValueError(f"{p} has format_version {version!r}; capinterp {__version__} reads 1..{FORMAT_VERSION}")
+    if not isinstance(meta, dict):
+        raise _invalid(p, f"meta must be a JSON object, got {type(meta).__name__}")
+    if not (isinstance(shape, list) and len(shape) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)):
+        raise _invalid(p, f"shape must be two positive integers, got {shape!r}")
     cls = classes[typ]
     if set(tensors) != {cls._tensor_name}:
         raise _invalid(p, f"expected one tensor {cls._tensor_name!r}, found {sorted(tensors)}")
     t = tensors[cls._tensor_name]
+    if t.dtype != (torch.uint8 if cls is NeuronSet else torch.float32):
+        raise _invalid(p, f"tensor {cls._tensor_name!r} has dtype {t.dtype}")
     if list(t.shape) != list(shape):
         raise ValueError(f"{p}: shape in metadata {tuple(shape)} does not match the stored tensor {tuple(t.shape)}")
+    if version >= 2 and header.get("checksum") != _checksum(t):
+        raise _invalid(p, "the tensor data does not match its stored checksum (damaged bytes)")
     obj = cls(t, meta)
     obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
     return obj
@@ -219,8 +302,7 @@ class NeuronScores(_NeuronTensor):
 
     def select(self, sigma: float = 6.0, spread: str = "std", two_sided: bool = True) -> NeuronSet:
         """Neurons with |s - mean(s)| > sigma * spread(s) (global over all neurons; population std/var)."""
-        if not sigma > 0:
-            raise ValueError(f"sigma must be > 0, got {sigma}")
+        sigma = validate.finite_float("sigma", sigma, low=0.0, low_open=True)
         s = self.scores.double()
         if spread not in ("std", "var"):
             raise ValueError(f"spread must be 'std' or 'var', got {spread!r}")
@@ -236,8 +318,7 @@ class NeuronScores(_NeuronTensor):
         if by not in ("score", "abs"):
             raise ValueError(f"by must be 'score' or 'abs', got {by!r}")
         n = self.scores.numel()
-        if not 0 <= int(k) <= n:
-            raise ValueError(f"k must be in [0, {n}], got {k}")
+        validate.integer("k", k, low=0, high=n)
         flat = self.scores.flatten()
         order = torch.sort(flat.abs() if by == "abs" else flat, descending=True, stable=True).indices
         mask = torch.zeros(n, dtype=torch.bool)
@@ -246,7 +327,8 @@ class NeuronScores(_NeuronTensor):
 
     def threshold(self, t: float, relative: bool = False) -> NeuronSet:
         """s > t, or with ``relative=True`` s > t * max(s) and s > 0 (only positive scores count)."""
-        cut = float(t) * float(self.scores.max()) if relative else float(t)
+        t, relative = validate.finite_float("t", t), validate.boolean("relative", relative)
+        cut = t * float(self.scores.max()) if relative else t
         mask = self.scores > cut
         if relative:
             mask &= self.scores > 0
@@ -259,6 +341,7 @@ class NeuronScores(_NeuronTensor):
         df = pd.DataFrame({"layer": np.repeat(np.arange(n_layers), d_mlp),
                            "neuron": np.tile(np.arange(d_mlp), n_layers), "score": s})
         if top is not None:
+            validate.nonneg_int("top", top)
             key = np.abs(s) if by == "abs" else s
             df = df.iloc[np.argsort(-key, kind="stable")[: int(top)]].reset_index(drop=True)
         return df
@@ -362,7 +445,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
     def random_like(self, seed: int, per_layer: bool = False, disjoint: bool = False) -> NeuronSet:
         """Seeded random set of the same size; ``per_layer`` matches each layer's count, ``disjoint``
         draws only neurons outside this set (random-control arms)."""
-        g = torch.Generator().manual_seed(int(seed))
+        g = torch.Generator().manual_seed(validate.integer("seed", seed))
         rows = self.mask if per_layer else self.mask.view(1, -1)
         out = torch.zeros_like(rows)
         for r, (row, count) in enumerate(zip(rows, rows.sum(dim=1).tolist())):

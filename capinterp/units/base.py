@@ -119,18 +119,25 @@ class UnitSet(ABC):
         return self.kind == other.kind and self.space == other.space
 
 
-def check_comparable(a: UnitSet, b: UnitSet) -> None:
+def check_comparable(a: UnitSet, b: UnitSet, *, across_models: bool = False) -> None:
     """Raise ValueError unless ``a`` and ``b`` have the same kind and space, and (where both
-    record one) the same model fingerprint: equal shapes from different models are not comparable."""
+    record one) the same model fingerprint: equal shapes from different models are not comparable.
+
+    ``across_models=True`` is for sets located on different checkpoints of one architecture (a
+    base model and its fine-tune): only the architecture fingerprint must then agree."""
     if a.kind != b.kind or a.space != b.space:
         raise ValueError(
             f"cannot compare unit sets of different kinds or spaces: {a.kind!r} over {a.space!r} "
             f"vs {b.kind!r} over {b.space!r}"
         )
-    fa, fb = (getattr(x, "meta", {}).get("model_fingerprint") for x in (a, b))
+    key = "architecture_fingerprint" if across_models else "model_fingerprint"
+    fa, fb = (getattr(x, "meta", {}).get(key) for x in (a, b))
     if fa is not None and fb is not None and str(fa) != str(fb):
-        raise ValueError(f"cannot compare unit sets of different models (fingerprint {fa!r} vs {fb!r}, "
-                         f"models {a.meta.get('model')!r} and {b.meta.get('model')!r})")
+        ma, mb = (getattr(x, "meta", {}).get("model") for x in (a, b))
+        what = "architectures" if across_models else "models (weights or config)"
+        hint = "" if across_models else "; pass across_models=True to compare checkpoints of one architecture"
+        raise ValueError(f"cannot compare unit sets of different {what}: model {ma!r} ({key} {fa!r}) vs "
+                         f"model {mb!r} ({key} {fb!r}){hint}")
 
 
 class KeySet(UnitSet):

@@ -29,6 +29,7 @@ Empty-set conventions:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Union
@@ -63,10 +64,11 @@ def _keys(a: SetLike) -> frozenset:
     raise TypeError(f"expected a UnitSet or a set of unit keys, got {type(a).__name__}")
 
 
-def _counts(a: SetLike, b: SetLike) -> tuple[int, int, int]:
-    """(|A ∩ B|, |A|, |B|), after checking that the two sets are comparable."""
+def _counts(a: SetLike, b: SetLike, across_models: bool = False) -> tuple[int, int, int]:
+    """(|A ∩ B|, |A|, |B|), after checking that the two sets are comparable (see
+    :func:`capinterp.units.base.check_comparable` for ``across_models``)."""
     if isinstance(a, UnitSet) and isinstance(b, UnitSet):
-        check_comparable(a, b)
+        check_comparable(a, b, across_models=across_models)
         ma, mb = _mask(a), _mask(b)
         if ma is not None and mb is not None:
             return int((ma & mb).sum()), len(a), len(b)
@@ -74,9 +76,9 @@ def _counts(a: SetLike, b: SetLike) -> tuple[int, int, int]:
     return len(ka & kb), len(ka), len(kb)
 
 
-def intersection_size(a: SetLike, b: SetLike) -> int:
+def intersection_size(a: SetLike, b: SetLike, *, across_models: bool = False) -> int:
     """|A ∩ B|."""
-    return _counts(a, b)[0]
+    return _counts(a, b, across_models)[0]
 
 
 def _ratio_of(inter: int, denom: int, na: int, nb: int) -> float:
@@ -85,27 +87,27 @@ def _ratio_of(inter: int, denom: int, na: int, nb: int) -> float:
     return inter / denom if denom else 0.0
 
 
-def overlap(a: SetLike, b: SetLike) -> float:
+def overlap(a: SetLike, b: SetLike, *, across_models: bool = False) -> float:
     """Overlap coefficient |A ∩ B| / min(|A|, |B|)."""
-    i, na, nb = _counts(a, b)
+    i, na, nb = _counts(a, b, across_models)
     return _ratio_of(i, min(na, nb), na, nb)
 
 
-def iou(a: SetLike, b: SetLike) -> float:
+def iou(a: SetLike, b: SetLike, *, across_models: bool = False) -> float:
     """Jaccard index |A ∩ B| / |A ∪ B|."""
-    i, na, nb = _counts(a, b)
+    i, na, nb = _counts(a, b, across_models)
     return _ratio_of(i, na + nb - i, na, nb)
 
 
-def cohesion(a: SetLike, b: SetLike) -> float:
+def cohesion(a: SetLike, b: SetLike, *, across_models: bool = False) -> float:
     """|A ∩ B| / max(|A|, |B|) for one capability located from two datasets (e.g. EN vs CH)."""
-    i, na, nb = _counts(a, b)
+    i, na, nb = _counts(a, b, across_models)
     return _ratio_of(i, max(na, nb), na, nb)
 
 
-def separability(a: SetLike, b: SetLike) -> float:
+def separability(a: SetLike, b: SetLike, *, across_models: bool = False) -> float:
     """|A ∩ B| / max(|A|, |B|) for two different capabilities (low = well separated)."""
-    return cohesion(a, b)
+    return cohesion(a, b, across_models=across_models)
 
 
 def ratio(a: UnitSet) -> float:
@@ -130,12 +132,13 @@ SET_METRICS: dict[str, Callable[[SetLike, SetLike], float]] = {
 Metric = Union[str, Callable[[SetLike, SetLike], float]]
 
 
-def _metric_fn(metric: Metric) -> Callable[[SetLike, SetLike], float]:
+def _metric_fn(metric: Metric, across_models: bool = False) -> Callable[[SetLike, SetLike], float]:
     if callable(metric):
         return metric
     try:
-        return SET_METRICS[metric]
-    except KeyError:
+        fn = SET_METRICS[metric]
+        return functools.partial(fn, across_models=True) if across_models else fn
+    except (KeyError, TypeError):
         raise ValueError(f"unknown metric {metric!r}; choose one of {sorted(SET_METRICS)} or pass a callable") from None
 
 
@@ -145,31 +148,34 @@ def _named(sets: Mapping[Hashable, SetLike] | Sequence[SetLike]) -> dict[Hashabl
     return {i: s for i, s in enumerate(sets)}
 
 
-def pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap") -> pd.DataFrame:
+def pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *,
+             across_models: bool = False) -> pd.DataFrame:
     """Square DataFrame M[i, j] = metric(set_i, set_j), indexed by the dict keys (or positions)."""
     named = _named(sets)
-    fn = _metric_fn(metric)
+    fn = _metric_fn(metric, across_models)
     names = list(named)
     vals = [[float(fn(named[r], named[c])) for c in names] for r in names]
     return pd.DataFrame(vals, index=names, columns=names)
 
 
-def mean_pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap") -> float:
+def mean_pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *,
+                  across_models: bool = False) -> float:
     """Mean of metric(set_i, set_j) over unordered pairs i < j (needs at least two sets)."""
     items = list(_named(sets).values())
     if len(items) < 2:
         raise ValueError(f"mean_pairwise needs at least two sets, got {len(items)}")
-    fn = _metric_fn(metric)
+    fn = _metric_fn(metric, across_models)
     return float(np.mean([fn(a, b) for a, b in itertools.combinations(items, 2)]))
 
 
-def consistency(sets: Mapping[Hashable, SetLike] | Sequence[SetLike]) -> tuple[float, float]:
+def consistency(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], *,
+                across_models: bool = False) -> tuple[float, float]:
     """(CS1, CS2): CS1 = |∩_i N_i| / |∪_i N_i| (strict); CS2 = mean pairwise Jaccard (relaxed)."""
     items = list(_named(sets).values())
     if not items:
         raise ValueError("consistency needs at least one set")
     for s in items[1:]:
-        _counts(items[0], s)  # raises on mismatched kinds / spaces
+        _counts(items[0], s, across_models)  # raises on mismatched kinds / spaces
     if len(items) == 1:
         return 1.0, 1.0
     masks = [_mask(s) for s in items]
@@ -180,7 +186,7 @@ def consistency(sets: Mapping[Hashable, SetLike] | Sequence[SetLike]) -> tuple[f
         keys = [_keys(s) for s in items]
         n_inter, n_union = len(frozenset.intersection(*keys)), len(frozenset.union(*keys))
     cs1 = n_inter / n_union if n_union else 1.0
-    return cs1, mean_pairwise(items, iou)
+    return cs1, mean_pairwise(items, "iou", across_models=across_models)
 
 
 def ipp(located_metric: float, random_metrics: Sequence[float], higher_is_better: bool = True) -> float:

@@ -1,0 +1,205 @@
+"""Property-based tests (hypothesis): generated bad and edge inputs for the public API.
+
+The contract checked everywhere: a call either raises ValueError / TypeError *before any model
+work* (no forward pass ran: a pre-hook on the model counts them) or returns a correct result.
+``pytest tests/test_properties.py --hypothesis-show-statistics`` prints how many cases each
+property tried (docs/guarantees.md quotes the totals).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import capinterp as ci
+from capinterp.core import validate
+from capinterp.core.example import Example, as_examples
+from capinterp.core.model import model_meta
+from capinterp.results.neurons import NeuronScores, NeuronSet, load
+from capinterp.units import metrics
+
+FAST = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+MODEL = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+anything = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5), st.lists(st.integers(), max_size=2), st.just(np.float32(0.5)), st.just(torch.tensor(2)),
+)
+
+
+class Forwards:
+    """Counts forward passes of a model (a pre-hook on its embedding, which every pass runs)."""
+
+    def __init__(self, model) -> None:
+        self.n = 0
+        self.handle = model.embed.register_forward_pre_hook(self._count)  # every forward embeds
+
+    def _count(self, *_):
+        self.n += 1
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+@pytest.fixture
+def forwards(tiny):
+    f = Forwards(tiny)
+    yield f
+    f.close()
+
+
+# ----------------------------------------------------------------------------- the validators
+@FAST
+@given(anything)
+def test_positive_int_contract(value):
+    try:
+        out = validate.positive_int("n", value)
+    except (ValueError, TypeError) as err:
+        assert str(err).startswith("n must be") and "got" in str(err)
+    else:
+        assert type(out) is int and out >= 1 and out == value and not isinstance(value, bool)
+
+
+@FAST
+@given(anything, st.floats(-5, 5), st.booleans())
+def test_finite_float_contract(value, low, low_open):
+    try:
+        out = validate.finite_float("x", value, low=low, low_open=low_open)
+    except (ValueError, TypeError) as err:
+        assert str(err).startswith("x must be") and "got" in str(err)
+    else:
+        assert isinstance(out, float) and math.isfinite(out) and (out > low if low_open else out >= low)
+
+
+item = st.one_of(
+    st.text(max_size=4), st.tuples(st.text(max_size=4), st.text(max_size=3)),
+    st.fixed_dictionaries({"prompt": st.one_of(st.text(max_size=4), st.none()), "target": st.text(max_size=3)}),
+    st.integers(), st.none(), st.builds(Example, st.text(max_size=4), st.text(max_size=3)),
+)
+
+
+@FAST
+@given(st.one_of(st.lists(item, max_size=4), st.text(max_size=4), st.binary(max_size=4), st.integers(),
+                 st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2)))
+def test_as_examples_contract(data):
+    try:
+        out = as_examples(data)
+    except (ValueError, TypeError) as err:
+        assert "item" in str(err) or "expected" in str(err) or "wrap it" in str(err)
+    else:
+        assert isinstance(data, list) and len(out) == len(data)
+        assert all(isinstance(e, Example) and e.prompt and isinstance(e.target, str) for e in out)
+
+
+# ----------------------------------------------------------------------------- the localizers
+LOCALIZERS = {
+    "cnl": (lambda m, v: ci.CNL(m, progress=False, **v), ["steps", "sigma", "batch_size"]),
+    "dcsn": (lambda m, v: ci.DCSN(m, progress=False, **v), ["sigma", "batch_size"]),
+    "kn": (lambda m, v: ci.KN(m, progress=False, **v), ["steps", "threshold", "share", "refine"]),
+    "kc": (lambda m, v: ci.KnowledgeCircuit(m, progress=False, **v), ["top_n", "tau", "steps", "noise", "seed"]),
+    "trace": (lambda m, v: ci.CausalTrace(m, progress=False, **v), ["samples", "window", "top_k", "noise_std"]),
+    "ql": (lambda m, v: ci.QueryLocalization(m, progress=False, **v), ["tau", "beta1", "cas_threshold", "min_queries"]),
+}
+
+
+@MODEL
+@given(st.sampled_from(sorted(LOCALIZERS)), st.data())
+def test_constructors_refuse_bad_hyper_parameters_before_work(tiny, forwards, name, data):
+    make, params = LOCALIZERS[name]
+    key = data.draw(st.sampled_from(params))
+    value = data.draw(anything)
+    before = forwards.n
+    try:
+        loc = make(tiny, {key: value})
+    except (ValueError, TypeError) as err:
+        assert key in str(err) or "must" in str(err)
+    else:  # accepted: the value must be a sane one, stored as given
+        assert value is not None or key in ("tau", "top_n", "noise_std")
+        if isinstance(value, float):
+            assert math.isfinite(value)
+        assert not isinstance(value, str) and not isinstance(value, list)
+        assert loc is not None
+    assert forwards.n == before  # nothing ran
+
+
+bad_data = st.one_of(
+    st.text(max_size=6), st.binary(max_size=4), st.integers(), st.just([]),
+    st.lists(st.one_of(st.just(("", "2")), st.just({"prompt": "", "target": "1"}), st.integers(), st.none()),
+             min_size=1, max_size=3).map(lambda bad: [("1+1=", "2")] + bad),
+)
+
+
+@MODEL
+@given(st.sampled_from(["cnl", "dcsn", "kn", "evaluate"]), bad_data)
+def test_fit_refuses_bad_data_before_work(tiny, forwards, name, data):
+    before = forwards.n
+    with pytest.raises((ValueError, TypeError)):
+        if name == "evaluate":
+            ci.evaluate(tiny, data)
+        else:
+            LOCALIZERS[name][0](tiny, {}).fit(data)
+    assert forwards.n == before
+
+
+prompt = st.text(alphabet="0123456789+=ab ", min_size=1, max_size=6)
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(prompt, st.sampled_from(["1", "2", "x"])), min_size=1, max_size=3))
+def test_dcsn_on_valid_data_gives_finite_scores(tiny, data):
+    loc = ci.DCSN(tiny, progress=False).fit(data)
+    s = loc.scores_.scores
+    assert s.shape == (tiny.cfg.n_layers, tiny.cfg.d_mlp) and torch.isfinite(s).all()
+    assert loc.scores_.meta["n_samples"] == len(data)
+
+
+# ----------------------------------------------------------------------------- interventions
+@MODEL
+@given(anything)
+def test_scale_factor_contract(tiny, forwards, factor):
+    ns = NeuronScores(torch.rand(tiny.cfg.n_layers, tiny.cfg.d_mlp), model_meta(tiny)).top_k(2)
+    try:
+        with ci.scale(tiny, ns, factor):
+            pass
+    except (ValueError, TypeError) as err:
+        assert "factor" in str(err)
+    else:
+        assert math.isfinite(float(factor)) and not isinstance(factor, bool)
+    assert forwards.n == 0
+
+
+# ----------------------------------------------------------------------------- files
+@FAST
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(0, 10**6), st.integers(0, 7))
+def test_saved_scores_round_trip_or_fail_loudly(tmp_path_factory, n_layers, d_mlp, pos, bit):
+    p = tmp_path_factory.mktemp("f") / "s.capi"
+    scores = NeuronScores(torch.randn(n_layers, d_mlp))
+    scores.save(p)
+    assert torch.equal(load(p).scores, scores.scores)
+    raw = bytearray(p.read_bytes())
+    raw[pos % len(raw)] ^= 1 << bit  # one flipped bit anywhere in the file
+    p.write_bytes(bytes(raw))
+    try:
+        back = load(p)
+    except (ValueError, FileNotFoundError):
+        return
+    # a flip the reader tolerates (JSON whitespace / key order) must leave the data intact
+    assert isinstance(back, NeuronScores) and torch.equal(back.scores, scores.scores)
+
+
+# ----------------------------------------------------------------------------- metrics
+masks = st.integers(0, 2**12 - 1).map(lambda x: torch.tensor([(x >> i) & 1 for i in range(12)], dtype=torch.bool))
+
+
+@FAST
+@given(masks, masks)
+def test_metrics_are_bounded_and_symmetric(a, b):
+    A, B = NeuronSet(a.view(3, 4)), NeuronSet(b.view(3, 4))
+    for fn in (metrics.overlap, metrics.iou, metrics.cohesion):
+        v = fn(A, B)
+        assert 0.0 <= v <= 1.0 and v == fn(B, A)
+    assert metrics.iou(A, A) == 1.0
