@@ -19,12 +19,14 @@ from capinterp.interventions import (FinetuneResult, KnowledgeEdit, amplify, att
                                      edit_table, erase, finetune, scale, scale_attention)
 from capinterp.interventions import RomeEdit, rome_edit
 from capinterp.kernels.evaluate import EvalResult, evaluate
-from capinterp.localizers import CNL, DCSN, KN, CausalTrace, KnowledgeCircuit, QueryLocalization
+from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, QueryLocalization
 from capinterp.results import NeuronScores, NeuronSet
 from capinterp.units import KeySet, UnitSet
 from capinterp.units import metrics
 
 __all__ = [
+    "AMIG",
+    "SIG",
     "CNL",
     "FinetuneResult",
     "KnowledgeEdit",
