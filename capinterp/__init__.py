@@ -19,7 +19,7 @@ from capinterp.interventions import (FinetuneResult, KnowledgeEdit, amplify, att
                                      edit_table, erase, finetune, scale, scale_attention)
 from capinterp.interventions import RomeEdit, rome_edit
 from capinterp.kernels.evaluate import EvalResult, evaluate
-from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, QueryLocalization
+from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, NeFT, QueryLocalization
 from capinterp.results import NeuronScores, NeuronSet
 from capinterp.units import KeySet, UnitSet
 from capinterp.units import metrics
@@ -27,6 +27,7 @@ from capinterp.units import metrics
 __all__ = [
     "AMIG",
     "SIG",
+    "NeFT",
     "CNL",
     "FinetuneResult",
     "KnowledgeEdit",

@@ -6,7 +6,8 @@ from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
 from capinterp.localizers.kn import KN
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+from capinterp.localizers.neft import NeFT
 from capinterp.localizers.query_localization import QueryLocalization
 from capinterp.localizers.sig import SIG
 
-__all__ = ["AMIG", "CNL", "CausalTrace", "DCSN", "KN", "KnowledgeCircuit", "Localizer", "QueryLocalization", "SIG", "available", "get", "register"]
+__all__ = ["AMIG", "CNL", "CausalTrace", "DCSN", "KN", "KnowledgeCircuit", "Localizer", "NeFT", "QueryLocalization", "SIG", "available", "get", "register"]
