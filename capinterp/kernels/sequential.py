@@ -9,7 +9,8 @@ while every other position keeps its clean activation, and
 
 with F the probability (or log-probability) of the first answer token at the last prompt
 position, as in KN. Rows = (position, step) pairs of one layer, ``batch_size`` per forward and
-backward; the model's parameters get no ``.grad``. Returned float32 on the CPU.
+backward, unembedded at the last prompt position only; the model's parameters get no ``.grad``.
+Returned float32 on the CPU.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Iterable
 
 import torch
 
+from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels.ig import frozen_params, ig_alphas, objective_from_logits
@@ -77,8 +79,8 @@ def sig_scores(model, enc: Encoded, *, steps: int = 20, rule: str = "right", obj
                 def put(act, hook, z=z, onehot=onehot):
                     return torch.where(onehot, z[:, None, :].to(act.dtype), act)
 
-                logits = model.run_with_hooks(tokens.expand(len(rp), -1), fwd_hooks=[(neuron_hook(l), put)])
-                F = objective_from_logits(logits[:, last : last + 1], target, objective)
+                resid = capture(model, tokens.expand(len(rp), -1), "ln_final.hook_in", [(neuron_hook(l), put)])
+                F = objective_from_logits(unembed(model, resid[:, last : last + 1]), target, objective)
                 (g,) = torch.autograd.grad(F.sum(), z)
                 gsum.index_add_(0, (c0 + torch.arange(len(rp), device=dev)) // len(alphas), g.float())
             out[l] = ((a[pos] - b) * gsum / len(alphas)).sum(0).cpu()
