@@ -87,7 +87,7 @@ def run(ctx: Context) -> ExperimentResult:
                         progress=False).fit(facts)
     traced = [int(l) for l in trace.layers_]
     layers = (sorted({traced[0], n_layers // 2, n_layers - 1}) if ctx.quick else list(range(n_layers)))
-    texts = local_texts(n=ctx.size(64, 400), seed=ctx.seed) if data_file(COUNTERFACT) is not None else None
+    texts = local_texts(n=ctx.size(24, 400), seed=ctx.seed) if data_file(COUNTERFACT) is not None else None
     params = dict(steps=ctx.size(8, 20), n_prefixes=ctx.size(2, 5), prefix_tokens=ctx.size(5, 8), seed=ctx.seed)
     if texts is not None:
         params["texts"] = texts
