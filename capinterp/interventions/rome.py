@@ -52,7 +52,7 @@ class RomeEdit:
     model_fingerprint: str
     params: dict[str, Any] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
-    model: Any = None
+    model: Any = field(default=None, repr=False, compare=False)
 
     @property
     def update(self) -> torch.Tensor:
