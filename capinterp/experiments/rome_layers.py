@@ -79,17 +79,18 @@ def _figure(table: pd.DataFrame, traced: Sequence[int]) -> go.Figure:
 
 @experiment("rome_layers", "Reliability of parameter layers: ROME edits at every layer (papers/001 3.2, Fig. 2)")
 def run(ctx: Context) -> ExperimentResult:
-    """Known CounterFact facts; ROME at every layer (quick: 2 layers, 1 fact); traced layers marked."""
+    """Known CounterFact facts; ROME at every layer (quick: 1 fact, the top traced and one untraced layer); traced layers marked."""
     model = ctx.model
     n_layers = int(model.cfg.n_layers)
     facts = known_counterfact(model, ctx.size(1, 10))
-    trace = CausalTrace(model, kinds=("mlp",), samples=ctx.size(2, 10), top_k=3, require_correct=False,
+    trace = CausalTrace(model, kinds=("mlp",), samples=ctx.size(3, 10), top_k=3, require_correct=False,
                         progress=False).fit(facts)
     traced = [int(l) for l in trace.layers_]
-    # quick: the top traced layer and the last layer (never among ROME's traced mid layers in practice)
-    layers = sorted({traced[0], n_layers - 1}) if ctx.quick else list(range(n_layers))
+    # quick: the top traced layer and the first untraced layer from the middle up
+    other = next(l for l in [*range(n_layers // 2, n_layers), *range(n_layers // 2)] if l not in traced)
+    layers = sorted({traced[0], other}) if ctx.quick else list(range(n_layers))
     texts = local_texts(n=ctx.size(24, 400), seed=ctx.seed) if data_file(COUNTERFACT) is not None else None
-    params = dict(steps=ctx.size(6, 20), n_prefixes=ctx.size(1, 5), prefix_tokens=ctx.size(4, 8), seed=ctx.seed)
+    params = dict(steps=ctx.size(8, 20), n_prefixes=ctx.size(2, 5), prefix_tokens=ctx.size(5, 8), seed=ctx.seed)
     if texts is not None:
         params["texts"] = texts
     else:  # no local corpus: the facts' own prompts stand in (C is then a rough estimate)
