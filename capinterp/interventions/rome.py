@@ -166,11 +166,17 @@ def rome_edit(model, fact: Any, new_target: str | None = None, *, layer: int, su
         new_target: the new answer as it follows the prompt (e.g. ``" English"``).
         layer: the edited MLP layer.
         subject: the subject string inside the prompt (default ``fact.meta["subject"]``).
-        texts / data_dir: local text for the key second moment C (default: the shared data folder);
-            ``second_moment_matrix`` gives C directly (``[d_mlp, d_mlp]``).
+        texts: local texts for the key second moment C.
+        data_dir: a folder of local text files for C when ``texts`` is None (default: the shared
+            data folder).
+        second_moment_matrix: C itself (``[d_mlp, d_mlp]``), skipping the estimate.
         prefixes: context prefixes for k* and delta (default: ``n_prefixes`` texts of
             ``prefix_tokens`` tokens sampled from the model); the plain prompt is always included.
-        steps, lr, kl_factor, weight_decay, clamp: the value optimisation (ROME's GPT-2 XL defaults).
+        steps: Adam steps of the value optimisation (ROME's GPT-2 XL defaults throughout).
+        lr: Adam learning rate.
+        kl_factor: weight of the KL term on "{subject} is a".
+        weight_decay: weight of ||delta||^2 / ||v0||^2.
+        clamp: ||delta|| is kept <= clamp * ||v0||.
         ridge: C + ridge * mean(diag C) * I is inverted (a local corpus is small).
     """
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)

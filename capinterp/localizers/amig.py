@@ -63,8 +63,14 @@ class AMIG(KN):
         baseline: ``[n_layers, d_mlp]`` (or ``[d_mlp]``) tensor, or None for the mean activation
             over ``baseline_texts`` (default: 32 texts sampled from ``data_dir``, the shared data
             folder by default).
-        min_neurons, max_neurons, adapt_steps: the adaptive coarse threshold (2, 20, 6).
-        steps, threshold, share, refine, rule, objective, method: as for :class:`capinterp.KN`.
+        baseline_texts: texts for the mean-activation baseline.
+        data_dir: folder of local texts used when neither ``baseline`` nor ``baseline_texts`` is given.
+        min_neurons: the adaptive coarse set's lower size bound (2).
+        max_neurons: its upper size bound (20).
+        adapt_steps: at most this many 0.05 moves of the coarse ratio (6).
+
+    ``steps``, ``threshold``, ``share``, ``refine``, ``rule``, ``objective`` and ``method`` are
+    :class:`capinterp.KN`'s.
     """
 
     per_query = True

@@ -26,8 +26,9 @@ class SIG(KN):
         steps: interpolation points per position (20).
         positions: ``"prompt"`` (every prompt token after the BOS, default) or ``"last_prompt"``
             (the last prompt token only: then SIG equals KN's IG).
-        threshold, share, refine: as for :class:`capinterp.KN`.
-        rule: ``"right"``, ``"left"`` or ``"linspace"``. objective: ``"prob"`` or ``"logprob"``.
+        rule: ``"right"``, ``"left"`` or ``"linspace"``.
+
+    ``threshold``, ``share``, ``refine`` and ``objective`` are :class:`capinterp.KN`'s.
     """
 
     per_query = True
