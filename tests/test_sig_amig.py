@@ -130,7 +130,7 @@ def test_amig_adaptive_threshold_bounds_the_coarse_sets(planted):
 def test_query_localization_accepts_sig_and_amig(planted, name):
     kw = {"baseline_texts": NEUTRAL} if name == "amig" else {}
     ql = ci.QueryLocalization(planted, localizer=name, steps=4, progress=False, **kw).fit([FACT_A, FACT_B])
-    assert ql.meta_["localizer"] == name
+    assert type(ql.localizer_).name == name
     cas = set(ql.neurons(0, "consistency-aware"))
     assert (set(NEURONS_A) <= cas and not set(NEURONS_B) & cas) if name == "sig" else set(NEURONS_A) & cas
     assert len(ql.consistency_) == 2

@@ -69,7 +69,7 @@ class AMIG(KN):
         max_neurons: its upper size bound (20).
         adapt_steps: at most this many 0.05 moves of the coarse ratio (6).
 
-    ``steps``, ``threshold``, ``share``, ``refine``, ``rule``, ``objective`` and ``method`` are
+    ``steps``, ``threshold``, ``share``, ``refine``, ``rule``, ``objective`` and ``kernel`` are
     :class:`capinterp.KN`'s.
     """
 
@@ -79,9 +79,9 @@ class AMIG(KN):
                  baseline_texts: Sequence[str] | None = None, data_dir: str | os.PathLike | None = None,
                  threshold: float = 0.2, min_neurons: int = 2, max_neurons: int = 20, adapt_steps: int = 6,
                  share: float = 0.5, refine: bool = True, rule: str = "right", objective: str = "prob",
-                 method: str = "fast", batch_size: int = 64, device: Any = None, progress: bool = True) -> None:
+                 kernel: str = "fast", batch_size: int = 64, device: Any = None, progress: bool = True) -> None:
         super().__init__(model, steps=steps, threshold=threshold, share=share, refine=refine, rule=rule,
-                         objective=objective, method=method, batch_size=batch_size, device=device, progress=progress)
+                         objective=objective, kernel=kernel, batch_size=batch_size, device=device, progress=progress)
         if not 1 <= min_neurons <= max_neurons:
             raise ValueError(f"need 1 <= min_neurons <= max_neurons, got {min_neurons}, {max_neurons}")
         if adapt_steps < 0:
@@ -96,12 +96,14 @@ class AMIG(KN):
         if tuple(baseline.shape) != (n_layers, d_mlp):
             raise ValueError(f"baseline must be [{n_layers}, {d_mlp}] or [{d_mlp}], got {tuple(baseline.shape)}")
         self.baseline_ = baseline
+        self.baseline_texts = None if baseline_texts is None else list(baseline_texts)
+        self.data_dir = None if data_dir is None else str(data_dir)
         self.min_neurons, self.max_neurons, self.adapt_steps = int(min_neurons), int(max_neurons), int(adapt_steps)
 
     def _prompt_scores(self, item) -> torch.Tensor:
         return ig_scores(self.model, item, steps=self.steps, rule=self.rule, positions="last_prompt",
                          objective=self.objective, baseline=self.baseline_, batch_size=self.batch_size,
-                         method=self.method)[0]
+                         method=self.kernel)[0]
 
     def _coarse(self, scores: torch.Tensor) -> torch.Tensor:
         t = self.threshold

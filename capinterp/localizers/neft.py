@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core.example import as_examples
-from capinterp.core.model import model_meta, neuron_shape
+from capinterp.core.model import neuron_shape
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.dataset import describe_data
@@ -121,8 +121,7 @@ class NeFT(Localizer):
                     p.grad = None
                     p.requires_grad_(g)
         scores = torch.stack([1 - torch.nn.functional.cosine_similarity(b, a, dim=1) for b, a in zip(before, after)]).float()
-        meta = {"method": "neft", "params": self.get_params(), **model_meta(self.model),
-                "dataset": describe_data(examples), "n_samples": len(items)}
+        meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items))
         k = self.top_k if self.top_k is not None else max(1, round(0.01 * n_layers * d_mlp))
         self.losses_ = losses
         self.scores_ = NeuronScores(scores, meta=meta)

@@ -27,6 +27,7 @@ class SIG(KN):
         positions: ``"prompt"`` (every prompt token after the BOS, default) or ``"last_prompt"``
             (the last prompt token only: then SIG equals KN's IG).
         rule: ``"right"``, ``"left"`` or ``"linspace"``.
+        kernel: ``"loop"`` only (the sequential kernel; KN's fast kernels scale all positions at once).
 
     ``threshold``, ``share``, ``refine`` and ``objective`` are :class:`capinterp.KN`'s.
     """
@@ -35,13 +36,15 @@ class SIG(KN):
 
     def __init__(self, model: Any, *, steps: int = 20, positions: str = "prompt", threshold: float = 0.2,
                  share: float = 0.5, refine: bool = True, rule: str = "right", objective: str = "prob",
-                 batch_size: int = 64, device: Any = None, progress: bool = True) -> None:
+                 kernel: str = "loop", batch_size: int = 64, device: Any = None, progress: bool = True) -> None:
+        if kernel != "loop":
+            raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
         if rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
         if positions not in ("prompt", "last_prompt"):
             raise ValueError(f"positions must be 'prompt' or 'last_prompt', got {positions!r}")
         super().__init__(model, steps=steps, threshold=threshold, share=share, refine=refine, rule=rule,
-                         objective=objective, method="loop", batch_size=batch_size, device=device, progress=progress)
+                         objective=objective, kernel="loop", batch_size=batch_size, device=device, progress=progress)
         self.positions = positions
 
     def _prompt_scores(self, item) -> torch.Tensor:
