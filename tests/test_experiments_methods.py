@@ -19,7 +19,7 @@ def planted():
 
 
 def test_registered():
-    assert {"rome_layers", "ql_localizers"} <= set(EXPERIMENTS)
+    assert "rome_layers" in EXPERIMENTS and "ql_localizers" not in EXPERIMENTS  # too slow for --quick (SIG)
 
 
 def test_rome_layer_frame_and_summary(planted):

@@ -5,7 +5,6 @@ package imports them all, so ``EXPERIMENTS`` lists every experiment in report or
 
 Huang et al. (ICLR 2025): fidelity (3.1), reliability (3.2), rome_layers (3.2, Fig. 2), decoupling (4), commonality
 (split-half, Table 1), enhance (Table 2), erase (Table 3 sigma sweep, Table 4 IPP), cross_capability (Fig. 5);
-Chen et al. (ICLR 2025): ql_localizers (inconsistent facts under KN, SIG, AMIG);
 the DCSN paper ("Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025):
 specificity (cohesion/separability, Table 3), forward_reasoning (Table 4), operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6).
 """
@@ -19,7 +18,6 @@ from capinterp.experiments import (  # noqa: F401  (registration, in report orde
     enhance,
     erase,
     cross_capability,
-    ql_localizers,
     specificity,
     forward_reasoning,
     operator_ablation,
