@@ -17,17 +17,23 @@ from capinterp.core.model import DEFAULT_MODEL, load_model, model_meta
 from capinterp.core.settings import set_threads
 from capinterp.interventions import (FinetuneResult, KnowledgeEdit, amplify, attention_scaling, edit_knowledge,
                                      edit_table, erase, finetune, scale, scale_attention)
+from capinterp.interventions import RomeEdit, rome_edit
 from capinterp.kernels.evaluate import EvalResult, evaluate
-from capinterp.localizers import CNL, DCSN, KN, CausalTrace, KnowledgeCircuit, QueryLocalization
+from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, NeFT, QueryLocalization
 from capinterp.results import NeuronScores, NeuronSet
 from capinterp.units import KeySet, UnitSet
 from capinterp.units import metrics
 
 __all__ = [
+    "AMIG",
+    "SIG",
+    "NeFT",
     "CNL",
     "FinetuneResult",
     "KnowledgeEdit",
     "QueryLocalization",
+    "RomeEdit",
+    "rome_edit",
     "attention_scaling",
     "edit_knowledge",
     "edit_table",

@@ -51,8 +51,8 @@ def fitted(tiny, facts):
 def test_registry_lists_every_localizer_once():
     names = available()
     assert names == sorted(set(names)) and {"cnl", "dcsn", "kn", "causal_trace", "knowledge_circuit"} <= set(names)
-    assert available(unit_kind="neuron", scope="dataset") == ["cnl", "dcsn"]
-    assert available(per_query=True) == ["kn"]
+    assert available(unit_kind="neuron", scope="dataset") == ["cnl", "dcsn", "neft"]
+    assert available(per_query=True) == ["amig", "kn", "sig"]
     with pytest.raises(ValueError, match="unknown capability 'kind'"):
         available(kind="neuron")
     with pytest.raises(ValueError, match="unknown localizer 'nope'"):

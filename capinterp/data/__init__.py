@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .arithmetic import arithmetic, arithmetic_suite, describe
 from .capabilities import CAPABILITIES, describe_capability, load_capability
+from .corpus import local_texts
 from capinterp.core.example import Example, as_examples
 from .facts import builtin_facts, facts_known_by, load_counterfact, load_jsonl, load_known_facts, load_pararel_bags
 from .parsing import is_correct, parse_answer
@@ -24,4 +25,5 @@ __all__ = [
     "load_jsonl",
     "load_known_facts",
     "load_pararel_bags",
+    "local_texts",
 ]

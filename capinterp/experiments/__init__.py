@@ -3,7 +3,7 @@
 Each module registers itself with :func:`~capinterp.experiments.base.experiment`; importing this
 package imports them all, so ``EXPERIMENTS`` lists every experiment in report order:
 
-Huang et al. (ICLR 2025): fidelity (3.1), reliability (3.2), decoupling (4), commonality
+Huang et al. (ICLR 2025): fidelity (3.1), reliability (3.2), rome_layers (3.2, Fig. 2), decoupling (4), commonality
 (split-half, Table 1), enhance (Table 2), erase (Table 3 sigma sweep, Table 4 IPP), cross_capability (Fig. 5);
 the DCSN paper ("Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025):
 specificity (cohesion/separability, Table 3), forward_reasoning (Table 4), operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6).
@@ -12,6 +12,7 @@ from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, e
 from capinterp.experiments import (  # noqa: F401  (registration, in report order)
     fidelity,
     reliability,
+    rome_layers,
     decoupling,
     commonality,
     enhance,

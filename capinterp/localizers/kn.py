@@ -74,6 +74,15 @@ class KN(Localizer):
         self.refine = validate.boolean("refine", refine)
         self.rule, self.objective, self.kernel = rule, objective, kernel
 
+    def _prompt_scores(self, item) -> torch.Tensor:
+        """IG scores ``[n_layers, d_mlp]`` of one encoded prompt (subclasses change the path)."""
+        return ig_scores(self.model, item, steps=self.steps, rule=self.rule, positions="last_prompt",
+                         objective=self.objective, batch_size=self.batch_size, method=self.kernel)[0]
+
+    def _coarse(self, scores: torch.Tensor) -> torch.Tensor:
+        """One prompt's coarse set (subclasses may adapt the threshold)."""
+        return coarse_mask(scores, self.threshold)
+
     def fit(self, data: Any) -> "KN":
         """IG scores of every prompt of one fact (``data``: paraphrased prompts, strings or Examples):
         ``prompt_scores_`` ``[n, n_layers, d_mlp]``, ``coarse_``, ``counts_``, ``scores_`` (mean), ``neurons_``."""
@@ -82,15 +91,9 @@ class KN(Localizer):
             raise ValueError("KN.fit got no prompts")
         examples = fill_greedy_targets(self.model, examples)
         items = encode(self.model, examples, max_target_tokens=1)
-        per = torch.stack(
-            [
-                ig_scores(self.model, it, steps=self.steps, rule=self.rule, positions="last_prompt",
-                          objective=self.objective, batch_size=self.batch_size, method=self.kernel)[0]
-                for it in tqdm(items, desc="kn", disable=not self.progress)
-            ]
-        )
+        per = torch.stack([self._prompt_scores(it) for it in tqdm(items, desc=self.name, disable=not self.progress)])
         meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items))
-        coarse = [coarse_mask(s, self.threshold) for s in per]
+        coarse = [self._coarse(s) for s in per]
         self.prompt_scores_ = per
         self.coarse_ = [NeuronSet(c, meta=meta) for c in coarse]
         self.counts_ = torch.stack(coarse).sum(0)

@@ -1,0 +1,107 @@
+"""Reliability of parameter layers: ROME edits at every layer (papers/001 Sec. 3.2, Fig. 2).
+
+ROME (Meng et al. 2022) locates a fact in the MLP layers causal tracing marks and validates the
+location by editing there. Huang et al. (papers/001, Fig. 2) edit the same CounterFact facts at
+every layer of GPT-J and find that layers causal tracing does *not* mark edit about as well, so a
+successful edit does not confirm the location. Here: CounterFact facts the model knows (it
+prefers the true object to the new one on the rewrite prompt), each edited alone with
+:func:`capinterp.rome_edit` at each layer (model restored between edits), scored with ROME's
+efficacy / paraphrase / neighbourhood scores (:mod:`capinterp.interventions.rome_eval`); the
+top-3 MLP layers of causal tracing (:class:`capinterp.CausalTrace`, last subject token, averaged
+over the same facts) are marked. ``info["traced_minus_other"]`` compares the two groups.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from capinterp.core.example import Example
+from capinterp.data.capability_sources import data_file
+from capinterp.data.corpus import local_texts
+from capinterp.data.facts import load_counterfact
+from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.interventions.rome_eval import SCORES, counterfact_scores, rome_counterfact, summarize
+from capinterp.localizers.causal_trace import CausalTrace
+
+__all__ = ["known_counterfact", "layer_frame", "layer_summary", "run"]
+
+COUNTERFACT = "counterfact/counterfact-edit.json"
+# a fallback when the shared CounterFact file is absent (same layout as load_counterfact's)
+BUILTIN = [Example("The Eiffel Tower is located in the city of", " Paris",
+                   {"subject": "Eiffel Tower", "ground_truth": " Paris", "target_new": " Rome", "case_id": -1,
+                    "paraphrases": ["The Eiffel Tower stands in the city of"],
+                    "locality": [{"prompt": "The Louvre is located in the city of", "target": " Paris"}]}),
+           Example("The capital of Japan is", " Tokyo",
+                   {"subject": "Japan", "ground_truth": " Tokyo", "target_new": " London", "case_id": -2,
+                    "paraphrases": ["Japan's capital city is"],
+                    "locality": [{"prompt": "The largest city in Japan is", "target": " Tokyo"}]})]
+
+
+def known_counterfact(model: Any, n: int, pool: int = 60) -> list[Example]:
+    """Up to ``n`` CounterFact facts (first ``pool`` records) on which ``model`` prefers the true object."""
+    path = data_file(COUNTERFACT)
+    facts = load_counterfact(path, limit=pool) if path is not None else BUILTIN
+    known = []
+    for f in facts:
+        if len(known) == n:
+            break
+        if summarize(counterfact_scores(model, [f]))["efficacy"] == 0.0:
+            known.append(f)
+    if not known:
+        raise ValueError(f"the model prefers the true object on none of the first {pool} CounterFact facts")
+    return known
+
+
+def layer_frame(model: Any, facts: Sequence[Example], layers: Sequence[int], **rome_params: Any) -> pd.DataFrame:
+    """One row per (fact, layer): ROME's three scores before and after the edit at that layer."""
+    return pd.concat([rome_counterfact(model, facts, layer, **rome_params) for layer in layers], ignore_index=True)
+
+
+def layer_summary(frame: pd.DataFrame, traced: Sequence[int]) -> pd.DataFrame:
+    """Mean score after the edit per layer (``traced``: whether causal tracing marks the layer)."""
+    t = frame.groupby("layer")[[f"{s}_after" for s in SCORES]].mean().reset_index()
+    t.columns = ["layer", *SCORES]
+    t["traced"] = t["layer"].isin(list(traced))
+    return t
+
+
+def _figure(table: pd.DataFrame, traced: Sequence[int]) -> go.Figure:
+    fig = go.Figure([go.Scatter(x=table["layer"], y=table[s], mode="lines+markers", name=s) for s in SCORES])
+    for l in traced:
+        fig.add_vline(x=l, line_dash="dot", line_color="gray")
+    fig.update_layout(title="ROME edit scores by edited layer (dotted: causally traced MLP layers)",
+                      xaxis_title="edited layer", yaxis_title="score (share of prompts)", yaxis_range=[0, 1.05])
+    return fig
+
+
+@experiment("rome_layers", "Reliability of parameter layers: ROME edits at every layer (papers/001 3.2, Fig. 2)")
+def run(ctx: Context) -> ExperimentResult:
+    """Known CounterFact facts; ROME at every layer (quick: 1 fact, the top traced and one untraced layer); traced layers marked."""
+    model = ctx.model
+    n_layers = int(model.cfg.n_layers)
+    facts = known_counterfact(model, ctx.size(1, 10))
+    trace = CausalTrace(model, kinds=("mlp",), samples=ctx.size(3, 10), top_k=3, require_correct=False,
+                        progress=False).fit(facts)
+    traced = [int(l) for l in trace.layers_]
+    # quick: the top traced layer and the first untraced layer from the middle up
+    other = next(l for l in [*range(n_layers // 2, n_layers), *range(n_layers // 2)] if l not in traced)
+    layers = sorted({traced[0], other}) if ctx.quick else list(range(n_layers))
+    texts = local_texts(n=ctx.size(24, 400), seed=ctx.seed) if data_file(COUNTERFACT) is not None else None
+    params = dict(steps=ctx.size(8, 20), n_prefixes=ctx.size(2, 5), prefix_tokens=ctx.size(5, 8), seed=ctx.seed)
+    if texts is not None:
+        params["texts"] = texts
+    else:  # no local corpus: the facts' own prompts stand in (C is then a rough estimate)
+        params["texts"] = [f.prompt for f in facts] * 8
+    frame = layer_frame(model, facts, layers, **params)
+    table = layer_summary(frame, traced)
+    inside, outside = table[table["traced"]], table[~table["traced"]]
+    gap = {s: float(inside[s].mean() - outside[s].mean()) if len(inside) and len(outside) else np.nan for s in SCORES}
+    info = {"traced_layers": traced, "layers": layers, "n_facts": len(facts),
+            "case_ids": [f.meta.get("case_id") for f in facts], "traced_minus_other": gap,
+            "rome_params": {k: v for k, v in params.items() if k != "texts"}, "n_corpus_texts": len(params["texts"]),
+            "paper": "GPT-J, CounterFact: efficacy / paraphrase / specificity similar at every layer (Fig. 2)",
+            "notes": "Scores after the edit; before it efficacy is 0 by the choice of facts."}
+    return ExperimentResult("rome_layers", "ROME edit scores by layer", table, _figure(table, traced), info)

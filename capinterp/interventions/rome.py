@@ -1,0 +1,290 @@
+"""ROME: rank-one model editing of one MLP layer (Meng et al. 2022, Sec. 3.1; Huang et al. 2025 Sec. 3.2).
+
+Layer ``l``'s down projection W maps a key k (``blocks.{l}.mlp.hook_post``, ``[d_mlp]``) to a value
+``W k`` (``[d_model]``, before any post-MLP norm). To make the model answer ``new_target``:
+
+1. **key** k* = the key at the subject's last token, averaged over the prompt and a few random
+   prefixes of sampled text (Sec. 3.1, Step 1);
+2. **value** v* = W k* + delta, where delta (added to the layer's output at the subject's last
+   token) minimises, with Adam, the new target's mean token NLL over the prefixed prompts
+   + ``kl_factor`` * KL(p_before || p_after) of the next token after "{subject} is a"
+   + ``weight_decay`` * ||delta||^2 / ||v0||^2, and ||delta|| is kept <= ``clamp`` * ||v0||
+   (v0: the unedited value at the plain prompt; Eq. 4);
+3. **update** W' = W + delta (C^{-1} k*)^T / (k*^T C^{-1} k*) (Eq. 2), C = E[k k^T] over local
+   text (:func:`~capinterp.interventions.second_moment.second_moment`) plus ``ridge`` * mean(diag C) * I.
+   Hence W' k* = v*, and W' k = W k for every key with k^T C^{-1} k* = 0.
+
+:func:`rome_edit` returns a :class:`RomeEdit`; ``with edit:`` (or ``with edit.apply(model):``)
+writes W' and restores the exact old W on exit, ``edit.apply_permanently(model)`` or
+``inplace=True`` keeps it.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from capinterp.core.example import Example
+from capinterp.core.forward import capture, unembed
+from capinterp.core.model import model_fingerprint, neuron_hook
+from capinterp.core.tokens import encode, model_bos, pad_id, pad_right
+from capinterp.interventions.editing import value_weight
+from capinterp.interventions.second_moment import second_moment
+
+__all__ = ["RomeEdit", "rome_edit", "subject_last_position"]
+
+
+@dataclass
+class RomeEdit:
+    """A computed rank-one update of ``layer``'s down projection: ``update`` = outer(right, left)."""
+
+    layer: int
+    key: torch.Tensor  # k*, [d_mlp]
+    value: torch.Tensor  # v* = W k* + delta, [d_model]
+    delta: torch.Tensor  # [d_model]
+    left: torch.Tensor  # C^{-1} k* / (k*^T C^{-1} k*), [d_mlp]
+    fact: Example
+    new_target: str
+    model_fingerprint: str
+    params: dict[str, Any] = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)
+    model: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def update(self) -> torch.Tensor:
+        """The weight change as a map from keys to values, ``[d_model, d_mlp]`` float32."""
+        return torch.outer(self.delta, self.left)
+
+    def _check(self, model) -> None:
+        if model_fingerprint(model) != self.model_fingerprint:
+            raise ValueError("this ROME edit was computed for another model (fingerprints differ)")
+
+    @torch.no_grad()
+    def _add(self, model) -> torch.Tensor:
+        w, dim = value_weight(model, self.layer)
+        old = w.detach().clone()
+        upd = self.update.to(device=w.device, dtype=torch.float32)
+        w.copy_((w.float() + (upd if dim == 1 else upd.T)).to(w.dtype))
+        return old
+
+    @contextlib.contextmanager
+    def apply(self, model=None) -> Iterator[Any]:
+        """Write W' into ``model`` (default: the model it was computed on); restore W exactly on exit."""
+        model = self.model if model is None else model
+        self._check(model)
+        old = self._add(model)
+        try:
+            yield model
+        finally:
+            with torch.no_grad():
+                value_weight(model, self.layer)[0].copy_(old)
+
+    def __enter__(self):
+        self._cm = self.apply()
+        return self._cm.__enter__()
+
+    def __exit__(self, *exc):
+        cm, self._cm = self._cm, None
+        return cm.__exit__(*exc)
+
+    def apply_permanently(self, model=None) -> Any:
+        """Write the edit into ``model`` for good; returns the model."""
+        model = self.model if model is None else model
+        self._check(model)
+        self._add(model)
+        return model
+
+    def edited_copy(self, model=None) -> Any:
+        """A deep copy of ``model`` with the edit kept (``model`` itself is not touched)."""
+        return self.apply_permanently(copy.deepcopy(self.model if model is None else model))
+
+
+def subject_last_position(model, text: str, subject: str, start: int = 0) -> int:
+    """Index, in ``model_bos + tokens(text)``, of the last token of ``subject``'s first occurrence at or after ``start``."""
+    at = text.find(subject, start)
+    if not subject or at < 0:
+        raise ValueError(f"subject {subject!r} does not occur in prompt {text!r}")
+    tok = model.tokenizer
+    head = list(tok(text[: at + len(subject)], add_special_tokens=False)["input_ids"])
+    full = list(tok(text, add_special_tokens=False)["input_ids"])
+    if full[: len(head)] != head:
+        raise ValueError(f"subject {subject!r} does not end on a token boundary in {text!r}")
+    return len(model_bos(model)) + len(head) - 1
+
+
+@torch.no_grad()
+def sample_prefixes(model, n: int, n_tokens: int, seed: int = 0, top_k: int = 5) -> list[str]:
+    """``n`` short texts sampled from the model (top-``top_k``, seeded), each ending in ". " (ROME's context templates)."""
+    if n == 0:
+        return []
+    tok, dev = model.tokenizer, model.cfg.device
+    start = model_bos(model) or list(tok("The", add_special_tokens=False)["input_ids"])
+    ids = torch.tensor([start] * n, device=dev)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(n_tokens):
+        logits = unembed(model, capture(model, ids, "ln_final.hook_in")[:, -1:])[:, 0].float().cpu()
+        top = logits.topk(top_k, dim=-1)
+        pick = torch.multinomial(top.values.softmax(-1), 1, generator=gen)
+        ids = torch.cat([ids, top.indices.gather(1, pick).to(dev)], dim=1)
+    texts = tok.batch_decode(ids[:, len(model_bos(model)):].tolist(), skip_special_tokens=True)
+    return [" ".join(t.replace("{", "").replace("}", "").split()) + ". " for t in texts]
+
+
+def _fact(fact: Any, subject: str | None, new_target: str | None) -> tuple[Example, str, str]:
+    if isinstance(fact, str):
+        fact = Example(fact, "", {})
+    if not isinstance(fact, Example):
+        raise TypeError(f"fact must be an Example or a prompt string, got {type(fact).__name__}")
+    subject = subject if subject is not None else fact.meta.get("subject")
+    if not subject or subject not in fact.prompt:
+        raise ValueError(f"subject={subject!r} must be given (or in fact.meta['subject']) and occur in the "
+                         f"prompt {fact.prompt!r}")
+    new_target = new_target if new_target is not None else fact.meta.get("target_new")
+    if not isinstance(new_target, str) or not new_target.strip():
+        raise ValueError(f"new_target must be a non-empty string (or fact.meta['target_new']), got {new_target!r}")
+    if fact.target and new_target.strip() == fact.target.strip():
+        raise ValueError(f"new_target {new_target!r} equals the fact's current target")
+    return fact, subject, new_target
+
+
+def rome_edit(model, fact: Any, new_target: str | None = None, *, layer: int, subject: str | None = None,
+              texts: Sequence[str] | None = None, data_dir: str | os.PathLike | None = None,
+              second_moment_matrix: torch.Tensor | None = None, prefixes: Sequence[str] | None = None,
+              n_prefixes: int = 5, prefix_tokens: int = 8, steps: int = 20, lr: float = 0.5,
+              kl_factor: float = 0.0625, weight_decay: float = 0.5, clamp: float = 4.0, ridge: float = 1e-3,
+              seed: int = 0, inplace: bool = False) -> RomeEdit:
+    """Compute the ROME edit that makes ``model`` continue ``fact``'s prompt with ``new_target``.
+
+    Args:
+        model: a model from :func:`~capinterp.load_model` (left unchanged unless ``inplace=True``).
+        fact: an Example (``meta["subject"]`` and ``meta["target_new"]`` are used when present, as
+            from :func:`~capinterp.data.load_counterfact`) or a prompt string.
+        new_target: the new answer as it follows the prompt (e.g. ``" English"``).
+        layer: the edited MLP layer.
+        subject: the subject string inside the prompt (default ``fact.meta["subject"]``).
+        texts: local texts for the key second moment C.
+        data_dir: a folder of local text files for C when ``texts`` is None (default: the shared
+            data folder).
+        second_moment_matrix: C itself (``[d_mlp, d_mlp]``), skipping the estimate.
+        prefixes: context prefixes for k* and delta (default: ``n_prefixes`` texts of
+            ``prefix_tokens`` tokens sampled from the model); the plain prompt is always included.
+        steps: Adam steps of the value optimisation (ROME's GPT-2 XL defaults throughout).
+        lr: Adam learning rate.
+        kl_factor: weight of the KL term on "{subject} is a".
+        weight_decay: weight of ||delta||^2 / ||v0||^2.
+        clamp: ||delta|| is kept <= clamp * ||v0||.
+        ridge: C + ridge * mean(diag C) * I is inverted (a local corpus is small).
+    """
+    n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
+    if not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+    for name, v in (("steps", steps), ("n_prefixes", n_prefixes), ("prefix_tokens", prefix_tokens)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    for name, v in (("lr", lr), ("clamp", clamp)):
+        if not v > 0:
+            raise ValueError(f"{name} must be > 0, got {v!r}")
+    if kl_factor < 0 or weight_decay < 0 or ridge < 0:
+        raise ValueError(f"kl_factor, weight_decay and ridge must be >= 0, got {kl_factor}, {weight_decay}, {ridge}")
+    fact, subject, new_target = _fact(fact, subject, new_target)
+    if second_moment_matrix is None:
+        C, _ = second_moment(model, layer, texts=texts, data_dir=data_dir)
+    else:
+        C = second_moment_matrix
+        if tuple(C.shape) != (d_mlp, d_mlp):
+            raise ValueError(f"second_moment_matrix must be [{d_mlp}, {d_mlp}], got {tuple(C.shape)}")
+    if prefixes is None:
+        prefixes = sample_prefixes(model, n_prefixes, prefix_tokens, seed)
+    contexts = [""] + [str(p) for p in prefixes]
+    delta, key, losses = _optimise(model, layer, fact.prompt, subject, new_target, contexts, steps, lr,
+                                   kl_factor, weight_decay, clamp)
+    Cd = C.double().to(key.device)
+    Cd = Cd + ridge * Cd.diagonal().mean() * torch.eye(d_mlp, dtype=torch.float64, device=key.device)
+    u = torch.linalg.solve(Cd, key.double())
+    left = (u / (u @ key.double())).float()
+    w, dim = value_weight(model, layer)
+    with torch.no_grad():
+        wk = (w.float() @ key if dim == 1 else key @ w.float()).cpu()
+    edit = RomeEdit(layer, key.cpu(), wk + delta.cpu(), delta.cpu(), left.cpu(), fact, new_target,
+                    model_fingerprint(model),
+                    params=dict(layer=layer, subject=subject, contexts=contexts, steps=steps, lr=lr,
+                                kl_factor=kl_factor, weight_decay=weight_decay, clamp=clamp, ridge=ridge, seed=seed),
+                    losses=losses, model=model)
+    if inplace:
+        edit.apply_permanently(model)
+    return edit
+
+
+def _optimise(model, layer, prompt, subject, new_target, contexts, steps, lr, kl_factor, weight_decay, clamp):
+    """``(delta [d_model], k* [d_mlp], losses)``: ROME's value optimisation (Eq. 4) at ``layer``."""
+    dev = model.cfg.device
+    enc = encode(model, [Example(c + prompt, new_target) for c in contexts])
+    subj = [subject_last_position(model, c + prompt, subject, len(c)) for c in contexts]
+    kl_text = f"{subject} is a"
+    seqs = [e.ids for e in enc] + [model_bos(model) + list(model.tokenizer(kl_text, add_special_tokens=False)["input_ids"])]
+    subj.append(subject_last_position(model, kl_text, subject))
+    tokens, lengths = pad_right(seqs, pad_id(model.tokenizer))
+    tokens, rows = tokens.to(dev), torch.arange(len(seqs), device=dev)
+    subj_t = torch.tensor(subj, device=dev)
+    # answer positions and tokens of the NLL rows, and the KL row's last position
+    pos_rows = [r for r, e in enumerate(enc) for _ in e.answer_positions]
+    pos = [p for e in enc for p in e.answer_positions] + [int(lengths[-1]) - 1]
+    gold = torch.tensor([t for e in enc for t in e.target_ids], device=dev)
+    weights = torch.tensor([1.0 / len(e.target_ids) / len(enc) for e in enc for _ in e.target_ids], device=dev)
+    pick_rows = torch.tensor(pos_rows + [len(seqs) - 1], device=dev)
+    pick_pos = torch.tensor(pos, device=dev)
+    out_hook = f"blocks.{layer}.mlp.out.hook_out"
+    saved: dict[str, torch.Tensor] = {}
+
+    def keep_key(act, hook):
+        saved["key"] = act[rows, subj_t].detach().float()
+
+    def keep_value(act, hook):
+        saved["value"] = act[rows, subj_t].detach().float()
+
+    def run(delta: torch.Tensor | None, extra=()):
+        def add(act, hook):
+            if delta is None:
+                return act
+            act = act.clone()
+            act[rows, subj_t] = act[rows, subj_t] + delta.to(act.dtype)
+            return act
+
+        resid = capture(model, tokens, "ln_final.hook_in", [(out_hook, add), *extra])
+        return unembed(model, resid[pick_rows, pick_pos][:, None])[:, 0].float().log_softmax(-1)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        with torch.no_grad():
+            logp0 = run(None, [(neuron_hook(layer), keep_key), (out_hook, keep_value)])
+        key = saved["key"][: len(enc)].mean(0)
+        v0_norm = saved["value"][0].norm()
+        kl_before = logp0[-1]
+        delta = torch.zeros(int(model.cfg.d_model), device=dev, requires_grad=True)
+        opt = torch.optim.Adam([delta], lr=lr)
+        losses: list[float] = []
+        for _ in range(steps):
+            logp = run(delta)
+            nll = -(logp[:-1].gather(1, gold[:, None])[:, 0] * weights).sum()
+            kl = torch.sum(kl_before.exp() * (kl_before - logp[-1]))
+            loss = nll + kl_factor * kl + weight_decay * delta.pow(2).sum() / v0_norm**2
+            losses.append(float(nll.detach()))
+            if losses[-1] < 5e-2:
+                break
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                cap = clamp * v0_norm
+                if delta.norm() > cap:
+                    delta.mul_(cap / delta.norm())
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    return delta.detach(), key, losses

@@ -1,0 +1,74 @@
+"""The uncentred second moment C = E[k k^T] of one layer's MLP keys, for ROME's update.
+
+A key k is the input of layer ``l``'s down projection (``blocks.{l}.mlp.hook_post``, ``[d_mlp]``)
+at one token. ROME (Meng et al. 2022, Sec. 3.1, Eq. 2) spreads its rank-one update along
+``C^{-1} k*`` so that keys the layer usually sees move least; C comes from 100k Wikipedia
+tokens in the paper, here from local text: the caller's ``texts``, or a seeded sample of the
+files under ``data_dir`` (:func:`capinterp.data.local_texts`). Nothing is downloaded.
+
+The result is cached under ``$CAPINTERP_CACHE/second_moment/``, keyed by the model fingerprint,
+the layer and a hash of the exact token sequences, so another corpus never reuses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Sequence
+
+import torch
+
+from capinterp.core.forward import capture
+from capinterp.core.model import cache_dir, model_fingerprint, neuron_hook
+from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
+from capinterp.data.corpus import local_texts
+
+__all__ = ["second_moment"]
+
+
+def second_moment(model, layer: int, *, texts: Sequence[str] | None = None,
+                  data_dir: str | os.PathLike | None = None, n_texts: int = 400, max_tokens: int = 64,
+                  batch_size: int = 8, cache: bool = True) -> tuple[torch.Tensor, int]:
+    """``(C, n_keys)``: C = mean over the corpus's tokens of k k^T, ``[d_mlp, d_mlp]`` float32 on the CPU.
+
+    Every text is cut to ``max_tokens`` tokens; the BOS position (where the model prepends one)
+    is left out: it is an attention sink whose keys are outliers, not text.
+    """
+    n_layers = int(model.cfg.n_layers)
+    if not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    if texts is None:
+        texts = local_texts(data_dir, n=n_texts)
+    elif isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be a list of strings")
+    bos = model_bos(model)
+    tok = model.tokenizer
+    seqs = [ids for ids in (bos + list(tok(t, add_special_tokens=False)["input_ids"])[: max_tokens - len(bos)]
+                            for t in texts) if len(ids) > len(bos)]
+    if not seqs:
+        raise ValueError("texts must hold at least one non-empty text")
+    digest = hashlib.sha256(repr(seqs).encode()).hexdigest()[:16]
+    path = cache_dir() / "second_moment" / f"{model_fingerprint(model)}-L{layer}-{digest}.pt"
+    if cache and path.is_file():
+        saved = torch.load(path, map_location="cpu")
+        return saved["C"], int(saved["n"])
+    d_mlp, dev = int(model.cfg.d_mlp), model.cfg.device
+    acc = torch.zeros(d_mlp, d_mlp, dtype=torch.float64, device=dev)
+    n = 0
+    with torch.no_grad():
+        for chunk in batches(seqs, batch_size):
+            tokens, lengths = pad_right(chunk, pad_id(tok))
+            keys = capture(model, tokens.to(dev), neuron_hook(layer))
+            pos = torch.arange(tokens.shape[1], device=dev)[None]
+            real = (pos < lengths.to(dev)[:, None]) & (pos >= len(bos))
+            k = keys[real].double()
+            acc += k.T @ k
+            n += k.shape[0]
+    C = (acc / n).float().cpu()
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save({"C": C, "n": n}, tmp)
+        os.replace(tmp, path)
+    return C, n

@@ -1,0 +1,46 @@
+"""The rome_layers and ql_localizers experiments' pieces on tiny models (real runs: docs/results.md)."""
+import numpy as np
+import pytest
+
+import capinterp as ci
+from capinterp.experiments import EXPERIMENTS
+from capinterp.experiments.ql_localizers import inconsistency_table
+from capinterp.experiments.rome_layers import BUILTIN, layer_frame, layer_summary
+from fact_planting import FACT_A, FACT_B, plant_facts
+
+TEXTS = [f"Note {i}: the clerk filed {i} reports and the courier left before noon on the long road." for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def planted():
+    m = ci.load_model("tiny")
+    plant_facts(m)
+    return m
+
+
+def test_registered():
+    assert "rome_layers" in EXPERIMENTS and "ql_localizers" not in EXPERIMENTS  # too slow for --quick (SIG)
+
+
+def test_rome_layer_frame_and_summary(planted):
+    frame = layer_frame(planted, BUILTIN[:1], [0, 2], texts=TEXTS, steps=3, n_prefixes=1, prefix_tokens=3)
+    assert list(frame["layer"]) == [0, 2]
+    assert {"efficacy_before", "efficacy_after", "paraphrase_after", "neighborhood_after"} <= set(frame.columns)
+    table = layer_summary(frame, traced=[2])
+    assert list(table["layer"]) == [0, 2] and list(table["traced"]) == [False, True]
+    assert table[["efficacy", "paraphrase", "neighborhood"]].to_numpy().min() >= 0
+    w = ci.interventions.editing.value_weight(planted, 0)[0].clone()
+    layer_frame(planted, BUILTIN[:1], [0], texts=TEXTS, steps=1, n_prefixes=0)
+    assert (ci.interventions.editing.value_weight(planted, 0)[0] == w).all()  # every edit is undone
+
+
+def test_intersection_row_is_the_and_of_the_classes(planted):
+    fits = {name: ci.QueryLocalization(planted, localizer=name, steps=3, tau=0.99, progress=False).fit([FACT_A, FACT_B])
+            for name in ("kn", "sig")}
+    table = inconsistency_table(fits).set_index("localizer")
+    assert list(table.index) == ["kn", "sig", "intersection: II"]
+    both = np.logical_and(*[~f.consistency_["consistent_static"].to_numpy(bool) for f in fits.values()])
+    assert table.loc["intersection: II", "share_inconsistent_static"] == pytest.approx(both.mean())
+    for name, f in fits.items():
+        assert table.loc[name, "share_inconsistent_static"] == pytest.approx(f.summary()["share_inconsistent_static"])
+    assert table.loc["intersection: II", "share_inconsistent_static"] <= table["share_inconsistent_static"][:2].min()
