@@ -19,7 +19,7 @@ ROOT = Path(capinterp.__file__).parent.parent
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
     env["CAPINTERP_THREADS"] = "1"
     return env
 

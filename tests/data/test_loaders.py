@@ -19,7 +19,7 @@ from capinterp.data.facts import (
 )
 from capinterp.core.tokens import TokenizationError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"{DATA} is not available")
 
 
