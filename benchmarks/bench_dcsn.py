@@ -6,6 +6,7 @@ DCSN costs one forward per prompt (hooks read hook_post at the last token, then 
 projection onto the target tokens' unembedding columns); the target is within 1.5x of a
 plain ``model(tokens)``. Interleaves repeats of both to average out machine noise.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ Peak RSS is the process's maximum resident set (``ru_maxrss``) after each run, s
 The 1-minute load average and the process's CPU seconds are recorded too: on a shared machine wall
 times scale with the load, CPU seconds much less.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,19 +51,37 @@ def main(argv: list[str] | None = None) -> int:
     facts = FACTS[: args.facts]
     pairs = make_pairs(model, facts)
     n_tokens = [len(p.clean.ids) for p in pairs]
-    print(json.dumps({"model": args.model, "load_s": round(load_s, 2), "nodes": len(graph.nodes),
-                      "edges": graph.n_edges, "slots": graph.n_slots, "granularity": graph.granularity,
-                      "tokens": n_tokens, "corruption": [p.mode for p in pairs], "rss_mb": round(peak_rss_mb())}))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "load_s": round(load_s, 2),
+                "nodes": len(graph.nodes),
+                "edges": graph.n_edges,
+                "slots": graph.n_slots,
+                "granularity": graph.granularity,
+                "tokens": n_tokens,
+                "corruption": [p.mode for p in pairs],
+                "rss_mb": round(peak_rss_mb()),
+            }
+        )
+    )
     rows = []
     for steps in args.steps:
         t, c = time.perf_counter(), time.process_time()
         scores, info = score_edges(model, graph, pairs, steps=steps, batch_size=args.batch_size)
         sec, cpu = time.perf_counter() - t, time.process_time() - c
-        row = {"method": "eap" if steps == 1 else "eap-ig", "steps": steps, "facts": len(pairs),
-               "seconds": round(sec, 2), "cpu_s": round(cpu, 2),
-               "edges_per_s": round(graph.n_edges * len(pairs) / sec),
-               "s_per_fact": round(sec / len(pairs), 2), "peak_rss_mb": round(peak_rss_mb()),
-               "loadavg_1m": round(os.getloadavg()[0], 2)}
+        row = {
+            "method": "eap" if steps == 1 else "eap-ig",
+            "steps": steps,
+            "facts": len(pairs),
+            "seconds": round(sec, 2),
+            "cpu_s": round(cpu, 2),
+            "edges_per_s": round(graph.n_edges * len(pairs) / sec),
+            "s_per_fact": round(sec / len(pairs), 2),
+            "peak_rss_mb": round(peak_rss_mb()),
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+        }
         rows.append(row)
         print(json.dumps(row))
     print(f"\n{args.model}: {len(graph.nodes)} nodes, {graph.n_edges} edges, threads={args.threads}")

@@ -7,6 +7,7 @@ fingerprint only compares each parameter's identity and torch version counter. P
 uncached digest, the cached fingerprint and one forward of a 16-token batch of 8, and their
 ratios. Interleaves repeats to average out machine noise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,10 @@ def main() -> None:
         times["cached"].append(_time(lambda: model_fingerprint(model), 1))
         times["forward"].append(_time(forward, 1))
     best = {k: min(v) for k, v in times.items()}
-    print(f"model {model.capinterp_name}: {n_params:,} parameters on {model.cfg.device}, "
-          f"{torch.get_num_threads()} thread(s)")
+    print(
+        f"model {model.capinterp_name}: {n_params:,} parameters on {model.cfg.device}, "
+        f"{torch.get_num_threads()} thread(s)"
+    )
     print(f"weights digest (uncached)   {best['digest'] * 1e3:9.2f} ms")
     print(f"fingerprint (cached)        {best['cached'] * 1e3:9.2f} ms")
     print(f"forward, 8 x 16 tokens      {best['forward'] * 1e3:9.2f} ms")

@@ -24,6 +24,7 @@ where the time goes (unembedding + objective, i.e. ops on [.., vocabulary] tenso
     .venv/bin/python benchmarks/bench_ig.py --rules --model gemma3 --n 4 --threads 2
     .venv/bin/python benchmarks/bench_ig.py --rules --quick      # 2 prompts, smaller reference
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,10 +38,10 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from capinterp.kernels.ig import grad_x_act, ig_scores  # noqa: E402
-from capinterp.core.example import Example  # noqa: E402
-from capinterp.core.model import load_model, neuron_hook  # noqa: E402
-from capinterp.core.tokens import encode  # noqa: E402
+from capinterp.core.example import Example
+from capinterp.core.model import load_model, neuron_hook
+from capinterp.core.tokens import encode
+from capinterp.kernels.ig import grad_x_act, ig_scores
 
 
 def make_prompts(n: int, shots: int = 4, seed: int = 0) -> list[Example]:
@@ -151,14 +152,18 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model = load_model(args.model, device=args.device, threads=args.threads)
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
-    print(f"model {args.model}: {n_layers} layers x {d_mlp} neurons, loaded in {time.perf_counter() - t0:.1f}s; "
-          f"device {model.cfg.device}, torch threads {torch.get_num_threads()}, steps {args.steps}, "
-          f"batch_size {args.batch_size}; peak RSS after load {rss_mb():.0f} MB; "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"model {args.model}: {n_layers} layers x {d_mlp} neurons, loaded in {time.perf_counter() - t0:.1f}s; "
+        f"device {model.cfg.device}, torch threads {torch.get_num_threads()}, steps {args.steps}, "
+        f"batch_size {args.batch_size}; peak RSS after load {rss_mb():.0f} MB; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     encs = encode(model, make_prompts(args.n))
     for e in encs:
-        print(f"  {len(e.ids):3d} tokens, {len(e.target_ids)} answer token(s): "
-              f"{(e.example.prompt + e.example.target)[-14:]!r}")
+        print(
+            f"  {len(e.ids):3d} tokens, {len(e.target_ids)} answer token(s): "
+            f"{(e.example.prompt + e.example.target)[-14:]!r}"
+        )
     loop_layers = parse_layers(args.loop_layers, n_layers)
     loop_n = len(encs) if args.loop_n is None else min(args.loop_n, len(encs))
     kw = dict(steps=args.steps, batch_size=args.batch_size)
@@ -167,8 +172,10 @@ def main(argv=None) -> int:
     # peak RSS printed after it is the fast kernel's (the loop has not run yet)
     t = time.perf_counter()
     ig_scores(model, encs[0], **kw)
-    print(f"warm-up: fast on prompt 0 in {time.perf_counter() - t:.2f}s; peak RSS with the fast kernel "
-          f"{rss_mb():.0f} MB (batch_size {args.batch_size})")
+    print(
+        f"warm-up: fast on prompt 0 in {time.perf_counter() - t:.2f}s; peak RSS with the fast kernel "
+        f"{rss_mb():.0f} MB (batch_size {args.batch_size})"
+    )
     ig_scores(model, encs[0], layers=[n_layers - 1], steps=2, method="loop")
 
     fast, loop, t_fast, t_loop, t_prefix = [], [], [], [], []
@@ -198,49 +205,65 @@ def main(argv=None) -> int:
     if t_prefix:
         per_prefix = sum(t_prefix) / len(t_prefix)
         print(f"  prefix route (no staircase): {per_prefix:7.2f} s/prompt = {1 / per_prefix:.4f} prompts/s")
-    print(f"  loop : {per_loop:7.2f} s/prompt = {1 / per_loop:.4f} prompts/s  ("
-          + (f"EXTRAPOLATED linearly from layers {loop_layers} x {n_layers}/{len(loop_layers)}"
-             if extrap else "measured on all layers") + f", {loop_n} prompts)")
+    print(
+        f"  loop : {per_loop:7.2f} s/prompt = {1 / per_loop:.4f} prompts/s  ("
+        + (
+            f"EXTRAPOLATED linearly from layers {loop_layers} x {n_layers}/{len(loop_layers)}"
+            if extrap
+            else "measured on all layers"
+        )
+        + f", {loop_n} prompts)"
+    )
     print(f"  speed ratio fast/loop: {per_loop / per_fast:.1f}x")
     by_len: dict[int, list[float]] = {}
     for i in range(loop_n):  # fast costs ~ answer length, loop ~ sequence length
-        by_len.setdefault(len(encs[i].target_ids), []).append(
-            t_loop[i] * n_layers / len(loop_layers) / t_fast[i])
-    print("  ratio by answer length: " + ", ".join(
-        f"{k} token(s): {sum(v) / len(v):.1f}x ({len(v)} prompts)" for k, v in sorted(by_len.items())))
+        by_len.setdefault(len(encs[i].target_ids), []).append(t_loop[i] * n_layers / len(loop_layers) / t_fast[i])
+    print(
+        "  ratio by answer length: "
+        + ", ".join(f"{k} token(s): {sum(v) / len(v):.1f}x ({len(v)} prompts)" for k, v in sorted(by_len.items()))
+    )
     # the same prompts for both: compare on the loop's layers
     rel, scale = agreement(fast_t[:loop_n, loop_layers], loop_t[:, loop_layers])
-    print(f"  agreement on layers {loop_layers}: max rel. diff (scores > 1% of max) {rel:.2e}; "
-          f"max |diff| / max |score| {scale:.2e}")
+    print(
+        f"  agreement on layers {loop_layers}: max rel. diff (scores > 1% of max) {rel:.2e}; "
+        f"max |diff| / max |score| {scale:.2e}"
+    )
     print(f"  peak RSS after the loop runs too {rss_mb():.0f} MB")
 
     t = time.perf_counter()
     gxa = grad_x_act(model, encs)
     per_gxa = (time.perf_counter() - t) / len(encs)
     p, s, ov = correlations(gxa, fast_t)
-    print(f"\ngrad x act: {per_gxa:.3f} s/prompt = {1 / per_gxa:.2f} prompts/s; vs IG (fast): "
-          f"Pearson {p:.3f}, Spearman {s:.3f}, top-100 overlap (|score|) {ov:.2f}")
+    print(
+        f"\ngrad x act: {per_gxa:.3f} s/prompt = {1 / per_gxa:.2f} prompts/s; vs IG (fast): "
+        f"Pearson {p:.3f}, Spearman {s:.3f}, top-100 overlap (|score|) {ov:.2f}"
+    )
 
     if args.completeness:
         enc, layer = encs[0], n_layers // 2
         delta = objective_at(model, enc, layer, None) - objective_at(
-            model, enc, layer, torch.zeros(len(enc.target_ids), d_mlp))
+            model, enc, layer, torch.zeros(len(enc.target_ids), d_mlp)
+        )
         errs = []
         for m in (20, 50, 200):
             total = ig_scores(model, enc, steps=m, layers=[layer]).sum().item()
             errs.append(f"m={m}: {abs(total - delta) / abs(delta):.2e}")
-        print(f"\ncompleteness, prompt 0, layer {layer}, F(a)-F(0) = {delta:.3e}; relative error of sum(IG): "
-              + ", ".join(errs))
+        print(
+            f"\ncompleteness, prompt 0, layer {layer}, F(a)-F(0) = {delta:.3e}; relative error of sum(IG): "
+            + ", ".join(errs)
+        )
 
     if args.fp64_check:
         lay = loop_layers
         model.to(torch.float64, print_details=False)
         truth = ig_scores(model, encs[0], method="fast", layers=lay, **kw)
         truth_loop = ig_scores(model, encs[0], method="loop", layers=lay, **kw)
-        print(f"\nfloat64 check, prompt 0, layers {lay}: fast64 vs loop64 {agreement(truth, truth_loop)[0]:.1e}; "
-              f"fp32 fast vs fp64 {agreement(fast_t[:1, lay], truth[:, lay])[0]:.2e}, "
-              f"fp32 loop vs fp64 {agreement(loop_t[:1, lay], truth[:, lay])[0]:.2e} "
-              "(max rel. diff on scores > 1% of max)")
+        print(
+            f"\nfloat64 check, prompt 0, layers {lay}: fast64 vs loop64 {agreement(truth, truth_loop)[0]:.1e}; "
+            f"fp32 fast vs fp64 {agreement(fast_t[:1, lay], truth[:, lay])[0]:.2e}, "
+            f"fp32 loop vs fp64 {agreement(loop_t[:1, lay], truth[:, lay])[0]:.2e} "
+            "(max rel. diff on scores > 1% of max)"
+        )
         model.to(torch.float32, print_details=False)
 
     print(f"\npeak RSS {rss_mb():.0f} MB; load average now {os.getloadavg()[0]:.1f}")

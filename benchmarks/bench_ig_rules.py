@@ -9,14 +9,15 @@ Rules run interleaved prompt by prompt so machine load hits them alike. The prof
 prompt's time between operators on vocabulary-sized tensors (unembedding and objective, forward
 and backward) and the rest, and prints the analytic multiply-accumulate split beside it.
 """
+
 from __future__ import annotations
 
 import os
 import time
 
 import torch
-
 from bench_ig import make_prompts, objective_at, rss_mb
+
 from capinterp.core.model import load_model
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
@@ -59,9 +60,11 @@ def run_rules(args) -> int:
     rules = [(r.split(":")[0], int(r.split(":")[1])) for r in args.rule_list.split(",")]
     model = load_model(args.model, device=args.device, threads=args.threads)
     L, d, V = int(model.cfg.n_layers), int(model.cfg.d_mlp), int(model.cfg.d_vocab)
-    print(f"model {args.model}: {L} layers x {d} neurons, vocabulary {V}; torch threads "
-          f"{torch.get_num_threads()}, batch_size {args.batch_size}, {n} prompts; reference Gauss-Legendre "
-          f"{ref_steps} points; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"model {args.model}: {L} layers x {d} neurons, vocabulary {V}; torch threads "
+        f"{torch.get_num_threads()}, batch_size {args.batch_size}, {n} prompts; reference Gauss-Legendre "
+        f"{ref_steps} points; load average {os.getloadavg()[0]:.1f}"
+    )
     examples = make_prompts(n)
     encs = encode(model, examples)
     kw = dict(batch_size=args.batch_size)
@@ -81,16 +84,23 @@ def run_rules(args) -> int:
             scores[r].append(ig_scores(model, enc, steps=r[1], rule=r[0], **kw)[0])
             secs[r].append(time.perf_counter() - t)
             kn[r].append(ig_scores(model, enc, steps=r[1], rule=r[0], positions="last_prompt", **kw)[0])
-        print(f"  prompt {i} ({len(enc.ids)} tokens, {len(enc.target_ids)} answer tokens): "
-              + ", ".join(f"{a}:{m} {secs[(a, m)][-1]:.1f}s" for a, m in runs), flush=True)
+        print(
+            f"  prompt {i} ({len(enc.ids)} tokens, {len(enc.target_ids)} answer tokens): "
+            + ", ".join(f"{a}:{m} {secs[(a, m)][-1]:.1f}s" for a, m in runs),
+            flush=True,
+        )
 
     ref = torch.stack(scores[runs[0]])
     ref_set = _sigma_set(ref.mean(0))
     base = sum(secs[rules[0]]) / n
-    print(f"\nreference sigma=6 CNL set: {int(ref_set.sum())} neurons; "
-          f"max |F(a) - F(a_l=0)| over layers and prompts {max(float(x.abs().max()) for x in deltas):.3e}")
-    print(f"{'rule':>12} {'s/prompt':>9} {'speed vs ' + rules[0][0] + ':' + str(rules[0][1]):>16} "
-          f"{'max err/max':>12} {'completeness':>13} {'CNL IoU':>8} {'KN IoU':>7}")
+    print(
+        f"\nreference sigma=6 CNL set: {int(ref_set.sum())} neurons; "
+        f"max |F(a) - F(a_l=0)| over layers and prompts {max(float(x.abs().max()) for x in deltas):.3e}"
+    )
+    print(
+        f"{'rule':>12} {'s/prompt':>9} {'speed vs ' + rules[0][0] + ':' + str(rules[0][1]):>16} "
+        f"{'max err/max':>12} {'completeness':>13} {'CNL IoU':>8} {'KN IoU':>7}"
+    )
     for r in runs:
         s = torch.stack(scores[r])
         err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(s, ref))
@@ -101,8 +111,10 @@ def run_rules(args) -> int:
         label = f"{r[0]}:{r[1]}" + (" (ref)" if r == runs[0] else "")
         print(f"{label:>12} {per:9.2f} {base / per:15.2f}x {err:12.2e} {comp:13.2e} {cnl:8.3f} {kn_iou:7.3f}")
 
-    print("\nprofile, prompt 0 (torch.profiler self CPU time; ops on [.., vocabulary] tensors = unembedding "
-          "and objective):")
+    print(
+        "\nprofile, prompt 0 (torch.profiler self CPU time; ops on [.., vocabulary] tensors = unembedding "
+        "and objective):"
+    )
     S = len(encs[0].target_ids)
     n_params = sum(p.numel() for p in model.blocks.parameters())
     for a, m in rules:
@@ -110,8 +122,10 @@ def run_rules(args) -> int:
         rows = L * m
         mac_unembed = rows * S * int(model.cfg.d_model) * V * 2  # forward logits + backward d(hidden)
         mac_blocks = sum(m * S * n_params / L * (L - l) * 2 for l in range(L))  # staircase, fwd + bwd(input)
-        print(f"  {a}:{m}: {vocab:.2f}s of {total:.2f}s on vocabulary-sized ops ({100 * vocab / total:.0f}%); "
-              f"analytic MACs: unembedding {mac_unembed / 1e9:.1f} G, blocks (weights) {mac_blocks / 1e9:.1f} G "
-              f"({100 * mac_unembed / (mac_unembed + mac_blocks):.0f}% unembedding)")
+        print(
+            f"  {a}:{m}: {vocab:.2f}s of {total:.2f}s on vocabulary-sized ops ({100 * vocab / total:.0f}%); "
+            f"analytic MACs: unembedding {mac_unembed / 1e9:.1f} G, blocks (weights) {mac_blocks / 1e9:.1f} G "
+            f"({100 * mac_unembed / (mac_unembed + mac_blocks):.0f}% unembedding)"
+        )
     print(f"\npeak RSS {rss_mb():.0f} MB; load average now {os.getloadavg()[0]:.1f}")
     return 0

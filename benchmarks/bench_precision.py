@@ -9,6 +9,7 @@ to the largest |float32 score|, Pearson correlation, located-set IoU, and wall t
 Scores are accumulated in float32 / float64 in both runs; only the forward/backward runs in
 half precision.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,9 +53,11 @@ def main() -> None:
         (a, na, ta), (b, nb, tb) = r["float32"], r[args.dtype]
         c = compare(a, b)
         iou = ci.units.metrics.iou(na, nb) if len(na) + len(nb) else 1.0
-        print(f"{method:5s} top-100 overlap {c['top100_overlap']:3d}/100  max rel err {c['max_rel_err']:.4f}  "
-              f"pearson {c['pearson']:.5f}  located IoU {iou:.3f} ({len(na)} vs {len(nb)})  "
-              f"time fp32 {ta:.1f}s  {args.dtype} {tb:.1f}s")
+        print(
+            f"{method:5s} top-100 overlap {c['top100_overlap']:3d}/100  max rel err {c['max_rel_err']:.4f}  "
+            f"pearson {c['pearson']:.5f}  located IoU {iou:.3f} ({len(na)} vs {len(nb)})  "
+            f"time fp32 {ta:.1f}s  {args.dtype} {tb:.1f}s"
+        )
 
 
 if __name__ == "__main__":

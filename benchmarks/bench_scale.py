@@ -22,6 +22,7 @@ traffic from the shape alone; the run prints its prediction next to the count, t
 prediction for the 7B / 8B shapes. Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU,
 the process's peak RSS on the CPU (a high-water mark over the whole run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,33 @@ import time
 import torch
 
 PRESETS = {
-    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=32, vocab_size=32000),
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+    "llama2-7b": dict(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+    ),
+    "llama3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        rope_theta=500000.0,
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -103,8 +125,9 @@ def captum_ig(model, item, steps: int, layers: list[int]) -> None:
 
     for l in layers:
         lig = LayerIntegratedGradients(prob, hf.model.layers[l].mlp.down_proj)
-        lig.attribute(ids, n_steps=steps, method="riemann_right", attribute_to_layer_input=True,
-                      internal_batch_size=steps)
+        lig.attribute(
+            ids, n_steps=steps, method="riemann_right", attribute_to_layer_input=True, internal_batch_size=steps
+        )
 
 
 def main() -> None:
@@ -135,9 +158,11 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 500, (args.seq + 1,), generator=g).tolist()  # ids the stand-in tokenizer knows
     item = Encoded(ids[:-1], ids[-1:], Example("x", "y"))
-    print(f"config {args.config}: {L} layers x {c['intermediate_size']} neurons, vocab {c['vocab_size']}, "
-          f"{sum(p.numel() for p in model.original_model.parameters()) / 1e9:.2f}B params, {args.dtype} on "
-          f"{args.device} ({torch.get_num_threads()} threads), prompt {args.seq}+1 tokens, m={args.steps}; built in {t_build:.0f}s")
+    print(
+        f"config {args.config}: {L} layers x {c['intermediate_size']} neurons, vocab {c['vocab_size']}, "
+        f"{sum(p.numel() for p in model.original_model.parameters()) / 1e9:.2f}B params, {args.dtype} on "
+        f"{args.device} ({torch.get_num_threads()} threads), prompt {args.seq}+1 tokens, m={args.steps}; built in {t_build:.0f}s"
+    )
 
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -149,14 +174,17 @@ def main() -> None:
     measured = counts[0] + (counts[1] - counts[0]) * (args.steps - 1)
     elem = torch.finfo(dtype).bits // 8
     pred = ig_cost(c, args.seq, args.steps, batch_rows=args.batch_size, elem=elem)
-    print(f"fast IG FLOPs per prompt: counted {measured / 1e12:.3f} T, cost model {pred['flops'] / 1e12:.3f} T "
-          f"(ratio {measured / pred['flops']:.3f}); weight traffic (model) {pred['weight_bytes'] / 1e9:.1f} GB")
+    print(
+        f"fast IG FLOPs per prompt: counted {measured / 1e12:.3f} T, cost model {pred['flops'] / 1e12:.3f} T "
+        f"(ratio {measured / pred['flops']:.3f}); weight traffic (model) {pred['weight_bytes'] / 1e9:.1f} GB"
+    )
 
     results = {}
     runs = {
         "ig": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.batch_size, method="fast"),
-        "loop": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.steps, method="loop",
-                                  layers=range(args.loop_layers or L)),
+        "loop": lambda: ig_scores(
+            model, item, steps=args.steps, batch_size=args.steps, method="loop", layers=range(args.loop_layers or L)
+        ),
         "captum": lambda: captum_ig(model, item, args.steps, list(range(args.captum_layers))),
         "dcsn": lambda: per_sample_scores(model, [item]),
         "trace": lambda: trace(model, args),
@@ -175,12 +203,18 @@ def main() -> None:
         print(f"{name:7s} {secs:9.2f} s/prompt  peak {peak:6.2f} GiB{note}")
     if "ig" in results:
         base = results["ig"][0]
-        print("ratios to fast IG: " + ", ".join(f"{k} {v[0] / base:.1f}x" for k, v in results.items()
-                                               if k not in ("ig", "ig_scores", "dcsn", "trace")))
+        print(
+            "ratios to fast IG: "
+            + ", ".join(
+                f"{k} {v[0] / base:.1f}x" for k, v in results.items() if k not in ("ig", "ig_scores", "dcsn", "trace")
+            )
+        )
     for name in ("llama2-7b", "llama3-8b"):
         p = ig_cost(PRESETS[name], args.seq, args.steps, batch_rows=args.batch_size, elem=2)
-        print(f"cost model, {name} bf16: fast IG {p['flops'] / 1e12:.1f} TFLOPs and {p['weight_bytes'] / 1e9:.0f} GB "
-              f"of weight reads per prompt (not measured on a GPU)")
+        print(
+            f"cost model, {name} bf16: fast IG {p['flops'] / 1e12:.1f} TFLOPs and {p['weight_bytes'] / 1e9:.0f} GB "
+            f"of weight reads per prompt (not measured on a GPU)"
+        )
 
 
 def trace(model, args):

@@ -17,6 +17,7 @@ second of the process (steadier on a shared machine), the speed-ups over ``one``
 the peak RSS, and the largest grid difference from the first mode (the modes compute the same
 numbers). Facts are the builtin facts the model knows (:func:`builtin_facts` + ``facts_known_by``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,9 @@ def peak_rss_mb() -> float:
 def run_mode(args) -> dict:
     import torch
 
+    from capinterp.core.model import load_model
     from capinterp.data.facts import builtin_facts, facts_known_by
     from capinterp.localizers.causal_trace import CausalTrace
-    from capinterp.core.model import load_model
 
     t0 = time.perf_counter()
     model = load_model(args.model, threads=args.threads, device=args.device)
@@ -55,9 +56,17 @@ def run_mode(args) -> dict:
     facts = facts[: args.facts]
     mode = MODES[args.mode]
     bs = args.samples if mode["one_at_a_time"] else args.batch_size
-    tr = CausalTrace(model, samples=args.samples, kinds=tuple(args.kinds), window=args.window,
-                     reuse_prefix=mode["reuse_prefix"], batch_size=bs, progress=False,
-                     top_k=min(3, model.cfg.n_layers), layer_kind=args.kinds[0])
+    tr = CausalTrace(
+        model,
+        samples=args.samples,
+        kinds=tuple(args.kinds),
+        window=args.window,
+        reuse_prefix=mode["reuse_prefix"],
+        batch_size=bs,
+        progress=False,
+        top_k=min(3, model.cfg.n_layers),
+        layer_kind=args.kinds[0],
+    )
     t, c = time.perf_counter(), time.process_time()
     tr.fit(facts)
     sec, cpu = time.perf_counter() - t, time.process_time() - c
@@ -65,14 +74,27 @@ def run_mode(args) -> dict:
     n_rest = sum((len(r["tokens"]) - r["subject_range"][0]) * L * len(tr.kinds) for r in tr.per_prompt_)
     grids = {k: torch.cat([r["grids"][k].flatten() for r in tr.per_prompt_]).tolist() for k in tr.kinds}
     return {
-        "mode": args.mode, "model": args.model, "facts": tr.n_traced_, "skipped": tr.skipped_,
-        "tokens": [len(r["tokens"]) for r in tr.per_prompt_], "kinds": list(tr.kinds), "samples": args.samples,
-        "batch_size": bs, "threads": args.threads, "load_s": round(load_s, 2), "seconds": round(sec, 2),
-        "cpu_seconds": round(cpu, 2), "s_per_fact": round(sec / max(1, tr.n_traced_), 2), "restorations": n_rest,
+        "mode": args.mode,
+        "model": args.model,
+        "facts": tr.n_traced_,
+        "skipped": tr.skipped_,
+        "tokens": [len(r["tokens"]) for r in tr.per_prompt_],
+        "kinds": list(tr.kinds),
+        "samples": args.samples,
+        "batch_size": bs,
+        "threads": args.threads,
+        "load_s": round(load_s, 2),
+        "seconds": round(sec, 2),
+        "cpu_seconds": round(cpu, 2),
+        "s_per_fact": round(sec / max(1, tr.n_traced_), 2),
+        "restorations": n_rest,
         "restorations_per_s": round(n_rest / sec, 2),
-        "restorations_per_cpu_s": round(n_rest / cpu, 2), "peak_rss_mb": round(peak_rss_mb()),
-        "top_layers": tr.layers_, "p_clean": [round(r["p_clean"], 4) for r in tr.per_prompt_],
-        "p_corrupt": [round(r["p_corrupt"], 4) for r in tr.per_prompt_], "grids": grids,
+        "restorations_per_cpu_s": round(n_rest / cpu, 2),
+        "peak_rss_mb": round(peak_rss_mb()),
+        "top_layers": tr.layers_,
+        "p_clean": [round(r["p_clean"], 4) for r in tr.per_prompt_],
+        "p_corrupt": [round(r["p_corrupt"], 4) for r in tr.per_prompt_],
+        "grids": grids,
     }
 
 
@@ -102,26 +124,43 @@ def main(argv: list[str] | None = None) -> int:
         if out.returncode or line is None:
             print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
             return 1
-        res = json.loads(line[len("RESULT "):])
+        res = json.loads(line[len("RESULT ") :])
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if k != "grids"}), flush=True)
 
     base = results[0]
-    print(f"\n{'mode':16s} {'s/fact':>8s} {'restor/s':>9s} {'speed-up':>9s} {'restor/cpu-s':>12s} "
-          f"{'cpu speed-up':>12s} {'peak MB':>8s} {'max|dIE|':>9s}  top layers")
+    print(
+        f"\n{'mode':16s} {'s/fact':>8s} {'restor/s':>9s} {'speed-up':>9s} {'restor/cpu-s':>12s} "
+        f"{'cpu speed-up':>12s} {'peak MB':>8s} {'max|dIE|':>9s}  top layers"
+    )
     for r in results:
         diff = max((abs(a - b) for k in r["grids"] for a, b in zip(r["grids"][k], base["grids"][k])), default=0.0)
-        print(f"{r['mode']:16s} {r['s_per_fact']:8.2f} {r['restorations_per_s']:9.2f} "
-              f"{r['restorations_per_s'] / base['restorations_per_s']:8.2f}x {r['restorations_per_cpu_s']:12.2f} "
-              f"{r['restorations_per_cpu_s'] / base['restorations_per_cpu_s']:11.2f}x {r['peak_rss_mb']:8d} "
-              f"{diff:9.1e}  {r['top_layers']}")
+        print(
+            f"{r['mode']:16s} {r['s_per_fact']:8.2f} {r['restorations_per_s']:9.2f} "
+            f"{r['restorations_per_s'] / base['restorations_per_s']:8.2f}x {r['restorations_per_cpu_s']:12.2f} "
+            f"{r['restorations_per_cpu_s'] / base['restorations_per_cpu_s']:11.2f}x {r['peak_rss_mb']:8d} "
+            f"{diff:9.1e}  {r['top_layers']}"
+        )
     return 0
 
 
 def _forward(args) -> list[str]:
-    out = ["--model", args.model, "--threads", str(args.threads), "--facts", str(args.facts),
-           "--kinds", *args.kinds, "--samples", str(args.samples), "--window", str(args.window),
-           "--batch-size", str(args.batch_size)]
+    out = [
+        "--model",
+        args.model,
+        "--threads",
+        str(args.threads),
+        "--facts",
+        str(args.facts),
+        "--kinds",
+        *args.kinds,
+        "--samples",
+        str(args.samples),
+        "--window",
+        str(args.window),
+        "--batch-size",
+        str(args.batch_size),
+    ]
     return out + (["--device", args.device] if args.device else [])
 
 

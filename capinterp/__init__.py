@@ -1,13 +1,14 @@
 """capinterp: where in a language model does a capability live, and what happens if you touch it?
 
-    import capinterp as ci
-    model = ci.load_model()                                   # embedded default (Gemma 3 270M)
-    ds = ci.data.arithmetic(ops="+", n=200)
-    cnl = ci.CNL(model, sigma=6).fit(ds)                      # capability neurons
-    with ci.erase(model, cnl.neurons_):
-        print(ci.evaluate(model, ds))
-    ft = ci.finetune(model, ds, neurons=cnl.neurons_, arms=("located", "random"))   # CNLF
+import capinterp as ci
+model = ci.load_model()                                   # embedded default (Gemma 3 270M)
+ds = ci.data.arithmetic(ops="+", n=200)
+cnl = ci.CNL(model, sigma=6).fit(ds)                      # capability neurons
+with ci.erase(model, cnl.neurons_):
+    print(ci.evaluate(model, ds))
+ft = ci.finetune(model, ds, neurons=cnl.neurons_, arms=("located", "random"))   # CNLF
 """
+
 from capinterp import circuits, data, experiments, interventions, kernels, localizers, plots, results, units
 from capinterp import plots as plotting
 from capinterp._version import __version__
@@ -15,59 +16,69 @@ from capinterp.app.reproduce import reproduce
 from capinterp.core.example import Example
 from capinterp.core.model import DEFAULT_MODEL, load_model, model_meta
 from capinterp.core.settings import set_threads
-from capinterp.interventions import (FinetuneResult, KnowledgeEdit, amplify, attention_scaling, edit_knowledge,
-                                     edit_table, erase, finetune, scale, scale_attention)
-from capinterp.interventions import RomeEdit, rome_edit
+from capinterp.interventions import (
+    FinetuneResult,
+    KnowledgeEdit,
+    RomeEdit,
+    amplify,
+    attention_scaling,
+    edit_knowledge,
+    edit_table,
+    erase,
+    finetune,
+    rome_edit,
+    scale,
+    scale_attention,
+)
 from capinterp.kernels.evaluate import EvalResult, evaluate
 from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, NeFT, QueryLocalization
 from capinterp.results import NeuronScores, NeuronSet
-from capinterp.units import KeySet, UnitSet
-from capinterp.units import metrics
+from capinterp.units import KeySet, UnitSet, metrics
 
 __all__ = [
     "AMIG",
-    "SIG",
-    "NeFT",
     "CNL",
-    "FinetuneResult",
-    "KnowledgeEdit",
-    "QueryLocalization",
-    "RomeEdit",
-    "rome_edit",
-    "attention_scaling",
-    "edit_knowledge",
-    "edit_table",
-    "experiments",
-    "finetune",
-    "reproduce",
-    "scale_attention",
-    "interventions",
-    "kernels",
-    "plots",
-    "results",
-    "units",
-    "CausalTrace",
     "DCSN",
-    "KN",
-    "KnowledgeCircuit",
     "DEFAULT_MODEL",
+    "KN",
+    "SIG",
+    "CausalTrace",
     "EvalResult",
     "Example",
+    "FinetuneResult",
     "KeySet",
+    "KnowledgeCircuit",
+    "KnowledgeEdit",
+    "NeFT",
     "NeuronScores",
     "NeuronSet",
+    "QueryLocalization",
+    "RomeEdit",
     "UnitSet",
     "__version__",
     "amplify",
+    "attention_scaling",
     "circuits",
     "data",
+    "edit_knowledge",
+    "edit_table",
     "erase",
     "evaluate",
+    "experiments",
+    "finetune",
+    "interventions",
+    "kernels",
     "load_model",
     "localizers",
     "metrics",
     "model_meta",
+    "plots",
     "plotting",
+    "reproduce",
+    "results",
+    "rome_edit",
     "scale",
+    "scale_attention",
     "set_threads",
+    "units",
 ]

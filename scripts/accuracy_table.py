@@ -4,6 +4,7 @@
 
 Prints a markdown table (docs/models.md holds the last measured one).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,19 @@ def main() -> None:
                         ds = ci.data.arithmetic(ops=op, n=args.n, fmt=fmt, digits=digits, style=style, seed=1)
                         t = time.time()
                         r = ci.evaluate(model, ds, batch_size=20, progress=False)
-                        rows.append(dict(model=name, style=style, fmt=fmt, digits=digits, op=op,
-                                         accuracy=r.accuracy, mean_prob=r.mean_prob, n=r.n,
-                                         seconds=round(time.time() - t, 1)))
+                        rows.append(
+                            dict(
+                                model=name,
+                                style=style,
+                                fmt=fmt,
+                                digits=digits,
+                                op=op,
+                                accuracy=r.accuracy,
+                                mean_prob=r.mean_prob,
+                                n=r.n,
+                                seconds=round(time.time() - t, 1),
+                            )
+                        )
                         print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
     if args.out:

@@ -7,6 +7,7 @@ right (greedy first token), sigma-masked. Prints, per projection: the share of l
 in layer 0, cohesion (|A∩B| / max) of "+"'s set across a resample, formats and languages, and
 separability between operators (mean over the 6 pairs) in each condition.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,11 @@ import capinterp as ci
 from capinterp.experiments.dcsn_common import OPS, direct_scorer, operator_neurons
 
 CONDITIONS = {  # name -> arithmetic() arguments
-    "DG": {}, "DG-resample": {"seed_offset": 1}, "TF": {"fmt": "TF"},
-    "worded-en": {"style": "fewshot", "shots": 1}, "worded-zh": {"lang": "zh", "style": "fewshot", "shots": 1},
+    "DG": {},
+    "DG-resample": {"seed_offset": 1},
+    "TF": {"fmt": "TF"},
+    "worded-en": {"style": "fewshot", "shots": 1},
+    "worded-zh": {"lang": "zh", "style": "fewshot", "shots": 1},
 }
 COHESION = [("DG", "DG-resample"), ("DG", "TF"), ("worded-en", "worded-zh"), ("DG", "worded-en")]
 
@@ -44,16 +48,21 @@ def main() -> None:
             seed = args.seed + kw.pop("seed_offset", 0)
             sets[cond] = operator_neurons(scorer, args.n, seed, sigma=args.sigma, **kw)[1]
         everything = [s for by_op in sets.values() for s in by_op.values()]
-        row = {"norms": norms, "seconds": round(time.time() - t0),
-               "mean_size": sum(len(s) for s in everything) / len(everything),
-               "layer0_pct": 100 * sum(sum(1 for l, _ in s if l == 0) for s in everything)
-               / max(1, sum(len(s) for s in everything))}
+        row = {
+            "norms": norms,
+            "seconds": round(time.time() - t0),
+            "mean_size": sum(len(s) for s in everything) / len(everything),
+            "layer0_pct": 100
+            * sum(sum(1 for l, _ in s if l == 0) for s in everything)
+            / max(1, sum(len(s) for s in everything)),
+        }
         for a, b in COHESION:
             row[f"coh {a}/{b}"] = 100 * ci.metrics.cohesion(sets[a]["+"], sets[b]["+"])
         for cond in CONDITIONS:
             pairs = list(itertools.combinations(OPS, 2))
-            row[f"sep {cond}"] = 100 * sum(ci.metrics.separability(sets[cond][x], sets[cond][y])
-                                           for x, y in pairs) / len(pairs)
+            row[f"sep {cond}"] = (
+                100 * sum(ci.metrics.separability(sets[cond][x], sets[cond][y]) for x, y in pairs) / len(pairs)
+            )
         rows.append(row)
         print(f"{norms}: {row['seconds']} s", flush=True)
     print(pd.DataFrame(rows).set_index("norms").T.round(1).to_string())

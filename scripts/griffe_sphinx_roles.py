@@ -17,6 +17,7 @@ strict build, so only the links written in the documentation pages themselves ar
 Used by ``mkdocs.yml`` (``plugins.mkdocstrings.handlers.python.options.extensions``); docs only,
 not part of the installed package.
 """
+
 from __future__ import annotations
 
 import html
@@ -80,8 +81,7 @@ def _render(match: re.Match, obj: Any, root: Any) -> str:
     path = _resolve(obj, root, target)
     if path is None:
         return f"`{shown}`"
-    return (f'<autoref identifier="{html.escape(path)}" optional>'
-            f"<code>{html.escape(shown)}</code></autoref>")
+    return f'<autoref identifier="{html.escape(path)}" optional><code>{html.escape(shown)}</code></autoref>'
 
 
 def _walk(obj: Any, root: Any, seen: set[int]) -> None:
@@ -97,5 +97,5 @@ def _walk(obj: Any, root: Any, seen: set[int]) -> None:
 class SphinxRoles(griffe.Extension):
     """Rewrite Sphinx roles in docstrings into optional cross-references or inline code."""
 
-    def on_package(self, *, pkg: Any, **kwargs: Any) -> None:  # noqa: ARG002 - griffe's hook signature
+    def on_package(self, *, pkg: Any, **kwargs: Any) -> None:
         _walk(pkg, pkg, set())

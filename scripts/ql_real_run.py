@@ -17,6 +17,7 @@
 Writes consistency.csv, edit_table.csv, edit_per_fact.csv, ks.csv, consistency.html, results.json
 and results.md under ``--out``; prints the summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,10 @@ import pandas as pd
 import torch
 
 import capinterp as ci
-from capinterp.interventions.attention_scaling import attention_scaling, knowledge_synapses
-from capinterp.data.facts import facts_known_by, load_jsonl, load_known_facts, load_pararel_bags
-from capinterp.interventions.editing import edit_table
 from capinterp.core.model import model_fingerprint
+from capinterp.data.facts import facts_known_by, load_jsonl, load_known_facts, load_pararel_bags
+from capinterp.interventions.attention_scaling import attention_scaling, knowledge_synapses
+from capinterp.interventions.editing import edit_table
 from capinterp.localizers.query_localization import QueryLocalization
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -47,7 +48,7 @@ def pick_facts(model, path: Path, n_facts: int, n_para: int, seed: int, chunk: i
     random.Random(seed).shuffle(bags)
     out, scanned = [], 0
     for start in range(0, len(bags), chunk):
-        part = bags[start:start + chunk]
+        part = bags[start : start + chunk]
         known = facts_known_by(model, [e for b in part for e in b], on_mismatch="skip")
         ok = {(e.meta["fact_id"], e.meta["paraphrase_index"]) for e in known}
         scanned += len(part)
@@ -80,11 +81,14 @@ def query_scores(ql: QueryLocalization, facts: list[list], folder: Path) -> list
 
 def other_relations(model, n: int) -> list:
     """``n`` ROME known facts of relations other than capitals that the model answers (locality set)."""
-    known = [e for e in load_known_facts(DATA / "rome_knowns" / "known_1000.json")
-             if e.meta["relation_id"] not in ("P36", "P1376")]
+    known = [
+        e
+        for e in load_known_facts(DATA / "rome_knowns" / "known_1000.json")
+        if e.meta["relation_id"] not in ("P36", "P1376")
+    ]
     out = []
     for start in range(0, len(known), 40):
-        out += facts_known_by(model, known[start:start + 40], on_mismatch="skip")
+        out += facts_known_by(model, known[start : start + 40], on_mismatch="skip")
         if len(out) >= n:
             break
     return out[:n]
@@ -108,8 +112,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-unrelated", type=int, default=10, help="locality prompts (ROME known facts, other relations)")
-    ap.add_argument("--small-lambdas", type=float, nargs=2, default=(1.0, 1.0),
-                    help="a second update run with these (lambda1, lambda2); Dai's (1, 8) is the first")
+    ap.add_argument(
+        "--small-lambdas",
+        type=float,
+        nargs=2,
+        default=(1.0, 1.0),
+        help="a second update run with these (lambda1, lambda2); Dai's (1, 8) is the first",
+    )
     ap.add_argument("--out", default="out/ql")
     ap.add_argument("--device", default=None)
     ap.add_argument("--threads", type=int, default=None)
@@ -135,8 +144,16 @@ def main() -> None:
     print(f"editing {len(facts)} facts x 9 edits ({time.time() - t0:.0f} s)", file=sys.stderr)
     named = dict(zip(names, facts))
     table, raw = edit_table(model, named, ql=ql, unrelated=unrelated, neutral_text=neutral, per_fact=True)
-    small, raw_small = edit_table(model, named, ql=ql, modes=("update",), unrelated=unrelated, neutral_text=neutral,
-                                  lambdas=tuple(args.small_lambdas), per_fact=True)
+    small, raw_small = edit_table(
+        model,
+        named,
+        ql=ql,
+        modes=("update",),
+        unrelated=unrelated,
+        neutral_text=neutral,
+        lambdas=tuple(args.small_lambdas),
+        per_fact=True,
+    )
     small["mode"] = f"update lambdas={tuple(args.small_lambdas)}"
     raw_small["mode"] = small["mode"].iloc[0]
     table = pd.concat([table, small], ignore_index=True)
@@ -157,24 +174,47 @@ def main() -> None:
     ks_table = ks_ok.groupby(["factor", "arm"])[["p_before", "p_after", "delta", "rel_delta"]].mean()
     ks_table["act_rel_change"] = ks_ok.groupby(["factor", "arm"]).apply(
         lambda g: float(((g["act_after"] - g["act_before"]) / g["act_before"].abs().clip(lower=1e-9)).mean()),
-        include_groups=False)
+        include_groups=False,
+    )
     ks_table["n"] = ks_ok.groupby(["factor", "arm"]).size()
     ks_table = ks_table.reset_index()
     total = time.time() - t0
 
-    result = {"model": args.model, "n_facts": len(facts), "paraphrases": args.paraphrases, "steps": args.steps,
-              "summary": {k: (v if isinstance(v, str) else float(v)) for k, v in summary.items()},
-              "edit_table": table.to_dict(orient="records"), "ks": ks_table.to_dict(orient="records"),
-              "seconds": {"pick": t_pick, "localize": t_ql, "edit": t_edit, "total": total}, "paper": PAPER}
+    result = {
+        "model": args.model,
+        "n_facts": len(facts),
+        "paraphrases": args.paraphrases,
+        "steps": args.steps,
+        "summary": {k: (v if isinstance(v, str) else float(v)) for k, v in summary.items()},
+        "edit_table": table.to_dict(orient="records"),
+        "ks": ks_table.to_dict(orient="records"),
+        "seconds": {"pick": t_pick, "localize": t_ql, "edit": t_edit, "total": total},
+        "paper": PAPER,
+    }
     (out / "results.json").write_text(json.dumps(result, indent=2, default=float))
     cls = ql.consistency_[["answer", "n_queries", "mean_size", "n_union", "n_intersection", "cs1", "cs2", "class"]]
-    md = [f"# Query Localization on {args.model}", "",
-          f"{len(facts)} ParaRel facts x {args.paraphrases} paraphrases (all answered correctly), KN steps "
-          f"{args.steps}; {total / 60:.1f} min (pick {t_pick:.0f} s, localize {t_ql:.0f} s, edit {t_edit:.0f} s).", "",
-          "## Summary", "", md_table(summary.reset_index().set_axis(["quantity", "value"], axis=1)), "",
-          "## Editing table (means over facts)", "", md_table(table), "",
-          "## KS experiment (attention last position -> subject tokens, all layers)", "", md_table(ks_table), "",
-          "## Per fact", "", md_table(cls.reset_index())]
+    md = [
+        f"# Query Localization on {args.model}",
+        "",
+        f"{len(facts)} ParaRel facts x {args.paraphrases} paraphrases (all answered correctly), KN steps "
+        f"{args.steps}; {total / 60:.1f} min (pick {t_pick:.0f} s, localize {t_ql:.0f} s, edit {t_edit:.0f} s).",
+        "",
+        "## Summary",
+        "",
+        md_table(summary.reset_index().set_axis(["quantity", "value"], axis=1)),
+        "",
+        "## Editing table (means over facts)",
+        "",
+        md_table(table),
+        "",
+        "## KS experiment (attention last position -> subject tokens, all layers)",
+        "",
+        md_table(ks_table),
+        "",
+        "## Per fact",
+        "",
+        md_table(cls.reset_index()),
+    ]
     (out / "results.md").write_text("\n".join(md) + "\n")
     print("\n".join(md[:16]))
 

@@ -2,6 +2,7 @@
 
 CI does not rewrite notebooks; it runs them with ``pytest --nbmake notebooks/`` (scripts/test.sh).
 """
+
 from __future__ import annotations
 
 import sys

@@ -6,6 +6,7 @@ For each operator: generate single-digit DG problems, keep those the model answe
 (the capability it has), split them into two random halves, localize each half, and report
 overlap (|A∩B|/min), IoU and ratio (share of FFN neurons).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,17 @@ def main() -> None:
             loc = ci.localizers.get(method)(model, sigma=args.sigma, progress=False, **kw)
             t = time.time()
             res = loc.split_half(right, seed=args.seed)
-            rows.append({"model": args.model, "op": op, "method": method, "accuracy": ev.accuracy,
-                         "n_correct": len(right), **res, "seconds": round(time.time() - t, 1)})
+            rows.append(
+                {
+                    "model": args.model,
+                    "op": op,
+                    "method": method,
+                    "accuracy": ev.accuracy,
+                    "n_correct": len(right),
+                    **res,
+                    "seconds": round(time.time() - t, 1),
+                }
+            )
             print(rows[-1], flush=True)
     df = pd.DataFrame(rows)
     if args.out:

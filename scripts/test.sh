@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv (pinned, CPU torch) and run everything CI checks:
+#   0. ruff (lint + format check) and mypy over the package;
 #   1. every test, the real-model (slow) ones included;
 #   2. the quick reproduction of every paper experiment on the embedded model
 #      (`capinterp reproduce --quick`, exits nonzero when any experiment fails; ~4 min);
@@ -17,6 +18,10 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 step() { echo "== $1 ($(date +%H:%M:%S))"; }
+step "lint and types (ruff, mypy)"
+.venv/bin/ruff check capinterp tests benchmarks scripts
+.venv/bin/ruff format --check capinterp tests benchmarks scripts
+.venv/bin/mypy capinterp
 step "tests"
 .venv/bin/python -m pytest -q tests
 step "quick reproduction"

@@ -1,4 +1,5 @@
 """Shared fixtures: one thread, fixed seeds, session-scoped models (loaded once)."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -6,18 +6,26 @@ mean inputs towards u_f (so the neuron fires on f's prompts and is shut by SiLU 
 and whose down-projection column writes f's answer unembedding direction. Layers are planted
 bottom-up, re-reading the inputs after each layer's edit.
 """
+
 from __future__ import annotations
 
 import torch
 
-from capinterp.data import Example
 from capinterp.core.tokens import collate, encode, pad_id
+from capinterp.data import Example
 
-FACT_A = [Example(p, " Paris") for p in (
-    "The Eiffel Tower is in the city of", "The Eiffel Tower is located in the city of",
-    "The Eiffel Tower was in the city of")]
-FACT_B = [Example(p, " Tokyo") for p in (
-    "The capital of Japan is", "The capital city of Japan is", "Japan has the capital that is")]
+FACT_A = [
+    Example(p, " Paris")
+    for p in (
+        "The Eiffel Tower is in the city of",
+        "The Eiffel Tower is located in the city of",
+        "The Eiffel Tower was in the city of",
+    )
+]
+FACT_B = [
+    Example(p, " Tokyo")
+    for p in ("The capital of Japan is", "The capital city of Japan is", "Japan has the capital that is")
+]
 NEURONS_A = [(1, 5), (2, 17), (3, 40)]
 NEURONS_B = [(1, 60), (2, 70), (3, 90)]
 
@@ -31,8 +39,9 @@ def _last_inputs(model, examples, layer: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def plant_facts(model, facts=(FACT_A, FACT_B), neurons=(NEURONS_A, NEURONS_B), gain: float = 3.0,
-                write: float = 0.6) -> list[int]:
+def plant_facts(
+    model, facts=(FACT_A, FACT_B), neurons=(NEURONS_A, NEURONS_B), gain: float = 3.0, write: float = 0.6
+) -> list[int]:
     """Plant every fact on its neurons; returns the answer token id of each fact."""
     targets = []
     for fact in facts:

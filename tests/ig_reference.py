@@ -5,6 +5,7 @@ One sequence at a time, one interpolation step at a time, the whole teacher-forc
 with :mod:`capinterp.kernels.ig` (positions, coefficients and the objective are recomputed
 here from the definitions), so a mistake there cannot hide in both.
 """
+
 from __future__ import annotations
 
 import torch

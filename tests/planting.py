@@ -5,6 +5,7 @@ the prompts' last token (so it fires strongly there) and its down-projection col
 target token's unembedding direction (so it writes that token's logit). Layers are planted
 bottom-up, re-reading the inputs after each edit.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,7 @@ def plant(model, examples, neurons=PLANTED, gain: float = 3.0, write: float = 0.
         x = cache[f"blocks.{layer}.ln2.hook_out"][rows, batch.lengths - 1].mean(0)
         mlp = model.blocks[layer].mlp
         direction = x / x.norm()
-        getattr(mlp, "gate").original_component.weight[idx] = gain * direction
+        mlp.gate.original_component.weight[idx] = gain * direction
         getattr(mlp, "in").original_component.weight[idx] = gain * direction
         mlp.out.original_component.weight[:, idx] = write * u / u.norm()
     return target

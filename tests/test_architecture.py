@@ -3,18 +3,30 @@
 Walks every module's syntax tree (imports inside functions included; ``if TYPE_CHECKING:`` blocks,
 which never run, excluded) and fails on an import of a higher layer or on any cycle.
 """
+
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
 
-
 PKG = Path(__file__).resolve().parents[1] / "capinterp"
 
 # Lowest first. A module may import its own layer or any lower one.
-LAYERS = ["_version", "core", "data", "units", "plots", "results", "kernels", "circuits", "localizers",
-          "interventions", "experiments", "app"]
+LAYERS = [
+    "_version",
+    "core",
+    "data",
+    "units",
+    "plots",
+    "results",
+    "kernels",
+    "circuits",
+    "localizers",
+    "interventions",
+    "experiments",
+    "app",
+]
 TOP = len(LAYERS)  # the package root's __init__ / __main__: the public API, may import everything
 
 
@@ -26,7 +38,8 @@ def _module_name(path: Path) -> str:
 def _is_type_checking(node: ast.If) -> bool:
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(path: Path, name: str) -> set[str]:
@@ -50,8 +63,12 @@ def _imports(path: Path, name: str) -> set[str]:
             if base.split(".")[0] == "capinterp":
                 for a in node.names:  # `from capinterp.x import y` may name the submodule y
                     sub = f"{base}.{a.name}"
-                    found.add(sub if (PKG.parent / Path(*sub.split("."))).with_suffix(".py").exists()
-                              or (PKG.parent / Path(*sub.split("."))).is_dir() else base)
+                    found.add(
+                        sub
+                        if (PKG.parent / Path(*sub.split("."))).with_suffix(".py").exists()
+                        or (PKG.parent / Path(*sub.split("."))).is_dir()
+                        else base
+                    )
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -74,9 +91,13 @@ def _layer(module: str) -> int:
 
 
 def test_no_upward_import():
-    bad = [f"{m} (layer {LAYERS[_layer(m)] if _layer(m) < TOP else 'root'}) imports {t} "
-           f"(layer {LAYERS[_layer(t)] if _layer(t) < TOP else 'root'})"
-           for m, targets in _graph().items() for t in sorted(targets) if _layer(t) > _layer(m)]
+    bad = [
+        f"{m} (layer {LAYERS[_layer(m)] if _layer(m) < TOP else 'root'}) imports {t} "
+        f"(layer {LAYERS[_layer(t)] if _layer(t) < TOP else 'root'})"
+        for m, targets in _graph().items()
+        for t in sorted(targets)
+        if _layer(t) > _layer(m)
+    ]
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
@@ -93,7 +114,7 @@ def test_no_import_cycle():
             if t not in graph:
                 continue
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
+                cycles.append(stack[stack.index(t) :] + [t])
             elif t not in state:
                 dfs(t)
         stack.pop()

@@ -1,5 +1,6 @@
 """The ``capinterp`` command line: ``info``, ``evaluate``, ``localize``, ``reproduce`` and ``main``
 (the README job)."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -21,8 +22,14 @@ def _data_args(p: argparse.ArgumentParser, n: int = 100) -> None:
     p.add_argument("--ops", default="+", help="operators, e.g. '+' or '+-*/'")
     p.add_argument("--fmt", default="DG", choices=["DG", "MQ", "TF"])
     p.add_argument("--lang", default="en", choices=["en", "zh"])
-    p.add_argument("--n", "--n-examples", dest="n", type=int, default=n,
-                   help="number of examples (under torchrun write --n-examples: torchrun reads --n as its own)")
+    p.add_argument(
+        "--n",
+        "--n-examples",
+        dest="n",
+        type=int,
+        default=n,
+        help="number of examples (under torchrun write --n-examples: torchrun reads --n as its own)",
+    )
     p.add_argument("--digits", type=int, default=1, help="operand digits")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=_batch_size, default=16, help="an integer, or 'auto' (localize)")
@@ -94,8 +101,10 @@ def cmd_localize(args) -> int:
 
     cls = get(args.method)
     if cls.unit_kind != "neuron":
-        raise ValueError(f"'capinterp localize' runs neuron localizers ({', '.join(available(unit_kind='neuron'))}), "
-                         f"not {args.method!r} (its units are {cls.unit_kind}s)")
+        raise ValueError(
+            f"'capinterp localize' runs neuron localizers ({', '.join(available(unit_kind='neuron'))}), "
+            f"not {args.method!r} (its units are {cls.unit_kind}s)"
+        )
     ds = _dataset(args)
     model = _load(args)
     out = Path(args.out)
@@ -124,8 +133,8 @@ def cmd_main(args) -> int:
 
 def cmd_reproduce(args) -> int:
     """Every experiment (or ``--only``), resumable, into ``--out``: report.html, results.json."""
-    from capinterp.experiments import EXPERIMENTS
     from capinterp.app.reproduce import reproduce
+    from capinterp.experiments import EXPERIMENTS
 
     if args.list:
         for name, (title, _) in EXPERIMENTS.items():
@@ -142,8 +151,18 @@ def cmd_reproduce(args) -> int:
         os.environ["CAPINTERP_DATA"] = str(Path(args.data).resolve())
     model = _load(args)
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    res = reproduce(model, args.out, quick=args.quick, only=only, seed=args.seed, batch_size=args.batch_size,
-                    fresh=args.fresh, progress=args.progress, log=say, ig_rule=args.ig_rule)
+    res = reproduce(
+        model,
+        args.out,
+        quick=args.quick,
+        only=only,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        fresh=args.fresh,
+        progress=args.progress,
+        log=say,
+        ig_rule=args.ig_rule,
+    )
     failed = [n for n, e in res["experiments"].items() if "error" in e]
     say(f"report: {Path(args.out) / 'report.html'}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -163,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("localize", help="run a localizer on generated arithmetic, save scores/neurons/heatmap")
     _common(p)
     _data_args(p)
-    p.add_argument("--method", default="cnl", help="neuron localizer by registry name (capinterp.localizers.available(unit_kind='neuron'))")
+    p.add_argument(
+        "--method",
+        default="cnl",
+        help="neuron localizer by registry name (capinterp.localizers.available(unit_kind='neuron'))",
+    )
     p.add_argument("--out", default="out")
     p.set_defaults(func=cmd_localize)
     p = sub.add_parser("reproduce", help="run the papers' experiments, write DIR/report.html and results.json")
@@ -177,8 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--progress", action="store_true", help="progress bars for localizer fits")
-    p.add_argument("--ig-rule", default="papers", choices=["papers", "accurate"],
-                   help="IG quadrature: the papers' right Riemann sum, or Gauss-Legendre (accurate)")
+    p.add_argument(
+        "--ig-rule",
+        default="papers",
+        choices=["papers", "accurate"],
+        help="IG quadrature: the papers' right Riemann sum, or Gauss-Legendre (accurate)",
+    )
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("main", help="the README job on the embedded default model")
     _common(p)

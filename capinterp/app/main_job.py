@@ -1,5 +1,6 @@
 """The README's main job: on the embedded default model, generate arithmetic data, evaluate it,
 localize CNL capability neurons for one operator, write the heatmap, and check by erasure."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ def run_main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     model = load_model(args.model, device=args.device, threads=args.threads)
-    _say(f"[1/5] loaded {model.capinterp_name}: {model.cfg.n_layers} layers x {model.cfg.d_mlp} neurons ({time.time() - t0:.0f}s)")
+    _say(
+        f"[1/5] loaded {model.capinterp_name}: {model.cfg.n_layers} layers x {model.cfg.d_mlp} neurons ({time.time() - t0:.0f}s)"
+    )
 
     ds = data.arithmetic(ops=args.ops, n=args.n, fmt=args.fmt, lang=args.lang, digits=args.digits, seed=args.seed)
     _say(f"[2/5] data: {data.describe(ds)}; example: {ds[0].prompt!r} -> {ds[0].target!r}")

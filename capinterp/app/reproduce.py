@@ -14,25 +14,32 @@ restarts, but its localizer fits resume from ``cache/``. A finished experiment's
 deleted) is reported and rerun, never loaded as done. An experiment that raises is recorded
 (error and traceback in results.json and the report) and the others still run.
 """
+
 from __future__ import annotations
 
 import hashlib
 import html
-import shutil
 import json
+import shutil
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
 from capinterp.core.model import model_fingerprint, model_meta
+from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
 from capinterp.kernels.quadrature import IG_RULES
 
 
 def _config(model: Any, quick: bool, seed: int, ig_rule: str = "papers") -> dict[str, Any]:
-    return {"model": model_meta(model)["model"], "model_fingerprint": model_fingerprint(model),
-            "quick": bool(quick), "seed": int(seed), "ig_rule": ig_rule}
+    return {
+        "model": model_meta(model)["model"],
+        "model_fingerprint": model_fingerprint(model),
+        "quick": bool(quick),
+        "seed": int(seed),
+        "ig_rule": ig_rule,
+    }
 
 
 def _check_run(out: Path, config: dict[str, Any]) -> None:
@@ -44,8 +51,7 @@ def _check_run(out: Path, config: dict[str, Any]) -> None:
             raise ValueError(f"{path} is corrupted ({err}); remove it or use another --out") from None
         if old != config:
             diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
-            raise ValueError(f"{out} holds a run with other settings {diff} (old, new); "
-                             "use another --out or --fresh")
+            raise ValueError(f"{out} holds a run with other settings {diff} (old, new); use another --out or --fresh")
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config, indent=2))
 
@@ -77,7 +83,7 @@ def _load_done(folder: Path, name: str, log: Any) -> ExperimentResult | None:
     if _done(folder, name):
         try:
             return ExperimentResult.load(folder, name)
-        except Exception as err:  # noqa: BLE001 - unreadable despite the checksum: rerun
+        except Exception as err:
             log(f"      {name}: saved result unreadable ({type(err).__name__}: {err}); rerunning")
     else:
         log(f"      {name}: saved result incomplete or damaged (checksum mismatch); rerunning")
@@ -115,8 +121,9 @@ def reproduce(
     config = _config(model, quick, seed, ig_rule)
     _check_run(out, config)
     folder = out / "experiments"
-    ctx = Context(model, quick=quick, seed=seed, workdir=out / "cache", batch_size=batch_size, progress=progress,
-                  ig_rule=ig_rule)
+    ctx = Context(
+        model, quick=quick, seed=seed, workdir=out / "cache", batch_size=batch_size, progress=progress, ig_rule=ig_rule
+    )
     prior = _read_results(out)
     results: dict[str, Any] = {"config": config, "experiments": {}}
     done: dict[str, ExperimentResult] = {}
@@ -138,9 +145,12 @@ def reproduce(
                 done[name] = res
                 entry = {"seconds": round(time.time() - t0, 1)}
                 log(f"      {name} done in {entry['seconds']} s")
-            except Exception as err:  # noqa: BLE001 - recorded, the other experiments still run
-                entry = {"seconds": round(time.time() - t0, 1), "error": f"{type(err).__name__}: {err}",
-                         "traceback": traceback.format_exc()}
+            except Exception as err:
+                entry = {
+                    "seconds": round(time.time() - t0, 1),
+                    "error": f"{type(err).__name__}: {err}",
+                    "traceback": traceback.format_exc(),
+                }
                 log(f"      {name} FAILED: {entry['error']}")
         if name in done:
             r = done[name]

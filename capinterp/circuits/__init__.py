@@ -9,16 +9,30 @@
 
 The localizer is :class:`capinterp.localizers.knowledge_circuit.KnowledgeCircuit` (``"knowledge_circuit"``).
 """
+
 from capinterp.circuits.acdc import acdc, match_nll
 from capinterp.circuits.eap import Pair, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, graph_mode, node_params, run_graph
-from capinterp.circuits.hit import hit_at_k
 from capinterp.circuits.graph import Circuit, EdgeSet, Graph, prune_dead, select_edges
+from capinterp.circuits.hit import hit_at_k
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 
 __all__ = [
-    "Graph", "Circuit", "EdgeSet", "select_edges", "prune_dead",
-    "Pair", "make_pairs", "score_edges", "acdc", "match_nll",
-    "graph_mode", "run_graph", "check_additive", "node_params", "hit_at_k",
-    "plot_circuit", "edge_heatmap",
+    "Circuit",
+    "EdgeSet",
+    "Graph",
+    "Pair",
+    "acdc",
+    "check_additive",
+    "edge_heatmap",
+    "graph_mode",
+    "hit_at_k",
+    "make_pairs",
+    "match_nll",
+    "node_params",
+    "plot_circuit",
+    "prune_dead",
+    "run_graph",
+    "score_edges",
+    "select_edges",
 ]

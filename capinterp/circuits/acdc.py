@@ -16,6 +16,7 @@ Pass ``candidates`` (e.g. the top edges of EAP-IG) to visit only those; the othe
 removed, which is only meaningful when the candidates alone keep the behaviour: ``info`` reports
 ``match_nll_start`` and a RuntimeWarning flags a start above 1 nat.
 """
+
 from __future__ import annotations
 
 import time
@@ -62,8 +63,16 @@ def _chunks(model: Any, facts: Any, batch_size: int) -> list[EncodedBatch]:
 
 
 @torch.no_grad()
-def acdc(model: Any, graph: Graph, facts: Any, *, threshold: float = 0.01, candidates: torch.Tensor | None = None,
-         batch_size: int = 16, progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def acdc(
+    model: Any,
+    graph: Graph,
+    facts: Any,
+    *,
+    threshold: float = 0.01,
+    candidates: torch.Tensor | None = None,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Greedy reverse-topological pruning. Returns ``(kept mask, trial deltas, info)``.
 
     ``kept`` is bool ``[n_src, n_slots]`` (dead nodes not yet pruned); ``deltas`` holds each visited
@@ -76,8 +85,9 @@ def acdc(model: Any, graph: Graph, facts: Any, *, threshold: float = 0.01, candi
     visit = em if candidates is None else (candidates.bool() & em)
     removed = em & ~visit
     deltas = torch.zeros(graph.n_src, graph.n_slots)
-    order = [(i, j) for j in reversed(range(graph.n_slots)) for i in reversed(range(graph.n_upstream(j)))
-             if visit[i, j]]
+    order = [
+        (i, j) for j in reversed(range(graph.n_slots)) for i in reversed(range(graph.n_upstream(j))) if visit[i, j]
+    ]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -101,9 +111,19 @@ def acdc(model: Any, graph: Graph, facts: Any, *, threshold: float = 0.01, candi
     if bar is not None:
         bar.close()
     if candidates is not None and start > 1.0:
-        warnings.warn(f"with only the candidate edges kept, MatchNLL is already {start:.2f} nats: the "
-                      "candidates do not carry the behaviour and the greedy pass is not meaningful; "
-                      "give more candidates", RuntimeWarning, stacklevel=2)
-    info = {"threshold": threshold, "n_forward": len(order) + 2, "seconds": time.perf_counter() - t0,
-            "match_nll_start": start, "match_nll": cur, "n_visited": len(order)}
+        warnings.warn(
+            f"with only the candidate edges kept, MatchNLL is already {start:.2f} nats: the "
+            "candidates do not carry the behaviour and the greedy pass is not meaningful; "
+            "give more candidates",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    info = {
+        "threshold": threshold,
+        "n_forward": len(order) + 2,
+        "seconds": time.perf_counter() - t0,
+        "match_nll_start": start,
+        "match_nll": cur,
+        "n_visited": len(order),
+    }
     return em & ~removed, deltas, info

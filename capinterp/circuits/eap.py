@@ -29,11 +29,13 @@ Corruption (:func:`make_pairs`):
 * a callable ``f(example) -> Example | (prompt, target) | prompt``: the corrupted prompt (same
   token count) and optionally its label.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -44,7 +46,7 @@ from capinterp.core.forward import capture
 from capinterp.core.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
 from capinterp.kernels.quadrature import check_rule, quadrature
 
-__all__ = ["Pair", "make_pairs", "score_edges", "corrupt_embeddings", "noise_std", "LOSSES"]
+__all__ = ["LOSSES", "Pair", "corrupt_embeddings", "make_pairs", "noise_std", "score_edges"]
 
 #: EAP losses (the ``metric=`` argument): ``"auto"`` picks ``"logit_diff"`` when a corrupted answer exists.
 LOSSES = ("auto", "logit_diff", "nll")
@@ -100,10 +102,13 @@ def make_pairs(model: Any, facts: Any, corrupt: str | Callable = "auto", *, seed
         found = None
         if corrupt == "auto" and subject and subject in ex.prompt:
             start = ex.prompt.index(subject)
-            lead = ex.prompt[start - 1: start] == " "
+            lead = ex.prompt[start - 1 : start] == " "
             order = rng.sample(range(len(items)), len(items))
-            others = [k for k in order if subjects[k] and subjects[k] != subject
-                      and width(subjects[k], lead) == width(subject, lead)]
+            others = [
+                k
+                for k in order
+                if subjects[k] and subjects[k] != subject and width(subjects[k], lead) == width(subject, lead)
+            ]
             for k in others[:_MAX_TRIES]:
                 cp = ex.prompt.replace(subject, subjects[k], 1)
                 try:
@@ -135,7 +140,8 @@ def _custom(model: Any, enc: Encoded, out: Any, i: int) -> Pair:
     if len(c.prompt_ids) != len(enc.prompt_ids):
         raise TokenizationError(
             f"fact {i}: the corrupted prompt {prompt!r} has {len(c.prompt_ids)} tokens, the clean one "
-            f"{len(enc.prompt_ids)}; clean and corrupted prompts must have the same token count")
+            f"{len(enc.prompt_ids)}; clean and corrupted prompts must have the same token count"
+        )
     label = c.target_ids[0] if target else None
     return Pair(enc, c.prompt_ids + enc.target_ids, None if label == enc.target_ids[0] else label, [], "custom")
 
@@ -168,8 +174,9 @@ def input_embeddings(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     return capture(model, tokens, "blocks.0.hook_resid_pre").detach().clone()
 
 
-def corrupt_embeddings(model: Any, pairs: Sequence[Pair], index: Sequence[int], tokens: torch.Tensor,
-                       sigma: float, seed: int = 0) -> torch.Tensor:
+def corrupt_embeddings(
+    model: Any, pairs: Sequence[Pair], index: Sequence[int], tokens: torch.Tensor, sigma: float, seed: int = 0
+) -> torch.Tensor:
     """Input embeddings of the corrupted rows ``tokens``, with each noise pair's fixed-seed noise added.
 
     ``index[b]`` is row b's position in the whole dataset (it seeds the noise, so batching never
@@ -196,9 +203,19 @@ def noise_std(model: Any, graph: Graph, pairs: Sequence[Pair], noise: float, bat
     return float(noise * torch.cat(vals).std()) if vals else 0.0
 
 
-def score_edges(model: Any, graph: Graph, pairs: Sequence[Pair], *, steps: int = 30, metric: str = "auto",
-                noise: float = 3.0, seed: int = 0, batch_size: int = 8, rule: str = "right",
-                progress: bool = False) -> tuple[torch.Tensor, dict]:
+def score_edges(
+    model: Any,
+    graph: Graph,
+    pairs: Sequence[Pair],
+    *,
+    steps: int = 30,
+    metric: str = "auto",
+    noise: float = 3.0,
+    seed: int = 0,
+    batch_size: int = 8,
+    rule: str = "right",
+    progress: bool = False,
+) -> tuple[torch.Tensor, dict]:
     """EAP (``steps=1``, right rule) or EAP-IG scores, float32 ``[n_src, n_slots]`` (0 off the edges), and run info.
 
     ``rule``/``steps``: the quadrature of the path integral from the corrupted to the clean input
@@ -251,9 +268,16 @@ def score_edges(model: Any, graph: Graph, pairs: Sequence[Pair], *, steps: int =
     bar.close()
     scores = (scores / len(pairs)).cpu() * graph.edge_mask
     modes = [p.mode for p in pairs]
-    info = {"steps": steps, "rule": rule, "metric": metric, "noise_std": sigma, "n_pairs": len(pairs),
-            "corruption": {m: modes.count(m) for m in sorted(set(modes))},
-            "clean_loss": clean_loss, "corrupt_loss": corrupt_loss}
+    info = {
+        "steps": steps,
+        "rule": rule,
+        "metric": metric,
+        "noise_std": sigma,
+        "n_pairs": len(pairs),
+        "corruption": {m: modes.count(m) for m in sorted(set(modes))},
+        "clean_loss": clean_loss,
+        "corrupt_loss": corrupt_loss,
+    }
     return scores, info
 
 

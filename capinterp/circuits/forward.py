@@ -25,18 +25,20 @@ mean or corrupted-run values on request), then the target's rank at the last pro
 Hit@1 / Hit@10. Ranks count ties against the target, so a fully ablated model (all logits equal)
 scores 0.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from einops import rearrange
 
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 
-__all__ = ["graph_mode", "supports", "run_graph", "check_additive", "node_params", "GraphRun"]
+__all__ = ["GraphRun", "check_additive", "graph_mode", "node_params", "run_graph", "supports"]
 
 _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
@@ -45,22 +47,27 @@ _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp
 def graph_mode(model: Any, graph: Graph) -> Iterator[None]:
     """Turn on the hooks the graph needs (per-head results, split inputs, mlp_in); restore after."""
     before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS}
-    split, other = ("use_split_qkv_input", "use_attn_in") if graph.granularity == "qkv" else (
-        "use_attn_in", "use_split_qkv_input")
+    split, other = (
+        ("use_split_qkv_input", "use_attn_in") if graph.granularity == "qkv" else ("use_attn_in", "use_split_qkv_input")
+    )
     try:
         try:
             model.set_use_attn_result(True)
         except NotImplementedError as err:
             raise NotImplementedError(
                 "knowledge circuits need per-head attention outputs (TransformerLens use_attn_result), "
-                f"which this model's attention bridge does not provide: {err}") from err
+                f"which this model's attention bridge does not provide: {err}"
+            ) from err
         if before[other]:
             getattr(model, f"set_{other}")(False)
         try:
             getattr(model, f"set_{split}")(True)
         except NotImplementedError as err:
-            hint = ("build the graph with granularity='head' (one input per head, no q/k/v split)"
-                    if graph.granularity == "qkv" else "this model exposes no per-head attention input")
+            hint = (
+                "build the graph with granularity='head' (one input per head, no q/k/v split)"
+                if graph.granularity == "qkv"
+                else "this model exposes no per-head attention input"
+            )
             raise NotImplementedError(f"{split} is not supported by this model ({err}); {hint}") from err
         model.set_use_hook_mlp_in(True)
         yield
@@ -79,6 +86,7 @@ def node_params(model: Any, graph: Graph) -> dict[str, int]:
     ``input`` and ``logits`` own 0: every circuit touches them, and counting the embedding and
     unembedding matrices would swamp the share (CNL's 1.6-2.6 % counts components only).
     """
+
     def count(mod: Any) -> int:
         return 0 if mod is None else sum({id(p): p.numel() for p in mod.parameters()}.values())
 
@@ -104,9 +112,16 @@ class GraphRun:
         return torch.cat([t if t.dim() == 4 else t.unsqueeze(2) for t in tensors], dim=2)
 
 
-def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.Tensor | None = None,
-              removed: torch.Tensor | None = None, ref: torch.Tensor | None = None,
-              keep_slots: bool = False) -> GraphRun:
+def run_graph(
+    model: Any,
+    graph: Graph,
+    tokens: torch.Tensor,
+    *,
+    resid0: torch.Tensor | None = None,
+    removed: torch.Tensor | None = None,
+    ref: torch.Tensor | None = None,
+    keep_slots: bool = False,
+) -> GraphRun:
     """One forward pass on the graph (call inside :func:`graph_mode`).
 
     Args:
@@ -144,12 +159,14 @@ def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.T
 
     def on_result(l):
         def fn(x, hook):
-            outs[graph.head_src(l): graph.head_src(l) + H] = rearrange(x.detach(), "b t h d -> h b t d")
+            outs[graph.head_src(l) : graph.head_src(l) + H] = rearrange(x.detach(), "b t h d -> h b t d")
+
         return fn
 
     def on_mlp_out(l):
         def fn(x, hook):
             outs[graph.head_src(l, H)] = x.detach()
+
         return fn
 
     def on_attn_post(l):  # RMS post-norm: head h adds gain * result_h / rms(sum of heads)
@@ -158,6 +175,7 @@ def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.T
             scale = torch.rsqrt(x.detach().float().pow(2).mean(-1, keepdim=True) + eps)
             sl = slice(graph.head_src(l), graph.head_src(l) + H)
             outs[sl] = (outs[sl].float() * (scale * gain)[None]).to(dtype)
+
         return fn
 
     def on_slot(cols: slice):
@@ -170,13 +188,17 @@ def run_graph(model: Any, graph: Graph, tokens: torch.Tensor, *, resid0: torch.T
                 x = x.view_as(x) if rem is not None else x.clone()
                 slots.append(x)
             return x
+
         return fn
 
     hooks = [(names["input"], on_input)]
     for l in range(graph.n_layers):
         hooks += [(name, on_slot(graph.slot_index(l, kind))) for kind, name in names["attn_in"][l]]
-        hooks += [(names["result"][l], on_result(l)), (names["mlp_in"][l], on_slot(graph.slot_index(l, "mlp"))),
-                  (names["mlp_out"][l], on_mlp_out(l))]
+        hooks += [
+            (names["result"][l], on_result(l)),
+            (names["mlp_in"][l], on_slot(graph.slot_index(l, "mlp"))),
+            (names["mlp_out"][l], on_mlp_out(l)),
+        ]
         if gains:
             hooks.append((f"blocks.{l}.ln1_post.hook_in", on_attn_post(l)))
     hooks.append((names["final"], on_slot(slice(graph.n_slots - 1, graph.n_slots))))
@@ -204,7 +226,8 @@ def check_additive(model: Any, graph: Graph, tol: float = 1e-3) -> float:
     if err > tol:
         raise NotImplementedError(
             f"the residual stream of this model does not decompose into the circuit graph's node outputs "
-            f"(relative error {err:.2g}); edge attribution needs additive head/MLP contributions")
+            f"(relative error {err:.2g}); edge attribution needs additive head/MLP contributions"
+        )
     return err
 
 

@@ -32,6 +32,7 @@ Sizes: SmolLM2-135M (30 layers, 9 heads, 3 KV heads) 302 nodes, 481 slots, 70,65
 matrices (``graph.edge_mask`` marks the edges); a :class:`Circuit` holds the kept edges with their
 scores and saves to JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ from capinterp._version import __version__
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.units.base import KeySet
 
-__all__ = ["Graph", "Circuit", "EdgeSet", "select_edges", "prune_dead", "GRANULARITIES"]
+__all__ = ["GRANULARITIES", "Circuit", "EdgeSet", "Graph", "prune_dead", "select_edges"]
 
 GRANULARITIES = ("qkv", "head")
 INPUT, LOGITS = "input", "logits"
@@ -96,7 +97,7 @@ class Graph:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_model(cls, model: Any, granularity: str = "auto") -> "Graph":
+    def from_model(cls, model: Any, granularity: str = "auto") -> Graph:
         """Graph of a TransformerBridge; ``granularity="auto"`` picks q/k/v slots when supported."""
         cfg = model.cfg
         H = int(cfg.n_heads)
@@ -106,14 +107,18 @@ class Graph:
         return cls(int(cfg.n_layers), H, G, granularity)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Graph":
+    def from_dict(cls, d: dict) -> Graph:
         """The graph described by :meth:`to_dict`'s output."""
         return cls(int(d["n_layers"]), int(d["n_heads"]), int(d["n_kv_heads"]), str(d["granularity"]))
 
     def to_dict(self) -> dict:
         """The four numbers that define the graph (JSON-serializable)."""
-        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
-                "granularity": self.granularity}
+        return {
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "granularity": self.granularity,
+        }
 
     @property
     def signature(self) -> tuple:
@@ -148,8 +153,9 @@ class Graph:
         H, G, base = self.n_heads, self.n_kv_heads, l * self.slots_per_layer
         if kind == "mlp":
             return slice(base + self.slots_per_layer - 1, base + self.slots_per_layer)
-        offsets = {"head": (0, H)} if self.granularity == "head" else {
-            "q": (0, H), "k": (H, H + G), "v": (H + G, H + 2 * G)}
+        offsets = (
+            {"head": (0, H)} if self.granularity == "head" else {"q": (0, H), "k": (H, H + G), "v": (H + G, H + 2 * G)}
+        )
         a, b = offsets[kind]
         return slice(base + a, base + b)
 
@@ -210,8 +216,10 @@ class Graph:
 
 # ---------------------------------------------------------------------- selection and pruning
 
-def select_edges(graph: Graph, scores: torch.Tensor, top_n: int | None = None,
-                 min_score: float | None = None) -> torch.Tensor:
+
+def select_edges(
+    graph: Graph, scores: torch.Tensor, top_n: int | None = None, min_score: float | None = None
+) -> torch.Tensor:
     """Bool mask of the ``top_n`` edges by |score|, or of those with |score| >= ``min_score``.
 
     Both given: the top ``top_n`` among those with |score| >= min_score. Ties at the cut are broken by
@@ -270,6 +278,7 @@ def prune_dead(graph: Graph, mask: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- results
 
+
 def _touched(graph: Graph, mask: torch.Tensor) -> list[str]:
     """Nodes an edge set touches: its sources and the single readers of its slots (topological order).
 
@@ -288,8 +297,9 @@ def _touched(graph: Graph, mask: torch.Tensor) -> list[str]:
 class EdgeSet(KeySet):
     """Located edges ``(source, slot)``; ``param_share`` counts the parameters of the nodes touched."""
 
-    def __init__(self, keys: Any, graph: Graph, *, node_params: dict[str, int] | None = None,
-                 n_params: int | None = None) -> None:
+    def __init__(
+        self, keys: Any, graph: Graph, *, node_params: dict[str, int] | None = None, n_params: int | None = None
+    ) -> None:
         super().__init__(keys, "edge", ("edge",) + graph.signature, n_params=n_params, n_units=graph.n_edges)
         self.graph = graph
         self.node_params = dict(node_params) if node_params is not None else None
@@ -304,11 +314,14 @@ class EdgeSet(KeySet):
             raise ValueError("param_count of an EdgeSet needs node_params (see capinterp.circuits.node_params)")
         return int(sum(self.node_params.get(n, 0) for n in self.nodes()))
 
-    def _combine(self, other: object, keys: frozenset) -> "EdgeSet":
+    def _combine(self, other: object, keys: frozenset) -> EdgeSet:
         o = other if isinstance(other, EdgeSet) else None
-        return EdgeSet(keys, self.graph,
-                       node_params=self.node_params if self.node_params is not None else (o and o.node_params),
-                       n_params=self.n_params if self.n_params is not None else (o and o.n_params))
+        return EdgeSet(
+            keys,
+            self.graph,
+            node_params=self.node_params if self.node_params is not None else (o and o.node_params),
+            n_params=self.n_params if self.n_params is not None else (o and o.n_params),
+        )
 
 
 class Circuit:
@@ -320,8 +333,14 @@ class Circuit:
 
     FORMAT_VERSION = 1
 
-    def __init__(self, graph: Graph, mask: torch.Tensor, scores: torch.Tensor | None = None,
-                 meta: dict | None = None, node_params: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        mask: torch.Tensor,
+        scores: torch.Tensor | None = None,
+        meta: dict | None = None,
+        node_params: dict[str, int] | None = None,
+    ) -> None:
         if tuple(mask.shape) != (graph.n_src, graph.n_slots):
             raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(graph.n_src, graph.n_slots)}")
         self.graph = graph
@@ -331,12 +350,12 @@ class Circuit:
         self.node_params = None if node_params is None else {k: int(v) for k, v in node_params.items()}
 
     @classmethod
-    def full(cls, graph: Graph, **kw: Any) -> "Circuit":
+    def full(cls, graph: Graph, **kw: Any) -> Circuit:
         """The circuit with every edge of ``graph``."""
         return cls(graph, graph.edge_mask, **kw)
 
     @classmethod
-    def empty(cls, graph: Graph, **kw: Any) -> "Circuit":
+    def empty(cls, graph: Graph, **kw: Any) -> Circuit:
         """The circuit with no edge of ``graph``."""
         return cls(graph, torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool), **kw)
 
@@ -346,7 +365,7 @@ class Circuit:
         """Kept edges -> score (None without scores), slot-major topological order."""
         keys = self.graph.edges(self.mask)
         if self.scores is None:
-            return {k: None for k in keys}
+            return dict.fromkeys(keys)
         si = {s: i for i, s in enumerate(self.graph.sources)}
         sj = {s: j for j, s in enumerate(self.graph.slots)}
         return {(a, b): float(self.scores[si[a], sj[b]]) for a, b in keys}
@@ -362,7 +381,7 @@ class Circuit:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, tuple) and key in set(self.graph.edges(self.mask))
 
-    def pruned(self) -> "Circuit":
+    def pruned(self) -> Circuit:
         """A copy without dead edges (see :func:`prune_dead`)."""
         return Circuit(self.graph, prune_dead(self.graph, self.mask), self.scores, self.meta, self.node_params)
 
@@ -385,22 +404,27 @@ class Circuit:
         return edge_heatmap(self, **kw)
 
     def __repr__(self) -> str:
-        return (f"Circuit(edges={len(self)}/{self.graph.n_edges}, nodes={len(self.nodes)}, "
-                f"algorithm={self.meta.get('algorithm', self.meta.get('method'))!r})")
+        return (
+            f"Circuit(edges={len(self)}/{self.graph.n_edges}, nodes={len(self.nodes)}, "
+            f"algorithm={self.meta.get('algorithm', self.meta.get('method'))!r})"
+        )
 
     # ------------------------------------------------------------------ save / load
     def to_dict(self) -> dict:
         """The circuit as a JSON-serializable dict (graph, ``[n_src, n_slots]`` mask and scores, metadata)."""
         return {
-            "type": "Circuit", "format_version": self.FORMAT_VERSION, "version": __version__,
+            "type": "Circuit",
+            "format_version": self.FORMAT_VERSION,
+            "version": __version__,
             "graph": self.graph.to_dict(),
             "edges": [[a, b, s] for (a, b), s in self.edges.items()],
             "scores": None if self.scores is None else self.scores[self.graph.edge_mask].tolist(),
-            "node_params": self.node_params, "meta": self.meta,
+            "node_params": self.node_params,
+            "meta": self.meta,
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Circuit":
+    def from_dict(cls, d: dict) -> Circuit:
         """The circuit described by :meth:`to_dict`'s output; ValueError for another type."""
         if d.get("type") != "Circuit":
             raise ValueError(f"not a saved Circuit (type {d.get('type')!r})")
@@ -422,6 +446,6 @@ class Circuit:
         return p
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Circuit":
+    def load(cls, path: str | os.PathLike) -> Circuit:
         """Read a circuit written by :meth:`save`."""
         return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,8 +1,10 @@
 """Circuit-only recall: Hit@k of the target when every edge outside a circuit is ablated
 (Yao et al. 2024, Sec. 3; Huang et al. 2025, Sec. 3.2 reports Hit@1 of the located circuit)."""
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from einops import einsum, repeat
@@ -14,7 +16,7 @@ from capinterp.core.example import as_examples
 from capinterp.core.settings import set_threads
 from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
 
-__all__ = ["hit_at_k", "ABLATIONS"]
+__all__ = ["ABLATIONS", "hit_at_k"]
 
 
 def _ranks(logits: torch.Tensor, batch: EncodedBatch) -> torch.Tensor:
@@ -30,9 +32,20 @@ ABLATIONS = ("zero", "mean", "corrupt")
 
 
 @torch.no_grad()
-def hit_at_k(model: Any, circuit: Circuit, facts: Any, k: int | Sequence[int] = (1, 10), *, ablation: str = "zero",
-             corrupt: Any = "auto", noise: float = 3.0, seed: int = 0, batch_size: int = 16, full: bool = False,
-             threads: int | None = None) -> dict[str, float]:
+def hit_at_k(
+    model: Any,
+    circuit: Circuit,
+    facts: Any,
+    k: int | Sequence[int] = (1, 10),
+    *,
+    ablation: str = "zero",
+    corrupt: Any = "auto",
+    noise: float = 3.0,
+    seed: int = 0,
+    batch_size: int = 16,
+    full: bool = False,
+    threads: int | None = None,
+) -> dict[str, float]:
     """Circuit-only Hit@k: the share of facts whose first target token ranks in the top k.
 
     Every edge outside ``circuit`` is ablated: ``"zero"`` (KC / CNL's convention), ``"mean"`` (the
@@ -56,8 +69,13 @@ def hit_at_k(model: Any, circuit: Circuit, facts: Any, k: int | Sequence[int] = 
     pad = pad_id(model.tokenizer)
     chunks = list(batches(list(range(len(items))), batch_size))
     with graph_mode(model, graph):
-        mean = _mean_outputs(model, graph, [collate([items[i] for i in c], pad, with_target=False, device=dev)
-                                            for c in chunks]) if ablation == "mean" else None
+        mean = (
+            _mean_outputs(
+                model, graph, [collate([items[i] for i in c], pad, with_target=False, device=dev) for c in chunks]
+            )
+            if ablation == "mean"
+            else None
+        )
         sigma = noise_std(model, graph, pairs, noise, batch_size) if pairs else 0.0
         for chunk in chunks:
             batch = collate([items[i] for i in chunk], pad, with_target=False, device=dev)

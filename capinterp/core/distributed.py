@@ -8,10 +8,12 @@ sums (:func:`all_reduce_sum`) and gather per-example records (:func:`gather`), s
 ends with the one-process result; only rank 0 (:func:`is_main`) writes files and shows progress.
 (EleutherAI's knowledge-neurons shards prompts over GPUs too, but never reduces their scores.)
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

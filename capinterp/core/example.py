@@ -1,8 +1,9 @@
 """The one record type every dataset, localizer and evaluation uses."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -53,8 +54,10 @@ def as_examples(items: Iterable[Any]) -> list[Example]:
         elif isinstance(it, Mapping) and "prompt" in it:
             target = it.get("target", "")
             if not isinstance(it["prompt"], str) or not isinstance(target, str):
-                raise TypeError(f"item {i}: prompt and target must be strings, got "
-                                f"{type(it['prompt']).__name__} and {type(target).__name__}")
+                raise TypeError(
+                    f"item {i}: prompt and target must be strings, got "
+                    f"{type(it['prompt']).__name__} and {type(target).__name__}"
+                )
             meta = {k: v for k, v in it.items() if k not in ("prompt", "target")}
             ex = Example(it["prompt"], target, meta if "target" in it else {**meta, "target_from": "greedy"})
         elif isinstance(it, Sequence) and len(it) == 2 and all(isinstance(x, str) for x in it):

@@ -20,16 +20,18 @@ steps, ``with torch.no_grad(): w[...] = v``, capinterp's editing, fine-tuning an
 weights) bumps the counter, so the next fingerprint is recomputed. Writes through ``p.data``
 bypass the counter: call :func:`refresh_fingerprint` after them.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-__all__ = ["model_fingerprint", "architecture_fingerprint", "weights_digest", "refresh_fingerprint", "restoring"]
+__all__ = ["architecture_fingerprint", "model_fingerprint", "refresh_fingerprint", "restoring", "weights_digest"]
 
 _CONFIG_KEYS = ("n_layers", "d_model", "d_mlp", "n_heads", "d_vocab", "n_ctx", "act_fn", "architecture")
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

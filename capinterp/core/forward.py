@@ -5,6 +5,7 @@ take 5 GB; the final residual is 2000x smaller. :func:`logits_at` runs the block
 bridge (so every hook, e.g. an erasure, applies), stops at the final norm's input, and
 unembeds only the requested positions with :func:`unembed`.
 """
+
 from __future__ import annotations
 
 import torch

@@ -13,6 +13,7 @@ Sources accepted by :func:`load_model`:
 The packaged GGUF weights are dequantized to float32 once and cached in
 ``$CAPINTERP_CACHE`` (default ``~/.cache/capinterp``), so later loads take a few seconds.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -107,7 +108,9 @@ def load_model(
         hf, tok, label = name, tokenizer, getattr(name.config, "_name_or_path", None) or type(name).__name__
         if getattr(hf, "hf_device_map", None):  # already placed by accelerate: keep it where it is
             if device is not None:
-                raise ValueError(f"this model was placed with device_map; device={device!r} would move all of it: pass device=None")
+                raise ValueError(
+                    f"this model was placed with device_map; device={device!r} would move all of it: pass device=None"
+                )
             placed = {"device_map": hf.hf_device_map}
     elif name in _PACKAGED:
         hf, tok = _load_packaged(name, cache, dtype, placed)
@@ -155,10 +158,14 @@ def _check_placement(device, device_map, max_memory, name, offload_folder=None) 
     if device is not None:
         raise ValueError(f"pass either device={device!r} or device_map=..., not both")
     if name in ("tiny", "tiny-native") or not isinstance(name, (str, os.PathLike)):
-        raise ValueError(f"device_map applies to models loaded from a folder, a packaged name or the HF cache, not {name!r}")
+        raise ValueError(
+            f"device_map applies to models loaded from a folder, a packaged name or the HF cache, not {name!r}"
+        )
     if isinstance(device_map, str):
         if device_map not in ("auto", "balanced", "balanced_low_0", "sequential", "cpu"):
-            raise ValueError(f"device_map must be 'auto', 'balanced', 'balanced_low_0', 'sequential' or a dict, got {device_map!r}")
+            raise ValueError(
+                f"device_map must be 'auto', 'balanced', 'balanced_low_0', 'sequential' or a dict, got {device_map!r}"
+            )
     elif isinstance(device_map, dict):
         for where in device_map.values():
             if where not in ("disk",):
@@ -180,8 +187,12 @@ def move_model(model, device) -> None:
     if device is None:
         return
     dev = resolve_device(device)
-    if getattr(model, "capinterp_device_map", None) or getattr(getattr(model, "original_model", None), "hf_device_map", None):
-        raise ValueError(f"this model was placed with device_map; device={device!r} would move all of it: pass device=None")
+    if getattr(model, "capinterp_device_map", None) or getattr(
+        getattr(model, "original_model", None), "hf_device_map", None
+    ):
+        raise ValueError(
+            f"this model was placed with device_map; device={device!r} would move all of it: pass device=None"
+        )
     if torch.device(model.cfg.device) != dev or next(model.parameters()).device != dev:
         model.to(dev, print_details=False)
 

@@ -8,6 +8,7 @@ The tokenizer is a byte-level BPE trained in memory on a fixed corpus (arithmeti
 facts) with digits split individually, as the packaged models do. Training is deterministic,
 so every process builds the same vocabulary.
 """
+
 from __future__ import annotations
 
 import functools
@@ -102,7 +103,7 @@ def tiny_llama_hf(
         model = LlamaForCausalLM(cfg)
         # Default init (std 0.02) gives near-uniform outputs; a larger scale gives a model
         # whose predictions actually depend on its neurons.
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.15)
     return model.eval(), tok

@@ -11,10 +11,12 @@ long computation starts. ``on_mismatch="skip"`` drops such examples instead (and
 Sequences are right-padded: with causal attention, padding after the real tokens changes
 nothing at the real positions, and positions stay aligned from the start (rotary-safe).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -7,6 +7,7 @@ numbers (``steps=True`` is refused), and integral floats are not accepted as int
 (``batch_size=2.5`` and ``batch_size=2.0`` are refused alike), so a typo never turns into a
 silently different run.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,16 @@ from typing import Any
 
 from capinterp.core.example import Example, as_examples
 
-__all__ = ["integer", "positive_int", "nonneg_int", "finite_float", "probability", "boolean", "choice",
-           "examples"]
+__all__ = [
+    "boolean",
+    "choice",
+    "examples",
+    "finite_float",
+    "integer",
+    "nonneg_int",
+    "positive_int",
+    "probability",
+]
 
 
 def _show(value: Any) -> str:
@@ -63,8 +72,15 @@ def nonneg_int(name: str, value: Any) -> int:
     return integer(name, value, low=0)
 
 
-def finite_float(name: str, value: Any, *, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False) -> float:
+def finite_float(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``value`` as a finite float within the bounds (closed unless ``low_open`` / ``high_open``).
 
     Ints and 0-d numpy / torch values are accepted; NaN, +-inf, bools and strings are
@@ -123,13 +139,18 @@ def examples(data: Any, name: str = "data", *, min_count: int = 1, need_target: 
     except (TypeError, ValueError) as err:
         raise type(err)(f"{name}: {err}") from None
     if len(out) < min_count:
-        raise ValueError(f"{name} is an empty dataset: it must hold at least {min_count} example(s), got {len(out)}"
-                         if not out else f"{name} must hold at least {min_count} examples, got {len(out)}")
+        raise ValueError(
+            f"{name} is an empty dataset: it must hold at least {min_count} example(s), got {len(out)}"
+            if not out
+            else f"{name} must hold at least {min_count} examples, got {len(out)}"
+        )
     if need_target:
         empty = [i for i, e in enumerate(out) if not e.target]
         if empty:
-            raise ValueError(f"{name}: example {empty[0]} ({out[empty[0]].prompt!r:.60}) has an empty target; "
-                             "this method needs the answer text")
+            raise ValueError(
+                f"{name}: example {empty[0]} ({out[empty[0]].prompt!r:.60}) has an empty target; "
+                "this method needs the answer text"
+            )
     return out
 
 
@@ -148,13 +169,16 @@ def device(name: str, value: Any) -> Any:
     try:
         dev = torch.device(value)
     except (RuntimeError, ValueError):
-        raise ValueError(f"{name} {value!r} is not a device torch knows; use 'cpu', 'cuda', 'cuda:1', "
-                         "'mps', ...") from None
+        raise ValueError(
+            f"{name} {value!r} is not a device torch knows; use 'cpu', 'cuda', 'cuda:1', 'mps', ..."
+        ) from None
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0 or (dev.index is not None and dev.index >= n):
-            raise ValueError(f"{name} {value!r} is not available: this machine has {n} CUDA device(s)"
-                             + ("; use 'cpu'" if n == 0 else f" (cuda:0..cuda:{n - 1})"))
+            raise ValueError(
+                f"{name} {value!r} is not available: this machine has {n} CUDA device(s)"
+                + ("; use 'cpu'" if n == 0 else f" (cuda:0..cuda:{n - 1})")
+            )
     elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise ValueError(f"{name} {value!r} is not available on this machine; use 'cpu'")
     elif dev.type not in ("cpu", "cuda", "mps", "xpu"):
@@ -167,6 +191,8 @@ def model(value: Any, name: str = "model") -> Any:
     anything without ``cfg.n_layers`` / ``cfg.d_mlp`` and hooks is a TypeError naming what it got."""
     cfg = getattr(value, "cfg", None)
     if cfg is None or not hasattr(cfg, "n_layers") or not hasattr(cfg, "d_mlp") or not hasattr(value, "hooks"):
-        raise TypeError(f"{name} must be a model from capinterp.load_model(...) (a TransformerBridge), "
-                        f"got {_show(value)} ({type(value).__name__})")
+        raise TypeError(
+            f"{name} must be a model from capinterp.load_model(...) (a TransformerBridge), "
+            f"got {_show(value)} ({type(value).__name__})"
+        )
     return value

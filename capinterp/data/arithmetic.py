@@ -18,13 +18,17 @@ Yes/No labels are described in :mod:`capinterp.data.templates`. Generation choic
 * the same seed gives the same expressions in every format and language (zh translates en);
   shots come from a separate seeded RNG and never repeat the query's expression.
 """
+
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from capinterp.core.example import Example
-from .parsing import join_expression as _join, value_of as _value
+
+from .parsing import join_expression as _join
+from .parsing import value_of as _value
 from .templates import COMPACT_SEPARATOR, FORMATS, LANGS, SHOT_SEPARATOR, balanced, fewshot, render
 
 OPERATORS = "+-*/"
@@ -104,8 +108,9 @@ def _op_draws(ops: list[str], n: int, n_ops: int, rng: random.Random) -> list[li
     return draws
 
 
-def _validate(ops: Any, n: Any, fmt: Any, lang: Any, n_ops: Any, digits: Any, style: Any,
-              shots: Any, tf_labels: Any) -> tuple[list[str], str, str, int, int]:
+def _validate(
+    ops: Any, n: Any, fmt: Any, lang: Any, n_ops: Any, digits: Any, style: Any, shots: Any, tf_labels: Any
+) -> tuple[list[str], str, str, int, int]:
     """Check every argument; return (ops, fmt, lang, lo digits, hi digits)."""
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ValueError(f"n must be a positive int, got {n!r}")
@@ -124,27 +129,46 @@ def _validate(ops: Any, n: Any, fmt: Any, lang: Any, n_ops: Any, digits: Any, st
         raise ValueError(f"unknown lang {lang!r}; valid languages are {', '.join(LANGS)}")
     if isinstance(n_ops, bool) or not isinstance(n_ops, int) or not 1 <= n_ops <= MAX_N_OPS:
         raise ValueError(f"n_ops must be an int in 1..{MAX_N_OPS}, got {n_ops!r}")
-    lo, hi = (digits, digits) if isinstance(digits, int) and not isinstance(digits, bool) else (
-        tuple(digits) if isinstance(digits, (tuple, list)) and len(digits) == 2 else (None, None))
+    lo, hi = (
+        (digits, digits)
+        if isinstance(digits, int) and not isinstance(digits, bool)
+        else (tuple(digits) if isinstance(digits, (tuple, list)) and len(digits) == 2 else (None, None))
+    )
     if not all(isinstance(d, int) and not isinstance(d, bool) for d in (lo, hi)) or lo < 1 or lo > hi:
         raise ValueError(f"digits must be an int >= 1 or a (lo, hi) pair, 1 <= lo <= hi; got {digits!r}")
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; valid styles are {', '.join(STYLES)}")
     if style == "compact" and fmt_u == "DG" and lang_l != "en":
-        raise ValueError(f"compact DG prompts ('3+4=') have no words, so lang={lang!r} would give the same "
-                         "prompts as 'en'; pass style='fewshot' or 'zeroshot' for a translated prompt")
+        raise ValueError(
+            f"compact DG prompts ('3+4=') have no words, so lang={lang!r} would give the same "
+            "prompts as 'en'; pass style='fewshot' or 'zeroshot' for a translated prompt"
+        )
     if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
         raise ValueError(f"shots must be an int >= 0, got {shots!r}")
-    if (len(tf_labels) != 2 or tf_labels[0] == tf_labels[1]
-            or not all(isinstance(s, str) and s and s == s.strip() for s in tf_labels)):
+    if (
+        len(tf_labels) != 2
+        or tf_labels[0] == tf_labels[1]
+        or not all(isinstance(s, str) and s and s == s.strip() for s in tf_labels)
+    ):
         raise ValueError(f"tf_labels must be two distinct non-empty unpadded strings, got {tf_labels!r}")
     return list(dict.fromkeys(ops)), fmt_u, lang_l, lo, hi
 
 
-def arithmetic(ops: str | Sequence[str] = "+", n: int = 200, fmt: str = "DG", lang: str = "en",
-               seed: int = 0, *, n_ops: int = 1, digits: int | tuple[int, int] = 1,
-               allow_negative: bool = False, style: str = "compact", shots: int = 4,
-               tf_labels: tuple[str, str] = ("Yes", "No"), unique: bool = False) -> list[Example]:
+def arithmetic(
+    ops: str | Sequence[str] = "+",
+    n: int = 200,
+    fmt: str = "DG",
+    lang: str = "en",
+    seed: int = 0,
+    *,
+    n_ops: int = 1,
+    digits: int | tuple[int, int] = 1,
+    allow_negative: bool = False,
+    style: str = "compact",
+    shots: int = 4,
+    tf_labels: tuple[str, str] = ("Yes", "No"),
+    unique: bool = False,
+) -> list[Example]:
     """Generate ``n`` seeded arithmetic examples; every bad argument raises ValueError first.
 
     ``ops``: operator chars from "+-*/" (string or list); ``n_ops``: operators per expression
@@ -167,8 +191,9 @@ def arithmetic(ops: str | Sequence[str] = "+", n: int = 200, fmt: str = "DG", la
     digits_meta: Any = lo if lo == hi else [lo, hi]
     labels = (tf_labels[0], tf_labels[1])
 
-    def build(draw: Sequence[str], r: random.Random, num: _Numbers,
-              avoid: set[str]) -> tuple[str, int, list[str], list[int]]:
+    def build(
+        draw: Sequence[str], r: random.Random, num: _Numbers, avoid: set[str]
+    ) -> tuple[str, int, list[str], list[int]]:
         """A valid expression from the ops in ``draw`` (in random order) not in ``avoid``."""
         for _ in range(_MAX_TRIES):
             seq = r.sample(list(draw), len(draw))
@@ -185,7 +210,8 @@ def arithmetic(ops: str | Sequence[str] = "+", n: int = 200, fmt: str = "DG", la
         raise ValueError(
             f"could not generate a valid expression for ops {''.join(draw)!r} with digits={digits!r} "
             f"after {_MAX_TRIES} tries (exact division, allow_negative={allow_negative}, "
-            f"unique={unique}); relax the constraints")
+            f"unique={unique}); relax the constraints"
+        )
 
     out: list[Example] = []
     seen: set[str] = set()
@@ -201,17 +227,37 @@ def arithmetic(ops: str | Sequence[str] = "+", n: int = 200, fmt: str = "DG", la
             sq, st, _ = render(fmt, tlang, sseq, sxs, sans, shot_slots[s], srng, labels)
             solved.append((sq, st))
             shot_exprs.append(sexpr)
-        meta = {"task": "arithmetic", "ops": seq, "op_set": sorted(set(seq)), "ops_spec": "".join(ops_l),
-                "n_ops": n_ops, "fmt": fmt, "lang": lang, "answer": answer, "expression": expr,
-                "digits": digits_meta, "allow_negative": allow_negative, "style": style,
-                "shots": n_shots, "shot_expressions": shot_exprs, "seed": seed, "index": i, **extra}
+        meta = {
+            "task": "arithmetic",
+            "ops": seq,
+            "op_set": sorted(set(seq)),
+            "ops_spec": "".join(ops_l),
+            "n_ops": n_ops,
+            "fmt": fmt,
+            "lang": lang,
+            "answer": answer,
+            "expression": expr,
+            "digits": digits_meta,
+            "allow_negative": allow_negative,
+            "style": style,
+            "shots": n_shots,
+            "shot_expressions": shot_exprs,
+            "seed": seed,
+            "index": i,
+            **extra,
+        }
         out.append(Example(fewshot(query, solved, sep), target, meta))
     return out
 
 
-def arithmetic_suite(ops: str | Sequence[str] = "+-*/", fmts: Sequence[str] = FORMATS,
-                     langs: Sequence[str] = LANGS, n: int = 1000, seed: int = 0,
-                     **kwargs: Any) -> dict[tuple[str, str, str], list[Example]]:
+def arithmetic_suite(
+    ops: str | Sequence[str] = "+-*/",
+    fmts: Sequence[str] = FORMATS,
+    langs: Sequence[str] = LANGS,
+    n: int = 1000,
+    seed: int = 0,
+    **kwargs: Any,
+) -> dict[tuple[str, str, str], list[Example]]:
     """One 1-OP set per (operator, format, language), as in the paper's neuron-identification part.
 
     Extra keyword arguments go to :func:`arithmetic`. Within an operator, the same seed gives
@@ -219,12 +265,15 @@ def arithmetic_suite(ops: str | Sequence[str] = "+-*/", fmts: Sequence[str] = FO
     """
     if isinstance(fmts, str) or isinstance(langs, str):
         raise ValueError("fmts and langs must be sequences, e.g. ('DG', 'MQ') and ('en',)")
-    rest = [kwargs.get(k, d) for k, d in (("n_ops", 1), ("digits", 1), ("style", "compact"), ("shots", 4),
-                                          ("tf_labels", ("Yes", "No")))]
+    rest = [
+        kwargs.get(k, d)
+        for k, d in (("n_ops", 1), ("digits", 1), ("style", "compact"), ("shots", 4), ("tf_labels", ("Yes", "No")))
+    ]
     for f, lg in [(f, "en") for f in fmts] + [(f, lg) for f in fmts for lg in langs]:  # unknown names first
         _validate(ops, n, f, lg, *rest)
-    return {(op, f, lg): arithmetic(op, n, f, lg, seed, **kwargs)
-            for op in dict.fromkeys(ops) for f in fmts for lg in langs}
+    return {
+        (op, f, lg): arithmetic(op, n, f, lg, seed, **kwargs) for op in dict.fromkeys(ops) for f in fmts for lg in langs
+    }
 
 
 def describe(ds: Sequence[Example]) -> str:
@@ -243,5 +292,7 @@ def describe(ds: Sequence[Example]) -> str:
         return ",".join(vals)
 
     head = f"arithmetic ops={field('ops_spec')} fmt={field('fmt')} lang={field('lang')} n={len(ds)}"
-    return (f"{head} digits={field('digits')} seed={field('seed')} n_ops={field('n_ops')} "
-            f"style={field('style')} shots={field('shots')}")
+    return (
+        f"{head} digits={field('digits')} seed={field('seed')} n_ops={field('n_ops')} "
+        f"style={field('style')} shots={field('shots')}"
+    )

@@ -1,7 +1,8 @@
 """Built-in facts (written for this package) and filtering facts by what a model knows."""
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

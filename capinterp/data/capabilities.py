@@ -33,24 +33,26 @@ Every Example's ``meta`` has ``capability``, ``source``, ``split`` and ``id`` (p
 source-specific fields; numeric targets carry ``fmt="DG"`` and ``answer`` so that
 :func:`capinterp.kernels.evaluate` parses them).
 """
+
 from __future__ import annotations
 
 import hashlib
 import random
-from typing import Callable
+from collections.abc import Callable
+
+from capinterp.core.example import Example
 
 from . import capability_sources as src
 from .arithmetic import arithmetic
 from .capability_sources import SPLITS, in_split, shared_data_dir
-from capinterp.core.example import Example
 from .templated import render_sentiment, render_word_problem, sentiment_keys, word_problem_keys
 
 __all__ = [
     "CAPABILITIES",
     "SOURCES",
-    "load_capability",
-    "describe_capability",
     "default_source",
+    "describe_capability",
+    "load_capability",
     "shared_data_dir",
 ]
 
@@ -59,13 +61,18 @@ _OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 #: Sources of each capability, the preferred default first.
 SOURCES: dict[str, tuple[str, ...]] = {
-    **{k: ("generated",) for k in _OPS},
+    **dict.fromkeys(_OPS, ("generated",)),
     "math_word": ("gsm8k", "svamp", "builtin"),
     "sentiment": ("imdb", "builtin", "emotion"),
     "code": ("humaneval", "mbpp"),
 }
-_SHARED_FILE = {"gsm8k": "gsm8k/test.jsonl", "svamp": "svamp/SVAMP.json", "imdb": "imdb/imdb_reviews_first2499.csv",
-                "emotion": "emotion/test.jsonl", "mbpp": "mbpp/mbpp.jsonl"}
+_SHARED_FILE = {
+    "gsm8k": "gsm8k/test.jsonl",
+    "svamp": "svamp/SVAMP.json",
+    "imdb": "imdb/imdb_reviews_first2499.csv",
+    "emotion": "emotion/test.jsonl",
+    "mbpp": "mbpp/mbpp.jsonl",
+}
 _DESCRIPTION = {
     "add": "single-digit addition, compact few-shot DG prompts ('3+4=7\\n...\\n6+1=')",
     "sub": "single-digit subtraction (non-negative results), compact few-shot DG prompts",
@@ -167,15 +174,22 @@ def load_capability(
         exs = []
         for key in _sample(_math_builtin(split), n, rng, what):
             q, ans = render_word_problem(key)
-            exs.append(Example(src.answer_prompt(q), f" {ans}",
-                               {"fmt": "DG", "answer": ans, "id": "word-" + "-".join(map(str, key)), "op": key[0]}))
+            exs.append(
+                Example(
+                    src.answer_prompt(q),
+                    f" {ans}",
+                    {"fmt": "DG", "answer": ans, "id": "word-" + "-".join(map(str, key)), "op": key[0]},
+                )
+            )
     elif source == "builtin":
         exs = []
         for key in _sample(_sentiment_builtin(split), n, rng, what):
             text, label = render_sentiment(key)
-            exs.append(Example(src.sentiment_prompt(text), f" {label}",
-                               {"id": "sent-" + "-".join(map(str, key)), "label": label}))
+            exs.append(
+                Example(
+                    src.sentiment_prompt(text), f" {label}", {"id": "sent-" + "-".join(map(str, key)), "label": label}
+                )
+            )
     else:
         exs = _sample(_READERS[source](split), n, rng, what)
-    return [Example(e.prompt, e.target, {**e.meta, "capability": name, "source": source, "split": split})
-            for e in exs]
+    return [Example(e.prompt, e.target, {**e.meta, "capability": name, "source": source, "split": split}) for e in exs]

@@ -6,6 +6,7 @@ of each record's id (:func:`in_split`), so train and test never share a record a
 not depend on the sampling seed. Data files are read at run time from the folder named by ``CAPINTERP_DATA``
 (:func:`shared_data_dir`); nothing is copied into the package.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,22 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from capinterp.core.example import Example
+
 from .io import read_json_any
 from .templated import EMOTION_SHOTS, SENTIMENT_SHOTS
 
 __all__ = [
     "SPLITS",
-    "shared_data_dir",
-    "in_split",
     "answer_prompt",
-    "sentiment_prompt",
-    "read_gsm8k",
-    "read_svamp",
-    "read_imdb",
-    "read_emotion",
-    "read_humaneval",
-    "read_mbpp",
     "first_code_tokens",
+    "in_split",
+    "read_emotion",
+    "read_gsm8k",
+    "read_humaneval",
+    "read_imdb",
+    "read_mbpp",
+    "read_svamp",
+    "sentiment_prompt",
+    "shared_data_dir",
 ]
 
 SPLITS = ("test", "train")

@@ -6,14 +6,16 @@ file contributes its blank-line-separated paragraphs), and returns a seeded samp
 of them. Nothing is downloaded: the folder is the caller's, or the shared data folder
 (``CAPINTERP_DATA``, see :func:`~capinterp.data.capability_sources.shared_data_dir`).
 """
+
 from __future__ import annotations
 
 import csv
 import json
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from capinterp.data.capability_sources import shared_data_dir
 
@@ -22,8 +24,9 @@ __all__ = ["local_texts"]
 SUFFIXES = (".txt", ".json", ".jsonl", ".csv")
 
 
-def local_texts(data_dir: str | os.PathLike | None = None, *, n: int = 400, min_words: int = 8,
-                seed: int = 0) -> list[str]:
+def local_texts(
+    data_dir: str | os.PathLike | None = None, *, n: int = 400, min_words: int = 8, seed: int = 0
+) -> list[str]:
     """Up to ``n`` texts of at least ``min_words`` words found under ``data_dir`` (seeded sample).
 
     ``data_dir=None`` uses the shared data folder. Raises FileNotFoundError when the folder is

@@ -21,24 +21,27 @@ in the prompt would merge with the answer's first BPE token (:mod:`capinterp.cor
 ``meta["subject"]`` is the subject string as it occurs in the prompt (needed by causal tracing);
 ``meta["object"]`` is the bare object.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from capinterp.core.example import Example
 
 from .builtin import builtin_facts, facts_known_by
-from capinterp.core.example import Example
 from .io import PathLike, limit_records, need_keys, nonempty, read_json_any, records_of
 
 __all__ = [
-    "load_known_facts",
-    "load_counterfact",
-    "load_pararel_bags",
-    "load_jsonl",
     "builtin_facts",
     "facts_known_by",
     "join_target",
+    "load_counterfact",
+    "load_jsonl",
+    "load_known_facts",
+    "load_pararel_bags",
 ]
 
 # ----------------------------------------------------------------------------- helpers
@@ -64,7 +67,7 @@ def join_target(prompt: str, answer: str, space: bool | str = True) -> tuple[str
     if moved:
         return stripped, " " + answer.lstrip()
     last = stripped[-1:] if stripped else ""
-    if not last or last in "\n\t([{\"'=+-*/$" :
+    if not last or last in "\n\t([{\"'=+-*/$":
         return stripped, answer
     return stripped, " " + answer
 
@@ -206,11 +209,21 @@ def load_pararel_bags(
             if not prompt:
                 continue
             subject = _subject_from_template(text, templates.get((rel, j)))
-            facts.append(Example(prompt, target, {
-                "fact_id": fid, "object": obj, "relation": rel, "relation_id": rel.split("(")[0],
-                "subject": subject if subject and subject in prompt else None,
-                "paraphrase_index": j, "source": "pararel_kn",
-            }))
+            facts.append(
+                Example(
+                    prompt,
+                    target,
+                    {
+                        "fact_id": fid,
+                        "object": obj,
+                        "relation": rel,
+                        "relation_id": rel.split("(")[0],
+                        "subject": subject if subject and subject in prompt else None,
+                        "paraphrase_index": j,
+                        "source": "pararel_kn",
+                    },
+                )
+            )
         if len(facts) >= max(1, min_prompts):
             for ex in facts:
                 ex.meta["n_paraphrases"] = len(facts)
@@ -246,7 +259,7 @@ def _subject_from_template(text: str, tpl: tuple[str, str] | None) -> str | None
     pre, suf = tpl
     if not (text.startswith(pre) and text.endswith(suf)) or len(pre) + len(suf) >= len(text):
         return None
-    middle = text[len(pre): len(text) - len(suf)]
+    middle = text[len(pre) : len(text) - len(suf)]
     if "[MASK]" in middle:  # the mask sits between prefix and suffix: the subject is on one side
         return None
     middle = middle.strip(" ,.'")

@@ -1,13 +1,15 @@
 """Generic readers of record files (JSON, JSON lines, CSV) shared by the fact loaders."""
+
 from __future__ import annotations
 
 import csv
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-__all__ = ["PathLike", "read_json_any", "records_of", "need_keys", "nonempty", "limit_records"]
+__all__ = ["PathLike", "limit_records", "need_keys", "nonempty", "read_json_any", "records_of"]
 
 PathLike = str | os.PathLike
 

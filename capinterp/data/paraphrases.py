@@ -8,14 +8,17 @@
 * :func:`known_paraphrases` -- keep the prompts a model answers (greedy next token = target's first
   token) and the bags with enough of them left.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from .builtin import builtin_facts, facts_known_by
 from capinterp.core.example import Example
 
-__all__ = ["builtin_paraphrases", "pararel_paraphrases", "known_paraphrases"]
+from .builtin import builtin_facts, facts_known_by
+
+__all__ = ["builtin_paraphrases", "known_paraphrases", "pararel_paraphrases"]
 
 _LANDMARK = (
     "{s} is located in the city of",
@@ -38,7 +41,6 @@ _CAPITAL = (
     "The government of {s} sits in the city of",
     "The largest city and capital of {s} is",
 )
-
 
 
 def _the(templates: tuple[str, ...]) -> tuple[str, ...]:
@@ -117,8 +119,10 @@ def builtin_paraphrases(n_facts: int | None = None) -> list[list[Example]]:
     bags = []
     for f in facts[: n_facts if n_facts is not None else len(facts)]:
         fid, subj = f.meta["fact_id"], f.meta["subject"]
-        bag = [Example(t.format(s=subj), f.target, {**f.meta, "paraphrase_index": j, "source": "builtin_paraphrases"})
-               for j, t in enumerate(_TEMPLATES[fid])]
+        bag = [
+            Example(t.format(s=subj), f.target, {**f.meta, "paraphrase_index": j, "source": "builtin_paraphrases"})
+            for j, t in enumerate(_TEMPLATES[fid])
+        ]
         bags.append(bag)
     return bags
 
@@ -137,7 +141,8 @@ def pararel_paraphrases(n_facts: int, *, path: Any = None, per_fact: int = 5) ->
     p = path if path is not None else data_file("knowledge_neurons/data_11.json")
     if p is None:
         raise FileNotFoundError(
-            "knowledge_neurons/data_11.json not found: pass path= or set CAPINTERP_DATA to the data folder")
+            "knowledge_neurons/data_11.json not found: pass path= or set CAPINTERP_DATA to the data folder"
+        )
     out = []
     for bag in load_pararel_bags(p, min_prompts=2):
         kept = [e for e in bag if e.meta.get("subject")][:per_fact]
@@ -148,8 +153,14 @@ def pararel_paraphrases(n_facts: int, *, path: Any = None, per_fact: int = 5) ->
     return out
 
 
-def known_paraphrases(model: Any, bags: Sequence[Sequence[Example]], *, per_fact: int = 5,
-                      min_prompts: int = 2, max_facts: int | None = None) -> list[list[Example]]:
+def known_paraphrases(
+    model: Any,
+    bags: Sequence[Sequence[Example]],
+    *,
+    per_fact: int = 5,
+    min_prompts: int = 2,
+    max_facts: int | None = None,
+) -> list[list[Example]]:
     """Per bag, the first ``per_fact`` prompts the model answers; bags with fewer than ``min_prompts`` are dropped.
 
     One batched pass over all prompts (:func:`~capinterp.data.facts_known_by`); prompts whose target

@@ -4,11 +4,12 @@ evaluate arithmetic expressions exactly (``evaluate("1+3*5") == Fraction(16)``).
 ``parse_answer("DG", " -12abc") == "-12"``, ``parse_answer("MQ", "(c) 16") == "C"``,
 ``parse_answer("TF", "true") == "Yes"``; ``None`` when nothing parseable starts the text.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 from capinterp.core.example import Example
 
@@ -16,13 +17,21 @@ _TOKEN = re.compile(r"\d+|[-+*/]")
 
 _DG = re.compile(r"\s*([-−]?)\s*(\d+)")
 _MQ = re.compile(r"\s*(?:option\s*)?[(\[（]?\s*([A-Da-d])(?![A-Za-z])", re.IGNORECASE)
-_TF = re.compile(
-    r"\s*(yes|no|true|false|不正确|不对|不是|正确|错误|是|否|对|错)(?![A-Za-z])", re.IGNORECASE
-)
+_TF = re.compile(r"\s*(yes|no|true|false|不正确|不对|不是|正确|错误|是|否|对|错)(?![A-Za-z])", re.IGNORECASE)
 _TF_MAP = {
-    "yes": "Yes", "true": "Yes", "正确": "Yes", "是": "Yes", "对": "Yes",
-    "no": "No", "false": "No", "不正确": "No", "不对": "No", "不是": "No", "错误": "No",
-    "否": "No", "错": "No",
+    "yes": "Yes",
+    "true": "Yes",
+    "正确": "Yes",
+    "是": "Yes",
+    "对": "Yes",
+    "no": "No",
+    "false": "No",
+    "不正确": "No",
+    "不对": "No",
+    "不是": "No",
+    "错误": "No",
+    "否": "No",
+    "错": "No",
 }
 
 

@@ -10,17 +10,18 @@ Each set is a finite pool of hashable *keys* (cheap tuples, enumerated once); ca
 sample keys, then render only the ones they keep. Keys are stable across versions of this file
 as long as the word lists below only grow at their ends.
 """
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 __all__ = [
-    "SENTIMENT_SHOTS",
     "EMOTION_SHOTS",
-    "word_problem_keys",
+    "SENTIMENT_SHOTS",
+    "render_sentiment",
     "render_word_problem",
     "sentiment_keys",
-    "render_sentiment",
+    "word_problem_keys",
 ]
 
 # ----------------------------------------------------------------------------- word problems
@@ -59,7 +60,7 @@ def _operand_pairs(op: str) -> list[tuple[int, int]]:
     return [(b * q, b) for b in range(2, 10) for q in range(1, 10)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def word_problem_keys() -> tuple[tuple[str, int, int, int, int, int], ...]:
     """Every problem as ``(op, template, name, object, a, b)``: 6*6*2*(81+36+64+72) = 18,216 keys."""
     return tuple(
@@ -109,7 +110,7 @@ EMOTION_SHOTS = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def sentiment_keys() -> tuple[tuple[int, int, int, int, int, int], ...]:
     """Every review as ``(label, template, thing, adjective, thing2, adjective2)``; label 1 = positive.
 

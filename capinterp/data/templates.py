@@ -16,11 +16,13 @@ Tokenizer note: Gemma 3 and SmolLM2 have a ``:-`` token, so a negative English D
 to the colon tokenizes as ``:-``, ``3`` inside shots but as ``:`` + ``-``, ``3`` for the query;
 use ``allow_negative=False`` where that matters. Every other case splits at the prompt's end.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
 from .parsing import join_expression, value_of
 
@@ -36,10 +38,7 @@ _TEMPLATES: dict[str, dict[str, str]] = {
             'Based on the given expression "{expr}=?", the following options are provided: '
             "{options}. Please select the correct option:"
         ),
-        "TF": (
-            'Based on the given expression "{expr}={shown}", '
-            "please determine whether it is correct:"
-        ),
+        "TF": ('Based on the given expression "{expr}={shown}", please determine whether it is correct:'),
     },
     "zh": {
         "DG": "根据给定的表达式“{expr}=?”，请直接给出答案：",
@@ -118,17 +117,19 @@ def _plausible(xs: Sequence[int], ops_seq: Sequence[str]) -> list[int]:
     for j in range(len(ops_seq)):
         for alt in "+-*":
             if alt != ops_seq[j]:
-                out.add(value_of(xs, [*ops_seq[:j], alt, *ops_seq[j + 1:]], strict=False))
+                out.add(value_of(xs, [*ops_seq[:j], alt, *ops_seq[j + 1 :]], strict=False))
     return sorted(int(v) for v in out if v.denominator == 1)
 
 
-def _wrong_values(rng: random.Random, answer: int, k: int, xs: Sequence[int],
-                  ops_seq: Sequence[str]) -> list[int]:
+def _wrong_values(rng: random.Random, answer: int, k: int, xs: Sequence[int], ops_seq: Sequence[str]) -> list[int]:
     """``k`` distinct wrong values near ``answer`` (non-negative when the answer is).
 
     Half the time one of them is a plausible error of ``xs`` / ``ops_seq`` (when there is one).
     """
-    ok = (lambda v: v != answer and (answer < 0 or v >= 0))
+
+    def ok(v):
+        return v != answer and (answer < 0 or v >= 0)
+
     picks: list[int] = []
     if rng.random() < 0.5:
         errs = [v for v in _plausible(xs, ops_seq) if ok(v) and abs(v - answer) <= 100]
@@ -138,8 +139,16 @@ def _wrong_values(rng: random.Random, answer: int, k: int, xs: Sequence[int],
     return picks + rng.sample(near, k - len(picks))
 
 
-def render(fmt: str, lang: str, seq: Sequence[str], xs: Sequence[int], answer: int, slot: int,
-           rng: random.Random, labels: tuple[str, str]) -> tuple[str, str, dict[str, Any]]:
+def render(
+    fmt: str,
+    lang: str,
+    seq: Sequence[str],
+    xs: Sequence[int],
+    answer: int,
+    slot: int,
+    rng: random.Random,
+    labels: tuple[str, str],
+) -> tuple[str, str, dict[str, Any]]:
     """Render the expression ``xs``/``seq`` as a bare question: (question, target, format meta).
 
     ``slot`` is the MQ correct position (0-3) or the TF truth (1 true, 0 false); ``rng``

@@ -8,20 +8,21 @@ Huang et al. (ICLR 2025): fidelity (3.1), reliability (3.2), rome_layers (3.2, F
 the DCSN paper ("Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025):
 specificity (cohesion/separability, Table 3), forward_reasoning (Table 4), operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6).
 """
-from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, experiment, get
+
 from capinterp.experiments import (  # noqa: F401  (registration, in report order)
-    fidelity,
-    reliability,
-    rome_layers,
-    decoupling,
+    cnlf,
     commonality,
+    cross_capability,
+    decoupling,
     enhance,
     erase,
-    cross_capability,
-    specificity,
+    fidelity,
     forward_reasoning,
     operator_ablation,
-    cnlf,
+    reliability,
+    rome_layers,
+    specificity,
 )
+from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, experiment, get
 
 __all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "experiment", "get"]

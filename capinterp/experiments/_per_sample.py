@@ -6,17 +6,19 @@ last prompt token for the target's first token, kept when positive and above ``t
 ``cache`` (``Context.scores``), keyed by a hash of the prompt and target, so experiments that
 locate the same prompt with the same steps share one fit and an interrupted run resumes.
 """
+
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from capinterp.core.example import Example
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.localizers.kn import KN
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
-__all__ = ["ScoreCache", "example_key", "kn_scores", "kn_neurons", "with_greedy_targets"]
+__all__ = ["ScoreCache", "example_key", "kn_neurons", "kn_scores", "with_greedy_targets"]
 
 ScoreCache = Callable[[str, Callable[[], NeuronScores]], NeuronScores]
 
@@ -31,8 +33,9 @@ def with_greedy_targets(model: Any, examples: list[Example]) -> list[Example]:
     return fill_greedy_targets(model, list(examples))
 
 
-def kn_scores(model: Any, ex: Example, *, steps: int, rule: str = "right",
-              cache: ScoreCache | None = None) -> NeuronScores:
+def kn_scores(
+    model: Any, ex: Example, *, steps: int, rule: str = "right", cache: ScoreCache | None = None
+) -> NeuronScores:
     """IG scores [n_layers, d_mlp] of one prompt for its target's first token (KN's per-prompt scores);
     ``rule``: the IG quadrature (:mod:`capinterp.kernels.quadrature`)."""
     if not ex.target:

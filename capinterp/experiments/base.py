@@ -6,12 +6,14 @@ dict ``info`` (the paper's numbers for comparison, notes). ``ctx.quick`` selects
 the 10-minute quick reproduction; ``ctx.workdir`` (if set) is where fitted scores are cached, so
 an interrupted reproduction resumes without refitting (see :meth:`Context.scores`).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -44,7 +46,7 @@ class ExperimentResult:
         return d
 
     @classmethod
-    def load(cls, folder: str | Path, name: str) -> "ExperimentResult":
+    def load(cls, folder: str | Path, name: str) -> ExperimentResult:
         """Read the result that :meth:`save` wrote under ``folder / name``."""
         import plotly.io as pio
 
@@ -106,8 +108,10 @@ class Context:
 
         cls = localizers.get(method)
         if cls.unit_kind != "neuron" or cls.scope != "dataset":
-            raise ValueError(f"localize needs a dataset-level neuron localizer "
-                             f"({', '.join(localizers.available(unit_kind='neuron', scope='dataset'))}), got {method!r}")
+            raise ValueError(
+                f"localize needs a dataset-level neuron localizer "
+                f"({', '.join(localizers.available(unit_kind='neuron', scope='dataset'))}), got {method!r}"
+            )
 
         def fit() -> NeuronScores:
             ckpt = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}

@@ -14,25 +14,32 @@ examples and reuse each other's cached fits:
   through ``localize`` (``Context.localize``); the whole-set scores are the size-weighted mean of
   the two halves -- exactly the mean a fit on the union computes, so no third fit is needed.
 """
+
 from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from capinterp.core.example import Example, as_examples
+from capinterp.core.model import model_fingerprint
 from capinterp.experiments.scoring import TASK_METRICS, greedy_correct, target_scores
 from capinterp.localizers.dataset import fill_greedy_targets
-from capinterp.core.model import model_fingerprint
 from capinterp.results.neurons import NeuronScores
 
 #: Metric per capability (see :mod:`capinterp.experiments.scoring`). Gemma 3 270M solves none of
 #: the word problems (GSM8K and the builtin ones: 0 %) and no HumanEval first line exactly, so
 #: those two use the mean target probability; arithmetic and sentiment use greedy accuracy.
 DEFAULT_METRIC: dict[str, str] = {
-    "add": "accuracy", "sub": "accuracy", "mul": "accuracy", "div": "accuracy",
-    "sentiment": "accuracy", "math_word": "target_prob", "code": "target_prob",
+    "add": "accuracy",
+    "sub": "accuracy",
+    "mul": "accuracy",
+    "div": "accuracy",
+    "sentiment": "accuracy",
+    "math_word": "target_prob",
+    "code": "target_prob",
 }
 #: The capabilities quick mode runs: one arithmetic and one language capability, both with
 #: one-token answers (CNL's cost grows with the answer's tokens: every IG row unembeds each
@@ -143,8 +150,17 @@ def prepare(
     out: dict[str, CapabilityData] = {}
     for name in names:
         metric = (metrics or {}).get(name, metric_for(name))
-        memo_key = (id(model), model_fingerprint(model), name, metric, n_candidates, n_locate, n_test, seed,
-                    getattr(loader, "__qualname__", repr(loader)))
+        memo_key = (
+            id(model),
+            model_fingerprint(model),
+            name,
+            metric,
+            n_candidates,
+            n_locate,
+            n_test,
+            seed,
+            getattr(loader, "__qualname__", repr(loader)),
+        )
         if memo_key not in _MEMO:
             cands = loader(name, n_candidates, seed=seed, split="train")
             test = fill_greedy_targets(model, loader(name, n_test, seed=seed, split="test"))
@@ -172,8 +188,10 @@ def half_scores(
 ) -> tuple[NeuronScores, NeuronScores]:
     """Scores of ``method`` fitted on each half of ``examples`` (each fit cached by ``localize``)."""
     a, b = halves(examples, seed)
-    return (localize(method, f"{name}-{data_hash(a)}", a, **params),
-            localize(method, f"{name}-{data_hash(b)}", b, **params))
+    return (
+        localize(method, f"{name}-{data_hash(a)}", a, **params),
+        localize(method, f"{name}-{data_hash(b)}", b, **params),
+    )
 
 
 def pooled(a: NeuronScores, b: NeuronScores, n_a: int, n_b: int) -> NeuronScores:
@@ -182,9 +200,7 @@ def pooled(a: NeuronScores, b: NeuronScores, n_a: int, n_b: int) -> NeuronScores
     return NeuronScores((a.scores.double() * n_a + b.scores.double() * n_b) / (n_a + n_b), meta=meta)
 
 
-def located_scores(
-    localize: Localize, method: str, data: CapabilityData, seed: int = 0, **params: Any
-) -> NeuronScores:
+def located_scores(localize: Localize, method: str, data: CapabilityData, seed: int = 0, **params: Any) -> NeuronScores:
     """Whole-set scores of one capability, from the two cached half fits (shared with commonality)."""
     a, b = half_scores(localize, method, data.name, data.locate, seed, **params)
     n = len(data.locate) // 2
@@ -204,7 +220,9 @@ def settings(ctx: Any) -> dict[str, Any]:
 
     return {
         "capabilities": tuple(QUICK_CAPABILITIES if ctx.quick else CAPABILITIES),
-        "n_candidates": ctx.size(16, 48), "n_locate": ctx.size(12, 24), "n_test": ctx.size(12, 32),
+        "n_candidates": ctx.size(16, 48),
+        "n_locate": ctx.size(12, 24),
+        "n_test": ctx.size(12, 32),
         "params": {"cnl": _cnl_params(ctx), "dcsn": {}},
     }
 
@@ -217,8 +235,15 @@ def _cnl_params(ctx: Any) -> dict[str, Any]:
 
 def prepared(ctx: Any, s: dict[str, Any]) -> dict[str, CapabilityData]:
     """The capabilities' data for settings ``s`` (memoized, so the experiments share it)."""
-    return prepare(ctx.model, s["capabilities"], n_candidates=s["n_candidates"], n_locate=s["n_locate"],
-                   n_test=s["n_test"], seed=ctx.seed, batch_size=ctx.batch_size)
+    return prepare(
+        ctx.model,
+        s["capabilities"],
+        n_candidates=s["n_candidates"],
+        n_locate=s["n_locate"],
+        n_test=s["n_test"],
+        seed=ctx.seed,
+        batch_size=ctx.batch_size,
+    )
 
 
 def default_localize(model: Any) -> Localize:

@@ -7,26 +7,41 @@ of the source's size is the control for each cell. The paper's Fig. 5 enhances a
 neurons of GSM8K, Emotion and Code25K and reports the change on the other datasets (e.g.
 enhancing GSM8K's neurons improves Meta_Math by 22 %, with little effect elsewhere).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from capinterp.units import metrics
 from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
+from capinterp.units import metrics
 
-NAME, TITLE = "cross_capability", "Erasing one capability's neurons, measured on every capability (Huang et al. 2025, Fig. 5)"
-COLUMNS = ["erased", "tested", "metric", "n_neurons", "set_overlap", "base", "after", "rel_drop", "after_random",
-           "rel_drop_random"]
+NAME, TITLE = (
+    "cross_capability",
+    "Erasing one capability's neurons, measured on every capability (Huang et al. 2025, Fig. 5)",
+)
+COLUMNS = [
+    "erased",
+    "tested",
+    "metric",
+    "n_neurons",
+    "set_overlap",
+    "base",
+    "after",
+    "rel_drop",
+    "after_random",
+    "rel_drop_random",
+]
 
 
 def _rel(base: float, after: float) -> float:
@@ -69,9 +84,20 @@ def cross_table(
                 with erase(model, rnd):
                     after_r = measure(model, exs[t], metric[t], batch_size)["value"]
             ov = metrics.overlap(ns, neurons[t]) if t in neurons else float("nan")
-            rows.append({"erased": src, "tested": t, "metric": metric[t], "n_neurons": len(ns), "set_overlap": ov,
-                         "base": base[t], "after": after, "rel_drop": _rel(base[t], after),
-                         "after_random": after_r, "rel_drop_random": _rel(base[t], after_r)})
+            rows.append(
+                {
+                    "erased": src,
+                    "tested": t,
+                    "metric": metric[t],
+                    "n_neurons": len(ns),
+                    "set_overlap": ov,
+                    "base": base[t],
+                    "after": after,
+                    "rel_drop": _rel(base[t], after),
+                    "after_random": after_r,
+                    "rel_drop_random": _rel(base[t], after_r),
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -83,14 +109,31 @@ def cross_matrix(table: pd.DataFrame, value: str = "rel_drop") -> pd.DataFrame:
 
 def cross_figure(table: pd.DataFrame) -> go.Figure:
     """Two heatmaps of relative drop (%): erasing located neurons | erasing random ones."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("located neurons erased", "random neurons erased (control)"),
-                        horizontal_spacing=0.12)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("located neurons erased", "random neurons erased (control)"),
+        horizontal_spacing=0.12,
+    )
     for col, value in ((1, "rel_drop"), (2, "rel_drop_random")):
         m = 100 * cross_matrix(table, value)
-        fig.add_trace(go.Heatmap(z=m.values, x=list(m.columns), y=list(m.index), zmin=-100, zmax=100,
-                                 colorscale="RdBu_r", text=np.round(m.values, 1), texttemplate="%{text}",
-                                 showscale=col == 2, colorbar_title="drop %",
-                                 hovertemplate="erase %{y}, test %{x}: %{z:.1f}% drop<extra></extra>"), 1, col)
+        fig.add_trace(
+            go.Heatmap(
+                z=m.values,
+                x=list(m.columns),
+                y=list(m.index),
+                zmin=-100,
+                zmax=100,
+                colorscale="RdBu_r",
+                text=np.round(m.values, 1),
+                texttemplate="%{text}",
+                showscale=col == 2,
+                colorbar_title="drop %",
+                hovertemplate="erase %{y}, test %{x}: %{z:.1f}% drop<extra></extra>",
+            ),
+            1,
+            col,
+        )
         fig.update_xaxes(title_text="tested", row=1, col=col)
     fig.update_yaxes(title_text="erased", autorange="reversed", row=1, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=2)
@@ -104,11 +147,18 @@ def run(ctx: Context) -> ExperimentResult:
     s = cd.settings(ctx)
     data = cd.prepared(ctx, s)
     sigma = 6.0
-    neurons = {k: cd.located_scores(ctx.localize, "cnl", d, ctx.seed, **s["params"]["cnl"]).select(sigma=sigma)
-               for k, d in data.items()}
-    table = cross_table(ctx.model, neurons, {k: d.test for k, d in data.items()},
-                        metrics_by_name={k: d.metric for k, d in data.items()}, seed=ctx.seed,
-                        batch_size=ctx.batch_size)
+    neurons = {
+        k: cd.located_scores(ctx.localize, "cnl", d, ctx.seed, **s["params"]["cnl"]).select(sigma=sigma)
+        for k, d in data.items()
+    }
+    table = cross_table(
+        ctx.model,
+        neurons,
+        {k: d.test for k, d in data.items()},
+        metrics_by_name={k: d.metric for k, d in data.items()},
+        seed=ctx.seed,
+        batch_size=ctx.batch_size,
+    )
     diag = table[table["erased"] == table["tested"]]
     off = table[table["erased"] != table["tested"]]
     info = {
@@ -117,13 +167,14 @@ def run(ctx: Context) -> ExperimentResult:
         "mean_rel_drop_other": float(off["rel_drop"].mean()) if len(off) else None,
         "mean_rel_drop_random": float(table["rel_drop_random"].mean()),
         "paper": "Fig. 5 enhances and erases the neurons of GSM8K, Emotion and Code25K and tests every dataset; "
-                 "the text quotes one number: enhancing GSM8K's neurons improves Meta_Math by 22% with little "
-                 "effect on the other datasets (the erase numbers are only in the figure, not in the text).",
+        "the text quotes one number: enhancing GSM8K's neurons improves Meta_Math by 22% with little "
+        "effect on the other datasets (the erase numbers are only in the figure, not in the text).",
         "settings": {**s, "capabilities": list(s["capabilities"]), "sigma": sigma},
         "notes": [
             "rel_drop = (base - after) / base in each tested capability's metric (accuracy or target_prob); "
             "the random control erases one seeded random set of the erased set's size.",
         ],
     }
-    return ExperimentResult(NAME, TITLE, table, cross_figure(table), info,
-                            {f"cnl_{k}_sigma6": v for k, v in neurons.items()})
+    return ExperimentResult(
+        NAME, TITLE, table, cross_figure(table), info, {f"cnl_{k}_sigma6": v for k, v in neurons.items()}
+    )

@@ -11,20 +11,22 @@ examples: the same numbers ``DCSN(model).fit(correct_examples).scores_`` gives, 
 separate decoding pass (``filter="greedy"`` uses :func:`capinterp.kernels.evaluate.evaluate` instead,
 which also checks the answer's later tokens).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from capinterp.data import arithmetic
 from capinterp.core.example import Example
+from capinterp.core.model import model_meta
+from capinterp.core.tokens import batches, encode
+from capinterp.data import arithmetic
 from capinterp.localizers.dataset import describe_data
 from capinterp.localizers.dcsn import fold_for, per_sample_scores
-from capinterp.core.model import model_meta
 from capinterp.results.neurons import NeuronScores, NeuronSet
-from capinterp.core.tokens import batches, encode
 
 OPS: tuple[str, ...] = ("+", "-", "*", "/")
 OP_NAMES: dict[str, str] = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
@@ -48,7 +50,11 @@ def sample_scores(
 
 
 def correct_scores(
-    model: Any, examples: Sequence[Example], *, filter: str = "first_token", batch_size: int = 16,
+    model: Any,
+    examples: Sequence[Example],
+    *,
+    filter: str = "first_token",
+    batch_size: int = 16,
     norms: str = "raw",
 ) -> NeuronScores:
     """Dataset-level DCSN scores over the examples the model gets right (mean of ``C_j``).
@@ -96,7 +102,7 @@ def top_fraction(scores: NeuronScores, neurons: NeuronSet, fraction: float) -> N
 
     ``fraction >= 1`` returns ``N`` itself (the DCSN paper, anon. 2025, erases "10% of capability neurons").
     """
-    if not 0 < fraction:
+    if not fraction > 0:
         raise ValueError(f"fraction must be > 0, got {fraction}")
     if fraction >= 1 or len(neurons) == 0:
         return neurons
@@ -118,14 +124,14 @@ def union(sets: Sequence[NeuronSet], like: NeuronSet) -> NeuronSet:
     return out
 
 
-def one_op_data(op: str, n: int, seed: int, fmt: str = "DG", lang: str = "en",
-                style: str = "compact", shots: int = 4) -> list[Example]:
+def one_op_data(
+    op: str, n: int, seed: int, fmt: str = "DG", lang: str = "en", style: str = "compact", shots: int = 4
+) -> list[Example]:
     """``n`` 1-OP arithmetic examples of one operator (the DCSN paper, anon. 2025, neuron-identification part)."""
     return arithmetic(ops=op, n=n, fmt=fmt, lang=lang, seed=seed, style=style, shots=shots)
 
 
-def one_op_name(op: str, seed: int, fmt: str = "DG", lang: str = "en", style: str = "compact",
-                shots: int = 4) -> str:
+def one_op_name(op: str, seed: int, fmt: str = "DG", lang: str = "en", style: str = "compact", shots: int = 4) -> str:
     """The cache name of :func:`one_op_data` with these arguments (shared across experiments)."""
     return f"{OP_NAMES[op]}_{fmt}_{lang}_{style}{shots}_s{seed}"
 
@@ -140,8 +146,7 @@ def context_scorer(ctx: Any, filter: str = "first_token") -> Scorer:
 
     def score(name: str, examples: list[Example]) -> NeuronScores:
         key = f"dcsn-correct_{name}_n{len(examples)}_{filter}"
-        return ctx.scores(key, lambda: correct_scores(ctx.model, examples, filter=filter,
-                                                      batch_size=ctx.batch_size))
+        return ctx.scores(key, lambda: correct_scores(ctx.model, examples, filter=filter, batch_size=ctx.batch_size))
 
     return score
 

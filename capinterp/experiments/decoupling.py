@@ -14,23 +14,25 @@ sub-1 samples (mean pairwise), over all sub-2 samples, and across tasks between 
 Paper (GPT-J, 1000 pairs, Eq. 6, denominator not stated): 15.6 % within a pair, 7.3 % over all
 sub-1, 8.6 % over all sub-2.
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp.units import metrics
-from capinterp.data.arithmetic import arithmetic
 from capinterp.core.example import Example
+from capinterp.data.arithmetic import arithmetic
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores, with_greedy_targets
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.results.neurons import NeuronSet
+from capinterp.units import metrics
 
-__all__ = ["PAPER", "decoupling_pairs", "locate_pairs", "decoupling_table", "run"]
+__all__ = ["PAPER", "decoupling_pairs", "decoupling_table", "locate_pairs", "run"]
 
 PAPER = {"within pair": 15.6, "all sub-1": 7.3, "all sub-2": 8.6}  # % (Huang et al. 2025, Sec. 4, GPT-J)
 COMPARISONS = ("within pair", "all sub-1", "all sub-2", "across tasks, other pairs")
@@ -47,13 +49,26 @@ def decoupling_pairs(n: int, seed: int = 0, ops: str = "+-*") -> list[tuple[Exam
     for i, e in enumerate(exprs):
         x = e.meta["expression"]
         meta = {"pair": i, "expression": x, "answer": e.meta["answer"], "source": "decoupling"}
-        pairs.append((Example(f"Provide the correct answer for {x}=?\n{x}=", str(e.meta["answer"]), {**meta, "task": "compute"}),
-                      Example(f"Write Python code for {x}=?\n```python\n", "", {**meta, "task": "code"})))
+        pairs.append(
+            (
+                Example(
+                    f"Provide the correct answer for {x}=?\n{x}=", str(e.meta["answer"]), {**meta, "task": "compute"}
+                ),
+                Example(f"Write Python code for {x}=?\n```python\n", "", {**meta, "task": "code"}),
+            )
+        )
     return pairs
 
 
-def locate_pairs(model: Any, pairs: Sequence[tuple[Example, Example]], *, steps: int = 20, threshold: float = 0.2,
-                 rule: str = "right", cache: ScoreCache | None = None) -> tuple[list[NeuronSet], list[NeuronSet], list[Example]]:
+def locate_pairs(
+    model: Any,
+    pairs: Sequence[tuple[Example, Example]],
+    *,
+    steps: int = 20,
+    threshold: float = 0.2,
+    rule: str = "right",
+    cache: ScoreCache | None = None,
+) -> tuple[list[NeuronSet], list[NeuronSet], list[Example]]:
     """Per-sample KN sets of every sub-1 and sub-2 prompt, and the examples with their targets filled."""
     flat = with_greedy_targets(model, [ex for pair in pairs for ex in pair])
     sets = [kn_neurons(kn_scores(model, ex, steps=steps, rule=rule, cache=cache), threshold) for ex in flat]
@@ -74,17 +89,31 @@ def decoupling_table(sub1: Sequence[NeuronSet], sub2: Sequence[NeuronSet]) -> pd
         "all sub-2": list(itertools.combinations(sub2, 2)),
         "across tasks, other pairs": [(a, b) for i, a in enumerate(sub1) for j, b in enumerate(sub2) if i != j],
     }
-    rows = [{"comparison": name, "n_comparisons": len(p),
-             "iou": round(100 * _mean(p, metrics.iou), 2), "overlap": round(100 * _mean(p, metrics.overlap), 2),
-             "paper": PAPER.get(name, np.nan)} for name, p in groups.items()]
+    rows = [
+        {
+            "comparison": name,
+            "n_comparisons": len(p),
+            "iou": round(100 * _mean(p, metrics.iou), 2),
+            "overlap": round(100 * _mean(p, metrics.overlap), 2),
+            "paper": PAPER.get(name, np.nan),
+        }
+        for name, p in groups.items()
+    ]
     return pd.DataFrame(rows)
 
 
 def _figure(table: pd.DataFrame) -> go.Figure:
-    fig = go.Figure([go.Bar(name="measured IoU", x=table["comparison"], y=table["iou"]),
-                     go.Bar(name="paper (GPT-J)", x=table["comparison"], y=table["paper"])])
-    fig.update_layout(barmode="group", title="Decoupling: KN sets of 'compute X' vs 'write code for X'",
-                      yaxis_title="mean pairwise IoU (%)")
+    fig = go.Figure(
+        [
+            go.Bar(name="measured IoU", x=table["comparison"], y=table["iou"]),
+            go.Bar(name="paper (GPT-J)", x=table["comparison"], y=table["paper"]),
+        ]
+    )
+    fig.update_layout(
+        barmode="group",
+        title="Decoupling: KN sets of 'compute X' vs 'write code for X'",
+        yaxis_title="mean pairwise IoU (%)",
+    )
     return fig
 
 
@@ -98,12 +127,17 @@ def run(ctx: Context) -> ExperimentResult:
     table = decoupling_table(sub1, sub2)
     code_targets = pd.Series([e.target for e in flat[1::2]]).value_counts().head(5).to_dict()
     info = {
-        "paper_percent": PAPER, "n_pairs": n, "kn_steps": steps, "kn_rule": ig["rule"],
+        "paper_percent": PAPER,
+        "n_pairs": n,
+        "kn_steps": steps,
+        "kn_rule": ig["rule"],
         "mean_neurons_sub1": float(np.mean([len(s) for s in sub1])),
         "mean_neurons_sub2": float(np.mean([len(s) for s in sub2])),
         "code_targets": code_targets,
-        "notes": ("Per-sample KN coarse sets (IG at the last prompt token, > 0.2 x max). Sub-1 target: the "
-                  "answer's first token; sub-2 target: the model's greedy next token. Group values are mean "
-                  "pairwise IoU (the paper's Eq. 6 denominator is not stated). The paper used GPT-J, 1000 pairs."),
+        "notes": (
+            "Per-sample KN coarse sets (IG at the last prompt token, > 0.2 x max). Sub-1 target: the "
+            "answer's first token; sub-2 target: the model's greedy next token. Group values are mean "
+            "pairwise IoU (the paper's Eq. 6 denominator is not stated). The paper used GPT-J, 1000 pairs."
+        ),
     }
     return ExperimentResult("decoupling", "Decoupling compute and code requirements", table, _figure(table), info)

@@ -13,9 +13,11 @@ model wrecks it, see :mod:`~capinterp.experiments.cnlf`). Measured on Gemma 3 27
 sub / sentiment accuracy (base 50.0 / 62.5 %): 1e-5 46.9 / 50.0 %, 3e-5 59.4 / 65.6 %, 1e-4
 40.6 / 68.8 %; the random arm stays within 3-9 points of base at every rate.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -37,18 +39,36 @@ CAPABILITIES: tuple[str, ...] = ("sub", "sentiment")
 #: Huang et al. 2025, Table 2 (Llama2-7B, first block; accuracy %): GSM8K, Emotion, Code25K, average.
 PAPER_TABLE2: dict[str, Any] = {
     "columns": ["GSM8K", "Emotion", "Code25K", "avg"],
-    "Llama2-7B": {"random": [0.00, 14.62, 52.79, 22.47], "without_located": [25.35, 19.06, 44.43, 28.95],
-                  "located": [24.52, 23.57, 54.28, 34.12]},
-    "GPTJ-6B": {"random": [0.00, 5.71, 50.81, 18.84], "without_located": [23.31, 31.00, 43.73, 32.68],
-                "located": [24.75, 28.00, 51.48, 34.74]},
+    "Llama2-7B": {
+        "random": [0.00, 14.62, 52.79, 22.47],
+        "without_located": [25.35, 19.06, 44.43, 28.95],
+        "located": [24.52, 23.57, 54.28, 34.12],
+    },
+    "GPTJ-6B": {
+        "random": [0.00, 5.71, 50.81, 18.84],
+        "without_located": [23.31, 31.00, 43.73, 32.68],
+        "located": [24.75, 28.00, 51.48, 34.74],
+    },
     "param_share_pct": 0.15,
 }
 
 
 def columns(arms: Sequence[str] = ARMS) -> list[str]:
     """The table's columns for these arms."""
-    return ["capability", "metric", "n_neurons", "param_share_pct", "n_train", "n_test", "epochs", "base",
-            *arms, *(f"gain_{a}" for a in arms), "base_prob", *(f"{a}_prob" for a in arms)]
+    return [
+        "capability",
+        "metric",
+        "n_neurons",
+        "param_share_pct",
+        "n_train",
+        "n_test",
+        "epochs",
+        "base",
+        *arms,
+        *(f"gain_{a}" for a in arms),
+        "base_prob",
+        *(f"{a}_prob" for a in arms),
+    ]
 
 
 def enhance_table(
@@ -77,18 +97,37 @@ def enhance_table(
     for name, ns in neurons.items():
         exs, metric = as_examples(tests[name]), (metrics_by_name or {}).get(name, cd.metric_for(name))
         base = measure(model, exs, metric, batch_size)
-        ft = finetune(model, train[name], neurons=ns, lr={a: lr[a] for a in arms}, epochs=epochs, arms=arms,
-                      seed=seed, keep_models=True, eval_batch_size=batch_size, progress=False)
+        ft = finetune(
+            model,
+            train[name],
+            neurons=ns,
+            lr={a: lr[a] for a in arms},
+            epochs=epochs,
+            arms=arms,
+            seed=seed,
+            keep_models=True,
+            eval_batch_size=batch_size,
+            progress=False,
+        )
         after = {a: measure(ft.models[a], exs, metric, batch_size) for a in arms}
         ft.models.clear()  # free the trained copies
         share = ft.table.set_index("arm")["param_share"]
-        rows.append({
-            "capability": name, "metric": metric, "n_neurons": len(ns),
-            "param_share_pct": 100 * float(share.get("located", float("nan"))),
-            "n_train": len(train[name]), "n_test": len(exs), "epochs": epochs, "base": base["value"],
-            **{a: after[a]["value"] for a in arms}, **{f"gain_{a}": after[a]["value"] - base["value"] for a in arms},
-            "base_prob": base["prob"], **{f"{a}_prob": after[a]["prob"] for a in arms},
-        })
+        rows.append(
+            {
+                "capability": name,
+                "metric": metric,
+                "n_neurons": len(ns),
+                "param_share_pct": 100 * float(share.get("located", float("nan"))),
+                "n_train": len(train[name]),
+                "n_test": len(exs),
+                "epochs": epochs,
+                "base": base["value"],
+                **{a: after[a]["value"] for a in arms},
+                **{f"gain_{a}": after[a]["value"] - base["value"] for a in arms},
+                "base_prob": base["prob"],
+                **{f"{a}_prob": after[a]["prob"] for a in arms},
+            }
+        )
     return pd.DataFrame(rows, columns=columns(arms))
 
 
@@ -96,10 +135,19 @@ def enhance_figure(table: pd.DataFrame, arms: Sequence[str] = ARMS) -> go.Figure
     """Grouped bars per capability: the metric before and after fine-tuning each arm."""
     fig = go.Figure()
     for col, label in [("base", "original"), *((a, a.replace("_", " ")) for a in arms)]:
-        fig.add_bar(x=table["capability"], y=table[col], name=label, customdata=table[["metric"]],
-                    hovertemplate=f"{label}<br>%{{x}}: %{{customdata[0]}} %{{y:.3f}}<extra></extra>")
-    fig.update_layout(barmode="group", title="Fine-tuning located vs random neurons vs the rest (held-out examples)",
-                      yaxis_title="metric (accuracy or target probability)", height=420)
+        fig.add_bar(
+            x=table["capability"],
+            y=table[col],
+            name=label,
+            customdata=table[["metric"]],
+            hovertemplate=f"{label}<br>%{{x}}: %{{customdata[0]}} %{{y:.3f}}<extra></extra>",
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Fine-tuning located vs random neurons vs the rest (held-out examples)",
+        yaxis_title="metric (accuracy or target probability)",
+        height=420,
+    )
     return fig
 
 
@@ -108,14 +156,23 @@ def run(ctx: Context) -> ExperimentResult:
     """Table 2 on the capability datasets, with the erase experiment's located sets (sigma 6)."""
     s = {**cd.settings(ctx), "capabilities": CAPABILITIES}
     data = cd.prepared(ctx, s)
-    neurons = {k: cd.located_scores(ctx.localize, "cnl", d, ctx.seed, **s["params"]["cnl"]).select(sigma=6.0)
-               for k, d in data.items()}
+    neurons = {
+        k: cd.located_scores(ctx.localize, "cnl", d, ctx.seed, **s["params"]["cnl"]).select(sigma=6.0)
+        for k, d in data.items()
+    }
     empty = [k for k, ns in neurons.items() if len(ns) == 0]
     neurons = {k: ns for k, ns in neurons.items() if len(ns)}
     epochs = ctx.size(1, 2)
-    table = enhance_table(ctx.model, neurons, {k: data[k].locate for k in neurons}, {k: data[k].test for k in neurons},
-                          metrics_by_name={k: d.metric for k, d in data.items()}, epochs=epochs, seed=ctx.seed,
-                          batch_size=ctx.batch_size)
+    table = enhance_table(
+        ctx.model,
+        neurons,
+        {k: data[k].locate for k in neurons},
+        {k: data[k].test for k in neurons},
+        metrics_by_name={k: d.metric for k, d in data.items()},
+        epochs=epochs,
+        seed=ctx.seed,
+        batch_size=ctx.batch_size,
+    )
     info = {
         "paper": {"table2_pct": PAPER_TABLE2},
         "mean_gain": {a: float(table[f"gain_{a}"].mean()) for a in ARMS},
@@ -131,6 +188,8 @@ def run(ctx: Context) -> ExperimentResult:
         ],
     }
     if ctx.quick:
-        info["quick_note"] = ("one or two training steps per arm: Adam's first steps move every trained entry by ~lr, "
-                              "which can transiently hurt; the full run trains 2 epochs on twice the data")
+        info["quick_note"] = (
+            "one or two training steps per arm: Adam's first steps move every trained entry by ~lr, "
+            "which can transiently hurt; the full run trains 2 epochs on twice the data"
+        )
     return ExperimentResult(NAME, TITLE, table, enhance_figure(table), info, neurons)

@@ -8,21 +8,23 @@ random neuron sets of the same size. IPP (:func:`capinterp.units.metrics.ipp`) u
 IPP = drop(located) - max_r drop(random_r), positive when the located set hurts more than every
 random draw (docs/results.md).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp.units import metrics
 from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units import metrics
 
 NAME, TITLE = "erase", "Erasing capability neurons vs random neurons (Huang et al. 2025, Tables 3-4)"
 
@@ -30,21 +32,44 @@ NAME, TITLE = "erase", "Erasing capability neurons vs random neurons (Huang et a
 #: each (Random, Locate) pair is lost in the text extraction; they are listed in the paper's order.
 PAPER_TABLE3: dict[str, Any] = {
     "columns": ["GSM8K", "Emotion", "Code25K", "avg"],
-    "Llama2-7B": {"base": [0.00, 17.63, 40.80, 19.48],
-                  "random": [[0.00, 17.38, 40.59, 19.32], [0.00, 17.50, 40.67, 19.39], [0.00, 17.54, 40.79, 19.44]],
-                  "located": [[0.00, 0.00, 25.86, 8.62], [0.00, 3.38, 32.77, 12.05], [0.06, 10.38, 34.11, 14.85]]},
-    "Llama2-13B": {"base": [0.38, 31.96, 45.95, 26.10],
-                   "random": [[1.00, 30.96, 45.72, 25.89], [0.31, 33.75, 45.81, 26.62], [0.38, 32.04, 45.80, 26.07]],
-                   "located": [[0.00, 0.33, 21.95, 7.42], [0.00, 5.38, 18.06, 7.81], [0.31, 2.50, 20.48, 7.76]]},
+    "Llama2-7B": {
+        "base": [0.00, 17.63, 40.80, 19.48],
+        "random": [[0.00, 17.38, 40.59, 19.32], [0.00, 17.50, 40.67, 19.39], [0.00, 17.54, 40.79, 19.44]],
+        "located": [[0.00, 0.00, 25.86, 8.62], [0.00, 3.38, 32.77, 12.05], [0.06, 10.38, 34.11, 14.85]],
+    },
+    "Llama2-13B": {
+        "base": [0.38, 31.96, 45.95, 26.10],
+        "random": [[1.00, 30.96, 45.72, 25.89], [0.31, 33.75, 45.81, 26.62], [0.38, 32.04, 45.80, 26.07]],
+        "located": [[0.00, 0.33, 21.95, 7.42], [0.00, 5.38, 18.06, 7.81], [0.31, 2.50, 20.48, 7.76]],
+    },
 }
 #: Huang et al. 2025, Table 4: overlap %, located parameters %, IPP (percentage points).
 PAPER_TABLE4: dict[str, dict[str, float]] = {
-    "KN": {"overlap": 37.3, "neuron_pct": 0.2, "ipp": 11.4}, "ROME": {"overlap": 32.7, "neuron_pct": 16.7, "ipp": 0.0},
-    "KC": {"overlap": 7.2, "neuron_pct": 1.6, "ipp": 10.5}, "CNL": {"overlap": 96.4, "neuron_pct": 0.2, "ipp": 20.0},
+    "KN": {"overlap": 37.3, "neuron_pct": 0.2, "ipp": 11.4},
+    "ROME": {"overlap": 32.7, "neuron_pct": 16.7, "ipp": 0.0},
+    "KC": {"overlap": 7.2, "neuron_pct": 1.6, "ipp": 10.5},
+    "CNL": {"overlap": 96.4, "neuron_pct": 0.2, "ipp": 20.0},
 }
-COLUMNS = ["capability", "metric", "sigma", "n_neurons", "ratio_pct", "n_test", "n_random", "base", "located",
-           "random_mean", "random_min", "random_max", "drop", "drop_random_mean", "ipp",
-           "base_prob", "located_prob", "random_prob_mean"]
+COLUMNS = [
+    "capability",
+    "metric",
+    "sigma",
+    "n_neurons",
+    "ratio_pct",
+    "n_test",
+    "n_random",
+    "base",
+    "located",
+    "random_mean",
+    "random_min",
+    "random_max",
+    "drop",
+    "drop_random_mean",
+    "ipp",
+    "base_prob",
+    "located_prob",
+    "random_prob_mean",
+]
 
 
 def random_sets(neurons: NeuronSet, n_random: int, seed: int = 0) -> list[NeuronSet]:
@@ -91,16 +116,28 @@ def erase_table(
             loc = _erased(model, located, exs, metric, batch_size)
             rnd = [_erased(model, r, exs, metric, batch_size) for r in random_sets(located, n_random, seed)]
             rv = np.array([r["value"] for r in rnd])
-            rows.append({
-                "capability": name, "metric": metric, "sigma": float(sigma), "n_neurons": len(located),
-                "ratio_pct": 100 * located.ratio, "n_test": len(exs), "n_random": n_random,
-                "base": base["value"], "located": loc["value"], "random_mean": float(rv.mean()),
-                "random_min": float(rv.min()), "random_max": float(rv.max()),
-                "drop": base["value"] - loc["value"], "drop_random_mean": float(base["value"] - rv.mean()),
-                "ipp": metrics.ipp(base["value"] - loc["value"], base["value"] - rv, higher_is_better=True),
-                "base_prob": base["prob"], "located_prob": loc["prob"],
-                "random_prob_mean": float(np.mean([r["prob"] for r in rnd])),
-            })
+            rows.append(
+                {
+                    "capability": name,
+                    "metric": metric,
+                    "sigma": float(sigma),
+                    "n_neurons": len(located),
+                    "ratio_pct": 100 * located.ratio,
+                    "n_test": len(exs),
+                    "n_random": n_random,
+                    "base": base["value"],
+                    "located": loc["value"],
+                    "random_mean": float(rv.mean()),
+                    "random_min": float(rv.min()),
+                    "random_max": float(rv.max()),
+                    "drop": base["value"] - loc["value"],
+                    "drop_random_mean": float(base["value"] - rv.mean()),
+                    "ipp": metrics.ipp(base["value"] - loc["value"], base["value"] - rv, higher_is_better=True),
+                    "base_prob": base["prob"],
+                    "located_prob": loc["prob"],
+                    "random_prob_mean": float(np.mean([r["prob"] for r in rnd])),
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -109,14 +146,29 @@ def erase_figure(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for name, sub in table.groupby("capability", sort=False):
         base = sub["base"].replace(0, np.nan)
-        fig.add_scatter(x=sub["sigma"], y=100 * sub["drop"] / base, mode="lines+markers", name=f"{name} located",
-                        legendgroup=name, customdata=sub[["n_neurons", "metric", "base", "located"]],
-                        hovertemplate=f"{name}" + " sigma %{x}: %{customdata[0]} neurons, %{customdata[1]} "
-                                      "%{customdata[2]:.3f} -> %{customdata[3]:.3f}<extra></extra>")
-        fig.add_scatter(x=sub["sigma"], y=100 * sub["drop_random_mean"] / base, mode="lines+markers",
-                        line_dash="dot", name=f"{name} random", legendgroup=name)
-    fig.update_layout(title="Erasing located vs random neurons (held-out examples)",
-                      xaxis_title="sigma (mask threshold)", yaxis_title="drop, % of base")
+        fig.add_scatter(
+            x=sub["sigma"],
+            y=100 * sub["drop"] / base,
+            mode="lines+markers",
+            name=f"{name} located",
+            legendgroup=name,
+            customdata=sub[["n_neurons", "metric", "base", "located"]],
+            hovertemplate=f"{name}" + " sigma %{x}: %{customdata[0]} neurons, %{customdata[1]} "
+            "%{customdata[2]:.3f} -> %{customdata[3]:.3f}<extra></extra>",
+        )
+        fig.add_scatter(
+            x=sub["sigma"],
+            y=100 * sub["drop_random_mean"] / base,
+            mode="lines+markers",
+            line_dash="dot",
+            name=f"{name} random",
+            legendgroup=name,
+        )
+    fig.update_layout(
+        title="Erasing located vs random neurons (held-out examples)",
+        xaxis_title="sigma (mask threshold)",
+        yaxis_title="drop, % of base",
+    )
     return fig
 
 
@@ -128,9 +180,16 @@ def run(ctx: Context) -> ExperimentResult:
     scores = {k: cd.located_scores(ctx.localize, "cnl", d, ctx.seed, **s["params"]["cnl"]) for k, d in data.items()}
     sigmas = (3.0, 6.0) if ctx.quick else (3.0, 4.0, 5.0, 6.0)
     n_random = ctx.size(2, 3)
-    table = erase_table(ctx.model, scores, {k: d.test for k, d in data.items()},
-                        metrics_by_name={k: d.metric for k, d in data.items()}, sigmas=sigmas,
-                        n_random=n_random, seed=ctx.seed, batch_size=ctx.batch_size)
+    table = erase_table(
+        ctx.model,
+        scores,
+        {k: d.test for k, d in data.items()},
+        metrics_by_name={k: d.metric for k, d in data.items()},
+        sigmas=sigmas,
+        n_random=n_random,
+        seed=ctx.seed,
+        batch_size=ctx.batch_size,
+    )
     table.insert(6, "n_solved", table["capability"].map({k: d.n_solved for k, d in data.items()}))
     at6 = table[table["sigma"] == 6.0]
     info = {

@@ -14,38 +14,58 @@ and the overlap coefficient |A ∩ B| / min(|A|, |B|) is averaged over the parap
 Paper (GPT-J, 5 GPT-4o rewrites, Table 4): KN 37.3 %, ROME 32.7 %, KC 7.2 % (for KC the paper's
 text counts pairs with identical circuits; ``identical_pairs`` reports that share).
 """
+
 from __future__ import annotations
 
 import itertools
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from capinterp.units import metrics
 from capinterp.core.example import Example
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.units import metrics
 from capinterp.units.base import UnitSet
 
-__all__ = ["METHODS", "PAPER_OVERLAP", "locate_paraphrases", "fidelity_table", "summarize", "run"]
+__all__ = ["METHODS", "PAPER_OVERLAP", "fidelity_table", "locate_paraphrases", "run", "summarize"]
 
 METHODS: tuple[str, ...] = ("kn", "rome", "kc")
 PAPER_OVERLAP = {"kn": 37.3, "rome": 32.7, "kc": 7.2}  # % (Huang et al. 2025, Table 4, GPT-J)
-COLUMNS = ["method", "fact", "subject", "n_paraphrases", "mean_overlap", "mean_iou", "identical_pairs",
-           "mean_units", "unit"]
+COLUMNS = [
+    "method",
+    "fact",
+    "subject",
+    "n_paraphrases",
+    "mean_overlap",
+    "mean_iou",
+    "identical_pairs",
+    "mean_units",
+    "unit",
+]
 
 
-def locate_paraphrases(model: Any, bag: Sequence[Example], method: str, *, kn_steps: int = 20, kn_rule: str = "right",
-                       kn_threshold: float = 0.2, ct_samples: int = 10, ct_top_k: int = 3,
-                       kc_top_n: int = 100, cache: ScoreCache | None = None) -> list[UnitSet | None]:
+def locate_paraphrases(
+    model: Any,
+    bag: Sequence[Example],
+    method: str,
+    *,
+    kn_steps: int = 20,
+    kn_rule: str = "right",
+    kn_threshold: float = 0.2,
+    ct_samples: int = 10,
+    ct_top_k: int = 3,
+    kc_top_n: int = 100,
+    cache: ScoreCache | None = None,
+) -> list[UnitSet | None]:
     """One located unit set per paraphrase (None where causal tracing skips the prompt)."""
     if method == "kn":
-        return [kn_neurons(kn_scores(model, ex, steps=kn_steps, rule=kn_rule, cache=cache), kn_threshold)
-                for ex in bag]
+        return [kn_neurons(kn_scores(model, ex, steps=kn_steps, rule=kn_rule, cache=cache), kn_threshold) for ex in bag]
     if method == "rome":
         from capinterp.localizers.causal_trace import CausalTrace
 
@@ -72,9 +92,15 @@ def _pair_stats(sets: list[UnitSet]) -> dict[str, float]:
     }
 
 
-def fidelity_table(model: Any, bags: Sequence[Sequence[Example]], *, methods: Sequence[str] = METHODS,
-                   cache: ScoreCache | None = None, progress: Callable[[str], None] | None = None,
-                   **params: Any) -> pd.DataFrame:
+def fidelity_table(
+    model: Any,
+    bags: Sequence[Sequence[Example]],
+    *,
+    methods: Sequence[str] = METHODS,
+    cache: ScoreCache | None = None,
+    progress: Callable[[str], None] | None = None,
+    **params: Any,
+) -> pd.DataFrame:
     """One row per (method, fact): mean pairwise overlap / IoU of the paraphrases' unit sets.
 
     ``bags``: one list of paraphrased Examples per fact (targets set, ``meta["subject"]`` for ROME).
@@ -89,10 +115,17 @@ def fidelity_table(model: Any, bags: Sequence[Sequence[Example]], *, methods: Se
             if progress:
                 progress(f"fidelity {method} fact {i + 1}/{len(bags)}")
             sets = [s for s in locate_paraphrases(model, bag, method, cache=cache, **params) if s is not None]
-            rows.append({"method": method, "fact": bag[0].meta.get("fact_id", i),
-                         "subject": bag[0].meta.get("subject"), "n_paraphrases": len(sets), **_pair_stats(sets),
-                         "mean_units": float(np.mean([len(s) for s in sets])) if sets else np.nan,
-                         "unit": sets[0].kind if sets else None})
+            rows.append(
+                {
+                    "method": method,
+                    "fact": bag[0].meta.get("fact_id", i),
+                    "subject": bag[0].meta.get("subject"),
+                    "n_paraphrases": len(sets),
+                    **_pair_stats(sets),
+                    "mean_units": float(np.mean([len(s) for s in sets])) if sets else np.nan,
+                    "unit": sets[0].kind if sets else None,
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -107,12 +140,18 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _figure(summary: pd.DataFrame) -> go.Figure:
-    fig = go.Figure([
-        go.Bar(name="measured", x=summary["method"], y=summary["mean_overlap"]),
-        go.Bar(name="paper (GPT-J)", x=summary["method"], y=summary["paper_overlap"]),
-    ])
-    fig.update_layout(barmode="group", title="Fidelity: overlap of units located on paraphrases of one fact",
-                      yaxis_title="mean pairwise overlap (%)", xaxis_title="localizer")
+    fig = go.Figure(
+        [
+            go.Bar(name="measured", x=summary["method"], y=summary["mean_overlap"]),
+            go.Bar(name="paper (GPT-J)", x=summary["method"], y=summary["paper_overlap"]),
+        ]
+    )
+    fig.update_layout(
+        barmode="group",
+        title="Fidelity: overlap of units located on paraphrases of one fact",
+        yaxis_title="mean pairwise overlap (%)",
+        xaxis_title="localizer",
+    )
     return fig
 
 
@@ -131,10 +170,14 @@ def run(ctx: Context) -> ExperimentResult:
         "paper_overlap_percent": PAPER_OVERLAP,
         "measured_overlap_percent": dict(zip(summary["method"], summary["mean_overlap"])),
         "summary": summary.to_dict("records"),
-        "n_facts": len(bags), "paraphrases_per_fact": per_fact, **params,
-        "notes": ("Builtin paraphrases (written for capinterp), prompts the model answers only. KN: per-prompt "
-                  "coarse set; ROME: top-3 MLP layers at the last subject token; KC: top-100 EAP edges. "
-                  "Overlap = |A∩B|/min(|A|,|B|), mean over paraphrase pairs, then over facts. The paper used "
-                  "GPT-J with 5 GPT-4o rewrites and KN IG with 20 steps."),
+        "n_facts": len(bags),
+        "paraphrases_per_fact": per_fact,
+        **params,
+        "notes": (
+            "Builtin paraphrases (written for capinterp), prompts the model answers only. KN: per-prompt "
+            "coarse set; ROME: top-3 MLP layers at the last subject token; KC: top-100 EAP edges. "
+            "Overlap = |A∩B|/min(|A|,|B|), mean over paraphrase pairs, then over facts. The paper used "
+            "GPT-J with 5 GPT-4o rewrites and KN IG with 20 steps."
+        ),
     }
     return ExperimentResult("fidelity", "Fidelity of individual-knowledge localization", table, _figure(summary), info)

@@ -13,23 +13,31 @@ Reverse (5.5): erase the top ``fraction`` (10%) by |C - mean| of the sets of the
 present, against a random set of the same size (seeded), and report accuracy and mean target
 probability (accuracy on multi-operator items is low for small models).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from capinterp.data import arithmetic
 from capinterp.core.example import Example
-from capinterp.kernels.evaluate import evaluate
+from capinterp.data import arithmetic
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
-    OP_NAMES, OPS, context_scorer, operator_neurons, sample_scores, top_fraction, union,
+    OP_NAMES,
+    OPS,
+    context_scorer,
+    operator_neurons,
+    sample_scores,
+    top_fraction,
+    union,
 )
 from capinterp.interventions.hooks import erase
+from capinterp.kernels.evaluate import evaluate
 from capinterp.results.neurons import NeuronSet
 
 TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): forward reasoning and reverse validation"
@@ -55,8 +63,14 @@ def operator_ratio(active: torch.Tensor, sets: Mapping[str, NeuronSet], ops: Seq
     return float(np.mean(fr)) if fr else float("nan")
 
 
-def activation_ratio(model: Any, examples: Sequence[Example], op_sets: Mapping[str, NeuronSet], *,
-                     sigma: float = 6.0, batch_size: int = 16) -> pd.DataFrame:
+def activation_ratio(
+    model: Any,
+    examples: Sequence[Example],
+    op_sets: Mapping[str, NeuronSet],
+    *,
+    sigma: float = 6.0,
+    batch_size: int = 16,
+) -> pd.DataFrame:
     """One row per example: n_ops, ops, R, R_absent, n_active, chance (see the module docstring)."""
     rows: list[dict[str, Any]] = []
     for idx, scores, _ in sample_scores(model, examples, batch_size):
@@ -64,15 +78,23 @@ def activation_ratio(model: Any, examples: Sequence[Example], op_sets: Mapping[s
         for j, i in enumerate(idx):
             present = list(examples[i].meta["op_set"])
             absent = [o for o in op_sets if o not in present]
-            rows.append({"index": i, "n_ops": examples[i].meta["n_ops"], "ops": "".join(present),
-                         "R": operator_ratio(active[j], op_sets, present),
-                         "R_absent": operator_ratio(active[j], op_sets, absent),
-                         "n_active": int(active[j].sum()), "chance": float(active[j].float().mean())})
+            rows.append(
+                {
+                    "index": i,
+                    "n_ops": examples[i].meta["n_ops"],
+                    "ops": "".join(present),
+                    "R": operator_ratio(active[j], op_sets, present),
+                    "R_absent": operator_ratio(active[j], op_sets, absent),
+                    "n_active": int(active[j].sum()),
+                    "chance": float(active[j].float().mean()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def reverse_validation(model: Any, examples: Sequence[Example], erase_sets: Mapping[str, NeuronSet], *,
-                       seed: int = 0, batch_size: int = 16) -> pd.DataFrame:
+def reverse_validation(
+    model: Any, examples: Sequence[Example], erase_sets: Mapping[str, NeuronSet], *, seed: int = 0, batch_size: int = 16
+) -> pd.DataFrame:
     """Per group of examples with the same operator set: accuracy and mean p(target) of the
     original model, with the union of the present operators' ``erase_sets`` zeroed, and with a
     random set of the same size zeroed (``random_like(seed)``)."""
@@ -97,18 +119,31 @@ def reverse_validation(model: Any, examples: Sequence[Example], erase_sets: Mapp
     return pd.DataFrame(rows)
 
 
-def forward_reasoning_table(model: Any, datasets: Mapping[int, list[Example]], op_sets: Mapping[str, NeuronSet],
-                            erase_sets: Mapping[str, NeuronSet], *, sigma: float = 6.0, seed: int = 0,
-                            batch_size: int = 16) -> pd.DataFrame:
+def forward_reasoning_table(
+    model: Any,
+    datasets: Mapping[int, list[Example]],
+    op_sets: Mapping[str, NeuronSet],
+    erase_sets: Mapping[str, NeuronSet],
+    *,
+    sigma: float = 6.0,
+    seed: int = 0,
+    batch_size: int = 16,
+) -> pd.DataFrame:
     """One row per operator count k: R, R_absent, chance (%), and the reverse-validation arms (%)."""
     rows = []
     for k, examples in sorted(datasets.items()):
         fwd = activation_ratio(model, examples, op_sets, sigma=sigma, batch_size=batch_size)
         rev = reverse_validation(model, examples, erase_sets, seed=seed, batch_size=batch_size)
         w = rev["n"] / rev["n"].sum()
-        row: dict[str, Any] = {"n_ops": k, "n": len(examples), "R": 100 * fwd["R"].mean(),
-                               "R_absent": 100 * fwd["R_absent"].mean(), "chance": 100 * fwd["chance"].mean(),
-                               "n_active": fwd["n_active"].mean(), "n_erased": float((rev["n_erased"] * w).sum())}
+        row: dict[str, Any] = {
+            "n_ops": k,
+            "n": len(examples),
+            "R": 100 * fwd["R"].mean(),
+            "R_absent": 100 * fwd["R_absent"].mean(),
+            "chance": 100 * fwd["chance"].mean(),
+            "n_active": fwd["n_active"].mean(),
+            "n_erased": float((rev["n_erased"] * w).sum()),
+        }
         for col in ("acc_orig", "acc_erased", "acc_random", "prob_orig", "prob_erased", "prob_random"):
             row[col] = 100 * float((rev[col] * w).sum())
         rows.append(row)
@@ -120,14 +155,16 @@ def _figure(table: pd.DataFrame) -> Any:
     from plotly.subplots import make_subplots
 
     x = [f"{k}-OP" for k in table["n_ops"]]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward: activation ratio R (%)",
-                                                        "reverse: accuracy / mean p(target) (%)"))
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("forward: activation ratio R (%)", "reverse: accuracy / mean p(target) (%)")
+    )
     for col, name in (("R", "R (ops present)"), ("R_absent", "R (ops absent)"), ("chance", "chance")):
         fig.add_trace(go.Bar(x=x, y=table[col], name=name), row=1, col=1)
     for arm in ("orig", "random", "erased"):
         fig.add_trace(go.Bar(x=x, y=table[f"acc_{arm}"], name=f"accuracy {arm}"), row=1, col=2)
-        fig.add_trace(go.Scatter(x=x, y=table[f"prob_{arm}"], name=f"p(target) {arm}", mode="lines+markers"),
-                      row=1, col=2)
+        fig.add_trace(
+            go.Scatter(x=x, y=table[f"prob_{arm}"], name=f"p(target) {arm}", mode="lines+markers"), row=1, col=2
+        )
     fig.update_layout(barmode="group", title=TITLE)
     return fig
 
@@ -139,21 +176,26 @@ def run(ctx: Context) -> ExperimentResult:
     n_loc, n_test = ctx.size(6, 50), ctx.size(2, 20)
     scores, sets = operator_neurons(context_scorer(ctx), n_loc, ctx.seed, sigma)
     tops = {op: top_fraction(scores[op], sets[op], fraction) for op in OPS}
-    data = {k: arithmetic(ops="".join(OPS), n=n_test, fmt="DG", lang="en", seed=ctx.seed + 1, n_ops=k)
-            for k in range(2, 6)}
-    table = forward_reasoning_table(ctx.model, data, sets, tops, sigma=sigma, seed=ctx.seed,
-                                    batch_size=ctx.batch_size)
+    data = {
+        k: arithmetic(ops="".join(OPS), n=n_test, fmt="DG", lang="en", seed=ctx.seed + 1, n_ops=k) for k in range(2, 6)
+    }
+    table = forward_reasoning_table(ctx.model, data, sets, tops, sigma=sigma, seed=ctx.seed, batch_size=ctx.batch_size)
     info = {
         "paper": PAPER,
         "measured_R_avg": round(float(table["R"].mean()), 2),
         "set_sizes": {op: len(s) for op, s in sets.items()},
         "located_per_layer": {op: s.per_layer().tolist() for op, s in sets.items()},
         "erased_per_operator": {op: len(s) for op, s in tops.items()},
-        "sigma": sigma, "fraction": fraction, "n_localize_per_op": n_loc, "n_test_per_k": n_test,
-        "notes": ("Operator neurons: DCSN on 1-OP DG (en, compact) examples with a right first token, "
-                  f"seed {ctx.seed}; test expressions: seed {ctx.seed + 1}. R averages |N_o ∩ A_i|/|N_o| over "
-                  "the operators present; R_absent over the others; chance = |A_i|/(L*d_mlp). Reverse: "
-                  "erase the top 10% (|C-mean|) of the present operators' sets vs a same-size random set."),
+        "sigma": sigma,
+        "fraction": fraction,
+        "n_localize_per_op": n_loc,
+        "n_test_per_k": n_test,
+        "notes": (
+            "Operator neurons: DCSN on 1-OP DG (en, compact) examples with a right first token, "
+            f"seed {ctx.seed}; test expressions: seed {ctx.seed + 1}. R averages |N_o ∩ A_i|/|N_o| over "
+            "the operators present; R_absent over the others; chance = |A_i|/(L*d_mlp). Reverse: "
+            "erase the top 10% (|C-mean|) of the present operators' sets vs a same-size random set."
+        ),
     }
     neurons = {f"{OP_NAMES[op]}_top{int(100 * fraction)}": s for op, s in tops.items()}
     return ExperimentResult("forward_reasoning", TITLE, table, _figure(table), info, neurons)

@@ -7,19 +7,26 @@ effects (erasing "-" hurts "+", "/" hurts "*"). The random-control row erases, f
 operator, a random set the size of *that* operator's erased set (``random_like(seed)``).
 Neurons are located on one seed and tested on items drawn with another.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from capinterp.core.example import Example
-from capinterp.experiments.scoring import greedy_correct, target_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
-    OP_NAMES, OPS, context_scorer, one_op_data, operator_neurons, top_fraction,
+    OP_NAMES,
+    OPS,
+    context_scorer,
+    one_op_data,
+    operator_neurons,
+    top_fraction,
 )
+from capinterp.experiments.scoring import greedy_correct, target_scores
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
 
@@ -32,8 +39,9 @@ PAPER = {  # Table 5, LLaMA-3-8B: accuracy drop (points), rows = test items, col
 }
 
 
-def per_op(model: Any, tests: Mapping[str, list[Example]], ops: Sequence[str],
-           batch_size: int = 16) -> dict[str, tuple[float, float]]:
+def per_op(
+    model: Any, tests: Mapping[str, list[Example]], ops: Sequence[str], batch_size: int = 16
+) -> dict[str, tuple[float, float]]:
     """(accuracy, mean p(first target token)) of each operator's items.
 
     :func:`~capinterp.kernels.evaluate.evaluate`'s numbers from one teacher-forced pass over all items,
@@ -51,9 +59,16 @@ def per_op(model: Any, tests: Mapping[str, list[Example]], ops: Sequence[str],
     return out
 
 
-def ablation_matrix(model: Any, tests: Mapping[str, list[Example]], erase_sets: Mapping[str, NeuronSet], *,
-                    seed: int = 0, random_control: bool = True, batch_size: int = 16,
-                    base: Mapping[str, tuple[float, float]] | None = None) -> pd.DataFrame:
+def ablation_matrix(
+    model: Any,
+    tests: Mapping[str, list[Example]],
+    erase_sets: Mapping[str, NeuronSet],
+    *,
+    seed: int = 0,
+    random_control: bool = True,
+    batch_size: int = 16,
+    base: Mapping[str, tuple[float, float]] | None = None,
+) -> pd.DataFrame:
     """Long table: one row per (erased, test_op), erased in ``erase_sets`` (+ "random").
 
     Columns: erased, test_op, n, n_erased, acc_base, acc, drop (points), prob_base, prob,
@@ -66,9 +81,20 @@ def ablation_matrix(model: Any, tests: Mapping[str, list[Example]], erase_sets: 
 
     def add(erased: str, op: str, n_erased: int, after: tuple[float, float]) -> None:
         (a0, p0), (a1, p1) = base[op], after
-        rows.append({"erased": erased, "test_op": op, "n": len(tests[op]), "n_erased": n_erased,
-                     "acc_base": 100 * a0, "acc": 100 * a1, "drop": 100 * (a0 - a1),
-                     "prob_base": 100 * p0, "prob": 100 * p1, "prob_drop": 100 * (p0 - p1)})
+        rows.append(
+            {
+                "erased": erased,
+                "test_op": op,
+                "n": len(tests[op]),
+                "n_erased": n_erased,
+                "acc_base": 100 * a0,
+                "acc": 100 * a1,
+                "drop": 100 * (a0 - a1),
+                "prob_base": 100 * p0,
+                "prob": 100 * p1,
+                "prob_drop": 100 * (p0 - p1),
+            }
+        )
 
     for name, ns in erase_sets.items():
         with erase(model, ns):
@@ -101,12 +127,26 @@ def _figure(table: pd.DataFrame) -> Any:
     for j, f in enumerate(fracs, start=1):
         part = table[table["fraction"] == f]
         m, p = drop_matrix(part), drop_matrix(part, "prob_drop")
-        hover = [[f"erase {r} on {c}: accuracy drop {m.loc[r, c]:.1f}, p(target) drop {p.loc[r, c]:.1f}"
-                  for c in m.columns] for r in m.index]
-        fig.add_trace(go.Heatmap(z=m.to_numpy(), x=[f"1-OP ({c})" for c in m.columns], y=list(m.index),
-                                 text=m.round(1).to_numpy(), texttemplate="%{text}", customdata=hover,
-                                 hovertemplate="%{customdata}<extra></extra>", colorscale="RdBu_r",
-                                 zmid=0, showscale=j == len(fracs)), row=1, col=j)
+        hover = [
+            [f"erase {r} on {c}: accuracy drop {m.loc[r, c]:.1f}, p(target) drop {p.loc[r, c]:.1f}" for c in m.columns]
+            for r in m.index
+        ]
+        fig.add_trace(
+            go.Heatmap(
+                z=m.to_numpy(),
+                x=[f"1-OP ({c})" for c in m.columns],
+                y=list(m.index),
+                text=m.round(1).to_numpy(),
+                texttemplate="%{text}",
+                customdata=hover,
+                hovertemplate="%{customdata}<extra></extra>",
+                colorscale="RdBu_r",
+                zmid=0,
+                showscale=j == len(fracs),
+            ),
+            row=1,
+            col=j,
+        )
         fig.update_yaxes(autorange="reversed", title_text="erased neurons" if j == 1 else None, row=1, col=j)
     fig.update_layout(title=TITLE)
     return fig
@@ -128,14 +168,20 @@ def run(ctx: Context) -> ExperimentResult:
     table = pd.concat(parts, ignore_index=True)
     info = {
         "paper": PAPER,
-        "measured_drop": {str(f): drop_matrix(table[table.fraction == f]).round(1).to_dict(orient="index")
-                          for f in fractions},
+        "measured_drop": {
+            str(f): drop_matrix(table[table.fraction == f]).round(1).to_dict(orient="index") for f in fractions
+        },
         "set_sizes": {op: len(s) for op, s in sets.items()},
         "located_per_layer": {op: s.per_layer().tolist() for op, s in sets.items()},
-        "sigma": sigma, "fractions": list(fractions), "n_localize_per_op": n_loc, "n_test_per_op": n_test,
-        "notes": ("Rows erased set, columns test operator (the paper's Table 5 is the transpose). DCSN on "
-                  f"1-OP DG (en, compact) examples with a right first token, seed {ctx.seed}; test items seed "
-                  f"{ctx.seed + 1}. drop = accuracy before - after, in points; prob_drop likewise for p(target)."),
+        "sigma": sigma,
+        "fractions": list(fractions),
+        "n_localize_per_op": n_loc,
+        "n_test_per_op": n_test,
+        "notes": (
+            "Rows erased set, columns test operator (the paper's Table 5 is the transpose). DCSN on "
+            f"1-OP DG (en, compact) examples with a right first token, seed {ctx.seed}; test items seed "
+            f"{ctx.seed + 1}. drop = accuracy before - after, in points; prob_drop likewise for p(target)."
+        ),
     }
     neurons = {f"{OP_NAMES[op]}_all": s for op, s in sets.items()}
     return ExperimentResult("operator_ablation", TITLE, table, _figure(table), info, neurons)

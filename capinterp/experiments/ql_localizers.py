@@ -9,6 +9,7 @@ bags the model answers, one :class:`capinterp.QueryLocalization` per localizer (
 
 Not among the registered experiments yet (see :func:`run`).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -32,10 +33,16 @@ def inconsistency_table(fits: dict[str, QueryLocalization]) -> pd.DataFrame:
     rows, static, otsu = [], [], []
     for name, ql in fits.items():
         s = ql.summary()
-        rows.append({"localizer": name, "n_facts": int(s["n_facts"]),
-                     "share_inconsistent_static": float(s["share_inconsistent_static"]),
-                     "share_inconsistent_otsu": float(s["share_inconsistent_otsu"]),
-                     "mean_cs2": float(s["mean_cs2"]), "mean_query_neurons": float(s["mean_query_neurons"])})
+        rows.append(
+            {
+                "localizer": name,
+                "n_facts": int(s["n_facts"]),
+                "share_inconsistent_static": float(s["share_inconsistent_static"]),
+                "share_inconsistent_otsu": float(s["share_inconsistent_otsu"]),
+                "mean_cs2": float(s["mean_cs2"]),
+                "mean_query_neurons": float(s["mean_query_neurons"]),
+            }
+        )
         static.append(~ql.consistency_["consistent_static"].to_numpy(bool))
         otsu.append(~ql.consistency_["consistent_otsu"].to_numpy(bool))
     if fits:
@@ -44,10 +51,16 @@ def inconsistency_table(fits: dict[str, QueryLocalization]) -> pd.DataFrame:
         for a, b in zip(static[1:], otsu[1:]):
             all_static &= a
             all_otsu &= b
-        rows.append({"localizer": "intersection: II", "n_facts": int(len(all_static)),
-                     "share_inconsistent_static": float(all_static.mean()),
-                     "share_inconsistent_otsu": float(all_otsu.mean()), "mean_cs2": float("nan"),
-                     "mean_query_neurons": float("nan")})
+        rows.append(
+            {
+                "localizer": "intersection: II",
+                "n_facts": len(all_static),
+                "share_inconsistent_static": float(all_static.mean()),
+                "share_inconsistent_otsu": float(all_otsu.mean()),
+                "mean_cs2": float("nan"),
+                "mean_query_neurons": float("nan"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -58,20 +71,33 @@ def run(ctx: Context) -> ExperimentResult:
     reproduction (its quick mode had not finished 4 prompts on Gemma 3 after 13 minutes on the
     shared 2-core machine). Run it as ``run(Context(model, quick=True))``.
     """
-    bags = known_paraphrases(ctx.model, builtin_paraphrases(ctx.size(3, None)), per_fact=ctx.size(2, 4),
-                             max_facts=ctx.size(2, 12))
+    bags = known_paraphrases(
+        ctx.model, builtin_paraphrases(ctx.size(3, None)), per_fact=ctx.size(2, 4), max_facts=ctx.size(2, 12)
+    )
     steps = ctx.size(2, 10)
-    texts = (local_texts(n=32, seed=ctx.seed) if shared_data_dir() is not None
-             else [e.prompt + e.target for bag in bags for e in bag])  # no local corpus: the facts' own text
+    texts = (
+        local_texts(n=32, seed=ctx.seed)
+        if shared_data_dir() is not None
+        else [e.prompt + e.target for bag in bags for e in bag]
+    )  # no local corpus: the facts' own text
     extra = {"amig": {"baseline_texts": texts}}
-    fits = {name: QueryLocalization(ctx.model, localizer=name, steps=steps, progress=False,
-                                    **extra.get(name, {})).fit(bags)
-            for name in LOCALIZERS}
+    fits = {
+        name: QueryLocalization(ctx.model, localizer=name, steps=steps, progress=False, **extra.get(name, {})).fit(bags)
+        for name in LOCALIZERS
+    }
     table = inconsistency_table(fits)
-    fig = go.Figure([go.Bar(x=table["localizer"], y=100 * table["share_inconsistent_static"], name="tau = 0.3"),
-                     go.Bar(x=table["localizer"], y=100 * table["share_inconsistent_otsu"], name="Otsu")])
+    fig = go.Figure(
+        [
+            go.Bar(x=table["localizer"], y=100 * table["share_inconsistent_static"], name="tau = 0.3"),
+            go.Bar(x=table["localizer"], y=100 * table["share_inconsistent_otsu"], name="Otsu"),
+        ]
+    )
     fig.update_layout(barmode="group", title="Share of inconsistent facts (K_II) per localizer", yaxis_title="%")
-    info = {"paper_share_inconsistent_percent": PAPER, "steps": steps, "n_facts": len(bags),
-            "queries_per_fact": ctx.size(2, 4),
-            "notes": "AMIG's baseline: mean activation over 32 texts of the local data folder (or the facts' own text without one)."}
+    info = {
+        "paper_share_inconsistent_percent": PAPER,
+        "steps": steps,
+        "n_facts": len(bags),
+        "queries_per_fact": ctx.size(2, 4),
+        "notes": "AMIG's baseline: mean activation over 32 texts of the local data folder (or the facts' own text without one).",
+    }
     return ExperimentResult("ql_localizers", "Inconsistent facts per localizer", table, fig, info)

@@ -16,9 +16,11 @@ empty are left out of the shares (nothing to intervene on) and counted in ``n_em
 Paper (GPT-J, zsRE): x2 located 85.1 % up / 14.9 % down, random 72.3 / 27.7;
 x0 located 27.4 % up / 72.4 % down, random 17.6 / 82.6; 15.3 KNs per sample.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,39 +28,47 @@ import plotly.graph_objects as go
 import torch
 
 from capinterp.core.example import Example
+from capinterp.core.forward import logits_at
+from capinterp.core.tokens import encode
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
-from capinterp.core.forward import logits_at
 from capinterp.interventions.hooks import neuron_hooks, scale
 from capinterp.results.neurons import NeuronSet
-from capinterp.core.tokens import encode
 
-__all__ = ["POSITIONS", "PAPER", "target_prob", "reliability_frame", "summarize", "run"]
+__all__ = ["PAPER", "POSITIONS", "reliability_frame", "run", "summarize", "target_prob"]
 
 POSITIONS = ("last", "all")
 OPERATIONS = {2.0: "amplify x2", 0.0: "erase x0"}
 COLUMNS = ["sample", "fact", "n_neurons", "factor", "operation", "arm", "draw", "seed", "p_before", "p_after"]
 SUMMARY_COLUMNS = ["operation", "arm", "n", "share_up", "share_down", "rel_change", "paper_up", "paper_down"]
 # (operation, arm) -> (% samples up, % samples down), Huang et al. 2025, Sec. 3.2 (GPT-J, zsRE)
-PAPER = {("amplify x2", "located"): (85.1, 14.9), ("amplify x2", "random"): (72.3, 27.7),
-         ("erase x0", "located"): (27.4, 72.4), ("erase x0", "random"): (17.6, 82.6)}
+PAPER = {
+    ("amplify x2", "located"): (85.1, 14.9),
+    ("amplify x2", "random"): (72.3, 27.7),
+    ("erase x0", "located"): (27.4, 72.4),
+    ("erase x0", "random"): (17.6, 82.6),
+}
 
 
 def _last_only(hooks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Apply each hook to the last position only (batch of one unpadded prompt)."""
+
     def wrap(fn: Any) -> Any:
         def hook(act: torch.Tensor, hook: Any) -> torch.Tensor:
             act = act.clone()
             act[:, -1:] = fn(act[:, -1:], hook)
             return act
+
         return hook
+
     return [(name, wrap(fn)) for name, fn in hooks]
 
 
 @torch.no_grad()
-def target_prob(model: Any, ex: Example, neurons: NeuronSet | None = None, factor: float = 1.0,
-                position: str = "last") -> float:
+def target_prob(
+    model: Any, ex: Example, neurons: NeuronSet | None = None, factor: float = 1.0, position: str = "last"
+) -> float:
     """p(first target token | prompt), with ``neurons`` scaled by ``factor`` at ``position``."""
     if position not in POSITIONS:
         raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
@@ -75,10 +85,20 @@ def target_prob(model: Any, ex: Example, neurons: NeuronSet | None = None, facto
     return float(torch.softmax(logits[0].double(), -1)[enc.target_ids[0]])
 
 
-def reliability_frame(model: Any, examples: Sequence[Example], *, neuron_sets: Sequence[NeuronSet] | None = None,
-                      kn_steps: int = 20, kn_rule: str = "right", kn_threshold: float = 0.2, factors: Sequence[float] = (2.0, 0.0),
-                      n_random: int = 3, seed: int = 0, position: str = "last",
-                      cache: ScoreCache | None = None) -> pd.DataFrame:
+def reliability_frame(
+    model: Any,
+    examples: Sequence[Example],
+    *,
+    neuron_sets: Sequence[NeuronSet] | None = None,
+    kn_steps: int = 20,
+    kn_rule: str = "right",
+    kn_threshold: float = 0.2,
+    factors: Sequence[float] = (2.0, 0.0),
+    n_random: int = 3,
+    seed: int = 0,
+    position: str = "last",
+    cache: ScoreCache | None = None,
+) -> pd.DataFrame:
     """One row per (prompt, factor, arm, draw): target probability before and after.
 
     ``neuron_sets`` (one per example) replaces KN localization when given. Columns: sample,
@@ -90,17 +110,31 @@ def reliability_frame(model: Any, examples: Sequence[Example], *, neuron_sets: S
         raise ValueError(f"got {len(neuron_sets)} neuron sets for {len(examples)} examples")
     rows = []
     for i, ex in enumerate(examples):
-        ns = neuron_sets[i] if neuron_sets is not None else kn_neurons(
-            kn_scores(model, ex, steps=kn_steps, rule=kn_rule, cache=cache), kn_threshold)
+        ns = (
+            neuron_sets[i]
+            if neuron_sets is not None
+            else kn_neurons(kn_scores(model, ex, steps=kn_steps, rule=kn_rule, cache=cache), kn_threshold)
+        )
         before = target_prob(model, ex)
         arms = [("located", -1, None, ns)] + [
-            ("random", r, seed + 1000 * r + i, ns.random_like(seed + 1000 * r + i)) for r in range(n_random)]
+            ("random", r, seed + 1000 * r + i, ns.random_like(seed + 1000 * r + i)) for r in range(n_random)
+        ]
         for factor in factors:
             for arm, draw, s, units in arms:
-                rows.append({"sample": i, "fact": ex.meta.get("fact_id"), "n_neurons": len(ns),
-                             "factor": float(factor), "operation": OPERATIONS.get(float(factor), f"scale x{factor:g}"),
-                             "arm": arm, "draw": draw, "seed": s, "p_before": before,
-                             "p_after": target_prob(model, ex, units, factor, position)})
+                rows.append(
+                    {
+                        "sample": i,
+                        "fact": ex.meta.get("fact_id"),
+                        "n_neurons": len(ns),
+                        "factor": float(factor),
+                        "operation": OPERATIONS.get(float(factor), f"scale x{factor:g}"),
+                        "arm": arm,
+                        "draw": draw,
+                        "seed": s,
+                        "p_before": before,
+                        "p_after": target_prob(model, ex, units, factor, position),
+                    }
+                )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -116,24 +150,41 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
         d = g["p_after"] - g["p_before"]
         n = len(g)
         up, down = PAPER.get((op, arm), (np.nan, np.nan))
-        rows.append({"operation": op, "arm": arm, "n": n,
-                     "share_up": round(100 * float((d > 0).mean()), 1) if n else np.nan,
-                     "share_down": round(100 * float((d < 0).mean()), 1) if n else np.nan,
-                     "rel_change": float(g["p_after"].mean() / g["p_before"].mean() - 1) if n else np.nan,
-                     "paper_up": up, "paper_down": down})
+        rows.append(
+            {
+                "operation": op,
+                "arm": arm,
+                "n": n,
+                "share_up": round(100 * float((d > 0).mean()), 1) if n else np.nan,
+                "share_down": round(100 * float((d < 0).mean()), 1) if n else np.nan,
+                "rel_change": float(g["p_after"].mean() / g["p_before"].mean() - 1) if n else np.nan,
+                "paper_up": up,
+                "paper_down": down,
+            }
+        )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def _figure(summary: pd.DataFrame) -> go.Figure:
     x = summary["operation"] + " / " + summary["arm"]
-    fig = go.Figure([go.Bar(name="measured % up", x=x, y=summary["share_up"]),
-                     go.Bar(name="paper % up (GPT-J)", x=x, y=summary["paper_up"])])
-    fig.update_layout(barmode="group", title="Reliability: share of prompts whose target probability rises",
-                      yaxis_title="% of prompts")
+    fig = go.Figure(
+        [
+            go.Bar(name="measured % up", x=x, y=summary["share_up"]),
+            go.Bar(name="paper % up (GPT-J)", x=x, y=summary["paper_up"]),
+        ]
+    )
+    fig.update_layout(
+        barmode="group",
+        title="Reliability: share of prompts whose target probability rises",
+        yaxis_title="% of prompts",
+    )
     return fig
 
 
-@experiment("reliability", "Reliability: located vs random neurons under KN's amplify / erase test (Huang et al. 2025, Sec. 3.2)")
+@experiment(
+    "reliability",
+    "Reliability: located vs random neurons under KN's amplify / erase test (Huang et al. 2025, Sec. 3.2)",
+)
 def run(ctx: Context) -> ExperimentResult:
     """Per-prompt KN sets on builtin paraphrases the model answers; x2 and x0 vs 3 random sets."""
     candidates = builtin_paraphrases(3 if ctx.quick else None)
@@ -141,17 +192,34 @@ def run(ctx: Context) -> ExperimentResult:
     examples = [e for bag in bags for e in bag]
     ig, n_random = ctx.ig(3, 10), ctx.size(2, 3)
     kn_steps = ig["steps"]
-    frame = reliability_frame(ctx.model, examples, kn_steps=kn_steps, kn_rule=ig["rule"], n_random=n_random, seed=ctx.seed,
-                              position="last", cache=ctx.scores)
+    frame = reliability_frame(
+        ctx.model,
+        examples,
+        kn_steps=kn_steps,
+        kn_rule=ig["rule"],
+        n_random=n_random,
+        seed=ctx.seed,
+        position="last",
+        cache=ctx.scores,
+    )
     table = summarize(frame)
     sizes = frame.drop_duplicates("sample")["n_neurons"]
     info = {
         "paper": {f"{op} / {arm}": {"up": u, "down": d} for (op, arm), (u, d) in PAPER.items()},
-        "n_samples": len(examples), "n_empty": int((sizes == 0).sum()),
+        "n_samples": len(examples),
+        "n_empty": int((sizes == 0).sum()),
         "mean_neurons": float(sizes.mean()) if len(sizes) else None,
-        "paper_mean_neurons": 15.3, "kn_steps": kn_steps, "kn_rule": ig["rule"], "n_random": n_random, "position": "last",
-        "notes": ("Per-prompt KN coarse sets (IG at the last prompt token, > 0.2 x max), scaled at the last "
-                  "prompt token only (KN's convention). Random arms: equal-size sets, seed + 1000*draw + "
-                  "sample. The paper used GPT-J on zsRE."),
+        "paper_mean_neurons": 15.3,
+        "kn_steps": kn_steps,
+        "kn_rule": ig["rule"],
+        "n_random": n_random,
+        "position": "last",
+        "notes": (
+            "Per-prompt KN coarse sets (IG at the last prompt token, > 0.2 x max), scaled at the last "
+            "prompt token only (KN's convention). Random arms: equal-size sets, seed + 1000*draw + "
+            "sample. The paper used GPT-J on zsRE."
+        ),
     }
-    return ExperimentResult("reliability", "Reliability of KN's amplify / erase validation", table, _figure(table), info)
+    return ExperimentResult(
+        "reliability", "Reliability of KN's amplify / erase validation", table, _figure(table), info
+    )

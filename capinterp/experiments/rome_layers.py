@@ -10,9 +10,11 @@ efficacy / paraphrase / neighbourhood scores (:mod:`capinterp.interventions.rome
 top-3 MLP layers of causal tracing (:class:`capinterp.CausalTrace`, last subject token, averaged
 over the same facts) are marked. ``info["traced_minus_other"]`` compares the two groups.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,14 +32,32 @@ __all__ = ["known_counterfact", "layer_frame", "layer_summary", "run"]
 
 COUNTERFACT = "counterfact/counterfact-edit.json"
 # a fallback when the shared CounterFact file is absent (same layout as load_counterfact's)
-BUILTIN = [Example("The Eiffel Tower is located in the city of", " Paris",
-                   {"subject": "Eiffel Tower", "ground_truth": " Paris", "target_new": " Rome", "case_id": -1,
-                    "paraphrases": ["The Eiffel Tower stands in the city of"],
-                    "locality": [{"prompt": "The Louvre is located in the city of", "target": " Paris"}]}),
-           Example("The capital of Japan is", " Tokyo",
-                   {"subject": "Japan", "ground_truth": " Tokyo", "target_new": " London", "case_id": -2,
-                    "paraphrases": ["Japan's capital city is"],
-                    "locality": [{"prompt": "The largest city in Japan is", "target": " Tokyo"}]})]
+BUILTIN = [
+    Example(
+        "The Eiffel Tower is located in the city of",
+        " Paris",
+        {
+            "subject": "Eiffel Tower",
+            "ground_truth": " Paris",
+            "target_new": " Rome",
+            "case_id": -1,
+            "paraphrases": ["The Eiffel Tower stands in the city of"],
+            "locality": [{"prompt": "The Louvre is located in the city of", "target": " Paris"}],
+        },
+    ),
+    Example(
+        "The capital of Japan is",
+        " Tokyo",
+        {
+            "subject": "Japan",
+            "ground_truth": " Tokyo",
+            "target_new": " London",
+            "case_id": -2,
+            "paraphrases": ["Japan's capital city is"],
+            "locality": [{"prompt": "The largest city in Japan is", "target": " Tokyo"}],
+        },
+    ),
+]
 
 
 def known_counterfact(model: Any, n: int, pool: int = 60) -> list[Example]:
@@ -72,8 +92,12 @@ def _figure(table: pd.DataFrame, traced: Sequence[int]) -> go.Figure:
     fig = go.Figure([go.Scatter(x=table["layer"], y=table[s], mode="lines+markers", name=s) for s in SCORES])
     for l in traced:
         fig.add_vline(x=l, line_dash="dot", line_color="gray")
-    fig.update_layout(title="ROME edit scores by edited layer (dotted: causally traced MLP layers)",
-                      xaxis_title="edited layer", yaxis_title="score (share of prompts)", yaxis_range=[0, 1.05])
+    fig.update_layout(
+        title="ROME edit scores by edited layer (dotted: causally traced MLP layers)",
+        xaxis_title="edited layer",
+        yaxis_title="score (share of prompts)",
+        yaxis_range=[0, 1.05],
+    )
     return fig
 
 
@@ -83,8 +107,9 @@ def run(ctx: Context) -> ExperimentResult:
     model = ctx.model
     n_layers = int(model.cfg.n_layers)
     facts = known_counterfact(model, ctx.size(1, 10))
-    trace = CausalTrace(model, kinds=("mlp",), samples=ctx.size(3, 10), top_k=3, require_correct=False,
-                        progress=False).fit(facts)
+    trace = CausalTrace(
+        model, kinds=("mlp",), samples=ctx.size(3, 10), top_k=3, require_correct=False, progress=False
+    ).fit(facts)
     traced = [int(l) for l in trace.layers_]
     # quick: the top traced layer and the first untraced layer from the middle up
     other = next(l for l in [*range(n_layers // 2, n_layers), *range(n_layers // 2)] if l not in traced)
@@ -99,9 +124,15 @@ def run(ctx: Context) -> ExperimentResult:
     table = layer_summary(frame, traced)
     inside, outside = table[table["traced"]], table[~table["traced"]]
     gap = {s: float(inside[s].mean() - outside[s].mean()) if len(inside) and len(outside) else np.nan for s in SCORES}
-    info = {"traced_layers": traced, "layers": layers, "n_facts": len(facts),
-            "case_ids": [f.meta.get("case_id") for f in facts], "traced_minus_other": gap,
-            "rome_params": {k: v for k, v in params.items() if k != "texts"}, "n_corpus_texts": len(params["texts"]),
-            "paper": "GPT-J, CounterFact: efficacy / paraphrase / specificity similar at every layer (Fig. 2)",
-            "notes": "Scores after the edit; before it efficacy is 0 by the choice of facts."}
+    info = {
+        "traced_layers": traced,
+        "layers": layers,
+        "n_facts": len(facts),
+        "case_ids": [f.meta.get("case_id") for f in facts],
+        "traced_minus_other": gap,
+        "rome_params": {k: v for k, v in params.items() if k != "texts"},
+        "n_corpus_texts": len(params["texts"]),
+        "paper": "GPT-J, CounterFact: efficacy / paraphrase / specificity similar at every layer (Fig. 2)",
+        "notes": "Scores after the edit; before it efficacy is 0 by the choice of facts.",
+    }
     return ExperimentResult("rome_layers", "ROME edit scores by layer", table, _figure(table, traced), info)

@@ -17,18 +17,20 @@ Two metrics, each named in every experiment table's ``metric`` column:
 :func:`measure` gives both views of one run where asked: the primary metric and the mean target
 probability, so every table can show a probability next to an accuracy.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from capinterp.core.example import Example
-from capinterp.data.parsing import is_correct, parse_answer
-from capinterp.kernels.evaluate import evaluate
 from capinterp.core.forward import capture, unembed
 from capinterp.core.tokens import batches, collate, encode, pad_id
+from capinterp.data.parsing import is_correct, parse_answer
+from capinterp.kernels.evaluate import evaluate
 
 TASK_METRICS: tuple[str, ...] = ("accuracy", "target_prob")
 

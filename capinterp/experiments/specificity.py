@@ -14,20 +14,28 @@ Pooled sets ("EN", "ZH") average the per-example scores of several conditions (w
 the examples used) and are masked again. Neurons are located on the examples the model
 answers right (greedy first token, :func:`~capinterp.experiments.dcsn_common.correct_scores`).
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
-from capinterp.units import metrics
 from capinterp.core.example import Example
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
-    OP_NAMES, OPS, Scorer, context_scorer, direct_scorer, one_op_data, one_op_name,
+    OP_NAMES,
+    OPS,
+    Scorer,
+    context_scorer,
+    direct_scorer,
+    one_op_data,
+    one_op_name,
 )
 from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units import metrics
 
 Key = tuple[str, str]  # (operator, condition)
 
@@ -42,14 +50,18 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "DG-en-s1": {"fmt": "DG", "lang": "en", "seed_offset": 1},
 }
 PAIRS: list[tuple[str, str, str]] = [
-    ("DG-en", "MQ-en", "format"), ("DG-en", "TF-en", "format"), ("MQ-en", "TF-en", "format"),
-    ("MQ-en", "MQ-zh", "language"), ("TF-en", "TF-zh", "language"), ("DGp-en", "DGp-zh", "language"),
-    ("EN", "ZH", "language (pooled)"), ("DG-en", "DG-en-s1", "resample"),
+    ("DG-en", "MQ-en", "format"),
+    ("DG-en", "TF-en", "format"),
+    ("MQ-en", "TF-en", "format"),
+    ("MQ-en", "MQ-zh", "language"),
+    ("TF-en", "TF-zh", "language"),
+    ("DGp-en", "DGp-zh", "language"),
+    ("EN", "ZH", "language (pooled)"),
+    ("DG-en", "DG-en-s1", "resample"),
 ]
 POOLS: dict[str, list[str]] = {"EN": ["MQ-en", "TF-en", "DGp-en"], "ZH": ["MQ-zh", "TF-zh", "DGp-zh"]}
 QUICK_CONDITIONS = ["DG-en", "TF-en", "TF-zh", "DG-en-s1"]
-QUICK_PAIRS = [("DG-en", "TF-en", "format"),
-               ("TF-en", "TF-zh", "language"), ("DG-en", "DG-en-s1", "resample")]
+QUICK_PAIRS = [("DG-en", "TF-en", "format"), ("TF-en", "TF-zh", "language"), ("DG-en", "DG-en-s1", "resample")]
 TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): cohesion and separability"
 PAPER_SEP_PAIRS = {("+", "-"), ("+", "*"), ("+", "/"), ("*", "/")}
 PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
@@ -59,8 +71,9 @@ PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
 }
 
 
-def build_datasets(conditions: Mapping[str, Mapping[str, Any]], n: int, seed: int,
-                   ops: Sequence[str] = OPS) -> tuple[dict[Key, list[Example]], dict[Key, str]]:
+def build_datasets(
+    conditions: Mapping[str, Mapping[str, Any]], n: int, seed: int, ops: Sequence[str] = OPS
+) -> tuple[dict[Key, list[Example]], dict[Key, str]]:
     """``n`` 1-OP examples per (operator, condition), and their cache names; a condition's
     ``seed_offset`` shifts the seed."""
     data: dict[Key, list[Example]] = {}
@@ -74,8 +87,9 @@ def build_datasets(conditions: Mapping[str, Mapping[str, Any]], n: int, seed: in
     return data, names
 
 
-def locate_all(datasets: Mapping[Key, list[Example]], scorer: Scorer,
-               names: Mapping[Key, str] | None = None) -> dict[Key, NeuronScores]:
+def locate_all(
+    datasets: Mapping[Key, list[Example]], scorer: Scorer, names: Mapping[Key, str] | None = None
+) -> dict[Key, NeuronScores]:
     """DCSN scores of every dataset; ``scorer(name, examples)`` may cache by ``name``."""
     names = names or {k: f"{OP_NAMES[k[0]]}_{k[1]}" for k in datasets}
     return {k: scorer(names[k], ex) for k, ex in datasets.items()}
@@ -97,16 +111,26 @@ def pool_scores(scores: Mapping[Key, NeuronScores], pools: Mapping[str, Sequence
     return out
 
 
-def _row(metric: str, kind: str, comparison: str, op_a: str, op_b: str,
-         a: NeuronSet, b: NeuronSet) -> dict[str, Any]:
-    return {"metric": metric, "kind": kind, "comparison": comparison, "op_a": op_a, "op_b": op_b,
-            "n_a": len(a), "n_b": len(b), "intersection": metrics.intersection_size(a, b),
-            "value": metrics.cohesion(a, b), "iou": metrics.iou(a, b), "overlap": metrics.overlap(a, b),
-            "paper_pair": metric == "cohesion" or (op_a, op_b) in PAPER_SEP_PAIRS}
+def _row(metric: str, kind: str, comparison: str, op_a: str, op_b: str, a: NeuronSet, b: NeuronSet) -> dict[str, Any]:
+    return {
+        "metric": metric,
+        "kind": kind,
+        "comparison": comparison,
+        "op_a": op_a,
+        "op_b": op_b,
+        "n_a": len(a),
+        "n_b": len(b),
+        "intersection": metrics.intersection_size(a, b),
+        "value": metrics.cohesion(a, b),
+        "iou": metrics.iou(a, b),
+        "overlap": metrics.overlap(a, b),
+        "paper_pair": metric == "cohesion" or (op_a, op_b) in PAPER_SEP_PAIRS,
+    }
 
 
-def compare_sets(sets: Mapping[Key, NeuronSet], pairs: Sequence[tuple[str, str, str]],
-                 sep_conditions: Sequence[str] | None = None) -> pd.DataFrame:
+def compare_sets(
+    sets: Mapping[Key, NeuronSet], pairs: Sequence[tuple[str, str, str]], sep_conditions: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Cohesion rows (each operator, each condition pair) and separability rows (each condition,
     each operator pair). Columns: metric, kind, comparison, op_a, op_b, n_a, n_b, intersection,
     value (= |A∩B|/max), iou, overlap, paper_pair (one of the paper's four Sep pairs)."""
@@ -117,17 +141,39 @@ def compare_sets(sets: Mapping[Key, NeuronSet], pairs: Sequence[tuple[str, str, 
         for op in ops:
             if (op, a) in sets and (op, b) in sets:
                 rows.append(_row("cohesion", kind, f"{a} vs {b}", op, op, sets[(op, a)], sets[(op, b)]))
-    for cond in (conds if sep_conditions is None else sep_conditions):
+    for cond in conds if sep_conditions is None else sep_conditions:
         for oa, ob in itertools.combinations(ops, 2):
             if (oa, cond) in sets and (ob, cond) in sets:
                 rows.append(_row("separability", "operators", cond, oa, ob, sets[(oa, cond)], sets[(ob, cond)]))
-    return pd.DataFrame(rows, columns=["metric", "kind", "comparison", "op_a", "op_b", "n_a", "n_b",
-                                       "intersection", "value", "iou", "overlap", "paper_pair"])
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "metric",
+            "kind",
+            "comparison",
+            "op_a",
+            "op_b",
+            "n_a",
+            "n_b",
+            "intersection",
+            "value",
+            "iou",
+            "overlap",
+            "paper_pair",
+        ],
+    )
 
 
-def specificity_table(model: Any, datasets: Mapping[Key, list[Example]], *,
-                      pairs: Sequence[tuple[str, str, str]], pools: Mapping[str, Sequence[str]] | None = None,
-                      sigma: float = 6.0, scorer: Scorer | None = None, batch_size: int = 16) -> pd.DataFrame:
+def specificity_table(
+    model: Any,
+    datasets: Mapping[Key, list[Example]],
+    *,
+    pairs: Sequence[tuple[str, str, str]],
+    pools: Mapping[str, Sequence[str]] | None = None,
+    sigma: float = 6.0,
+    scorer: Scorer | None = None,
+    batch_size: int = 16,
+) -> pd.DataFrame:
     """Locate (``scorer`` or uncached DCSN on correct examples), pool, mask at ``sigma``, compare."""
     scores = locate_all(datasets, scorer or direct_scorer(model, batch_size=batch_size))
     scores.update(pool_scores(scores, pools or {}))
@@ -141,8 +187,9 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
     return {
         "cohesion_mean_by_kind": (100 * coh.groupby("kind")["value"].mean()).round(2).to_dict(),
         "cohesion_mean_by_comparison": (100 * coh.groupby("comparison")["value"].mean()).round(2).to_dict(),
-        "separability_mean_paper_pairs":
-            (100 * sep[sep.paper_pair].groupby("comparison")["value"].mean()).round(2).to_dict(),
+        "separability_mean_paper_pairs": (100 * sep[sep.paper_pair].groupby("comparison")["value"].mean())
+        .round(2)
+        .to_dict(),
         "separability_mean_all_pairs": (100 * sep.groupby("comparison")["value"].mean()).round(2).to_dict(),
     }
 
@@ -163,8 +210,11 @@ def run(ctx: Context) -> ExperimentResult:
     sets = {k: s.select(sigma=sigma) for k, s in scores.items()}
     table = compare_sets(sets, pairs)
     ordered = {f"{op} {c}": sets[(op, c)] for op in OPS for c in conds if (op, c) in sets}
-    fig = overlap_matrix(ordered, metric="cohesion",
-                         title=f"|A∩B|/max(|A|,|B|) of DCSN operator neurons (sigma={sigma:g}, n={n} per set)")
+    fig = overlap_matrix(
+        ordered,
+        metric="cohesion",
+        title=f"|A∩B|/max(|A|,|B|) of DCSN operator neurons (sigma={sigma:g}, n={n} per set)",
+    )
     per_layer = sum(s.per_layer() for s in sets.values()).tolist()
     info = {
         "paper": PAPER,
@@ -173,11 +223,15 @@ def run(ctx: Context) -> ExperimentResult:
         "examples_used": {f"{op} {c}": int(s.meta.get("n_samples", 0)) for (op, c), s in scores.items()},
         "located_per_layer_all_sets": per_layer,
         "share_in_layer_0": round(per_layer[0] / max(1, sum(per_layer)), 3),
-        "sigma": sigma, "n_per_set": n, "seed": ctx.seed,
-        "notes": ("value = |A∩B|/max(|A|,|B|) (Coh for one operator, Sep for two); iou and overlap beside it. "
-                  "Kinds: format (DG/MQ/TF, en), language (en vs zh, same expressions), resample "
-                  "(same condition, seed+1: the sampling-noise ceiling of cohesion). Localized on "
-                  "examples whose greedy first token is right; MQ/TF are near chance for small models."),
+        "sigma": sigma,
+        "n_per_set": n,
+        "seed": ctx.seed,
+        "notes": (
+            "value = |A∩B|/max(|A|,|B|) (Coh for one operator, Sep for two); iou and overlap beside it. "
+            "Kinds: format (DG/MQ/TF, en), language (en vs zh, same expressions), resample "
+            "(same condition, seed+1: the sampling-noise ceiling of cohesion). Localized on "
+            "examples whose greedy first token is right; MQ/TF are near chance for small models."
+        ),
     }
     neurons = {f"{OP_NAMES[op]}_{c}": s for (op, c), s in sets.items()}
     return ExperimentResult("specificity", TITLE, table, fig, info, neurons)

@@ -1,5 +1,6 @@
 """Acting on located units: erase / scale / amplify hooks, neuron-level fine-tuning, knowledge
 editing through value vectors, ROME rank-one editing, attention scaling."""
+
 from capinterp.interventions.attention_scaling import attention_scaling, scale_attention
 from capinterp.interventions.editing import KnowledgeEdit, edit_knowledge, edit_table
 from capinterp.interventions.finetune import FinetuneResult, finetune
@@ -8,6 +9,20 @@ from capinterp.interventions.rome import RomeEdit, rome_edit
 from capinterp.interventions.rome_eval import counterfact_scores, rome_counterfact
 from capinterp.interventions.second_moment import second_moment
 
-__all__ = ["FinetuneResult", "KnowledgeEdit", "RomeEdit", "amplify", "attention_scaling", "counterfact_scores",
-           "edit_knowledge", "edit_table", "erase", "finetune", "rome_counterfact", "rome_edit", "scale",
-           "scale_attention", "second_moment"]
+__all__ = [
+    "FinetuneResult",
+    "KnowledgeEdit",
+    "RomeEdit",
+    "amplify",
+    "attention_scaling",
+    "counterfact_scores",
+    "edit_knowledge",
+    "edit_table",
+    "erase",
+    "finetune",
+    "rome_counterfact",
+    "rome_edit",
+    "scale",
+    "scale_attention",
+    "second_moment",
+]

@@ -19,24 +19,26 @@ many heads' attention, so scaling it rescales every head's output instead of re-
 information; on SmolLM2 scaling it by 0 or 2 in all layers destroys any prediction. The last
 position (the query itself) is never a key: positions outside ``[first, last)`` are dropped.
 """
+
 from __future__ import annotations
 
 import contextlib
 import random
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.interventions.edit_eval import next_token_probs
 from capinterp.core.model import neuron_hook
-from capinterp.results.neurons import NeuronSet
 from capinterp.core.tokens import encode, model_bos
+from capinterp.interventions.edit_eval import next_token_probs
 from capinterp.kernels.tracing import subject_token_range
+from capinterp.results.neurons import NeuronSet
 
-__all__ = ["scale_attention", "knowledge_synapses", "attention_scaling"]
+__all__ = ["attention_scaling", "knowledge_synapses", "scale_attention"]
 
 KeySpec = str | Sequence[int] | Callable[[Any, Example, list[int]], Sequence[int]]
 
@@ -50,9 +52,16 @@ def _layers(model, layers: Sequence[int] | None) -> list[int]:
 
 
 @contextlib.contextmanager
-def scale_attention(model, keys: Sequence[int], factor: float, *, query: int = -1,
-                    layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
-                    renormalize: bool = False) -> Iterator[Any]:
+def scale_attention(
+    model,
+    keys: Sequence[int],
+    factor: float,
+    *,
+    query: int = -1,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    renormalize: bool = False,
+) -> Iterator[Any]:
     """Multiply the attention from position ``query`` to positions ``keys`` by ``factor``.
 
     Applies to every row of the batch (run one prompt at a time when positions differ), in the
@@ -84,8 +93,9 @@ def scale_attention(model, keys: Sequence[int], factor: float, *, query: int = -
         yield model
 
 
-def knowledge_synapses(model, example: Example, which: KeySpec = "subject", k: int = 3,
-                       include_first: bool = False) -> list[int]:
+def knowledge_synapses(
+    model, example: Example, which: KeySpec = "subject", k: int = 3, include_first: bool = False
+) -> list[int]:
     """Key positions (in the model's token ids, BOS included) that form the KS of ``example``.
 
     May be empty (e.g. a one-token subject at position 0 when ``include_first=False``).
@@ -134,15 +144,27 @@ def _neuron_act(model, ids: list[int], neurons: NeuronSet) -> float:
     for layer in range(neurons.n_layers):
         idx = neurons.mask[layer].nonzero().flatten()
         if idx.numel():
-            hooks.append((neuron_hook(layer), lambda a, hook, idx=idx: box.append(float(a[0, -1, idx.to(a.device)].sum()))))
+            hooks.append(
+                (neuron_hook(layer), lambda a, hook, idx=idx: box.append(float(a[0, -1, idx.to(a.device)].sum())))
+            )
     model.run_with_hooks(torch.tensor([ids], device=model.cfg.device), fwd_hooks=hooks)
     return float(sum(box))
 
 
-def attention_scaling(model, examples: Sequence[Any], *, keys: KeySpec = "subject", factors: Sequence[float] = (0.0, 2.0),
-                      k: int = 3, layers: Sequence[int] | None = None, control: bool = True, seed: int = 0,
-                      renormalize: bool = False, include_first: bool = False,
-                      neurons: Sequence[NeuronSet] | NeuronSet | None = None) -> pd.DataFrame:
+def attention_scaling(
+    model,
+    examples: Sequence[Any],
+    *,
+    keys: KeySpec = "subject",
+    factors: Sequence[float] = (0.0, 2.0),
+    k: int = 3,
+    layers: Sequence[int] | None = None,
+    control: bool = True,
+    seed: int = 0,
+    renormalize: bool = False,
+    include_first: bool = False,
+    neurons: Sequence[NeuronSet] | NeuronSet | None = None,
+) -> pd.DataFrame:
     """Scale the last position's attention to the KS (and to a random control) and measure it.
 
     Returns one row per (example, factor, arm) with ``arm`` "ks" or "control", ``n_keys``,
@@ -176,8 +198,14 @@ def attention_scaling(model, examples: Sequence[Any], *, keys: KeySpec = "subjec
         a0 = _neuron_act(model, ids, sets[i]) if sets is not None else None
         for factor in factors:
             for arm, where in arms.items():
-                row = {"example": i, "prompt": it.example.prompt, "factor": float(factor), "arm": arm,
-                       "n_keys": len(where) if where is not None else 0, "p_before": p0}
+                row = {
+                    "example": i,
+                    "prompt": it.example.prompt,
+                    "factor": float(factor),
+                    "arm": arm,
+                    "n_keys": len(where) if where is not None else 0,
+                    "p_before": p0,
+                }
                 if where is None or not where:
                     row.update(p_after=float("nan"))
                 else:

@@ -4,10 +4,12 @@ Both run under whatever hooks or weight edits the model carries, so measuring in
 ``with edit.apply(model):`` measures the edited model. Prompts follow the model's BOS
 convention (:func:`capinterp.core.tokens.model_bos`) and are right-padded in batches.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +21,7 @@ from capinterp.core.example import Example
 from capinterp.core.forward import logits_at
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 
-__all__ = ["prompt_ids", "probe_ids", "next_token_probs", "perplexity", "measure_edit"]
+__all__ = ["measure_edit", "next_token_probs", "perplexity", "probe_ids", "prompt_ids"]
 
 
 def prompt_ids(model, prompt: str) -> list[int]:
@@ -69,8 +71,17 @@ def perplexity(model, texts: str | Sequence[str], max_tokens: int = 64, batch_si
     return math.exp(total / count) if count else float("nan")
 
 
-def measure_edit(model, edit: Any, enc, new_ids, others: list[Example], texts: list[str],
-                 ppl_before: float | None, batch_size: int, before: torch.Tensor | None = None) -> None:
+def measure_edit(
+    model,
+    edit: Any,
+    enc,
+    new_ids,
+    others: list[Example],
+    texts: list[str],
+    ppl_before: float | None,
+    batch_size: int,
+    before: torch.Tensor | None = None,
+) -> None:
     """Fill ``edit.metrics`` and ``edit.records`` of a :class:`~capinterp.interventions.editing.KnowledgeEdit`.
 
     ``enc``: the fact's encoded queries (first answer token each); ``new_ids``: the new answer's
@@ -93,9 +104,12 @@ def measure_edit(model, edit: Any, enc, new_ids, others: list[Example], texts: l
     for r in range(len(ids)):
         is_fact = r < len(enc)
         old_id = enc[r].target_ids[0] if is_fact else None
-        row = {"role": ("edited" if r == q else "paraphrase") if is_fact else "unrelated",
-               "prompt": (enc[r].example if is_fact else others[r - len(enc)]).prompt,
-               "top_before": int(before[r].argmax()), "top_after": int(after[r].argmax())}
+        row = {
+            "role": ("edited" if r == q else "paraphrase") if is_fact else "unrelated",
+            "prompt": (enc[r].example if is_fact else others[r - len(enc)]).prompt,
+            "top_before": int(before[r].argmax()),
+            "top_after": int(after[r].argmax()),
+        }
         if is_fact:
             row.update(p_old_before=float(before[r, old_id]), p_old_after=float(after[r, old_id]))
             if new_ids is not None:
@@ -121,12 +135,18 @@ def measure_edit(model, edit: Any, enc, new_ids, others: list[Example], texts: l
     else:
         prob = fact_df["p_new_after"]
     is_edited = fact_df["role"] == "edited"
-    m = {"reliability": mean("edited", "success"), "generalization": mean("paraphrase", "success"),
-         "locality": mean("unrelated", "success")}
+    m = {
+        "reliability": mean("edited", "success"),
+        "generalization": mean("paraphrase", "success"),
+        "locality": mean("unrelated", "success"),
+    }
     m["avg"] = float(np.nanmean(list(m.values()))) if any(np.isfinite(list(m.values()))) else float("nan")
-    m.update(rel_prob=float(prob[is_edited].mean()),
-             gen_prob=float(prob[~is_edited].mean()) if (~is_edited).any() else float("nan"),
-             ppl_before=float(ppl_before) if ppl_before is not None else float("nan"), ppl_after=float(ppl_after),
-             n_neurons=float(len(edit.neurons)))
+    m.update(
+        rel_prob=float(prob[is_edited].mean()),
+        gen_prob=float(prob[~is_edited].mean()) if (~is_edited).any() else float("nan"),
+        ppl_before=float(ppl_before) if ppl_before is not None else float("nan"),
+        ppl_after=float(ppl_after),
+        n_neurons=float(len(edit.neurons)),
+    )
     m["delta_ppl"] = m["ppl_after"] - m["ppl_before"]
     edit.metrics = m

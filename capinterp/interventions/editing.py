@@ -22,12 +22,14 @@ The caller's model is left as it was unless ``inplace=True``: metrics are measur
 the exact old ones on exit (also after an exception); :meth:`KnowledgeEdit.edited_copy` gives a
 deep copy with the edit kept.
 """
+
 from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -35,15 +37,15 @@ from jaxtyping import Float
 from torch import Tensor
 
 from capinterp.core import validate
-from capinterp.core.fingerprint import restoring
 from capinterp.core.example import Example, as_examples
+from capinterp.core.fingerprint import restoring
+from capinterp.core.model import neuron_hook
+from capinterp.core.tokens import encode
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
-from capinterp.core.model import neuron_hook
-from capinterp.results.neurons import NeuronSet
 from capinterp.localizers.base import former_name
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
-from capinterp.core.tokens import encode
+from capinterp.results.neurons import NeuronSet
 
 __all__ = ["EDIT_SELECTIONS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_table", "new_values", "value_weight"]
 
@@ -143,14 +145,22 @@ def last_activations(model, ids: Sequence[int], neurons: NeuronSet) -> Float[Ten
         acts[int(hook.name.split(".")[1])] = a[0, -1].float().cpu()
 
     if layers:
-        model.run_with_hooks(torch.tensor([list(ids)], device=model.cfg.device),
-                             fwd_hooks=[(neuron_hook(l), grab) for l in layers])
+        model.run_with_hooks(
+            torch.tensor([list(ids)], device=model.cfg.device), fwd_hooks=[(neuron_hook(l), grab) for l in layers]
+        )
     return acts
 
 
-def new_values(model, neurons: NeuronSet, mode: str, old_token: int | None = None, new_token: int | None = None,
-               lambdas: tuple[float, float] = (1.0, 8.0), direction: str = "unembed",
-               signs: Float[Tensor, "n_layers d_mlp"] | None = None):
+def new_values(
+    model,
+    neurons: NeuronSet,
+    mode: str,
+    old_token: int | None = None,
+    new_token: int | None = None,
+    lambdas: tuple[float, float] = (1.0, 8.0),
+    direction: str = "unembed",
+    signs: Float[Tensor, "n_layers d_mlp"] | None = None,
+):
     """Per layer ``(indices, new value rows)``: zeros (erase) or Dai's update of every row.
 
     ``signs`` (``[n_layers, d_mlp]``, +-1) flips the update of neurons that fire negative.
@@ -191,13 +201,29 @@ def _spaced(new_target: str, old_target: str) -> str:
     return new_target if new_target[:1].isspace() or not lead else lead + new_target
 
 
-def edit_knowledge(model, fact: Sequence[Any], selection: str = "consistency-aware", mode: str = "erase",
-                   new_target: str | None = None, *, neurons: NeuronSet | None = None,
-                   ql: QueryLocalization | None = None, query_index: int = 0, unrelated: Sequence[Any] | None = None,
-                   neutral_text: str | Sequence[str] | None = None, lambdas: tuple[float, float] = (1.0, 8.0),
-                   direction: str = "unembed", signed: bool = True, inplace: bool = False, evaluate: bool = True,
-                   ppl_before: float | None = None, before_probs: torch.Tensor | None = None, batch_size: int = 16,
-                   method: str | None = None, **ql_params: Any) -> KnowledgeEdit:
+def edit_knowledge(
+    model,
+    fact: Sequence[Any],
+    selection: str = "consistency-aware",
+    mode: str = "erase",
+    new_target: str | None = None,
+    *,
+    neurons: NeuronSet | None = None,
+    ql: QueryLocalization | None = None,
+    query_index: int = 0,
+    unrelated: Sequence[Any] | None = None,
+    neutral_text: str | Sequence[str] | None = None,
+    lambdas: tuple[float, float] = (1.0, 8.0),
+    direction: str = "unembed",
+    signed: bool = True,
+    inplace: bool = False,
+    evaluate: bool = True,
+    ppl_before: float | None = None,
+    before_probs: torch.Tensor | None = None,
+    batch_size: int = 16,
+    method: str | None = None,
+    **ql_params: Any,
+) -> KnowledgeEdit:
     """Erase or update one fact through its knowledge neurons and measure the edit.
 
     Args:
@@ -249,8 +275,11 @@ def edit_knowledge(model, fact: Sequence[Any], selection: str = "consistency-awa
     elif new_target is not None:
         raise ValueError("new_target is only used with mode='update'")
     enc = encode(model, queries, max_target_tokens=1)
-    new_ids = [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries],
-                                               max_target_tokens=1)] if mode == "update" else None
+    new_ids = (
+        [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries], max_target_tokens=1)]
+        if mode == "update"
+        else None
+    )
     if new_ids is not None and new_ids[query_index] == enc[query_index].target_ids[0]:
         raise ValueError(f"new_target {new_target!r} starts with the same token as the old answer {old!r}")
     others = as_examples(unrelated or [])
@@ -268,11 +297,30 @@ def edit_knowledge(model, fact: Sequence[Any], selection: str = "consistency-awa
     if mode == "update" and signed:
         acts = last_activations(model, enc[query_index].prompt_ids, neurons)
         signs = torch.where(acts < 0, -1.0, 1.0)
-    values = new_values(model, neurons, mode, enc[query_index].target_ids[0],
-                        new_ids[query_index] if new_ids else None, tuple(lambdas), direction, signs)
-    edit = KnowledgeEdit(selection, mode, neurons, values, old, new_target,
-                         {"query_index": query_index, "lambdas": list(lambdas), "direction": direction,
-                          "signed": bool(signed) if mode == "update" else None})
+    values = new_values(
+        model,
+        neurons,
+        mode,
+        enc[query_index].target_ids[0],
+        new_ids[query_index] if new_ids else None,
+        tuple(lambdas),
+        direction,
+        signs,
+    )
+    edit = KnowledgeEdit(
+        selection,
+        mode,
+        neurons,
+        values,
+        old,
+        new_target,
+        {
+            "query_index": query_index,
+            "lambdas": list(lambdas),
+            "direction": direction,
+            "signed": bool(signed) if mode == "update" else None,
+        },
+    )
     if evaluate:
         measure_edit(model, edit, enc, new_ids, others, texts, ppl_before, batch_size, before_probs)
     if inplace:
@@ -281,13 +329,25 @@ def edit_knowledge(model, fact: Sequence[Any], selection: str = "consistency-awa
     return edit
 
 
-def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, selections: Sequence[str] = EDIT_SELECTIONS,
-               modes: Sequence[str] = ("erase", "update"), new_targets: Sequence[str] | None = None,
-               n_unrelated: int = 10, unrelated: Sequence[Any] | None = None,
-               neutral_text: str | Sequence[str] | None = None, query_index: int = 0,
-               lambdas: tuple[float, float] = (1.0, 8.0), direction: str = "unembed", signed: bool = True,
-               per_fact: bool = False, methods: Sequence[str] | None = None,
-               **ql_params: Any) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
+def edit_table(
+    model,
+    facts: Any,
+    *,
+    ql: QueryLocalization | None = None,
+    selections: Sequence[str] = EDIT_SELECTIONS,
+    modes: Sequence[str] = ("erase", "update"),
+    new_targets: Sequence[str] | None = None,
+    n_unrelated: int = 10,
+    unrelated: Sequence[Any] | None = None,
+    neutral_text: str | Sequence[str] | None = None,
+    query_index: int = 0,
+    lambdas: tuple[float, float] = (1.0, 8.0),
+    direction: str = "unembed",
+    signed: bool = True,
+    per_fact: bool = False,
+    methods: Sequence[str] | None = None,
+    **ql_params: Any,
+) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Edit every fact with every neuron selection and mode; mean metrics per (mode, selection).
 
     Columns are means over facts of the :func:`edit_knowledge` metrics (``delta_ppl_median``: the
@@ -312,8 +372,11 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, select
         methods: former name of ``selections`` (still accepted).
         ql_params: parameters of the QueryLocalization fitted when ``ql`` is missing.
     """
-    selections = tuple(former_name(tuple(selections), None if methods is None else tuple(methods), "selections",
-                                   "methods", EDIT_SELECTIONS))
+    selections = tuple(
+        former_name(
+            tuple(selections), None if methods is None else tuple(methods), "selections", "methods", EDIT_SELECTIONS
+        )
+    )
     names, groups = as_facts(facts, min_queries=2)
     if not selections or not modes:
         raise ValueError("edit_table needs at least one selection and one mode")
@@ -335,8 +398,9 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, select
         ql = QueryLocalization(model, **ql_params).fit(dict(zip(names, groups)))
     elif ql_params:
         raise ValueError(f"parameters {sorted(ql_params)} configure a QueryLocalization, but ql is already fitted")
-    elif len(ql.names_) != len(groups) or (ql.facts_ is not None and any(
-            [q.prompt for q in f] != [q.prompt for q in g] for f, g in zip(ql.facts_, groups))):
+    elif len(ql.names_) != len(groups) or (
+        ql.facts_ is not None and any([q.prompt for q in f] != [q.prompt for q in g] for f, g in zip(ql.facts_, groups))
+    ):
         raise ValueError("ql was fitted on other facts than those given")
     fixed = as_examples(unrelated) if unrelated is not None else None
     texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
@@ -344,14 +408,28 @@ def edit_table(model, facts: Any, *, ql: QueryLocalization | None = None, select
     rows = []
     for k, (name, g) in enumerate(zip(names, groups)):
         unrel = fixed if fixed is not None else [groups[j][0] for j in others(k)[:n_unrelated]]
-        before = next_token_probs(model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel))  # once per fact
+        before = next_token_probs(
+            model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel)
+        )  # once per fact
         new = new_targets[k] if new_targets is not None else answers[others(k)[0]] if others(k) else None
         for mode in modes:
             for selection in selections:
-                e = edit_knowledge(model, g, selection, mode, new if mode == "update" else None,
-                                   neurons=ql.neurons(k, selection, query_index), query_index=query_index,
-                                   unrelated=unrel, neutral_text=texts, ppl_before=ppl0, before_probs=before,
-                                   lambdas=lambdas, direction=direction, signed=signed)
+                e = edit_knowledge(
+                    model,
+                    g,
+                    selection,
+                    mode,
+                    new if mode == "update" else None,
+                    neurons=ql.neurons(k, selection, query_index),
+                    query_index=query_index,
+                    unrelated=unrel,
+                    neutral_text=texts,
+                    ppl_before=ppl0,
+                    before_probs=before,
+                    lambdas=lambdas,
+                    direction=direction,
+                    signed=signed,
+                )
                 rows.append({"fact": name, "mode": mode, "selection": selection, **e.metrics})
     raw = pd.DataFrame(rows)
     cols = ["reliability", "generalization", "locality", "avg", "rel_prob", "gen_prob", "delta_ppl", "n_neurons"]

@@ -25,6 +25,7 @@ to the caller's weights between arms; one copy per arm with ``keep_models=True``
 caller's model is changed only with ``inplace=True`` (one arm). Hooks attached to the model
 when ``finetune`` is called are copied with it and apply throughout.
 """
+
 from __future__ import annotations
 
 import copy
@@ -42,14 +43,14 @@ from tqdm.auto import tqdm
 
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.kernels.evaluate import evaluate
-from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
 from capinterp.core.forward import capture, unembed
 from capinterp.core.settings import resolve_device
+from capinterp.core.tokens import Encoded, batches, collate, encode, pad_id
+from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
 from capinterp.interventions.hooks import check_neurons
 from capinterp.interventions.neuron_params import count_params, neuron_masks, zero_neurons
+from capinterp.kernels.evaluate import evaluate
 from capinterp.results.neurons import NeuronSet
-from capinterp.core.tokens import Encoded, batches, collate, encode, pad_id
 
 __all__ = ["ARMS", "FinetuneResult", "finetune", "finetune_figure", "mean_target_loss", "target_loss"]
 
@@ -80,8 +81,15 @@ def mean_target_loss(model, items: Sequence[Encoded], batch_size: int = 16) -> f
     return total / count
 
 
-def _check_args(train: list[Example], lr: float | Mapping[str, float], epochs: int, batch_size: int,
-                arms: Sequence[str], neurons: NeuronSet | None, inplace: bool) -> tuple[tuple[str, ...], dict[str, float]]:
+def _check_args(
+    train: list[Example],
+    lr: float | Mapping[str, float],
+    epochs: int,
+    batch_size: int,
+    arms: Sequence[str],
+    neurons: NeuronSet | None,
+    inplace: bool,
+) -> tuple[tuple[str, ...], dict[str, float]]:
     if not train:
         raise ValueError("finetune() got an empty training set")
     validate.positive_int("epochs", epochs)
@@ -95,7 +103,7 @@ def _check_args(train: list[Example], lr: float | Mapping[str, float], epochs: i
         raise ValueError(f"arms {[a for a in arms if a != 'full']} need neurons=")
     if neurons is not None and len(neurons) == 0 and ("located" in arms or "random" in arms):
         raise ValueError("neurons is empty: the located and random arms would train nothing")
-    lrs = dict(lr) if isinstance(lr, Mapping) else {a: lr for a in arms}
+    lrs = dict(lr) if isinstance(lr, Mapping) else dict.fromkeys(arms, lr)
     if set(lrs) != set(arms):
         raise ValueError(f"lr as a mapping needs one entry per arm {arms}, got {sorted(lrs)}")
     for a, v in lrs.items():
@@ -127,8 +135,18 @@ def _trainable(model, arm: str, neurons: NeuronSet | None) -> dict[str, torch.Te
     return {name: m for name, m in masks.items() if bool(m.any())}
 
 
-def _train(model, items: list[Encoded], trainable: dict[str, torch.Tensor | None], *, lr: float, epochs: int,
-           batch_size: int, seed: int, arm: str, progress: bool) -> list[dict[str, Any]]:
+def _train(
+    model,
+    items: list[Encoded],
+    trainable: dict[str, torch.Tensor | None],
+    *,
+    lr: float,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    arm: str,
+    progress: bool,
+) -> list[dict[str, Any]]:
     """Adam (no weight decay) over the trainable entries; returns the per-step losses."""
     params = dict(model.named_parameters())
     for p in params.values():
@@ -185,12 +203,24 @@ def _measure(model, items: list[Encoded], sets: dict[str, list[Example]], batch_
     return out
 
 
-def finetune(model, train: Sequence[Any], *, neurons: NeuronSet | None = None,
-             lr: float | Mapping[str, float] = 1e-5,
-             epochs: int = 1, arms: Sequence[str] = ARMS, eval_data: Any = None, batch_size: int = 8,
-             seed: int = 0, device: str | torch.device | None = None, inplace: bool = False,
-             keep_models: bool = False, random_neurons: NeuronSet | None = None,
-             eval_batch_size: int = 16, progress: bool = True) -> FinetuneResult:
+def finetune(
+    model,
+    train: Sequence[Any],
+    *,
+    neurons: NeuronSet | None = None,
+    lr: float | Mapping[str, float] = 1e-5,
+    epochs: int = 1,
+    arms: Sequence[str] = ARMS,
+    eval_data: Any = None,
+    batch_size: int = 8,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    inplace: bool = False,
+    keep_models: bool = False,
+    random_neurons: NeuronSet | None = None,
+    eval_batch_size: int = 16,
+    progress: bool = True,
+) -> FinetuneResult:
     """Fine-tune each arm on ``train`` and measure it before and after.
 
     Args:
@@ -245,8 +275,12 @@ def finetune(model, train: Sequence[Any], *, neurons: NeuronSet | None = None,
     n_total = count_params(model)
     all_neurons = int(model.cfg.n_layers) * int(model.cfg.d_mlp)
     n_located = len(neurons) if neurons is not None else 0
-    counts = {"located": n_located, "random": n_located, "without_located": all_neurons - n_located,
-              "full": all_neurons}
+    counts = {
+        "located": n_located,
+        "random": n_located,
+        "without_located": all_neurons - n_located,
+        "full": all_neurons,
+    }
     before: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
@@ -267,21 +301,38 @@ def finetune(model, train: Sequence[Any], *, neurons: NeuronSet | None = None,
             before[start] = _measure(work, items, sets, eval_batch_size)
         t0 = time.perf_counter()
         try:
-            history += _train(work, items, trainable, lr=lrs[arm], epochs=epochs, batch_size=batch_size,
-                              seed=seed, arm=arm, progress=progress)
+            history += _train(
+                work,
+                items,
+                trainable,
+                lr=lrs[arm],
+                epochs=epochs,
+                batch_size=batch_size,
+                seed=seed,
+                arm=arm,
+                progress=progress,
+            )
         finally:
             for name, p in work.named_parameters():
                 p.requires_grad_(flags.get(name, True))
         secs = time.perf_counter() - t0
         after = _measure(work, items, sets, eval_batch_size)
-        row: dict[str, Any] = {"arm": arm, "lr": lrs[arm], "n_neurons": counts[arm], "n_trainable_params": n_train,
-                               "param_share": n_train / n_total, "train_loss_before": before[start]["train_loss"],
-                               "train_loss_after": after["train_loss"]}
+        row: dict[str, Any] = {
+            "arm": arm,
+            "lr": lrs[arm],
+            "n_neurons": counts[arm],
+            "n_trainable_params": n_train,
+            "param_share": n_train / n_total,
+            "train_loss_before": before[start]["train_loss"],
+            "train_loss_after": after["train_loss"],
+        }
         for name in sets:
             row[f"{name}_acc_before"] = before[start][name].accuracy
             row[f"{name}_acc_after"] = after[name].accuracy
-            evals += [{"arm": arm, "dataset": name, "stage": stage, **res.to_dict()}
-                      for stage, res in (("before", before[start][name]), ("after", after[name]))]
+            evals += [
+                {"arm": arm, "dataset": name, "stage": stage, **res.to_dict()}
+                for stage, res in (("before", before[start][name]), ("after", after[name]))
+            ]
         rows.append({**row, "train_s": secs, "s_per_epoch": secs / epochs})
         if keep_models or inplace:
             models[arm] = work
@@ -291,10 +342,21 @@ def finetune(model, train: Sequence[Any], *, neurons: NeuronSet | None = None,
     if spare is not None and n_total > 10_000_000:  # free a big copy now (the bridge holds reference cycles)
         del spare
         gc.collect()
-    config = {"lr": lrs, "epochs": epochs, "batch_size": batch_size, "seed": seed, "device": str(dev),
-              "n_train": len(items), "n_params": n_total, "arms": list(arms)}
+    config = {
+        "lr": lrs,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "seed": seed,
+        "device": str(dev),
+        "n_train": len(items),
+        "n_params": n_total,
+        "arms": list(arms),
+    }
     return FinetuneResult(
         table=pd.DataFrame(rows),
         evals=pd.DataFrame(evals, columns=["arm", "dataset", "stage", "accuracy", "mean_prob", "n"]),
         history=pd.DataFrame(history, columns=["arm", "epoch", "step", "loss"]),
-        neurons=sets_neurons, models=models, config=config)
+        neurons=sets_neurons,
+        models=models,
+        config=config,
+    )

@@ -1,4 +1,5 @@
 """The result of :func:`capinterp.interventions.finetune`: per-arm table, evaluations, loss history, figure."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,11 +36,11 @@ class FinetuneResult:
     models: dict[str, Any] = field(default_factory=dict, repr=False)
     config: dict[str, Any] = field(default_factory=dict)
 
-    def plot(self) -> "go.Figure":
+    def plot(self) -> go.Figure:
         """Plotly bars, before vs after per arm: the training loss, then each set's accuracy."""
         return finetune_figure(self.table)
 
     @property
-    def figure(self) -> "go.Figure":
+    def figure(self) -> go.Figure:
         """Same as :meth:`plot`."""
         return self.plot()

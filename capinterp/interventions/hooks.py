@@ -9,10 +9,11 @@ Zeroing ``hook_post`` at all positions equals zeroing the neuron's ``W_out`` row
 The NeuronSet is checked against the model (shape, and fingerprint when both are known)
 before any hook is attached. Hooks are removed on exit, also after an exception.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

@@ -11,6 +11,7 @@ neuron is a row there, and a column of ``down_proj.weight``). :func:`neuron_slic
 each property, the parameter that stores it (same storage) and the parameter's own ``d_mlp``
 axis from the view's strides, so masks are built on the tensors the optimizer really updates.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def neuron_slices(model) -> list[NeuronSlice]:
     return out
 
 
-def neuron_masks(model, neurons: NeuronSet) -> dict[str, Bool[Tensor, "..."]]:
+def neuron_masks(model, neurons: NeuronSet) -> dict[str, Bool[Tensor, ...]]:
     """``{parameter name: bool mask}``: True on the entries owned by a neuron of ``neurons``.
 
     Only parameters holding at least one neuron family appear; masks live on each parameter's

@@ -18,13 +18,15 @@ Layer ``l``'s down projection W maps a key k (``blocks.{l}.mlp.hook_post``, ``[d
 writes W' and restores the exact old W on exit, ``edit.apply_permanently(model)`` or
 ``inplace=True`` keeps it.
 """
+
 from __future__ import annotations
 
 import contextlib
 import copy
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -130,7 +132,7 @@ def sample_prefixes(model, n: int, n_tokens: int, seed: int = 0, top_k: int = 5)
         top = logits.topk(top_k, dim=-1)
         pick = torch.multinomial(top.values.softmax(-1), 1, generator=gen)
         ids = torch.cat([ids, top.indices.gather(1, pick).to(dev)], dim=1)
-    texts = tok.batch_decode(ids[:, len(model_bos(model)):].tolist(), skip_special_tokens=True)
+    texts = tok.batch_decode(ids[:, len(model_bos(model)) :].tolist(), skip_special_tokens=True)
     return [" ".join(t.replace("{", "").replace("}", "").split()) + ". " for t in texts]
 
 
@@ -141,8 +143,9 @@ def _fact(fact: Any, subject: str | None, new_target: str | None) -> tuple[Examp
         raise TypeError(f"fact must be an Example or a prompt string, got {type(fact).__name__}")
     subject = subject if subject is not None else fact.meta.get("subject")
     if not subject or subject not in fact.prompt:
-        raise ValueError(f"subject={subject!r} must be given (or in fact.meta['subject']) and occur in the "
-                         f"prompt {fact.prompt!r}")
+        raise ValueError(
+            f"subject={subject!r} must be given (or in fact.meta['subject']) and occur in the prompt {fact.prompt!r}"
+        )
     new_target = new_target if new_target is not None else fact.meta.get("target_new")
     if not isinstance(new_target, str) or not new_target.strip():
         raise ValueError(f"new_target must be a non-empty string (or fact.meta['target_new']), got {new_target!r}")
@@ -151,12 +154,28 @@ def _fact(fact: Any, subject: str | None, new_target: str | None) -> tuple[Examp
     return fact, subject, new_target
 
 
-def rome_edit(model, fact: Any, new_target: str | None = None, *, layer: int, subject: str | None = None,
-              texts: Sequence[str] | None = None, data_dir: str | os.PathLike | None = None,
-              second_moment_matrix: torch.Tensor | None = None, prefixes: Sequence[str] | None = None,
-              n_prefixes: int = 5, prefix_tokens: int = 8, steps: int = 20, lr: float = 0.5,
-              kl_factor: float = 0.0625, weight_decay: float = 0.5, clamp: float = 4.0, ridge: float = 1e-3,
-              seed: int = 0, inplace: bool = False) -> RomeEdit:
+def rome_edit(
+    model,
+    fact: Any,
+    new_target: str | None = None,
+    *,
+    layer: int,
+    subject: str | None = None,
+    texts: Sequence[str] | None = None,
+    data_dir: str | os.PathLike | None = None,
+    second_moment_matrix: torch.Tensor | None = None,
+    prefixes: Sequence[str] | None = None,
+    n_prefixes: int = 5,
+    prefix_tokens: int = 8,
+    steps: int = 20,
+    lr: float = 0.5,
+    kl_factor: float = 0.0625,
+    weight_decay: float = 0.5,
+    clamp: float = 4.0,
+    ridge: float = 1e-3,
+    seed: int = 0,
+    inplace: bool = False,
+) -> RomeEdit:
     """Compute the ROME edit that makes ``model`` continue ``fact``'s prompt with ``new_target``.
 
     Args:
@@ -200,8 +219,9 @@ def rome_edit(model, fact: Any, new_target: str | None = None, *, layer: int, su
     if prefixes is None:
         prefixes = sample_prefixes(model, n_prefixes, prefix_tokens, seed)
     contexts = [""] + [str(p) for p in prefixes]
-    delta, key, losses = _optimise(model, layer, fact.prompt, subject, new_target, contexts, steps, lr,
-                                   kl_factor, weight_decay, clamp)
+    delta, key, losses = _optimise(
+        model, layer, fact.prompt, subject, new_target, contexts, steps, lr, kl_factor, weight_decay, clamp
+    )
     Cd = C.double().to(key.device)
     Cd = Cd + ridge * Cd.diagonal().mean() * torch.eye(d_mlp, dtype=torch.float64, device=key.device)
     u = torch.linalg.solve(Cd, key.double())
@@ -209,11 +229,30 @@ def rome_edit(model, fact: Any, new_target: str | None = None, *, layer: int, su
     w, dim = value_weight(model, layer)
     with torch.no_grad():
         wk = (w.float() @ key if dim == 1 else key @ w.float()).cpu()
-    edit = RomeEdit(layer, key.cpu(), wk + delta.cpu(), delta.cpu(), left.cpu(), fact, new_target,
-                    model_fingerprint(model),
-                    params=dict(layer=layer, subject=subject, contexts=contexts, steps=steps, lr=lr,
-                                kl_factor=kl_factor, weight_decay=weight_decay, clamp=clamp, ridge=ridge, seed=seed),
-                    losses=losses, model=model)
+    edit = RomeEdit(
+        layer,
+        key.cpu(),
+        wk + delta.cpu(),
+        delta.cpu(),
+        left.cpu(),
+        fact,
+        new_target,
+        model_fingerprint(model),
+        params=dict(
+            layer=layer,
+            subject=subject,
+            contexts=contexts,
+            steps=steps,
+            lr=lr,
+            kl_factor=kl_factor,
+            weight_decay=weight_decay,
+            clamp=clamp,
+            ridge=ridge,
+            seed=seed,
+        ),
+        losses=losses,
+        model=model,
+    )
     if inplace:
         edit.apply_permanently(model)
     return edit
@@ -225,7 +264,9 @@ def _optimise(model, layer, prompt, subject, new_target, contexts, steps, lr, kl
     enc = encode(model, [Example(c + prompt, new_target) for c in contexts])
     subj = [subject_last_position(model, c + prompt, subject, len(c)) for c in contexts]
     kl_text = f"{subject} is a"
-    seqs = [e.ids for e in enc] + [model_bos(model) + list(model.tokenizer(kl_text, add_special_tokens=False)["input_ids"])]
+    seqs = [e.ids for e in enc] + [
+        model_bos(model) + list(model.tokenizer(kl_text, add_special_tokens=False)["input_ids"])
+    ]
     subj.append(subject_last_position(model, kl_text, subject))
     tokens, lengths = pad_right(seqs, pad_id(model.tokenizer))
     tokens, rows = tokens.to(dev), torch.arange(len(seqs), device=dev)

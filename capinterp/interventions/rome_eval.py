@@ -12,9 +12,11 @@ answers after the prompt:
 Facts come from :func:`capinterp.data.load_counterfact` (``meta``: ground_truth, target_new,
 paraphrases, locality).
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -50,8 +52,10 @@ def _probes(fact: Example) -> list[tuple[str, str, str, str]]:
     """``(score, prompt, right answer, wrong answer)`` rows of one CounterFact fact."""
     m = fact.meta
     if "target_new" not in m or "ground_truth" not in m:
-        raise ValueError(f"fact {fact.prompt!r} has no meta['target_new'] / meta['ground_truth'] "
-                         "(load it with capinterp.data.load_counterfact)")
+        raise ValueError(
+            f"fact {fact.prompt!r} has no meta['target_new'] / meta['ground_truth'] "
+            "(load it with capinterp.data.load_counterfact)"
+        )
     true, new = m["ground_truth"], m["target_new"]
     rows = [("efficacy", fact.prompt, new, true)]
     rows += [("paraphrase", p, new, true) for p in m.get("paraphrases", [])]
@@ -66,9 +70,16 @@ def counterfact_scores(model, facts: Sequence[Example], batch_size: int = 16) ->
         raise ValueError("facts must not be empty")
     lp_right = target_logprob(model, [(r[2], r[3]) for r in rows], batch_size)
     lp_wrong = target_logprob(model, [(r[2], r[4]) for r in rows], batch_size)
-    return pd.DataFrame({"fact": [r[0] for r in rows], "score": [r[1] for r in rows],
-                         "prompt": [r[2] for r in rows], "lp_right": lp_right.numpy(),
-                         "lp_wrong": lp_wrong.numpy(), "success": (lp_right > lp_wrong).numpy()})
+    return pd.DataFrame(
+        {
+            "fact": [r[0] for r in rows],
+            "score": [r[1] for r in rows],
+            "prompt": [r[2] for r in rows],
+            "lp_right": lp_right.numpy(),
+            "lp_wrong": lp_wrong.numpy(),
+            "success": (lp_right > lp_wrong).numpy(),
+        }
+    )
 
 
 def summarize(df: pd.DataFrame) -> dict[str, float]:
@@ -77,8 +88,9 @@ def summarize(df: pd.DataFrame) -> dict[str, float]:
     return {s: float(per_fact.get(s, np.nan)) for s in SCORES}
 
 
-def rome_counterfact(model, facts: Sequence[Example], layer: int, batch_size: int = 16,
-                     **rome_params: Any) -> pd.DataFrame:
+def rome_counterfact(
+    model, facts: Sequence[Example], layer: int, batch_size: int = 16, **rome_params: Any
+) -> pd.DataFrame:
     """Edit each fact alone at ``layer`` (model restored after each) and score it before and after.
 
     One row per fact: ``case_id``, and ``efficacy / paraphrase / neighborhood`` with suffixes
@@ -90,7 +102,13 @@ def rome_counterfact(model, facts: Sequence[Example], layer: int, batch_size: in
         edit = rome_edit(model, f, f.meta.get("target_new"), layer=layer, **rome_params)
         with edit.apply(model):
             after = summarize(counterfact_scores(model, [f], batch_size))
-        out.append({"case_id": f.meta.get("case_id", i), "layer": layer,
-                    **{f"{k}_before": v for k, v in before.items()}, **{f"{k}_after": v for k, v in after.items()},
-                    "final_nll": edit.losses[-1] if edit.losses else float("nan")})
+        out.append(
+            {
+                "case_id": f.meta.get("case_id", i),
+                "layer": layer,
+                **{f"{k}_before": v for k, v in before.items()},
+                **{f"{k}_after": v for k, v in after.items()},
+                "final_nll": edit.losses[-1] if edit.losses else float("nan"),
+            }
+        )
     return pd.DataFrame(out)

@@ -9,11 +9,12 @@ files under ``data_dir`` (:func:`capinterp.data.local_texts`). Nothing is downlo
 The result is cached under ``$CAPINTERP_CACHE/second_moment/``, keyed by the model fingerprint,
 the layer and a hash of the exact token sequences, so another corpus never reuses it.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -25,9 +26,17 @@ from capinterp.data.corpus import local_texts
 __all__ = ["second_moment"]
 
 
-def second_moment(model, layer: int, *, texts: Sequence[str] | None = None,
-                  data_dir: str | os.PathLike | None = None, n_texts: int = 400, max_tokens: int = 64,
-                  batch_size: int = 8, cache: bool = True) -> tuple[torch.Tensor, int]:
+def second_moment(
+    model,
+    layer: int,
+    *,
+    texts: Sequence[str] | None = None,
+    data_dir: str | os.PathLike | None = None,
+    n_texts: int = 400,
+    max_tokens: int = 64,
+    batch_size: int = 8,
+    cache: bool = True,
+) -> tuple[torch.Tensor, int]:
     """``(C, n_keys)``: C = mean over the corpus's tokens of k k^T, ``[d_mlp, d_mlp]`` float32 on the CPU.
 
     Every text is cut to ``max_tokens`` tokens; the BOS position (where the model prepends one)
@@ -44,8 +53,11 @@ def second_moment(model, layer: int, *, texts: Sequence[str] | None = None,
         raise TypeError("texts must be a list of strings")
     bos = model_bos(model)
     tok = model.tokenizer
-    seqs = [ids for ids in (bos + list(tok(t, add_special_tokens=False)["input_ids"])[: max_tokens - len(bos)]
-                            for t in texts) if len(ids) > len(bos)]
+    seqs = [
+        ids
+        for ids in (bos + list(tok(t, add_special_tokens=False)["input_ids"])[: max_tokens - len(bos)] for t in texts)
+        if len(ids) > len(bos)
+    ]
     if not seqs:
         raise ValueError("texts must hold at least one non-empty text")
     digest = hashlib.sha256(repr(seqs).encode()).hexdigest()[:16]

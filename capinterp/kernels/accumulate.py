@@ -6,18 +6,19 @@ processes, other machines) combine exactly with :meth:`ScoreSum.merge`, and an i
 ``fit`` resumes from its checkpoint with the examples already done, giving the same result
 as an uninterrupted run.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
 from safetensors.torch import load_file, save_file
+from torch import Tensor
 
 from capinterp.core import distributed as dist
 from capinterp.core.example import Example
@@ -66,7 +67,7 @@ class ScoreSum:
             raise ValueError("no example has been scored")
         return (self.sum / len(self.done)).to(torch.float32)
 
-    def merge(self, other: "ScoreSum") -> "ScoreSum":
+    def merge(self, other: ScoreSum) -> ScoreSum:
         """Exact combination of two disjoint shards of the same computation."""
         if self.key != other.key:
             raise ValueError(f"cannot merge sums of different computations: {self.key} vs {other.key}")
@@ -77,7 +78,7 @@ class ScoreSum:
         out.done = self.done | other.done
         return out
 
-    def all_reduced(self) -> "ScoreSum":
+    def all_reduced(self) -> ScoreSum:
         """The merge of every rank's shard under torchrun (float64 all-reduce); ``self`` on one process."""
         if dist.world_size() == 1:
             return self
@@ -103,7 +104,7 @@ class ScoreSum:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, key: dict | None = None) -> "ScoreSum":
+    def load(cls, path: str | os.PathLike, key: dict | None = None) -> ScoreSum:
         """Read sums saved by :meth:`save`; ValueError when ``key`` differs from the saved computation's key."""
         path = Path(path)
         if not path.exists():
@@ -127,7 +128,7 @@ class ScoreSum:
         return out
 
     @classmethod
-    def resume(cls, path: str | os.PathLike | None, shape: tuple[int, int], key: dict) -> "ScoreSum":
+    def resume(cls, path: str | os.PathLike | None, shape: tuple[int, int], key: dict) -> ScoreSum:
         """Load ``path`` if it exists (checking its key and shape), else start empty."""
         key = json.loads(json.dumps(key))  # normalise tuples etc. as they come back from JSON
         if path is not None and Path(path).exists():

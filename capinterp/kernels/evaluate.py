@@ -3,10 +3,12 @@
 Interventions (:mod:`capinterp.interventions.hooks`) are hooks on the model, so ``evaluate`` inside
 ``with ci.erase(model, neurons):`` measures the intervened model.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 import torch
@@ -43,9 +45,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def greedy_continuations(
-    model, prompt_ids: list[list[int]], n_new: int
-) -> tuple[list[list[int]], torch.Tensor]:
+def greedy_continuations(model, prompt_ids: list[list[int]], n_new: int) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy-decode ``n_new`` tokens for each prompt; also return the first step's probabilities.
 
     Each step re-runs the right-padded batch (few steps are needed for short answers), so any

@@ -46,28 +46,29 @@ Parameters never get ``.grad`` (their ``requires_grad`` is switched off during t
 restored), hooks are removed on exit, and gradients accumulate in float32. Computation runs
 on ``model.cfg.device``; the returned scores are float32 on the CPU.
 """
+
 from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import torch
 from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
-from capinterp.kernels import prefix as _prefix
-from capinterp.kernels.quadrature import RULES, quadrature
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
+from capinterp.kernels import prefix as _prefix
+from capinterp.kernels.quadrature import quadrature
 
 POSITIONS = ("answer", "last_prompt")
 OBJECTIVES = ("prob", "logprob")
 METHODS = ("fast", "prefix", "loop")
 
 
-def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, "m"]:
+def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, m]:
     """The ``m`` interpolation coefficients of a rule (float64, CPU); weights: :func:`quadrature`."""
     return quadrature(steps, rule)[0]
 
@@ -105,8 +106,8 @@ def _upcast(t: torch.Tensor) -> torch.Tensor:
 
 
 def objective_from_logits(
-    logits: Float[torch.Tensor, "rows S V"], targets: Int[torch.Tensor, "S"], objective: str = "prob"
-) -> Float[torch.Tensor, "rows"]:
+    logits: Float[torch.Tensor, "rows S V"], targets: Int[torch.Tensor, S], objective: str = "prob"
+) -> Float[torch.Tensor, rows]:
     """F per row: logits [R, S, V] at the read positions, targets [S] -> [R] (float32 at least).
 
     Written with ``logsumexp``, not ``softmax``: torch's CPU softmax uses a fast approximate exp
@@ -311,8 +312,7 @@ def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, 
         forward = _prefix.bridge_logits
     elif not _stair_ok(model, run, {} if checked is None else checked):
         warnings.warn(
-            "direct block calls do not reproduce this model's logits; IG uses the slower "
-            "method='prefix' route",
+            "direct block calls do not reproduce this model's logits; IG uses the slower method='prefix' route",
             RuntimeWarning,
             stacklevel=3,
         )

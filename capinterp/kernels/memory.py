@@ -7,6 +7,7 @@ per-row estimates come from each method (CNL: :func:`ig_row_bytes`; DCSN: :func:
 and are deliberately generous; an out-of-memory error that still happens is caught by the
 dataset localizers, which halve the batch and redo the same work.
 """
+
 from __future__ import annotations
 
 import gc

@@ -24,6 +24,7 @@ every layer below the replaced one is identical to the clean run, so it is compu
 
 Logits are only ever computed at the suffix positions, which are all read.
 """
+
 from __future__ import annotations
 
 import copy
@@ -91,7 +92,7 @@ def _prefix_forward(model, prefix: torch.Tensor):
     return cache
 
 
-def clean_suffix(model, seq: Int[torch.Tensor, "T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
+def clean_suffix(model, seq: Int[torch.Tensor, T], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)
@@ -272,9 +273,7 @@ def bridge_logits(
     for l, z in groups:
         hooks.append((neuron_hook(l), functools.partial(_replace_rows, z, start)))
         start += z.shape[0]
-    logits = model.run_with_hooks(
-        run.suffix.expand(rows, -1), past_key_values=cache, fwd_hooks=hooks
-    )
+    logits = model.run_with_hooks(run.suffix.expand(rows, -1), past_key_values=cache, fwd_hooks=hooks)
     return logits[:, -run.suffix.shape[1] :]
 
 
@@ -284,7 +283,7 @@ def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     try:
         with torch.no_grad():
             logits = stair_logits(model, run, groups)
-    except Exception:  # noqa: BLE001 - any failure means: use the bridge route
+    except Exception:
         return False
     ref = run.logits.float()
     tol = rtol * max(1.0, ref.abs().max().item())

@@ -15,6 +15,7 @@ Rules (``steps`` = m = number of evaluation points, i.e. forward/backward rows p
 * ``"trapezoid"``: alpha_k = (k-1)/(m-1), w_k = 1/(m-1), halved at both ends (m >= 2);
 * ``"gauss"``: Gauss-Legendre nodes and weights of [-1, 1] mapped to [0, 1].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,7 +35,7 @@ def check_rule(steps: int, rule: str) -> None:
         raise ValueError(f"steps must be an integer >= {low} for rule {rule!r}, got {steps!r}")
 
 
-def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, "m"], Float64[torch.Tensor, "m"]]:
+def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, m], Float64[torch.Tensor, m]]:
     """(nodes alpha_k in [0, 1], weights w_k), float64 on the CPU; the weights sum to 1."""
     check_rule(steps, rule)
     m = steps

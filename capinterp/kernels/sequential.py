@@ -12,9 +12,10 @@ position, as in KN. Rows = (position, step) pairs of one layer, ``batch_size`` p
 backward, unembedded at the last prompt position only; the model's parameters get no ``.grad``.
 Returned float32 on the CPU.
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -28,9 +29,18 @@ __all__ = ["RULES", "sig_scores"]
 RULES = ("right", "left", "linspace")
 
 
-def sig_scores(model, enc: Encoded, *, steps: int = 20, rule: str = "right", objective: str = "prob",
-               positions: Iterable[int] | None = None, baseline: torch.Tensor | None = None,
-               layers: Iterable[int] | None = None, batch_size: int = 64) -> torch.Tensor:
+def sig_scores(
+    model,
+    enc: Encoded,
+    *,
+    steps: int = 20,
+    rule: str = "right",
+    objective: str = "prob",
+    positions: Iterable[int] | None = None,
+    baseline: torch.Tensor | None = None,
+    layers: Iterable[int] | None = None,
+    batch_size: int = 64,
+) -> torch.Tensor:
     """SIG of every neuron for one prompt: float32 ``[n_layers, d_mlp]``.
 
     ``positions``: the token positions scaled one at a time (default: every prompt position after
@@ -44,7 +54,9 @@ def sig_scores(model, enc: Encoded, *, steps: int = 20, rule: str = "right", obj
     dev = torch.device(model.cfg.device)
     last = enc.last_prompt_pos
     if positions is None:
-        first = 1 if len(enc.prompt_ids) > 1 and enc.prompt_ids[0] == getattr(model.tokenizer, "bos_token_id", None) else 0
+        first = (
+            1 if len(enc.prompt_ids) > 1 and enc.prompt_ids[0] == getattr(model.tokenizer, "bos_token_id", None) else 0
+        )
         positions = range(first, last + 1)
     pos = sorted(set(int(p) for p in positions))
     if not pos or pos[0] < 0 or pos[-1] > last:

@@ -12,11 +12,13 @@ the corrupted copies' KV cache cropped to t tokens (rows of one chunk share one 
 at tokens before the first subject token are not run: the noise cannot reach those states
 (causal attention), so restoring them changes nothing and their IE is exactly 0.
 """
+
 from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from einops import rearrange, reduce, repeat
@@ -26,8 +28,19 @@ from torch import Tensor
 from capinterp.core.forward import capture
 
 __all__ = [
-    "KINDS", "TOKEN_GROUPS", "HOOK", "subject_token_range", "parse_noise", "subject_std", "make_noise",
-    "prefix_ok", "row_hooks", "restoration_probs", "token_groups", "last_probs", "Runner",
+    "HOOK",
+    "KINDS",
+    "TOKEN_GROUPS",
+    "Runner",
+    "last_probs",
+    "make_noise",
+    "parse_noise",
+    "prefix_ok",
+    "restoration_probs",
+    "row_hooks",
+    "subject_std",
+    "subject_token_range",
+    "token_groups",
 ]
 
 KINDS = ("resid", "mlp", "attn")
@@ -37,7 +50,10 @@ HOOK = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_ou
 
 # ------------------------------------------------------------------------------ subject & noise
 
-def subject_token_range(tokenizer, prompt: str, subject: str, prompt_ids: Sequence[int], offset: int = 0) -> tuple[int, int]:
+
+def subject_token_range(
+    tokenizer, prompt: str, subject: str, prompt_ids: Sequence[int], offset: int = 0
+) -> tuple[int, int]:
     """Token positions ``[start, end)`` of the first occurrence of ``subject`` in ``prompt``.
 
     ``prompt_ids`` are the prompt's tokens (without special tokens); ``offset`` is added to the
@@ -99,8 +115,9 @@ def subject_std(model, prepared: list[dict[str, Any]]) -> float:
     return float(flat.std()) if flat.numel() > 1 else 0.0
 
 
-def make_noise(seed: int, samples: int, n_subject: int, d_model: int, std: float
-               ) -> Float[Tensor, "samples n_subject d_model"]:
+def make_noise(
+    seed: int, samples: int, n_subject: int, d_model: int, std: float
+) -> Float[Tensor, "samples n_subject d_model"]:
     """[samples, n_subject, d_model] Gaussian noise of std ``std``, drawn on the CPU in float32 from ``seed``."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     eps = torch.randn(samples, n_subject, d_model, generator=gen, dtype=torch.float32)
@@ -109,17 +126,24 @@ def make_noise(seed: int, samples: int, n_subject: int, d_model: int, std: float
 
 # ------------------------------------------------------------------------------ restoration rows
 
+
 def prefix_ok(model, reuse_prefix: bool, T: int) -> bool:
     """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
     if reuse_prefix is False:
         return False
     cfg = getattr(getattr(model, "original_model", None), "config", None)
     window = getattr(getattr(cfg, "get_text_config", lambda: cfg)(), "sliding_window", None) if cfg else None
-    return not (window and T > int(window))  # a cropped sliding-window cache would be wrong
+    return not (window and int(window) < T)  # a cropped sliding-window cache would be wrong
 
 
-def row_hooks(kinds: Sequence[str], window: int, kind_r: Int[Tensor, " rows"], t_r: Int[Tensor, " rows"],
-              l_r: Int[Tensor, " rows"], L: int):
+def row_hooks(
+    kinds: Sequence[str],
+    window: int,
+    kind_r: Int[Tensor, " rows"],
+    t_r: Int[Tensor, " rows"],
+    l_r: Int[Tensor, " rows"],
+    L: int,
+):
     """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows."""
     out = []
     half, upper = window // 2, -(-window // 2)
@@ -138,8 +162,9 @@ def row_hooks(kinds: Sequence[str], window: int, kind_r: Int[Tensor, " rows"], t
     return out
 
 
-def restoration_probs(run: "Runner", kinds: Sequence[str], window: int, s0: int, L: int, batch_size: int,
-                      cache) -> Float[Tensor, "n_t kinds n_layers"]:
+def restoration_probs(
+    run: Runner, kinds: Sequence[str], window: int, s0: int, L: int, batch_size: int, cache
+) -> Float[Tensor, "n_t kinds n_layers"]:
     """Restored p(o) [T - s0, K, L] (mean over samples) for every (token >= s0, kind, layer).
 
     Restorations are token-major, (t, kind, layer) for t >= s0, one row per restoration x sample;
@@ -161,7 +186,7 @@ def restoration_probs(run: "Runner", kinds: Sequence[str], window: int, s0: int,
             rows = torch.arange(a, min(a + batch_size, hi))
             r = rows // S
             spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L)
-            p_rows[a: a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
+            p_rows[a : a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
     return reduce(p_rows, "(t k l s) -> t k l", "mean", t=n_t, k=K, l=L)
 
 
@@ -179,6 +204,7 @@ def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]
 
 
 # ------------------------------------------------------------------------------ forward passes
+
 
 def last_probs(model, tokens: Int[Tensor, "batch T"], hooks) -> Float[Tensor, "batch d_vocab"]:
     """Softmax of the logits at the last position only (the unembedding sees one position a row)."""
@@ -200,12 +226,12 @@ class Runner:
     def _noise_hook(self, sample_r: torch.Tensor, t0: int):
         s0, s1 = self.span
         lo = max(s0, t0)
-        eps = self.noise[sample_r.to(self.ids.device)][:, lo - s0:]
+        eps = self.noise[sample_r.to(self.ids.device)][:, lo - s0 :]
 
         def corrupt(act, hook):
             act = act.clone()
             if s1 > lo:
-                act[:, lo - t0: s1 - t0] += eps.to(act.dtype)
+                act[:, lo - t0 : s1 - t0] += eps.to(act.dtype)
             return act
 
         return ("hook_embed", corrupt)

@@ -1,4 +1,5 @@
 """Interchangeable localizers, registered by name: ``capinterp.localizers.get("cnl")``."""
+
 from capinterp.localizers.amig import AMIG
 from capinterp.localizers.base import Localizer, available, get, register
 from capinterp.localizers.causal_trace import CausalTrace
@@ -10,4 +11,18 @@ from capinterp.localizers.neft import NeFT
 from capinterp.localizers.query_localization import QueryLocalization
 from capinterp.localizers.sig import SIG
 
-__all__ = ["AMIG", "CNL", "CausalTrace", "DCSN", "KN", "KnowledgeCircuit", "Localizer", "NeFT", "QueryLocalization", "SIG", "available", "get", "register"]
+__all__ = [
+    "AMIG",
+    "CNL",
+    "DCSN",
+    "KN",
+    "SIG",
+    "CausalTrace",
+    "KnowledgeCircuit",
+    "Localizer",
+    "NeFT",
+    "QueryLocalization",
+    "available",
+    "get",
+    "register",
+]

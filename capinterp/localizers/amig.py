@@ -12,10 +12,12 @@ coarse set starts at ``threshold * max`` and the ratio moves by 0.05, at most ``
 times, until the set has between ``min_neurons`` and ``max_neurons`` neurons. Refinement by
 ``share`` is KN's; usable by :class:`~capinterp.QueryLocalization` (``localizer="amig"``).
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -36,8 +38,14 @@ def mean_activations(model, texts: Sequence[str], max_tokens: int = 64, batch_si
         raise ValueError("texts must be a non-empty list of strings")
     n_layers, d_mlp = neuron_shape(model)
     bos, dev = model_bos(model), model.cfg.device
-    seqs = [ids for ids in (bos + list(model.tokenizer(t, add_special_tokens=False)["input_ids"])[: max_tokens - len(bos)]
-                            for t in texts) if len(ids) > len(bos)]
+    seqs = [
+        ids
+        for ids in (
+            bos + list(model.tokenizer(t, add_special_tokens=False)["input_ids"])[: max_tokens - len(bos)]
+            for t in texts
+        )
+        if len(ids) > len(bos)
+    ]
     if not seqs:
         raise ValueError("texts hold no tokens")
     total = torch.zeros(n_layers, d_mlp, dtype=torch.float64)
@@ -75,21 +83,49 @@ class AMIG(KN):
 
     per_query = True
 
-    def __init__(self, model: Any, *, steps: int = 20, baseline: torch.Tensor | None = None,
-                 baseline_texts: Sequence[str] | None = None, data_dir: str | os.PathLike | None = None,
-                 threshold: float = 0.2, min_neurons: int = 2, max_neurons: int = 20, adapt_steps: int = 6,
-                 share: float = 0.5, refine: bool = True, rule: str = "right", objective: str = "prob",
-                 kernel: str = "fast", batch_size: int = 64, device: Any = None, progress: bool = True) -> None:
-        super().__init__(model, steps=steps, threshold=threshold, share=share, refine=refine, rule=rule,
-                         objective=objective, kernel=kernel, batch_size=batch_size, device=device, progress=progress)
+    def __init__(
+        self,
+        model: Any,
+        *,
+        steps: int = 20,
+        baseline: torch.Tensor | None = None,
+        baseline_texts: Sequence[str] | None = None,
+        data_dir: str | os.PathLike | None = None,
+        threshold: float = 0.2,
+        min_neurons: int = 2,
+        max_neurons: int = 20,
+        adapt_steps: int = 6,
+        share: float = 0.5,
+        refine: bool = True,
+        rule: str = "right",
+        objective: str = "prob",
+        kernel: str = "fast",
+        batch_size: int = 64,
+        device: Any = None,
+        progress: bool = True,
+    ) -> None:
+        super().__init__(
+            model,
+            steps=steps,
+            threshold=threshold,
+            share=share,
+            refine=refine,
+            rule=rule,
+            objective=objective,
+            kernel=kernel,
+            batch_size=batch_size,
+            device=device,
+            progress=progress,
+        )
         if not 1 <= min_neurons <= max_neurons:
             raise ValueError(f"need 1 <= min_neurons <= max_neurons, got {min_neurons}, {max_neurons}")
         if adapt_steps < 0:
             raise ValueError(f"adapt_steps must be >= 0, got {adapt_steps}")
         n_layers, d_mlp = neuron_shape(model)
         if baseline is None:
-            baseline = mean_activations(model, list(baseline_texts) if baseline_texts is not None
-                                        else local_texts(data_dir, n=32))
+            baseline = mean_activations(
+                model, list(baseline_texts) if baseline_texts is not None else local_texts(data_dir, n=32)
+            )
         baseline = torch.as_tensor(baseline, dtype=torch.float32)
         if baseline.shape == (d_mlp,):
             baseline = baseline.expand(n_layers, d_mlp).clone()
@@ -101,9 +137,17 @@ class AMIG(KN):
         self.min_neurons, self.max_neurons, self.adapt_steps = int(min_neurons), int(max_neurons), int(adapt_steps)
 
     def _prompt_scores(self, item) -> torch.Tensor:
-        return ig_scores(self.model, item, steps=self.steps, rule=self.rule, positions="last_prompt",
-                         objective=self.objective, baseline=self.baseline_, batch_size=self.batch_size,
-                         method=self.kernel)[0]
+        return ig_scores(
+            self.model,
+            item,
+            steps=self.steps,
+            rule=self.rule,
+            positions="last_prompt",
+            objective=self.objective,
+            baseline=self.baseline_,
+            batch_size=self.batch_size,
+            method=self.kernel,
+        )[0]
 
     def _coarse(self, scores: torch.Tensor) -> torch.Tensor:
         t = self.threshold

@@ -11,15 +11,17 @@ CLI, :class:`~capinterp.localizers.query_localization.QueryLocalization` and the
 read them instead of testing class names, so a new method only touches its own file and its
 docs page (docs/extending.md).
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
-from capinterp.core.model import model_meta, move_model
 from capinterp.core import validate
+from capinterp.core.model import model_meta, move_model
 
-_REGISTRY: dict[str, type["Localizer"]] = {}
+_REGISTRY: dict[str, type[Localizer]] = {}
 _ALIASES: dict[str, str] = {}
 L = TypeVar("L", bound=type["Localizer"])
 
@@ -56,7 +58,7 @@ def register(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[L], L]:
     return deco
 
 
-def get(name: str) -> type["Localizer"]:
+def get(name: str) -> type[Localizer]:
     """The localizer class registered under ``name`` or one of its aliases (case-insensitive)."""
     try:
         key = name.lower()
@@ -73,8 +75,7 @@ def available(**capabilities: Any) -> list[str]:
     bad = [k for k in capabilities if k not in Localizer.CAPABILITIES]
     if bad:
         raise ValueError(f"unknown capability {bad[0]!r}; choose among {', '.join(Localizer.CAPABILITIES)}")
-    return sorted(k for k, cls in _REGISTRY.items()
-                  if all(getattr(cls, c) == v for c, v in capabilities.items()))
+    return sorted(k for k, cls in _REGISTRY.items() if all(getattr(cls, c) == v for c, v in capabilities.items()))
 
 
 def former_name(value: Any, old: Any, name: str, old_name: str, default: Any) -> Any:
@@ -82,7 +83,9 @@ def former_name(value: Any, old: Any, name: str, old_name: str, default: Any) ->
     if old is None:
         return value
     if value != default and value != old:
-        raise ValueError(f"pass {name}= only ({old_name}= is its former name), got {name}={value!r}, {old_name}={old!r}")
+        raise ValueError(
+            f"pass {name}= only ({old_name}= is its former name), got {name}={value!r}, {old_name}={old!r}"
+        )
     return old
 
 
@@ -117,7 +120,7 @@ class Localizer:
         self.batch_size = int(batch_size)
         self.progress = bool(progress)
 
-    def fit(self, data: Any) -> "Localizer":  # pragma: no cover - abstract
+    def fit(self, data: Any) -> Localizer:  # pragma: no cover - abstract
         """Localize on ``data`` (examples, or prompts of one fact) and return ``self``."""
         raise NotImplementedError
 

@@ -39,10 +39,12 @@ by default) of the averaged grid, or, with ``token="any"``, by the mean over fac
 max over all its tokens; keep the ``top_k`` best. ``units_`` is a layer :class:`KeySet` whose
 ``param_share`` counts the MLP parameters of the located layers.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -50,15 +52,24 @@ from tqdm.auto import tqdm
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.localizers.base import Localizer, register
 from capinterp.core.tokens import _ids, encode, model_bos
 from capinterp.kernels.tracing import HOOK as _HOOK
-from capinterp.kernels.tracing import KINDS, TOKEN_GROUPS, subject_token_range, token_groups
+from capinterp.kernels.tracing import (
+    KINDS,
+    TOKEN_GROUPS,
+    make_noise,
+    parse_noise,
+    prefix_ok,
+    restoration_probs,
+    subject_std,
+    subject_token_range,
+    token_groups,
+)
 from capinterp.kernels.tracing import Runner as _Runner
 from capinterp.kernels.tracing import last_probs as _last_probs
-from capinterp.kernels.tracing import make_noise, parse_noise, prefix_ok, restoration_probs, subject_std
+from capinterp.localizers.base import Localizer, register
 
-__all__ = ["CausalTrace", "TOKEN_GROUPS", "KINDS", "subject_token_range"]
+__all__ = ["KINDS", "TOKEN_GROUPS", "CausalTrace", "subject_token_range"]
 
 
 @register("causal_trace")
@@ -139,18 +150,22 @@ class CausalTrace(Localizer):
     # ------------------------------------------------------------------------------------ fit
 
     @torch.no_grad()
-    def fit(self, data: Iterable[Any]) -> "CausalTrace":
+    def fit(self, data: Iterable[Any]) -> CausalTrace:
         """Trace every fact in ``data`` (Examples, or dicts / pairs, with ``meta["subject"]``)."""
         facts = validate.examples(data, "CausalTrace.fit(data)", min_count=0)
         if not facts:
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
-        self.noise_std_ = self.noise_std if self.noise_std is not None else self._noise_mult * self._subject_std(prepared)
+        self.noise_std_ = (
+            self.noise_std if self.noise_std is not None else self._noise_mult * self._subject_std(prepared)
+        )
 
         self.per_prompt_: list[dict[str, Any]] = []
         self.skipped_facts_: list[dict[str, Any]] = []
         dist.init(self.model.cfg.device)  # under torchrun: each rank traces every world_size-th fact
-        it = tqdm(dist.shard(prepared), desc="causal trace", disable=not (self.progress and dist.is_main()), leave=False)
+        it = tqdm(
+            dist.shard(prepared), desc="causal trace", disable=not (self.progress and dist.is_main()), leave=False
+        )
         mine = [self._trace_one(item) for item in it]
         for res in sorted((r for part in dist.gather(mine) for r in part), key=lambda r: r["index"]):
             if res.get("skipped"):
@@ -160,8 +175,10 @@ class CausalTrace(Localizer):
         self.skipped_ = len(self.skipped_facts_)
         self.n_traced_ = len(self.per_prompt_)
         if not self.per_prompt_:
-            shown = "; ".join(f"{s['prompt']!r} -> model says {s['answer']!r}, target {s['target']!r}"
-                              for s in self.skipped_facts_[:3])
+            shown = "; ".join(
+                f"{s['prompt']!r} -> model says {s['answer']!r}, target {s['target']!r}"
+                for s in self.skipped_facts_[:3]
+            )
             raise ValueError(
                 f"no fact could be traced: all {self.skipped_} were skipped because the model's answer is not "
                 f"the target ({shown}). Filter with capinterp.data.facts.facts_known_by(model, facts), or pass "
@@ -177,7 +194,9 @@ class CausalTrace(Localizer):
     def _prepare(self, i: int, ex: Example) -> dict[str, Any]:
         subject = ex.meta.get("subject")
         if not isinstance(subject, str) or not subject:
-            raise ValueError(f"fact {i} ({ex.prompt!r}) has no meta['subject']; causal tracing needs the subject string")
+            raise ValueError(
+                f"fact {i} ({ex.prompt!r}) has no meta['subject']; causal tracing needs the subject string"
+            )
         tok = self.model.tokenizer
         bare = _ids(tok, ex.prompt)
         if ex.target:
@@ -218,11 +237,22 @@ class CausalTrace(Localizer):
         probs = _last_probs(model, ids, hooks)[0]
         o = int(probs.argmax())
         tok = model.tokenizer
-        base = {"index": item["index"], "prompt": item["example"].prompt, "target": item["example"].target,
-                "subject": item["example"].meta["subject"], "answer": tok.decode([o]), "answer_id": o}
+        base = {
+            "index": item["index"],
+            "prompt": item["example"].prompt,
+            "target": item["example"].target,
+            "subject": item["example"].meta["subject"],
+            "answer": tok.decode([o]),
+            "answer_id": o,
+        }
         if self.require_correct and item["target_id"] is not None and o != item["target_id"]:
-            return {**base, "skipped": True, "reason": "clean answer is not the target's first token",
-                    "p_clean": float(probs[o]), "p_target": float(probs[item["target_id"]])}
+            return {
+                **base,
+                "skipped": True,
+                "reason": "clean answer is not the target's first token",
+                "p_clean": float(probs[o]),
+                "p_target": float(probs[item["target_id"]]),
+            }
 
         noise = self._noise(s1 - s0).to(dev, dtype=clean[(self.kinds[0], 0)].dtype)
         run = _Runner(self, ids, noise, (s0, s1), clean, o)
@@ -234,9 +264,16 @@ class CausalTrace(Localizer):
             pr = torch.full((T, L), p_star)
             pr[s0:] = p_res[:, ki]
             grids[k], restored[k] = pr - p_star, pr
-        return {**base, "tokens": [tok.decode([t]) for t in item["ids"]], "subject_range": (s0, s1),
-                "p_clean": float(probs[o]), "p_corrupt": p_star, "p_corrupt_samples": p_star_rows,
-                "grids": grids, "probs": restored}
+        return {
+            **base,
+            "tokens": [tok.decode([t]) for t in item["ids"]],
+            "subject_range": (s0, s1),
+            "p_clean": float(probs[o]),
+            "p_corrupt": p_star,
+            "p_corrupt_samples": p_star_rows,
+            "grids": grids,
+            "probs": restored,
+        }
 
     def _prefix_ok(self, T: int) -> bool:
         """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
@@ -270,8 +307,11 @@ class CausalTrace(Localizer):
             return torch.stack([rec["grids"][kind].max(0).values for rec in self.per_prompt_]).mean(0)
         if token not in TOKEN_GROUPS:
             raise ValueError(f"token must be one of {TOKEN_GROUPS + ('any',)}, got {token!r}")
-        row = self.grids_[kind][TOKEN_GROUPS.index(token)] if hasattr(self, "grids_") else self._average(kind)[
-            TOKEN_GROUPS.index(token)]
+        row = (
+            self.grids_[kind][TOKEN_GROUPS.index(token)]
+            if hasattr(self, "grids_")
+            else self._average(kind)[TOKEN_GROUPS.index(token)]
+        )
         if torch.isnan(row).all():
             raise ValueError(f"no traced fact has a {token!r} token (e.g. all subjects are one token)")
         return row
@@ -295,8 +335,12 @@ class CausalTrace(Localizer):
             if id(p) not in seen:
                 seen.add(id(p))
                 per_layer += p.numel()
-        return KeySet.layers(layers, int(self.model.cfg.n_layers), unit_params=int(per_layer),
-                             n_params=neuron_param_info(self.model)["n_params"])
+        return KeySet.layers(
+            layers,
+            int(self.model.cfg.n_layers),
+            unit_params=int(per_layer),
+            n_params=neuron_param_info(self.model)["n_params"],
+        )
 
     # ------------------------------------------------------------------------------------ plot
 
@@ -315,15 +359,26 @@ class CausalTrace(Localizer):
             prompt = 0
         if prompt is None:
             labels = ["first subject*", "middle subject*", "last subject*", "first after", "further", "last"]
-            return trace_heatmap(self.grids_[kind], labels, kind=kind, window=self.window, subject_rows=[0, 1, 2],
-                                 title=title or f"Average indirect effect of restoring {kind} "
-                                                f"({self.n_traced_} facts)")
+            return trace_heatmap(
+                self.grids_[kind],
+                labels,
+                kind=kind,
+                window=self.window,
+                subject_rows=[0, 1, 2],
+                title=title or f"Average indirect effect of restoring {kind} ({self.n_traced_} facts)",
+            )
         rec = self.per_prompt_[prompt]
         s0, s1 = rec["subject_range"]
         labels = [f"{t!r}"[1:-1] + ("*" if s0 <= i < s1 else "") for i, t in enumerate(rec["tokens"])]
-        return trace_heatmap(rec["grids"][kind], labels, kind=kind, window=self.window,
-                             subject_rows=list(range(s0, s1)), answer=rec["answer"],
-                             title=title or f"Indirect effect of restoring {kind}: {rec['prompt']!r} -> {rec['answer']!r}")
+        return trace_heatmap(
+            rec["grids"][kind],
+            labels,
+            kind=kind,
+            window=self.window,
+            subject_rows=list(range(s0, s1)),
+            answer=rec["answer"],
+            title=title or f"Indirect effect of restoring {kind}: {rec['prompt']!r} -> {rec['answer']!r}",
+        )
 
 
 def _nan_low(x: float) -> float:

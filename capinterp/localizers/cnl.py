@@ -8,19 +8,20 @@ sigma = 6 as quoted by the reviewers). Cost: one fast IG kernel call per example
 (:func:`capinterp.kernels.ig.ig_scores`); scores are running sums, so a ``checkpoint=``
 makes long fits resumable and shards mergeable (:class:`capinterp.kernels.accumulate.ScoreSum`).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
+from capinterp.core import validate
+from capinterp.core.tokens import Encoded
 from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, ig_scores
 from capinterp.kernels.memory import ig_row_bytes
 from capinterp.kernels.quadrature import check_rule
-from capinterp.core import validate
 from capinterp.localizers.base import former_name, register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
-from capinterp.core.tokens import Encoded
 
 
 def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel: str) -> None:

@@ -2,6 +2,7 @@
 a dataset, a sigma mask, resumable checkpoints, split-half consistency, data parallel runs under
 ``torchrun`` (:mod:`capinterp.core.distributed`), ``batch_size="auto"`` and out-of-memory retries
 (:mod:`capinterp.kernels.memory`)."""
+
 from __future__ import annotations
 
 import os
@@ -13,15 +14,15 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core import distributed as dist
-from capinterp.kernels.memory import auto_batch_size, is_oom, release
-from capinterp.units import metrics
-from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
-from capinterp.localizers.base import Localizer
 from capinterp.core.model import model_fingerprint, neuron_shape
-from capinterp.results.neurons import NeuronScores
 from capinterp.core.tokens import Encoded, batches, encode
+from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
+from capinterp.kernels.memory import auto_batch_size, is_oom, release
+from capinterp.localizers.base import Localizer
+from capinterp.results.neurons import NeuronScores
+from capinterp.units import metrics
 
 
 def describe_data(examples: list[Example]) -> str:
@@ -114,7 +115,7 @@ class DatasetNeuronLocalizer(Localizer):
         """:meth:`_score_chunk`, halving the batch (or splitting the chunk) on out-of-memory."""
         try:
             return self._score_chunk(items)
-        except Exception as err:  # noqa: BLE001 - only out-of-memory errors are retried
+        except Exception as err:
             if not is_oom(err):
                 raise
         release(self.model.cfg.device)
@@ -128,7 +129,7 @@ class DatasetNeuronLocalizer(Localizer):
         return self._score_safely(items)
 
     # -------------------------------------------------------------------------------
-    def fit(self, data: Any) -> "DatasetNeuronLocalizer":
+    def fit(self, data: Any) -> DatasetNeuronLocalizer:
         """Mean per-example scores over ``data`` (Examples, dicts or pairs): ``scores_``
         ``[n_layers, d_mlp]``, ``neurons_`` (the sigma mask), ``sums_`` (the running sums)."""
         examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
@@ -144,15 +145,20 @@ class DatasetNeuronLocalizer(Localizer):
             "data": dataset_fingerprint(e.example for e in encoded),
         }
         dist.init(self.model.cfg.device)
-        self.batch_size_ = self.batch_size if self.batch_size != "auto" else auto_batch_size(
-            self.model.cfg.device, self._row_bytes(encoded))
+        self.batch_size_ = (
+            self.batch_size
+            if self.batch_size != "auto"
+            else auto_batch_size(self.model.cfg.device, self._row_bytes(encoded))
+        )
         self.oom_retries_ = 0
         ckpt = dist.rank_path(self.checkpoint)
         acc = ScoreSum.resume(ckpt, shape, key)
         stray = sorted(i for i in acc.done if not 0 <= i < len(encoded))
         if stray:
-            raise ValueError(f"checkpoint {ckpt} marks examples {stray[:5]} as done, but the data has "
-                             f"{len(encoded)} examples: the file is damaged; delete it to start over")
+            raise ValueError(
+                f"checkpoint {ckpt} marks examples {stray[:5]} as done, but the data has "
+                f"{len(encoded)} examples: the file is damaged; delete it to start over"
+            )
         mine = dist.shard(list(batches(list(range(len(encoded))), self._chunk_size())))
         todo = [[i for i in chunk if i not in acc.done] for chunk in mine]
         show = self.progress and dist.is_main()
@@ -174,7 +180,7 @@ class DatasetNeuronLocalizer(Localizer):
         self.units_ = self.neurons_
         return self
 
-    def clone(self, **changes: Any) -> "DatasetNeuronLocalizer":
+    def clone(self, **changes: Any) -> DatasetNeuronLocalizer:
         """A new unfitted localizer with the same hyper-parameters (no checkpoint) and ``changes`` applied."""
         params = {**self.get_params(), "progress": self.progress, "checkpoint": None, **changes}
         return type(self)(self.model, **params)

@@ -21,6 +21,7 @@ logit with the scales held fixed, the quantity the raw projection approximates. 
 post-FFN norm rescales each layer's MLP output by very different amounts, so the raw scores
 over-weight some layers (layer 0: 73.5 % of the raw located neurons, docs/results.md).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,12 +31,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from capinterp.core.forward import capture, unembed
+from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.core.tokens import Encoded, collate, pad_id
 from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
-from capinterp.core.model import neuron_hook, neuron_shape
-from capinterp.core.tokens import Encoded, collate, pad_id
-
 
 NORMS: tuple[str, ...] = ("raw", "fold")
 
@@ -43,8 +43,10 @@ NORMS: tuple[str, ...] = ("raw", "fold")
 @torch.no_grad()
 def last_token_activations(
     model, items: list[Encoded], extra: tuple[str, ...] = ()
-) -> (tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"]]
-      | tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"], dict[str, Float[Tensor, "n ..."]]]):
+) -> (
+    tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"]]
+    | tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"], dict[str, Float[Tensor, "n ..."]]]
+):
     """``hook_post`` of every layer at each prompt's last token: ``[n, n_layers, d_mlp]``, and logits there.
 
     With ``extra`` hook names, also returns ``{name: activation at the last token, [n, ...]}``.
@@ -129,8 +131,9 @@ def per_sample_scores(
     return out, tok, logits.argmax(-1)
 
 
-def folded_projection(model, layer: int, tok: Int[Tensor, " n"], fold: tuple,
-                      scales: dict[str, Float[Tensor, "n 1"]]) -> Float[Tensor, "n d_mlp"]:
+def folded_projection(
+    model, layer: int, tok: Int[Tensor, " n"], fold: tuple, scales: dict[str, Float[Tensor, "n 1"]]
+) -> Float[Tensor, "n d_mlp"]:
     """``[n, d_mlp]``: each neuron's direct effect on ``tok`` per unit activation, norms folded (scales frozen)."""
     post, g_final, _ = fold
     w = model.blocks[layer].mlp.W_out.float() * g_final  # [d_mlp, d_model]
@@ -153,8 +156,9 @@ class DCSN(DatasetNeuronLocalizer):
             recommended on Gemma 3, see the module docstring).
     """
 
-    def __init__(self, model: Any, *, sigma: float = 6.0, target: str = "gold", norms: str = "raw",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, model: Any, *, sigma: float = 6.0, target: str = "gold", norms: str = "raw", **kwargs: Any
+    ) -> None:
         if target not in ("gold", "pred"):
             raise ValueError(f"target must be 'gold' or 'pred', got {target!r}")
         fold = fold_for(model, norms)

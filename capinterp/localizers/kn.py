@@ -7,6 +7,7 @@ in more than ``share * n`` coarse sets (0.5, the EleutherAI default; strict ">")
 ``refine=False`` the result is the union of the coarse sets (Know-MRI's default).
 Plain-string prompts get the model's greedy next token as target.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,13 +15,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from capinterp.kernels.ig import ig_scores
 from capinterp.core import validate
+from capinterp.core.tokens import encode
+from capinterp.kernels.ig import ig_scores
 from capinterp.localizers.base import Localizer, former_name, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
 from capinterp.results.neurons import NeuronScores, NeuronSet
-from capinterp.core.tokens import encode
 
 
 def coarse_mask(scores: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -76,14 +77,22 @@ class KN(Localizer):
 
     def _prompt_scores(self, item) -> torch.Tensor:
         """IG scores ``[n_layers, d_mlp]`` of one encoded prompt (subclasses change the path)."""
-        return ig_scores(self.model, item, steps=self.steps, rule=self.rule, positions="last_prompt",
-                         objective=self.objective, batch_size=self.batch_size, method=self.kernel)[0]
+        return ig_scores(
+            self.model,
+            item,
+            steps=self.steps,
+            rule=self.rule,
+            positions="last_prompt",
+            objective=self.objective,
+            batch_size=self.batch_size,
+            method=self.kernel,
+        )[0]
 
     def _coarse(self, scores: torch.Tensor) -> torch.Tensor:
         """One prompt's coarse set (subclasses may adapt the threshold)."""
         return coarse_mask(scores, self.threshold)
 
-    def fit(self, data: Any) -> "KN":
+    def fit(self, data: Any) -> KN:
         """IG scores of every prompt of one fact (``data``: paraphrased prompts, strings or Examples):
         ``prompt_scores_`` ``[n, n_layers, d_mlp]``, ``coarse_``, ``counts_``, ``scores_`` (mean), ``neurons_``."""
         examples = validate.examples(data, "KN.fit(data)", min_count=0)
@@ -99,6 +108,8 @@ class KN(Localizer):
         self.counts_ = torch.stack(coarse).sum(0)
         mask = self.counts_ > self.share * len(items) if self.refine else self.counts_ > 0
         self.scores_ = NeuronScores(per.mean(0), meta=meta)
-        self.neurons_ = NeuronSet(mask, meta={**meta, "selection": {"threshold": self.threshold, "share": self.share, "refine": self.refine}})
+        self.neurons_ = NeuronSet(
+            mask, meta={**meta, "selection": {"threshold": self.threshold, "share": self.share, "refine": self.refine}}
+        )
         self.units_ = self.neurons_
         return self

@@ -23,17 +23,19 @@ even with 20,000 edges (zeroing the generic, position-wide contributions EAP nev
 
 Graph, corruption and loss conventions: :mod:`capinterp.circuits` (graph.py, eap.py).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from capinterp.circuits.acdc import acdc
 from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
-from capinterp.kernels.quadrature import check_rule
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core import validate
+from capinterp.kernels.quadrature import check_rule
 from capinterp.localizers.base import Localizer, former_name, register
 
 __all__ = ["KnowledgeCircuit"]
@@ -70,11 +72,29 @@ class KnowledgeCircuit(Localizer):
 
     unit_kind = "edge"
 
-    def __init__(self, model: Any, *, algorithm: str = "eap-ig", top_n: int | None = 200, min_score: float | None = None,
-                 steps: int = 30, corrupt: str | Callable = "auto", metric: str = "auto", noise: float = 3.0,
-                 granularity: str = "auto", prune: bool = True, candidates: int | None = None, seed: int = 0,
-                 batch_size: int = 8, device: Any = None, progress: bool = True, acdc_threshold: float = 0.01,
-                 method: str | None = None, tau: float | None = None, rule: str = "right") -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        algorithm: str = "eap-ig",
+        top_n: int | None = 200,
+        min_score: float | None = None,
+        steps: int = 30,
+        corrupt: str | Callable = "auto",
+        metric: str = "auto",
+        noise: float = 3.0,
+        granularity: str = "auto",
+        prune: bool = True,
+        candidates: int | None = None,
+        seed: int = 0,
+        batch_size: int = 8,
+        device: Any = None,
+        progress: bool = True,
+        acdc_threshold: float = 0.01,
+        method: str | None = None,
+        tau: float | None = None,
+        rule: str = "right",
+    ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         algorithm = former_name(algorithm, method, "algorithm", "method", "eap-ig")
         if algorithm not in ALGORITHMS:
@@ -123,10 +143,20 @@ class KnowledgeCircuit(Localizer):
     def _eap(self, graph: Graph, facts: list, steps: int) -> tuple[Any, dict]:
         pairs = make_pairs(self.model, facts, self.corrupt, seed=self.seed)
         rule = "right" if steps == 1 else self.rule  # one point: plain EAP (gradient at the clean input)
-        return score_edges(self.model, graph, pairs, steps=steps, rule=rule, metric=self.metric, noise=self.noise,
-                           seed=self.seed, batch_size=self.batch_size, progress=self.progress)
+        return score_edges(
+            self.model,
+            graph,
+            pairs,
+            steps=steps,
+            rule=rule,
+            metric=self.metric,
+            noise=self.noise,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            progress=self.progress,
+        )
 
-    def fit(self, data: Any) -> "KnowledgeCircuit":
+    def fit(self, data: Any) -> KnowledgeCircuit:
         """Score every edge of the model's graph on the facts in ``data``, keep the circuit."""
         facts = validate.examples(data, "KnowledgeCircuit.fit(data)", min_count=0)
         if not facts:
@@ -139,16 +169,29 @@ class KnowledgeCircuit(Localizer):
             if self.candidates is not None:
                 eap_scores, _ = self._eap(graph, facts, self.steps)
                 cand = select_edges(graph, eap_scores, top_n=self.candidates)
-            mask, scores, info = acdc(self.model, graph, facts, threshold=self.acdc_threshold, candidates=cand,
-                                      batch_size=self.batch_size, progress=self.progress)
+            mask, scores, info = acdc(
+                self.model,
+                graph,
+                facts,
+                threshold=self.acdc_threshold,
+                candidates=cand,
+                batch_size=self.batch_size,
+                progress=self.progress,
+            )
         else:
             scores, info = self._eap(graph, facts, 1 if self.algorithm == "eap" else self.steps)
             mask = select_edges(graph, scores, top_n=self.top_n, min_score=self.min_score)
         n_selected = int(mask.sum())
         if self.prune:
             mask = prune_dead(graph, mask)
-        meta = self._set_meta(algorithm=self.algorithm, n_facts=len(facts), n_selected=n_selected,
-                              info=info, seconds=time.perf_counter() - t0, n_edges=graph.n_edges)
+        meta = self._set_meta(
+            algorithm=self.algorithm,
+            n_facts=len(facts),
+            n_selected=n_selected,
+            info=info,
+            seconds=time.perf_counter() - t0,
+            n_edges=graph.n_edges,
+        )
         self.graph_ = graph
         self.scores_ = scores
         self.info_ = info

@@ -13,6 +13,7 @@ ranks neurons by how much the task pulls on them; ``"adam"`` (the paper's fine-t
 each entry's step, which over a short run moves every touched weight by about ``lr`` and ranks
 neurons mostly by their (inverse) weight norm.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -76,8 +77,18 @@ class NeFT(Localizer):
 
     per_query = False
 
-    def __init__(self, model: Any, *, steps: int = 20, lr: float = 1e-3, optimizer: str = "sgd",
-                 top_k: int | None = None, batch_size: int = 8, device: Any = None, progress: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        steps: int = 20,
+        lr: float = 1e-3,
+        optimizer: str = "sgd",
+        top_k: int | None = None,
+        batch_size: int = 8,
+        device: Any = None,
+        progress: bool = True,
+    ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
@@ -90,7 +101,7 @@ class NeFT(Localizer):
             raise ValueError(f"top_k must be in [1, {n_layers * d_mlp}], got {top_k}")
         self.steps, self.lr, self.optimizer, self.top_k = steps, float(lr), optimizer, top_k
 
-    def fit(self, data: Any) -> "NeFT":
+    def fit(self, data: Any) -> NeFT:
         examples = as_examples(data)
         if not examples or any(not e.target for e in examples):
             raise ValueError("NeFT.fit needs a non-empty list of examples with targets")
@@ -120,7 +131,9 @@ class NeFT(Localizer):
                     p.copy_(s)
                     p.grad = None
                     p.requires_grad_(g)
-        scores = torch.stack([1 - torch.nn.functional.cosine_similarity(b, a, dim=1) for b, a in zip(before, after)]).float()
+        scores = torch.stack(
+            [1 - torch.nn.functional.cosine_similarity(b, a, dim=1) for b, a in zip(before, after)]
+        ).float()
         meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items))
         k = self.top_k if self.top_k is not None else max(1, round(0.01 * n_layers * d_mlp))
         self.losses_ = losses

@@ -20,6 +20,7 @@ neuron set N_i (positive scores above ``t * max``, KN's coarse rule). Then, per 
     ql.plot()                # distribution of the consistency score (plotly)
     ql.neurons(0, "consistency-aware")    # or "query" (with query=i), "union", "intersection"
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
@@ -32,14 +33,14 @@ from tqdm.auto import tqdm
 
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
+from capinterp.core.model import model_meta, neuron_shape
+from capinterp.core.tokens import encode
 from capinterp.localizers.base import Localizer, available, former_name, get
 from capinterp.localizers.kn import coarse_mask
-from capinterp.units.metrics import consistency, otsu_threshold
-from capinterp.core.model import model_meta, neuron_shape
 from capinterp.results.neurons import NeuronScores, NeuronSet
-from capinterp.core.tokens import encode
+from capinterp.units.metrics import consistency, otsu_threshold
 
-__all__ = ["QueryLocalization", "as_facts", "consistency_aware_scores", "NEURON_SELECTIONS"]
+__all__ = ["NEURON_SELECTIONS", "QueryLocalization", "as_facts", "consistency_aware_scores"]
 
 #: Rules that pick a fact's neurons in :meth:`QueryLocalization.neurons` (its ``selection``).
 NEURON_SELECTIONS = ("consistency-aware", "query", "union", "intersection")
@@ -67,11 +68,14 @@ def as_facts(facts: Any, *, min_queries: int = 1) -> tuple[list[Hashable], list[
         if isinstance(group, (str, Example, dict)) or not isinstance(group, Sequence):
             raise ValueError(
                 f"fact {name!r} is a single {type(group).__name__}; a fact is a list of paraphrased queries "
-                "(pass [fact] for one fact)")
+                "(pass [fact] for one fact)"
+            )
         queries = as_examples(group)
         if len(queries) < max(1, min_queries):
-            raise ValueError(f"fact {name!r} has {len(queries)} queries; at least {max(1, min_queries)} are needed"
-                             + (" (consistency compares paraphrases)" if min_queries >= 2 else ""))
+            raise ValueError(
+                f"fact {name!r} has {len(queries)} queries; at least {max(1, min_queries)} are needed"
+                + (" (consistency compares paraphrases)" if min_queries >= 2 else "")
+            )
         answers = {q.target.strip() for q in queries}
         if "" in answers:
             raise ValueError(f"fact {name!r} has a query without a target answer")
@@ -81,8 +85,9 @@ def as_facts(facts: Any, *, min_queries: int = 1) -> tuple[list[Hashable], list[
     return names, out
 
 
-def consistency_aware_scores(query_scores: torch.Tensor, beta1: float = 1.0, beta2: float = 1.0,
-                             normalize: bool = True) -> torch.Tensor:
+def consistency_aware_scores(
+    query_scores: torch.Tensor, beta1: float = 1.0, beta2: float = 1.0, normalize: bool = True
+) -> torch.Tensor:
     """CAS = beta1 * mean_i s_i - beta2 * std_i s_i over the queries (dim 0; population std).
 
     ``query_scores`` is ``[n_queries, n_layers, d_mlp]``. With ``normalize`` each query's map is
@@ -121,10 +126,23 @@ class QueryLocalization:
             per-query coarse sets N_i ...).
     """
 
-    def __init__(self, model: Any, localizer: str | Localizer = "kn", *, tau: float | str = 0.3,
-                 score: str = "cs2", beta1: float = 1.0, beta2: float = 1.0, cas_threshold: float = 0.2,
-                 normalize: bool = True, min_queries: int = 2, device: Any = None, batch_size: int = 64,
-                 progress: bool = True, **localizer_params: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        localizer: str | Localizer = "kn",
+        *,
+        tau: float | str = 0.3,
+        score: str = "cs2",
+        beta1: float = 1.0,
+        beta2: float = 1.0,
+        cas_threshold: float = 0.2,
+        normalize: bool = True,
+        min_queries: int = 2,
+        device: Any = None,
+        batch_size: int = 64,
+        progress: bool = True,
+        **localizer_params: Any,
+    ) -> None:
         if isinstance(tau, str):
             if tau != "otsu":
                 raise ValueError(f"tau must be a number in [0, 1] or 'otsu', got {tau!r}")
@@ -138,8 +156,10 @@ class QueryLocalization:
         validate.positive_int("batch_size", batch_size)
         cls = type(localizer) if isinstance(localizer, Localizer) else get(localizer)
         if not cls.per_query:
-            raise ValueError(f"localizer {cls.name!r} gives no per-query scores (prompt_scores_); "
-                             f"choose one of {available(per_query=True)}")
+            raise ValueError(
+                f"localizer {cls.name!r} gives no per-query scores (prompt_scores_); "
+                f"choose one of {available(per_query=True)}"
+            )
         if isinstance(localizer, Localizer):
             if localizer_params:
                 raise ValueError("localizer parameters go to the localizer's constructor, not here")
@@ -153,7 +173,7 @@ class QueryLocalization:
         self.progress = bool(progress)
 
     # ------------------------------------------------------------------------------------ fitting
-    def fit(self, data: Any) -> "QueryLocalization":
+    def fit(self, data: Any) -> QueryLocalization:
         """Localize every query of every fact in ``data`` (a list of facts, each a list of paraphrased
         queries, or a mapping name -> fact), then score consistency (see :meth:`fit_scores`).
 
@@ -171,8 +191,12 @@ class QueryLocalization:
         bar.close()
         return self.fit_scores(scores, names=names, facts=groups)
 
-    def fit_scores(self, query_scores: Sequence[torch.Tensor], names: Sequence[Hashable] | None = None,
-                   facts: Sequence[Sequence[Example]] | None = None) -> "QueryLocalization":
+    def fit_scores(
+        self,
+        query_scores: Sequence[torch.Tensor],
+        names: Sequence[Hashable] | None = None,
+        facts: Sequence[Sequence[Example]] | None = None,
+    ) -> QueryLocalization:
         """Score consistency from precomputed per-query maps (one ``[n_i, L, d_mlp]`` tensor per fact)."""
         if not query_scores:
             raise ValueError("no facts given: query_scores is empty")
@@ -190,27 +214,44 @@ class QueryLocalization:
         self.facts_ = [list(f) for f in facts] if facts is not None else None
         self.query_scores_ = [s.detach().float().cpu() for s in query_scores]
         self.meta_ = {"method": "query_localization", "params": self.get_params(), **model_meta(self.model)}
-        self.query_neurons_ = [[NeuronSet(coarse_mask(q, self.query_threshold), meta=self.meta_) for q in s]
-                               for s in self.query_scores_]
+        self.query_neurons_ = [
+            [NeuronSet(coarse_mask(q, self.query_threshold), meta=self.meta_) for q in s] for s in self.query_scores_
+        ]
         self.consistency_ = self._frame()
         return self
 
     def get_params(self) -> dict[str, Any]:
         """Hyper-parameters of the analysis (recorded in result metadata)."""
         loc = self.localizer_.get_params() if hasattr(self.localizer_, "get_params") else {}
-        return {"localizer": type(self.localizer_).name, "tau": self.tau, "score": self.score, "beta1": self.beta1, "beta2": self.beta2,
-                "cas_threshold": self.cas_threshold, "normalize": self.normalize,
-                "query_threshold": self.query_threshold, "localizer_params": loc}
+        return {
+            "localizer": type(self.localizer_).name,
+            "tau": self.tau,
+            "score": self.score,
+            "beta1": self.beta1,
+            "beta2": self.beta2,
+            "cas_threshold": self.cas_threshold,
+            "normalize": self.normalize,
+            "query_threshold": self.query_threshold,
+            "localizer_params": loc,
+        }
 
     def _frame(self) -> pd.DataFrame:
         rows = []
         for k, sets in enumerate(self.query_neurons_):
             cs1, cs2 = consistency(sets) if len(sets) > 1 else (float("nan"), float("nan"))
             stack = torch.stack([s.mask for s in sets])
-            rows.append({"fact": self.names_[k], "answer": self.facts_[k][0].target.strip() if self.facts_ else None,
-                         "n_queries": len(sets), "mean_size": float(stack.sum((1, 2)).float().mean()),
-                         "n_union": int(stack.any(0).sum()), "n_intersection": int(stack.all(0).sum()),
-                         "cs1": cs1, "cs2": cs2})
+            rows.append(
+                {
+                    "fact": self.names_[k],
+                    "answer": self.facts_[k][0].target.strip() if self.facts_ else None,
+                    "n_queries": len(sets),
+                    "mean_size": float(stack.sum((1, 2)).float().mean()),
+                    "n_union": int(stack.any(0).sum()),
+                    "n_intersection": int(stack.all(0).sum()),
+                    "cs1": cs1,
+                    "cs2": cs2,
+                }
+            )
         df = pd.DataFrame(rows).set_index("fact")
         values = df[self.score].to_numpy(dtype=float)
         finite = values[np.isfinite(values)]
@@ -241,13 +282,20 @@ class QueryLocalization:
         if a.size > 1 and b.size > 1:
             se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
             t = float((a.mean() - b.mean()) / se) if se > 0 else float("inf")
-        return pd.Series({
-            "n_facts": len(df), "score": self.score, "mean_cs1": float(df["cs1"].mean()),
-            "mean_cs2": float(df["cs2"].mean()), "tau_static": self.tau_static_, "tau_otsu": self.tau_otsu_,
-            "share_inconsistent_static": float((~df["consistent_static"]).mean()),
-            "share_inconsistent_otsu": float((~df["consistent_otsu"]).mean()),
-            "mean_query_neurons": float(df["mean_size"].mean()), "welch_t": t,
-        })
+        return pd.Series(
+            {
+                "n_facts": len(df),
+                "score": self.score,
+                "mean_cs1": float(df["cs1"].mean()),
+                "mean_cs2": float(df["cs2"].mean()),
+                "tau_static": self.tau_static_,
+                "tau_otsu": self.tau_otsu_,
+                "share_inconsistent_static": float((~df["consistent_static"]).mean()),
+                "share_inconsistent_otsu": float((~df["consistent_otsu"]).mean()),
+                "mean_query_neurons": float(df["mean_size"].mean()),
+                "welch_t": t,
+            }
+        )
 
     def plot(self, bins: int = 20, title: str | None = None):
         """Histogram of CS1 and CS2 over facts with the static and Otsu thresholds (plotly Figure)."""
@@ -257,16 +305,28 @@ class QueryLocalization:
         df = self.consistency_
         fig = go.Figure()
         for col in SCORES:
-            fig.add_histogram(x=df[col], name=col.upper(), xbins={"start": 0, "end": 1.0001, "size": 1 / bins},
-                              opacity=0.6, hovertemplate=col.upper() + " %{x}: %{y} facts<extra></extra>")
+            fig.add_histogram(
+                x=df[col],
+                name=col.upper(),
+                xbins={"start": 0, "end": 1.0001, "size": 1 / bins},
+                opacity=0.6,
+                hovertemplate=col.upper() + " %{x}: %{y} facts<extra></extra>",
+            )
         for tau, name, dash in ((self.tau_static_, "static", "dash"), (self.tau_otsu_, "Otsu", "dot")):
             if np.isfinite(tau):
                 fig.add_vline(x=tau, line_dash=dash, annotation_text=f"{name} tau={tau:.2f}")
         s = self.summary()
-        fig.update_layout(barmode="overlay", xaxis_title="consistency score", yaxis_title="facts",
-                          title=title or (f"Neighbor-query consistency ({self.score.upper()}): "
-                                          f"{s['share_inconsistent_static']:.0%} inconsistent (static), "
-                                          f"{s['share_inconsistent_otsu']:.0%} (Otsu)"))
+        fig.update_layout(
+            barmode="overlay",
+            xaxis_title="consistency score",
+            yaxis_title="facts",
+            title=title
+            or (
+                f"Neighbor-query consistency ({self.score.upper()}): "
+                f"{s['share_inconsistent_static']:.0%} inconsistent (static), "
+                f"{s['share_inconsistent_otsu']:.0%} (Otsu)"
+            ),
+        )
         return fig
 
     def index_of(self, fact: Any) -> int:
@@ -289,8 +349,9 @@ class QueryLocalization:
         cas = consistency_aware_scores(self.query_scores_[k], self.beta1, self.beta2, self.normalize)
         return NeuronScores(cas, meta={**self.meta_, "fact": str(self.names_[k]), "rule": "cas"})
 
-    def neurons(self, fact: Any, selection: str = "consistency-aware", query: int = 0, *,
-                method: str | None = None) -> NeuronSet:
+    def neurons(
+        self, fact: Any, selection: str = "consistency-aware", query: int = 0, *, method: str | None = None
+    ) -> NeuronSet:
         """Neurons of one fact: ``"consistency-aware"`` (CAS rule), ``"query"`` (N_query, the coarse
         set of query ``query``), ``"union"`` (N_g, union over queries) or ``"intersection"``
         (Chen et al. 2025, Sec. 4). ``method`` is the former name of ``selection``."""

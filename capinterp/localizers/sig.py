@@ -7,6 +7,7 @@ attributions, so a neuron that matters at the subject's tokens is credited too
 (coarse ``t * max`` per prompt, refined by ``share``), so SIG drops into
 :class:`~capinterp.QueryLocalization` (``localizer="sig"``) like KN.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,20 +35,51 @@ class SIG(KN):
 
     per_query = True
 
-    def __init__(self, model: Any, *, steps: int = 20, positions: str = "prompt", threshold: float = 0.2,
-                 share: float = 0.5, refine: bool = True, rule: str = "right", objective: str = "prob",
-                 kernel: str = "loop", batch_size: int = 64, device: Any = None, progress: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        steps: int = 20,
+        positions: str = "prompt",
+        threshold: float = 0.2,
+        share: float = 0.5,
+        refine: bool = True,
+        rule: str = "right",
+        objective: str = "prob",
+        kernel: str = "loop",
+        batch_size: int = 64,
+        device: Any = None,
+        progress: bool = True,
+    ) -> None:
         if kernel != "loop":
             raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
         if rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
         if positions not in ("prompt", "last_prompt"):
             raise ValueError(f"positions must be 'prompt' or 'last_prompt', got {positions!r}")
-        super().__init__(model, steps=steps, threshold=threshold, share=share, refine=refine, rule=rule,
-                         objective=objective, kernel="loop", batch_size=batch_size, device=device, progress=progress)
+        super().__init__(
+            model,
+            steps=steps,
+            threshold=threshold,
+            share=share,
+            refine=refine,
+            rule=rule,
+            objective=objective,
+            kernel="loop",
+            batch_size=batch_size,
+            device=device,
+            progress=progress,
+        )
         self.positions = positions
 
     def _prompt_scores(self, item) -> torch.Tensor:
         pos = None if self.positions == "prompt" else [item.last_prompt_pos]
-        return sig_scores(self.model, item, steps=self.steps, rule=self.rule, objective=self.objective,
-                          positions=pos, batch_size=self.batch_size)
+        return sig_scores(
+            self.model,
+            item,
+            steps=self.steps,
+            rule=self.rule,
+            objective=self.objective,
+            positions=pos,
+            batch_size=self.batch_size,
+        )

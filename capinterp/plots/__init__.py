@@ -3,6 +3,7 @@
 Figures read their inputs by attribute (``.scores``, ``.mask``, ``.meta``, a circuit's ``.graph``),
 so this layer imports no result type and result types draw themselves through it
 (``NeuronScores.plot()``, ``Circuit.plot()``, ...)."""
+
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.plots.finetune import finetune_figure
 from capinterp.plots.heatmaps import default_bin_size, layer_profile, neuron_heatmap
@@ -10,5 +11,15 @@ from capinterp.plots.matrix import overlap_matrix
 from capinterp.plots.tokens import attention_view, neuron_activations_view
 from capinterp.plots.tracing import trace_heatmap
 
-__all__ = ["attention_view", "default_bin_size", "edge_heatmap", "finetune_figure", "layer_profile",
-           "neuron_activations_view", "neuron_heatmap", "overlap_matrix", "plot_circuit", "trace_heatmap"]
+__all__ = [
+    "attention_view",
+    "default_bin_size",
+    "edge_heatmap",
+    "finetune_figure",
+    "layer_profile",
+    "neuron_activations_view",
+    "neuron_heatmap",
+    "overlap_matrix",
+    "plot_circuit",
+    "trace_heatmap",
+]

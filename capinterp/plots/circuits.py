@@ -10,17 +10,18 @@ midpoint shows its name and score.
 :func:`edge_heatmap`: sources (y) x slots (x), the score of every edge (blank off the edges),
 diverging colours centred at 0; kept edges marked with dots.
 """
+
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
 
-from typing import TYPE_CHECKING
-
 if TYPE_CHECKING:  # annotations only: figures read a circuit by attribute
     from capinterp.circuits.graph import Circuit, Graph
 
-__all__ = ["plot_circuit", "edge_heatmap", "layout"]
+__all__ = ["edge_heatmap", "layout", "plot_circuit"]
 
 _POS, _NEG, _NONE = "#2166ac", "#b2182b", "#9e9e9e"
 _NODE_COLORS = {"input": "#4d4d4d", "attn": "#f4a582", "mlp": "#92c5de", "logits": "#4d4d4d"}
@@ -46,8 +47,14 @@ def _slot_point(graph: Graph, j: int, pos: dict) -> tuple[float, float]:
     return x - 0.12 * bool(kind), y + _SLOT_DY.get(kind, 0.0)
 
 
-def plot_circuit(circuit: Circuit, *, show_all_nodes: bool = False, max_edges: int | None = 2000,
-                 title: str | None = None, width_max: float = 6.0) -> go.Figure:
+def plot_circuit(
+    circuit: Circuit,
+    *,
+    show_all_nodes: bool = False,
+    max_edges: int | None = 2000,
+    title: str | None = None,
+    width_max: float = 6.0,
+) -> go.Figure:
     """The circuit on a layered layout (see the module docstring). ``max_edges``: draw the largest only."""
     g = circuit.graph
     pos = layout(g)
@@ -71,33 +78,64 @@ def plot_circuit(circuit: Circuit, *, show_all_nodes: bool = False, max_edges: i
         mid_y.append((y0 + y1) / 2)
         mid_text.append(f"{src} → {dst}" + ("" if s is None else f"<br>score {s:.4g}"))
     for (colour, cls), (xs, ys) in sorted(groups.items(), key=lambda kv: kv[0][1]):
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
-                                 line=dict(color=colour, width=0.5 + width_max * (cls + 1) / 5), opacity=0.7))
-    fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", marker=dict(size=6, opacity=0),
-                             hovertext=mid_text, hoverinfo="text", showlegend=False))
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                hoverinfo="skip",
+                showlegend=False,
+                line=dict(color=colour, width=0.5 + width_max * (cls + 1) / 5),
+                opacity=0.7,
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=mid_x,
+            y=mid_y,
+            mode="markers",
+            marker=dict(size=6, opacity=0),
+            hovertext=mid_text,
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
     names = list(g.nodes) if show_all_nodes else circuit.nodes
     kinds = [n if n in (g.input_node, g.logits_node) else ("attn" if n.startswith("a") else "mlp") for n in names]
     for kind in ("input", "attn", "mlp", "logits"):
         sel = [n for n, k in zip(names, kinds) if k == kind]
         if not sel:
             continue
-        fig.add_trace(go.Scatter(
-            x=[pos[n][0] for n in sel], y=[pos[n][1] for n in sel], mode="markers+text", name=kind,
-            text=sel, textposition="top center", textfont=dict(size=9), hoverinfo="text",
-            marker=dict(size=14, color=_NODE_COLORS[kind], line=dict(width=1, color="#333"))))
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[n][0] for n in sel],
+                y=[pos[n][1] for n in sel],
+                mode="markers+text",
+                name=kind,
+                text=sel,
+                textposition="top center",
+                textfont=dict(size=9),
+                hoverinfo="text",
+                marker=dict(size=14, color=_NODE_COLORS[kind], line=dict(width=1, color="#333")),
+            )
+        )
     ticks = [0] + [2 * l + 1.5 for l in range(g.n_layers)] + [2 * g.n_layers + 1]
     fig.update_layout(
         title=title or f"Circuit: {len(circuit)} edges, {len(circuit.nodes)} nodes",
-        xaxis=dict(tickvals=ticks, ticktext=["input"] + [f"L{l}" for l in range(g.n_layers)] + ["logits"],
-                   showgrid=False, zeroline=False),
+        xaxis=dict(
+            tickvals=ticks,
+            ticktext=["input"] + [f"L{l}" for l in range(g.n_layers)] + ["logits"],
+            showgrid=False,
+            zeroline=False,
+        ),
         yaxis=dict(title="head", showgrid=False, zeroline=False),
-        plot_bgcolor="white", hovermode="closest",
+        plot_bgcolor="white",
+        hovermode="closest",
     )
     return fig
 
 
-def edge_heatmap(circuit: Circuit, *, abs: bool = False, mark_kept: bool = True,  # noqa: A002
-                 title: str | None = None) -> go.Figure:
+def edge_heatmap(circuit: Circuit, *, abs: bool = False, mark_kept: bool = True, title: str | None = None) -> go.Figure:
     """Sources x slots heatmap of every edge's score (|score| with ``abs=True``)."""
     g = circuit.graph
     if circuit.scores is None:
@@ -110,19 +148,34 @@ def edge_heatmap(circuit: Circuit, *, abs: bool = False, mark_kept: bool = True,
     z = np.where(g.edge_mask.numpy(), z, np.nan)
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     heat = go.Heatmap(
-        z=z, x=list(g.slots), y=list(g.sources), colorbar=dict(title=label),
+        z=z,
+        x=list(g.slots),
+        y=list(g.sources),
+        colorbar=dict(title=label),
         colorscale="Blues" if (abs or circuit.scores is None) else "RdBu",
         reversescale=not abs and circuit.scores is not None,
-        zmid=None if abs else 0.0, zmin=None if not abs else 0.0, zmax=lim or 1.0,
+        zmid=None if abs else 0.0,
+        zmin=None if not abs else 0.0,
+        zmax=lim or 1.0,
         hovertemplate="%{y} → %{x}<br>" + label + " %{z:.4g}<extra></extra>",
     )
     fig = go.Figure(heat)
     if mark_kept and len(circuit):
         keys = circuit.graph.edges(circuit.mask)
-        fig.add_trace(go.Scatter(x=[b for _, b in keys], y=[a for a, _ in keys], mode="markers", name="kept",
-                                 marker=dict(size=4, color="black"), hoverinfo="skip"))
-    fig.update_layout(title=title or f"Edge scores ({g.n_edges} edges, {len(circuit)} kept)",
-                      xaxis=dict(title="reading slot", tickangle=-90, tickfont=dict(size=7)),
-                      yaxis=dict(title="writing node", autorange="reversed", tickfont=dict(size=7)),
-                      plot_bgcolor="white")
+        fig.add_trace(
+            go.Scatter(
+                x=[b for _, b in keys],
+                y=[a for a, _ in keys],
+                mode="markers",
+                name="kept",
+                marker=dict(size=4, color="black"),
+                hoverinfo="skip",
+            )
+        )
+    fig.update_layout(
+        title=title or f"Edge scores ({g.n_edges} edges, {len(circuit)} kept)",
+        xaxis=dict(title="reading slot", tickangle=-90, tickfont=dict(size=7)),
+        yaxis=dict(title="writing node", autorange="reversed", tickfont=dict(size=7)),
+        plot_bgcolor="white",
+    )
     return fig

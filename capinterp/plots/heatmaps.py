@@ -10,6 +10,7 @@ by attribute, so this module imports no result type: a ``NeuronSet`` (anything w
   (scores) or the number of located neurons in the block (sets).
 - :func:`layer_profile`: bar chart of located neurons (or summed |score|) per layer.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ import plotly.graph_objects as go
 import torch
 from einops import rearrange
 
-__all__ = ["neuron_heatmap", "layer_profile", "default_bin_size"]
+__all__ = ["default_bin_size", "layer_profile", "neuron_heatmap"]
 
 _MAX_LISTED = 8
 
@@ -58,8 +59,9 @@ def _coerce(obj: Any) -> _Neurons:
     return _Neurons(t.cpu() if is_set else t.detach().float().cpu(), is_set, "NeuronSet" if is_set else "NeuronScores")
 
 
-def neuron_heatmap(scores_or_set: Any, bin_size: int | None = None, title: str | None = None,
-                   abs: bool = True) -> go.Figure:  # noqa: A002 - the documented argument name
+def neuron_heatmap(
+    scores_or_set: Any, bin_size: int | None = None, title: str | None = None, abs: bool = True
+) -> go.Figure:
     """Binned layer x neuron heatmap.
 
     Scores: cell (l, b) = max_{i in block b} |s(l, i)| (``abs=True``), or the signed score of that
@@ -86,8 +88,10 @@ def neuron_heatmap(scores_or_set: Any, bin_size: int | None = None, title: str |
             for k in range(n_bins):
                 hits = (starts[k] + blocks[layer, k].nonzero().flatten()).tolist()
                 listed = ", ".join(map(str, hits[:_MAX_LISTED])) + (", ..." if len(hits) > _MAX_LISTED else "")
-                row.append(f"layer {layer}, neurons {starts[k]}-{ends[k]}, {len(hits)} located"
-                           + (f": {listed}" if hits else ""))
+                row.append(
+                    f"layer {layer}, neurons {starts[k]}-{ends[k]}, {len(hits)} located"
+                    + (f": {listed}" if hits else "")
+                )
             text.append(row)
         colorscale, zmid, cbar = "Blues", None, "located"
     else:
@@ -108,15 +112,23 @@ def neuron_heatmap(scores_or_set: Any, bin_size: int | None = None, title: str |
                     row.append(head + f"score {float(signed[layer, k]):.4g} at neuron {a} (max |score| in block)")
             text.append(row)
         colorscale, zmid, cbar = ("Viridis", None, "max |score|") if abs else ("RdBu_r", 0.0, "score")
-    fig = go.Figure(go.Heatmap(
-        z=z, x=(starts + ends) / 2, y=list(range(n_layers)), text=text,
-        hovertemplate="%{text}<extra></extra>", colorscale=colorscale, zmid=zmid,
-        colorbar={"title": {"text": cbar}},
-    ))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=(starts + ends) / 2,
+            y=list(range(n_layers)),
+            text=text,
+            hovertemplate="%{text}<extra></extra>",
+            colorscale=colorscale,
+            zmid=zmid,
+            colorbar={"title": {"text": cbar}},
+        )
+    )
     kind = "located neurons" if obj.is_set else ("max |score|" if abs else "score")
     fig.update_layout(
         title=title or f"{obj.label}: {kind} per block of {b} neurons",
-        xaxis_title=f"neuron (blocks of {b})", yaxis_title="layer",
+        xaxis_title=f"neuron (blocks of {b})",
+        yaxis_title="layer",
     )
     return fig
 
@@ -128,8 +140,6 @@ def layer_profile(set_or_scores: Any, title: str | None = None) -> go.Figure:
         y, ytitle = obj.values.sum(dim=1).numpy(), "located neurons"
     else:
         y, ytitle = obj.values.abs().sum(dim=1).numpy(), "sum |score|"
-    fig = go.Figure(go.Bar(x=list(range(obj.values.shape[0])), y=y,
-                           hovertemplate="layer %{x}: %{y}<extra></extra>"))
-    fig.update_layout(title=title or f"{obj.label}: {ytitle} per layer",
-                      xaxis_title="layer", yaxis_title=ytitle)
+    fig = go.Figure(go.Bar(x=list(range(obj.values.shape[0])), y=y, hovertemplate="layer %{x}: %{y}<extra></extra>"))
+    fig.update_layout(title=title or f"{obj.label}: {ytitle} per layer", xaxis_title="layer", yaxis_title=ytitle)
     return fig

@@ -1,4 +1,5 @@
 """Annotated square heatmap of a pairwise metric between named sets of located units."""
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
@@ -10,8 +11,9 @@ from capinterp.units.metrics import SET_METRICS, SetLike, intersection_size, pai
 __all__ = ["overlap_matrix"]
 
 
-def overlap_matrix(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: str = "overlap",
-                   title: str | None = None) -> go.Figure:
+def overlap_matrix(
+    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: str = "overlap", title: str | None = None
+) -> go.Figure:
     """Annotated square heatmap of ``metrics.pairwise(sets, metric)``; hover adds the set sizes."""
     named = dict(sets) if isinstance(sets, Mapping) else dict(enumerate(sets))
     df = pairwise(named, metric)
@@ -19,17 +21,32 @@ def overlap_matrix(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric:
     names = [str(k) for k in keys]
     z = df.to_numpy(dtype=float)
     label = metric if isinstance(metric, str) else getattr(metric, "__name__", "metric")
-    hover = [[f"{names[r]} vs {names[c]}: {label} {z[r, c]:.3f} "
-              f"(|A∩B|={intersection_size(named[keys[r]], named[keys[c]])}, "
-              f"|A|={len(named[keys[r]])}, |B|={len(named[keys[c]])})"
-              for c in range(len(keys))] for r in range(len(keys))]
+    hover = [
+        [
+            f"{names[r]} vs {names[c]}: {label} {z[r, c]:.3f} "
+            f"(|A∩B|={intersection_size(named[keys[r]], named[keys[c]])}, "
+            f"|A|={len(named[keys[r]])}, |B|={len(named[keys[c]])})"
+            for c in range(len(keys))
+        ]
+        for r in range(len(keys))
+    ]
     bounded = isinstance(metric, str) and metric in SET_METRICS and metric != "intersection"
-    fig = go.Figure(go.Heatmap(
-        z=z, x=names, y=names, text=[[f"{v:.2f}" for v in row] for row in z], texttemplate="%{text}",
-        customdata=hover, hovertemplate="%{customdata}<extra></extra>", colorscale="Blues",
-        zmin=0.0 if bounded else None, zmax=1.0 if bounded else None,
-        colorbar={"title": {"text": label}},
-    ))
-    fig.update_layout(title=title or f"pairwise {label}", xaxis_title="set", yaxis_title="set",
-                      yaxis={"autorange": "reversed"})
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=names,
+            y=names,
+            text=[[f"{v:.2f}" for v in row] for row in z],
+            texttemplate="%{text}",
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            colorscale="Blues",
+            zmin=0.0 if bounded else None,
+            zmax=1.0 if bounded else None,
+            colorbar={"title": {"text": label}},
+        )
+    )
+    fig.update_layout(
+        title=title or f"pairwise {label}", xaxis_title="set", yaxis_title="set", yaxis={"autorange": "reversed"}
+    )
     return fig

@@ -9,6 +9,7 @@ in a notebook; ``str()`` gives standalone HTML). The prompt is tokenized as capi
 (the model's own BOS convention, no other special tokens). Neurons are read by iteration as
 ``(layer, index)`` pairs, so a ``NeuronSet`` or a plain list both work.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -69,14 +70,19 @@ def neuron_activations_view(model, prompt: str, neurons: Iterable) -> RenderedHT
     keys = _neuron_list(model, neurons)
     strs, acts = neuron_activations(model, prompt, keys)
     return text_neuron_activations(
-        tokens=strs, activations=rearrange(acts, "t k -> t 1 k"), first_dimension_name="Set",
-        second_dimension_name="Neuron", first_dimension_labels=["located"],
-        second_dimension_labels=[f"L{layer} N{idx}" for layer, idx in keys])
+        tokens=strs,
+        activations=rearrange(acts, "t k -> t 1 k"),
+        first_dimension_name="Set",
+        second_dimension_name="Neuron",
+        first_dimension_labels=["located"],
+        second_dimension_labels=[f"L{layer} N{idx}" for layer, idx in keys],
+    )
 
 
 @torch.no_grad()
-def attention_pattern(model, prompt: str, layer: int, heads: Sequence[int] | None = None
-                      ) -> tuple[list[str], Float[Tensor, "H T T"]]:
+def attention_pattern(
+    model, prompt: str, layer: int, heads: Sequence[int] | None = None
+) -> tuple[list[str], Float[Tensor, "H T T"]]:
     """The prompt's ``T`` tokens and layer ``layer``'s attention pattern ``[H, query, key]`` (float32, CPU)."""
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:

@@ -4,9 +4,10 @@ Rows are tokens (top to bottom in prompt order, subject tokens marked ``*``), co
 (for ``mlp`` / ``attn`` a column is the centre of the restored window), colour is the indirect
 effect. Returns a ``plotly.graph_objects.Figure`` and never calls ``show()``.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -42,25 +43,41 @@ def trace_heatmap(
     for r in range(n_rows):
         row = []
         for layer in range(n_layers):
-            where = (f"layers {max(0, layer - half)}-{min(n_layers, layer + upper) - 1} (centre {layer})"
-                     if kind in ("mlp", "attn") else f"layer {layer}")
+            where = (
+                f"layers {max(0, layer - half)}-{min(n_layers, layer + upper) - 1} (centre {layer})"
+                if kind in ("mlp", "attn")
+                else f"layer {layer}"
+            )
             tag = " (subject)" if r in sub else ""
             val = "n/a" if np.isnan(z[r, layer]) else f"{z[r, layer]:.4f}"
             row.append(f"{row_labels[r]}{tag}, {where}: IE {val}")
         text.append(row)
-    xtitle = (f"centre of interval of {window} restored {_NAMES.get(kind, kind)} layers"
-              if kind in ("mlp", "attn") else "single restored layer")
+    xtitle = (
+        f"centre of interval of {window} restored {_NAMES.get(kind, kind)} layers"
+        if kind in ("mlp", "attn")
+        else "single restored layer"
+    )
     cbar = "IE = p*restored - p*" + (f" of {answer!r}" if answer else "")
-    fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(n_layers)), y=list(range(n_rows)), text=text,
-        hovertemplate="%{text}<extra></extra>", colorscale=_COLORS.get(kind, "Viridis"),
-        colorbar={"title": {"text": cbar}},
-    ))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(range(n_layers)),
+            y=list(range(n_rows)),
+            text=text,
+            hovertemplate="%{text}<extra></extra>",
+            colorscale=_COLORS.get(kind, "Viridis"),
+            colorbar={"title": {"text": cbar}},
+        )
+    )
     fig.update_layout(
         title=title or f"Impact of restoring {_NAMES.get(kind, kind)} after corrupted input",
         xaxis_title=xtitle,
-        yaxis={"tickmode": "array", "tickvals": list(range(n_rows)), "ticktext": list(row_labels),
-               "autorange": "reversed"},
+        yaxis={
+            "tickmode": "array",
+            "tickvals": list(range(n_rows)),
+            "ticktext": list(row_labels),
+            "autorange": "reversed",
+        },
         height=max(250, 28 * n_rows + 120),
     )
     return fig

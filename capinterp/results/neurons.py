@@ -23,6 +23,7 @@ bytes are an error, not different scores (format 1 files, without it, still load
 replaces by accident: an existing file must be a capinterp file of the same type, an existing
 folder empty or a saved folder of the same type, unless ``overwrite=True``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,8 +31,9 @@ import hashlib
 import json
 import operator
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -46,7 +48,7 @@ from capinterp.core import validate
 from capinterp.plots.heatmaps import neuron_heatmap
 from capinterp.units.base import UnitSet
 
-__all__ = ["NeuronScores", "NeuronSet", "load", "FORMAT_VERSION"]
+__all__ = ["FORMAT_VERSION", "NeuronScores", "NeuronSet", "load"]
 
 FORMAT_VERSION = 2
 MODEL_KEYS = ("model", "model_fingerprint", "architecture_fingerprint", "n_params", "params_per_neuron")
@@ -107,24 +109,39 @@ class _NeuronTensor:
             keep = {k: v for k, v in keep.items() if other.meta.get(k, v) == v}
         return keep
 
-    def check_compatible(self, model_shape: Any = None, fingerprint: str | None = None, *,
-                         architecture: str | None = None, model_name: str | None = None) -> None:
+    def check_compatible(
+        self,
+        model_shape: Any = None,
+        fingerprint: str | None = None,
+        *,
+        architecture: str | None = None,
+        model_name: str | None = None,
+    ) -> None:
         """ValueError if made for a model of another (n_layers, d_mlp) or, when both are known,
         another fingerprint (weights + config, :func:`capinterp.core.fingerprint.model_fingerprint`)
         or another ``architecture`` fingerprint. ``model_shape`` may also be a model with
         ``cfg.n_layers``/``cfg.d_mlp``; ``model_name`` only words the message."""
         name = type(self).__name__
         if model_shape is not None and (shape := _shape_of(model_shape)) != self.shape:
-            raise ValueError(f"{name} was made for a model with {self.n_layers} layers x {self.d_mlp} "
-                             f"neurons; this model has {shape[0]} x {shape[1]}")
-        for key, theirs, what in (("model_fingerprint", fingerprint, "weights or config"),
-                                  ("architecture_fingerprint", architecture, "architecture")):
+            raise ValueError(
+                f"{name} was made for a model with {self.n_layers} layers x {self.d_mlp} "
+                f"neurons; this model has {shape[0]} x {shape[1]}"
+            )
+        for key, theirs, what in (
+            ("model_fingerprint", fingerprint, "weights or config"),
+            ("architecture_fingerprint", architecture, "architecture"),
+        ):
             mine = self.meta.get(key)
             if theirs is not None and mine is not None and str(theirs) != str(mine):
-                hint = ("; if this model is another checkpoint of the same architecture on purpose, pass "
-                        "across_models=True" if key == "model_fingerprint" else "")
-                raise ValueError(f"{name} was made for model {self.meta.get('model')!r} ({key} {mine!r}); this "
-                                 f"model {model_name!r} has {key} {theirs!r}: their {what} differ{hint}")
+                hint = (
+                    "; if this model is another checkpoint of the same architecture on purpose, pass across_models=True"
+                    if key == "model_fingerprint"
+                    else ""
+                )
+                raise ValueError(
+                    f"{name} was made for model {self.meta.get('model')!r} ({key} {mine!r}); this "
+                    f"model {model_name!r} has {key} {theirs!r}: their {what} differ{hint}"
+                )
 
     def plot(self, **kwargs: Any):
         """Binned layer x neuron heatmap: max |score| or located count per block (:func:`capinterp.plots.neuron_heatmap`)."""
@@ -145,8 +162,13 @@ class _NeuronTensor:
             self._check_target(p, as_folder)
         data = self._data()
         stored = (data.to(torch.uint8) if data.dtype == torch.bool else data).contiguous()
-        header = {"type": type(self).__name__, "format_version": FORMAT_VERSION, "shape": list(self.shape),
-                  "checksum": _checksum(stored), "meta": self.meta}
+        header = {
+            "type": type(self).__name__,
+            "format_version": FORMAT_VERSION,
+            "shape": list(self.shape),
+            "checksum": _checksum(stored),
+            "meta": self.meta,
+        }
         blob = json.dumps(header, default=_json_default, sort_keys=True)
         tensors = {self._tensor_name: stored}
         if as_folder:
@@ -171,28 +193,41 @@ class _NeuronTensor:
                 kind = _stored_type(p)
                 if kind == mine:
                     return
-                raise ValueError(f"{p} holds a saved {kind or 'unreadable capinterp folder'}; saving a {mine} "
-                                 "there would replace it: choose another path or pass overwrite=True")
-            raise ValueError(f"{p} is an existing folder with other files ({', '.join(entries[:3])}"
-                             f"{', ...' if len(entries) > 3 else ''}); save to a new path, e.g. {p / 'scores.capi'}, "
-                             "or pass overwrite=True")
+                raise ValueError(
+                    f"{p} holds a saved {kind or 'unreadable capinterp folder'}; saving a {mine} "
+                    "there would replace it: choose another path or pass overwrite=True"
+                )
+            raise ValueError(
+                f"{p} is an existing folder with other files ({', '.join(entries[:3])}"
+                f"{', ...' if len(entries) > 3 else ''}); save to a new path, e.g. {p / 'scores.capi'}, "
+                "or pass overwrite=True"
+            )
         if p.exists():
             if as_folder:
                 raise ValueError(f"{p} is an existing file, not a folder; choose another path")
             kind = _stored_type(p)
             if kind != mine:
                 what = f"a saved {kind}" if kind else "a file that is not a capinterp file"
-                raise ValueError(f"{p} is {what}; saving a {mine} there would replace it: choose another path "
-                                 "or pass overwrite=True")
+                raise ValueError(
+                    f"{p} is {what}; saving a {mine} there would replace it: choose another path or pass overwrite=True"
+                )
 
     @classmethod
-    def load(cls, path: str | os.PathLike, expected_shape: Any = None, *, model_shape: Any = None,
-             fingerprint: str | None = None):
+    def load(
+        cls,
+        path: str | os.PathLike,
+        expected_shape: Any = None,
+        *,
+        model_shape: Any = None,
+        fingerprint: str | None = None,
+    ):
         """Load a saved object of this class; ValueError for another type or an incompatible shape."""
         obj = load(path)
         if not isinstance(obj, cls):
-            raise ValueError(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}; "
-                             f"use {type(obj).__name__}.load or capinterp.results.neurons.load")
+            raise ValueError(
+                f"{path} holds a {type(obj).__name__}, not a {cls.__name__}; "
+                f"use {type(obj).__name__}.load or capinterp.results.neurons.load"
+            )
         obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
         return obj
 
@@ -216,7 +251,7 @@ def _stored_type(p: Path) -> str | None:
             with safe_open(str(p), framework="pt") as f:
                 blob = (f.metadata() or {}).get("capinterp")
         return str(json.loads(blob)["type"]) if blob else None
-    except Exception:  # noqa: BLE001 - anything unreadable is "not a capinterp file"
+    except Exception:
         return None
 
 
@@ -224,14 +259,15 @@ def _read_safetensors(p: Path) -> tuple[str | None, dict[str, Tensor]]:
     try:
         with safe_open(str(p), framework="pt") as f:
             md = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f}
     except Exception as e:  # safetensors raises its own SafetensorError, or OSError
         raise _invalid(p, e) from e
     return md.get("capinterp"), tensors
 
 
-def load(path: str | os.PathLike, expected_shape: Any = None, *, model_shape: Any = None,
-         fingerprint: str | None = None) -> NeuronScores | NeuronSet:
+def load(
+    path: str | os.PathLike, expected_shape: Any = None, *, model_shape: Any = None, fingerprint: str | None = None
+) -> NeuronScores | NeuronSet:
     """Load whichever of NeuronScores / NeuronSet is stored at ``path`` (file or folder)."""
     p = Path(path)
     if not p.exists():
@@ -258,8 +294,11 @@ def load(path: str | os.PathLike, expected_shape: Any = None, *, model_shape: An
         raise ValueError(f"{p} has format_version {version!r}; capinterp {__version__} reads 1..{FORMAT_VERSION}")
     if not isinstance(meta, dict):
         raise _invalid(p, f"meta must be a JSON object, got {type(meta).__name__}")
-    if not (isinstance(shape, list) and len(shape) == 2
-            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)):
+    if not (
+        isinstance(shape, list)
+        and len(shape) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+    ):
         raise _invalid(p, f"shape must be two positive integers, got {shape!r}")
     cls = classes[typ]
     if set(tensors) != {cls._tensor_name}:
@@ -291,7 +330,7 @@ class NeuronScores(_NeuronTensor):
     def _data(self) -> Tensor:
         return self.scores
 
-    def __getitem__(self, key: Any) -> Float[Tensor, "..."]:
+    def __getitem__(self, key: Any) -> Float[Tensor, ...]:
         """``scores[l]`` is layer l's row [d_mlp]; any torch index works."""
         return self.scores[key]
 
@@ -310,8 +349,17 @@ class NeuronScores(_NeuronTensor):
         mean = s.mean()
         dev = s - mean
         mask = (dev.abs() if two_sided else dev) > sigma * sp
-        return self._make_set(mask, {"rule": "sigma", "sigma": float(sigma), "spread": spread,
-                                     "two_sided": bool(two_sided), "mean": float(mean), "spread_value": float(sp)})
+        return self._make_set(
+            mask,
+            {
+                "rule": "sigma",
+                "sigma": float(sigma),
+                "spread": spread,
+                "two_sided": bool(two_sided),
+                "mean": float(mean),
+                "spread_value": float(sp),
+            },
+        )
 
     def top_k(self, k: int, by: str = "score") -> NeuronSet:
         """The k neurons with the largest score (``by="score"``) or |score| (``by="abs"``)."""
@@ -338,8 +386,9 @@ class NeuronScores(_NeuronTensor):
         """Columns layer, neuron, score; with ``top``, the top-n rows by |score| (or score), best first."""
         n_layers, d_mlp = self.shape
         s = self.scores.flatten().numpy()
-        df = pd.DataFrame({"layer": np.repeat(np.arange(n_layers), d_mlp),
-                           "neuron": np.tile(np.arange(d_mlp), n_layers), "score": s})
+        df = pd.DataFrame(
+            {"layer": np.repeat(np.arange(n_layers), d_mlp), "neuron": np.tile(np.arange(d_mlp), n_layers), "score": s}
+        )
         if top is not None:
             validate.nonneg_int("top", top)
             key = np.abs(s) if by == "abs" else s
@@ -348,8 +397,10 @@ class NeuronScores(_NeuronTensor):
 
     def __repr__(self) -> str:
         s = self.scores
-        return (f"NeuronScores({self.n_layers} layers x {self.d_mlp} neurons, method={self.meta.get('method')!r}, "
-                f"min={float(s.min()):.4g}, max={float(s.max()):.4g}, mean={float(s.mean()):.4g})")
+        return (
+            f"NeuronScores({self.n_layers} layers x {self.d_mlp} neurons, method={self.meta.get('method')!r}, "
+            f"min={float(s.min()):.4g}, max={float(s.max()):.4g}, mean={float(s.mean()):.4g})"
+        )
 
 
 class NeuronSet(_NeuronTensor, UnitSet):
@@ -427,8 +478,9 @@ class NeuronSet(_NeuronTensor, UnitSet):
 
     # --- constructors and views ----------------------------------------------------------------
     @classmethod
-    def from_indices(cls, pairs: Iterable[tuple[int, int]], n_layers: int, d_mlp: int,
-                     meta: dict[str, Any] | None = None) -> NeuronSet:
+    def from_indices(
+        cls, pairs: Iterable[tuple[int, int]], n_layers: int, d_mlp: int, meta: dict[str, Any] | None = None
+    ) -> NeuronSet:
         """Build from (layer, index) pairs; ValueError for pairs out of range."""
         mask = torch.zeros(int(n_layers), int(d_mlp), dtype=torch.bool)
         for pair in pairs:
@@ -476,5 +528,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
         n = len(self)
         layers = [i for i, c in enumerate(self.per_layer().tolist()) if c]
         shown = ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
-        return (f"NeuronSet({n} of {self.n_layers}x{self.d_mlp} neurons ({self.ratio:.3%}), "
-                f"method={self.meta.get('method')!r}, layers=[{shown}])")
+        return (
+            f"NeuronSet({n} of {self.n_layers}x{self.d_mlp} neurons ({self.ratio:.3%}), "
+            f"method={self.meta.get('method')!r}, layers=[{shown}])"
+        )

@@ -5,6 +5,7 @@
 - :mod:`~capinterp.units.metrics`: overlap, IoU, cohesion, separability, ratio, parameter share,
   pairwise matrices, consistency (CS1/CS2), IPP, Otsu.
 """
+
 from capinterp.units.base import KeySet, UnitSet, check_comparable
 
 __all__ = ["KeySet", "UnitSet", "check_comparable"]

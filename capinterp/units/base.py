@@ -16,13 +16,14 @@ Localizers locate different kinds of units: FFN neurons ``(layer, index)``, whol
 :class:`KeySet` is the plain concrete set for layers, edges and nodes;
 :class:`capinterp.results.neurons.NeuronSet` is the tensor-backed set for neurons.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["UnitSet", "KeySet", "check_comparable"]
+__all__ = ["KeySet", "UnitSet", "check_comparable"]
 
 
 class UnitSet(ABC):
@@ -136,8 +137,10 @@ def check_comparable(a: UnitSet, b: UnitSet, *, across_models: bool = False) -> 
         ma, mb = (getattr(x, "meta", {}).get("model") for x in (a, b))
         what = "architectures" if across_models else "models (weights or config)"
         hint = "" if across_models else "; pass across_models=True to compare checkpoints of one architecture"
-        raise ValueError(f"cannot compare unit sets of different {what}: model {ma!r} ({key} {fa!r}) vs "
-                         f"model {mb!r} ({key} {fb!r}){hint}")
+        raise ValueError(
+            f"cannot compare unit sets of different {what}: model {ma!r} ({key} {fa!r}) vs "
+            f"model {mb!r} ({key} {fb!r}){hint}"
+        )
 
 
 class KeySet(UnitSet):
@@ -205,7 +208,9 @@ class KeySet(UnitSet):
     def _combine(self, other: object, keys: frozenset) -> KeySet:
         assert isinstance(other, KeySet)
         return KeySet(
-            keys, self.kind, self._space,
+            keys,
+            self.kind,
+            self._space,
             unit_params=self._unit_params if self._unit_params is not None else other._unit_params,
             n_params=self._n_params if self._n_params is not None else other._n_params,
             n_units=self._n_units if self._n_units is not None else other._n_units,

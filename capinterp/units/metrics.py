@@ -27,12 +27,12 @@ Empty-set conventions:
 - ``mean_pairwise`` needs at least two sets (ValueError); ``ipp`` needs at least one random draw;
 - ``otsu_threshold`` of an empty sample -> ValueError; of a constant sample -> that constant.
 """
+
 from __future__ import annotations
 
 import functools
 import itertools
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Union
 
 import numpy as np
 import pandas as pd
@@ -43,11 +43,22 @@ from torch import Tensor
 from capinterp.units.base import UnitSet, check_comparable
 
 __all__ = [
-    "intersection_size", "overlap", "iou", "cohesion", "separability", "ratio", "param_share",
-    "pairwise", "mean_pairwise", "consistency", "ipp", "otsu_threshold", "SET_METRICS",
+    "SET_METRICS",
+    "cohesion",
+    "consistency",
+    "intersection_size",
+    "iou",
+    "ipp",
+    "mean_pairwise",
+    "otsu_threshold",
+    "overlap",
+    "pairwise",
+    "param_share",
+    "ratio",
+    "separability",
 ]
 
-SetLike = Union[UnitSet, set, frozenset]
+SetLike = UnitSet | set | frozenset
 
 
 def _mask(a: object) -> Bool[Tensor, "n_layers d_mlp"] | None:
@@ -124,12 +135,15 @@ def param_share(a: UnitSet) -> float:
     return a.param_share
 
 
-SET_METRICS: dict[str, Callable[[SetLike, SetLike], float]] = {
-    "overlap": overlap, "iou": iou, "cohesion": cohesion, "separability": separability,
+SET_METRICS: dict[str, Callable[..., float]] = {
+    "overlap": overlap,
+    "iou": iou,
+    "cohesion": cohesion,
+    "separability": separability,
     "intersection": intersection_size,
 }
 
-Metric = Union[str, Callable[[SetLike, SetLike], float]]
+Metric = str | Callable[[SetLike, SetLike], float]
 
 
 def _metric_fn(metric: Metric, across_models: bool = False) -> Callable[[SetLike, SetLike], float]:
@@ -148,8 +162,9 @@ def _named(sets: Mapping[Hashable, SetLike] | Sequence[SetLike]) -> dict[Hashabl
     return {i: s for i, s in enumerate(sets)}
 
 
-def pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *,
-             across_models: bool = False) -> pd.DataFrame:
+def pairwise(
+    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *, across_models: bool = False
+) -> pd.DataFrame:
     """Square DataFrame M[i, j] = metric(set_i, set_j), indexed by the dict keys (or positions)."""
     named = _named(sets)
     fn = _metric_fn(metric, across_models)
@@ -158,8 +173,9 @@ def pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metri
     return pd.DataFrame(vals, index=names, columns=names)
 
 
-def mean_pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *,
-                  across_models: bool = False) -> float:
+def mean_pairwise(
+    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *, across_models: bool = False
+) -> float:
     """Mean of metric(set_i, set_j) over unordered pairs i < j (needs at least two sets)."""
     items = list(_named(sets).values())
     if len(items) < 2:
@@ -168,8 +184,9 @@ def mean_pairwise(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: 
     return float(np.mean([fn(a, b) for a, b in itertools.combinations(items, 2)]))
 
 
-def consistency(sets: Mapping[Hashable, SetLike] | Sequence[SetLike], *,
-                across_models: bool = False) -> tuple[float, float]:
+def consistency(
+    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], *, across_models: bool = False
+) -> tuple[float, float]:
     """(CS1, CS2): CS1 = |∩_i N_i| / |∪_i N_i| (strict); CS2 = mean pairwise Jaccard (relaxed)."""
     items = list(_named(sets).values())
     if not items:
@@ -202,7 +219,7 @@ def ipp(located_metric: float, random_metrics: Sequence[float], higher_is_better
     return float(loc - r.max()) if higher_is_better else float(r.min() - loc)
 
 
-def otsu_threshold(values: Sequence[float] | np.ndarray | Float[Tensor, "..."], bins: int = 256) -> float:
+def otsu_threshold(values: Sequence[float] | np.ndarray | Float[Tensor, ...], bins: int = 256) -> float:
     """Otsu's threshold t of a 1-D sample: values >= t form the upper class, values < t the lower.
 
     Histogram the sample into ``bins`` equal bins over [min, max]; for each cut k between bins,

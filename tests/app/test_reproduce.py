@@ -1,4 +1,5 @@
 """The reproduction runner: runs registered experiments, resumes, refuses a mismatched folder."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,9 @@ import plotly.graph_objects as go
 import pytest
 
 from capinterp.app.cli import main as cli
+from capinterp.app.reproduce import reproduce
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, experiment
 from capinterp.results.neurons import NeuronScores
-from capinterp.app.reproduce import reproduce
 
 CALLS: list[str] = []
 
@@ -27,8 +28,7 @@ def toy_experiments():
         scores = ctx.scores("toy", lambda: _scores(ctx.model))
         table = pd.DataFrame({"i": range(n), "top": [float(scores.scores.max())] * n})
         fig = go.Figure(go.Bar(x=table["i"], y=table["top"]))
-        return ExperimentResult("toy_ok", "Toy experiment", table, fig, {"paper": {"x": 1.0}},
-                                {"top": scores.top_k(3)})
+        return ExperimentResult("toy_ok", "Toy experiment", table, fig, {"paper": {"x": 1.0}}, {"top": scores.top_k(3)})
 
     @experiment("toy_fail", "Failing experiment")
     def fail(ctx: Context) -> ExperimentResult:
@@ -78,8 +78,12 @@ def test_runs_resumes_and_reports(tiny, tmp_path, toy_experiments):
 def test_damaged_result_is_rerun_not_loaded(tiny, tmp_path, toy_experiments, damage):
     first = reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
     d = tmp_path / "experiments" / "toy_ok"
-    target = {"table": d / "table.csv", "info": d / "info.json", "neurons": d / "neurons" / "top.capi",
-              "checksum": d / "CHECKSUM"}[damage]
+    target = {
+        "table": d / "table.csv",
+        "info": d / "info.json",
+        "neurons": d / "neurons" / "top.capi",
+        "checksum": d / "CHECKSUM",
+    }[damage]
     target.write_bytes(target.read_bytes()[:-7])  # truncated
     CALLS.clear()
     logs: list[str] = []

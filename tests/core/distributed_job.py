@@ -6,6 +6,7 @@ Fits CNL, DCSN (with checkpoints) and causal tracing on the tiny model, refits C
 from their checkpoints with scoring disabled (resume must need no work), and rank 0 saves
 every float64 sum, located mask and causal-trace grid to OUT.pt.
 """
+
 import sys
 
 import torch
@@ -18,9 +19,13 @@ from capinterp.localizers.causal_trace import CausalTrace
 from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
 
-SUBJECTS = [("The Eiffel Tower is in the city of", "Eiffel Tower"), ("Rome is the capital of", "Rome"),
-            ("Marie Curie was born in", "Marie Curie"), ("The Nile flows through", "Nile"),
-            ("Mount Fuji is in", "Mount Fuji")]
+SUBJECTS = [
+    ("The Eiffel Tower is in the city of", "Eiffel Tower"),
+    ("Rome is the capital of", "Rome"),
+    ("Marie Curie was born in", "Marie Curie"),
+    ("The Nile flows through", "Nile"),
+    ("Mount Fuji is in", "Mount Fuji"),
+]
 
 
 def refuse(items):
@@ -31,8 +36,10 @@ def main(out: str, ckpt: str) -> None:
     model = load_model("tiny", threads=1)
     ds = arithmetic(ops="+", n=11, seed=0)
     res = {"world": dist.world_size() if dist.init() else 1}
-    for name, make in (("cnl", lambda **k: CNL(model, steps=6, progress=False, **k)),
-                       ("dcsn", lambda **k: DCSN(model, batch_size=3, progress=False, **k))):
+    for name, make in (
+        ("cnl", lambda **k: CNL(model, steps=6, progress=False, **k)),
+        ("dcsn", lambda **k: DCSN(model, batch_size=3, progress=False, **k)),
+    ):
         loc = make(checkpoint=f"{ckpt}/{name}.ckpt").fit(ds)
         again = make(checkpoint=f"{ckpt}/{name}.ckpt")
         again._score_chunk = refuse
@@ -41,8 +48,12 @@ def main(out: str, ckpt: str) -> None:
         res[name] = {"sum": loc.sums_.sum, "done": sorted(loc.sums_.done), "mask": loc.neurons_.mask}
     facts = [Example(p, "", {"subject": s}) for p, s in SUBJECTS]
     tr = CausalTrace(model, samples=3, kinds=("mlp",), progress=False).fit(facts)
-    res["trace"] = {"grid": tr.grids_["mlp"], "per_prompt": [r["grids"]["mlp"] for r in tr.per_prompt_],
-                    "index": [r["index"] for r in tr.per_prompt_], "layers": tr.layers_}
+    res["trace"] = {
+        "grid": tr.grids_["mlp"],
+        "per_prompt": [r["grids"]["mlp"] for r in tr.per_prompt_],
+        "index": [r["index"] for r in tr.per_prompt_],
+        "layers": tr.layers_,
+    }
     if dist.is_main():
         torch.save(res, out)
     dist.finish()

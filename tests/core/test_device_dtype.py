@@ -1,5 +1,6 @@
 """Devices are checked before anything moves; bfloat16 models run every dataset method with
 float32 scores close to the float32 model's (tiny model, CPU)."""
+
 import pytest
 import torch
 
@@ -29,8 +30,12 @@ def tiny16():
 def test_bad_device_is_refused_and_the_model_is_untouched(tiny32, device):
     before = {n: p.detach().clone() for n, p in tiny32.named_parameters()}
     cfg_device = tiny32.cfg.device
-    for make in (lambda: CNL(tiny32, device=device), lambda: DCSN(tiny32, device=device),
-                 lambda: CausalTrace(tiny32, device=device), lambda: move_model(tiny32, device)):
+    for make in (
+        lambda: CNL(tiny32, device=device),
+        lambda: DCSN(tiny32, device=device),
+        lambda: CausalTrace(tiny32, device=device),
+        lambda: move_model(tiny32, device),
+    ):
         with pytest.raises(ValueError, match="device"):
             make()
     assert tiny32.cfg.device == cfg_device
@@ -80,8 +85,10 @@ def test_bfloat16_scores_are_float32_and_close_to_float32(tiny32, tiny16):
 
 
 def test_bfloat16_causal_trace_runs_and_agrees(tiny32, tiny16):
-    facts = [Example("The Eiffel Tower is in the city of", "", {"subject": "Eiffel Tower"}),
-             Example("Rome is the capital of", "", {"subject": "Rome"})]
+    facts = [
+        Example("The Eiffel Tower is in the city of", "", {"subject": "Eiffel Tower"}),
+        Example("Rome is the capital of", "", {"subject": "Rome"}),
+    ]
     a = CausalTrace(tiny32, samples=3, kinds=("mlp",), progress=False).fit(facts)
     b = CausalTrace(tiny16, samples=3, kinds=("mlp",), progress=False).fit(facts)
     assert b.grids_["mlp"].dtype == torch.float32 and b.grids_["mlp"].shape == a.grids_["mlp"].shape
@@ -95,7 +102,10 @@ def test_smollm2_bfloat16_scores_match_float32():
     got = {}
     for dtype in ("float32", "bfloat16"):
         model = load_model("smollm2", dtype=dtype, threads=1)
-        got[dtype] = [CNL(model, steps=10, progress=False).fit(ds).scores_[:], DCSN(model, progress=False).fit(ds).scores_[:]]
+        got[dtype] = [
+            CNL(model, steps=10, progress=False).fit(ds).scores_[:],
+            DCSN(model, progress=False).fit(ds).scores_[:],
+        ]
         del model
     for (a, b), (min_overlap, max_rel) in zip(zip(got["float32"], got["bfloat16"]), ((80, 0.3), (95, 0.1))):
         assert b.dtype == torch.float32

@@ -2,6 +2,7 @@
 map over several GPUs needs GPUs: not tested in CI). A map with a module offloaded to disk makes
 accelerate dispatch the model with hooks that move activations and weights per call, the same
 route a multi-GPU map takes; integrated gradients through it equal the plain model's."""
+
 import pytest
 import torch
 
@@ -30,15 +31,23 @@ def test_device_map_auto_on_cpu_gives_the_same_scores(folder, ds):
     plain = load_model(folder, threads=1)
     placed = load_model(folder, device_map="auto", max_memory={"cpu": "2GiB"}, threads=1)
     assert placed.capinterp_device_map == "auto"
-    torch.testing.assert_close(DCSN(placed, progress=False).fit(ds).scores_[:], DCSN(plain, progress=False).fit(ds).scores_[:])
+    torch.testing.assert_close(
+        DCSN(placed, progress=False).fit(ds).scores_[:], DCSN(plain, progress=False).fit(ds).scores_[:]
+    )
     with pytest.raises(ValueError, match="device_map"):
         DCSN(placed, device="cpu")  # moving would undo the placement: refused, nothing moved
 
 
 def test_dispatched_model_with_disk_offload(folder, ds, tmp_path):
     plain = load_model(folder, threads=1)
-    dm = {"model.embed_tokens": "cpu", **{f"model.layers.{i}": "cpu" for i in range(3)}, "model.layers.3": "disk",
-          "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    dm = {
+        "model.embed_tokens": "cpu",
+        **{f"model.layers.{i}": "cpu" for i in range(3)},
+        "model.layers.3": "disk",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "cpu",
+    }
     placed = load_model(folder, device_map=dm, offload_folder=tmp_path, threads=1)
     assert placed.original_model.hf_device_map["model.layers.3"] == "disk"
     a = CNL(plain, steps=4, progress=False).fit(ds).scores_[:]

@@ -1,6 +1,7 @@
 """A real 2-process ``torchrun`` launch (gloo, CPU, tiny model) gives the one-process results:
 CNL and DCSN float64 sums to 1e-12 with identical located sets, causal-trace grids exactly,
 per-rank checkpoints that resume with no work, and the CLI writing the same scores."""
+
 import os
 import subprocess
 import sys
@@ -18,7 +19,11 @@ ROOT = Path(capinterp.__file__).parent.parent
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), str(HERE.parent), env.get("PYTHONPATH", "")])
     env["CAPINTERP_THREADS"] = "1"
     return env
@@ -59,7 +64,11 @@ def test_two_ranks_equal_one_process(runs):
         assert torch.equal(ga, gb)
     # each rank checkpointed its own shard; together they cover the dataset once
     assert sorted(p.name for p in (tmp / "ck2").iterdir()) == [
-        "cnl.ckpt.rank0-of-2", "cnl.ckpt.rank1-of-2", "dcsn.ckpt.rank0-of-2", "dcsn.ckpt.rank1-of-2"]
+        "cnl.ckpt.rank0-of-2",
+        "cnl.ckpt.rank1-of-2",
+        "dcsn.ckpt.rank0-of-2",
+        "dcsn.ckpt.rank1-of-2",
+    ]
 
 
 @pytest.mark.slow  # two more launches (~45 s on a loaded 2-core CPU)

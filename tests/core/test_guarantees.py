@@ -1,6 +1,7 @@
 """The guarantees of docs/guarantees.md, one class each: identity is the weights, inputs are
 checked at the door, files detect damage and are never overwritten by accident, the CLI speaks
 in one line."""
+
 from __future__ import annotations
 
 import json
@@ -77,9 +78,8 @@ def test_set_from_another_model_is_refused_by_erase_finetune_and_metrics(fresh):
         pass
     assert metrics.overlap(ns, _located(fresh), across_models=True) == 1.0
     wide = load_model("tiny", d_mlp=96, seed=1)
-    with pytest.raises(ValueError, match="96"):
-        with ci.erase(fresh, _located(wide), across_models=True):
-            pass
+    with pytest.raises(ValueError, match="96"), ci.erase(fresh, _located(wide), across_models=True):
+        pass
 
 
 def test_in_place_edit_invalidates_sets_and_checkpoints(fresh, tmp_path):
@@ -89,21 +89,27 @@ def test_in_place_edit_invalidates_sets_and_checkpoints(fresh, tmp_path):
     from capinterp.interventions.neuron_params import zero_neurons
 
     zero_neurons(fresh, ns)  # an in-place edit of the weights
-    with pytest.raises(ValueError, match="weights or config differ"):
-        with ci.erase(fresh, ns):
-            pass
+    with pytest.raises(ValueError, match="weights or config differ"), ci.erase(fresh, ns):
+        pass
     with pytest.raises(ValueError, match="different computation"):
         ci.DCSN(fresh, progress=False, checkpoint=ck).fit(PROMPTS)
 
 
 # ----------------------------------------------------------------------------- 3. inputs
-@pytest.mark.parametrize("bad, err, match", [
-    ("1+1=", TypeError, "single str"), (b"1+1=", TypeError, "single bytes"),
-    ({"prompt": "a", "target": "b"}, TypeError, "single dict"), ([("", "2")], ValueError, "item 0 has an empty prompt"),
-    ([("1+1=", "2"), {"prompt": "", "target": "x"}], ValueError, "item 1 has an empty prompt"),
-    ([("1+1=", 2)], TypeError, "item 0"), ([{"prompt": None, "target": "x"}], TypeError, "item 0"),
-    ([], ValueError, "empty dataset"), (42, TypeError, "int"),
-])
+@pytest.mark.parametrize(
+    "bad, err, match",
+    [
+        ("1+1=", TypeError, "single str"),
+        (b"1+1=", TypeError, "single bytes"),
+        ({"prompt": "a", "target": "b"}, TypeError, "single dict"),
+        ([("", "2")], ValueError, "item 0 has an empty prompt"),
+        ([("1+1=", "2"), {"prompt": "", "target": "x"}], ValueError, "item 1 has an empty prompt"),
+        ([("1+1=", 2)], TypeError, "item 0"),
+        ([{"prompt": None, "target": "x"}], TypeError, "item 0"),
+        ([], ValueError, "empty dataset"),
+        (42, TypeError, "int"),
+    ],
+)
 def test_bad_data_is_refused_at_the_door(tiny, bad, err, match):
     for loc in (ci.DCSN(tiny, progress=False), ci.CNL(tiny, steps=2, progress=False)):
         with pytest.raises(err, match=match):
@@ -122,13 +128,22 @@ def test_dataframe_is_read_by_columns(tiny):
         ci.DCSN(tiny, progress=False).fit(pd.DataFrame({"text": ["a"]}))
 
 
-@pytest.mark.parametrize("make", [
-    lambda m: ci.CNL(m, sigma=float("inf")), lambda m: ci.CNL(m, steps=True), lambda m: ci.CNL(m, batch_size=2.5),
-    lambda m: ci.DCSN(m, sigma=float("nan")), lambda m: ci.KN(m, threshold=float("nan")),
-    lambda m: ci.KnowledgeCircuit(m, noise=float("nan")), lambda m: ci.KnowledgeCircuit(m, tau=float("nan")),
-    lambda m: ci.KnowledgeCircuit(m, steps="30"), lambda m: ci.CausalTrace(m, samples=2.0),
-    lambda m: ci.CausalTrace(m, noise_std=float("inf")), lambda m: ci.QueryLocalization(m, tau=float("nan")),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: ci.CNL(m, sigma=float("inf")),
+        lambda m: ci.CNL(m, steps=True),
+        lambda m: ci.CNL(m, batch_size=2.5),
+        lambda m: ci.DCSN(m, sigma=float("nan")),
+        lambda m: ci.KN(m, threshold=float("nan")),
+        lambda m: ci.KnowledgeCircuit(m, noise=float("nan")),
+        lambda m: ci.KnowledgeCircuit(m, tau=float("nan")),
+        lambda m: ci.KnowledgeCircuit(m, steps="30"),
+        lambda m: ci.CausalTrace(m, samples=2.0),
+        lambda m: ci.CausalTrace(m, noise_std=float("inf")),
+        lambda m: ci.QueryLocalization(m, tau=float("nan")),
+    ],
+)
 def test_bad_hyper_parameters_name_the_argument(tiny, make):
     with pytest.raises((ValueError, TypeError)) as info:
         make(tiny)
@@ -138,9 +153,8 @@ def test_bad_hyper_parameters_name_the_argument(tiny, make):
 @pytest.mark.parametrize("factor", [float("nan"), float("inf"), "2", None, True])
 def test_scale_factor_checked(tiny, factor):
     ns = _located(tiny)
-    with pytest.raises((ValueError, TypeError), match="factor"):
-        with ci.scale(tiny, ns, factor):
-            pass
+    with pytest.raises((ValueError, TypeError), match="factor"), ci.scale(tiny, ns, factor):
+        pass
 
 
 # ----------------------------------------------------------------------------- 4. files
@@ -160,15 +174,24 @@ def _rewrite_header(p, **changes):
 
     with safe_open(str(p), framework="pt") as f:
         hdr = json.loads(f.metadata()["capinterp"])
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f}
     hdr.update(changes)
     save_file(tensors, str(p), metadata={"capinterp": json.dumps(hdr)})
 
 
-@pytest.mark.parametrize("changes", [
-    {"format_version": 0}, {"format_version": True}, {"format_version": "2"}, {"format_version": 3},
-    {"meta": [1, 2]}, {"shape": [3, True]}, {"shape": "3x4"}, {"checksum": "0" * 64},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"format_version": 0},
+        {"format_version": True},
+        {"format_version": "2"},
+        {"format_version": 3},
+        {"meta": [1, 2]},
+        {"shape": [3, True]},
+        {"shape": "3x4"},
+        {"checksum": "0" * 64},
+    ],
+)
 def test_nonsense_headers_are_refused(tmp_path, changes):
     p = tmp_path / "s.capi"
     NeuronScores(torch.zeros(3, 4)).save(p)
@@ -210,13 +233,16 @@ def test_checkpoint_naming_missing_examples_is_refused(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------- 5. CLI
-@pytest.mark.parametrize("argv, match", [
-    (["info", "--model", "tiny", "--device", "cuda:7"], "--device"),
-    (["info", "--model", "tiny", "--device", "banana"], "--device"),
-    (["localize", "--model", "tiny", "--out", "FILE"], "existing file"),
-    (["reproduce", "--model", "tiny", "--only", " , "], "--only"),
-    (["evaluate", "--model", "tiny", "--batch-size", "0"], "--batch-size"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["info", "--model", "tiny", "--device", "cuda:7"], "--device"),
+        (["info", "--model", "tiny", "--device", "banana"], "--device"),
+        (["localize", "--model", "tiny", "--out", "FILE"], "existing file"),
+        (["reproduce", "--model", "tiny", "--only", " , "], "--only"),
+        (["evaluate", "--model", "tiny", "--batch-size", "0"], "--batch-size"),
+    ],
+)
 def test_cli_errors_are_one_line_before_loading(argv, match, tmp_path, monkeypatch, capsys):
     import capinterp.core.model as model_mod
 
@@ -228,10 +254,16 @@ def test_cli_errors_are_one_line_before_loading(argv, match, tmp_path, monkeypat
     assert err.startswith("capinterp: error:") and "\n" not in err and match in err
 
 
-@pytest.mark.parametrize("call", [
-    lambda: ci.CNL("smollm2"), lambda: ci.DCSN(None), lambda: ci.evaluate("tiny", PROMPTS),
-    lambda: ci.finetune(object(), PROMPTS), lambda: ci.QueryLocalization(42),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: ci.CNL("smollm2"),
+        lambda: ci.DCSN(None),
+        lambda: ci.evaluate("tiny", PROMPTS),
+        lambda: ci.finetune(object(), PROMPTS),
+        lambda: ci.QueryLocalization(42),
+    ],
+)
 def test_a_non_model_is_a_type_error_naming_it(call):
     with pytest.raises(TypeError, match="model must be a model from capinterp.load_model"):
         call()
@@ -268,11 +300,17 @@ def test_smollm2_fingerprint_is_weight_aware_and_cached(smollm2):
     assert changed != before and model_fingerprint(smollm2) == before
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda s: s.select(sigma=float("inf")), "sigma"), (lambda s: s.top_k(2.5), "k must be"),
-    (lambda s: s.top_k(True), "k must be"), (lambda s: s.threshold(float("nan")), "t must be"),
-    (lambda s: s.top_k(3).random_like("a"), "seed"), (lambda s: s.to_frame(top=-1), "top"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda s: s.select(sigma=float("inf")), "sigma"),
+        (lambda s: s.top_k(2.5), "k must be"),
+        (lambda s: s.top_k(True), "k must be"),
+        (lambda s: s.threshold(float("nan")), "t must be"),
+        (lambda s: s.top_k(3).random_like("a"), "seed"),
+        (lambda s: s.to_frame(top=-1), "top"),
+    ],
+)
 def test_selection_rules_check_their_arguments(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call(NeuronScores(torch.randn(3, 8)))

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from capinterp.core.forward import logits_at
-
 from capinterp.core.model import (
     _PACKAGED,
     cache_dir,

@@ -5,6 +5,7 @@ work* (no forward pass ran: a pre-hook on the model counts them) or returns a co
 ``pytest tests/test_properties.py --hypothesis-show-statistics`` prints how many cases each
 property tried (docs/guarantees.md quotes the totals).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,12 +23,22 @@ from capinterp.core.model import model_meta
 from capinterp.results.neurons import NeuronScores, NeuronSet, load
 from capinterp.units import metrics
 
-FAST = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-MODEL = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(
+    max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+MODEL = settings(
+    max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 anything = st.one_of(
-    st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=5), st.lists(st.integers(), max_size=2), st.just(np.float32(0.5)), st.just(torch.tensor(2)),
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.just(np.float32(0.5)),
+    st.just(torch.tensor(2)),
 )
 
 
@@ -76,15 +87,25 @@ def test_finite_float_contract(value, low, low_open):
 
 
 item = st.one_of(
-    st.text(max_size=4), st.tuples(st.text(max_size=4), st.text(max_size=3)),
+    st.text(max_size=4),
+    st.tuples(st.text(max_size=4), st.text(max_size=3)),
     st.fixed_dictionaries({"prompt": st.one_of(st.text(max_size=4), st.none()), "target": st.text(max_size=3)}),
-    st.integers(), st.none(), st.builds(Example, st.text(max_size=4), st.text(max_size=3)),
+    st.integers(),
+    st.none(),
+    st.builds(Example, st.text(max_size=4), st.text(max_size=3)),
 )
 
 
 @FAST
-@given(st.one_of(st.lists(item, max_size=4), st.text(max_size=4), st.binary(max_size=4), st.integers(),
-                 st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2)))
+@given(
+    st.one_of(
+        st.lists(item, max_size=4),
+        st.text(max_size=4),
+        st.binary(max_size=4),
+        st.integers(),
+        st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2),
+    )
+)
 def test_as_examples_contract(data):
     try:
         out = as_examples(data)
@@ -127,9 +148,15 @@ def test_constructors_refuse_bad_hyper_parameters_before_work(tiny, forwards, na
 
 
 bad_data = st.one_of(
-    st.text(max_size=6), st.binary(max_size=4), st.integers(), st.just([]),
-    st.lists(st.one_of(st.just(("", "2")), st.just({"prompt": "", "target": "1"}), st.integers(), st.none()),
-             min_size=1, max_size=3).map(lambda bad: [("1+1=", "2")] + bad),
+    st.text(max_size=6),
+    st.binary(max_size=4),
+    st.integers(),
+    st.just([]),
+    st.lists(
+        st.one_of(st.just(("", "2")), st.just({"prompt": "", "target": "1"}), st.integers(), st.none()),
+        min_size=1,
+        max_size=3,
+    ).map(lambda bad: [("1+1=", "2")] + bad),
 )
 
 

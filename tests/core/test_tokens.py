@@ -36,7 +36,7 @@ def test_collate_right_pads(tiny):
     b = collate(items, pad_id(tiny.tokenizer))
     assert b.tokens.shape[0] == 2
     assert b.lengths.tolist() == [len(i.ids) for i in items]
-    assert b.tokens[0, b.lengths[0]:].eq(pad_id(tiny.tokenizer)).all()
+    assert b.tokens[0, b.lengths[0] :].eq(pad_id(tiny.tokenizer)).all()
 
 
 def test_as_examples_accepts_pairs_dicts_strings():

@@ -1,4 +1,5 @@
 """Tests for the arithmetic dataset generator, its templates and answer parsing (no model)."""
+
 from __future__ import annotations
 
 import re
@@ -152,7 +153,7 @@ def test_layout_has_no_space_and_shots_match(fmt: str, lang: str) -> None:
         assert e.prompt.endswith((":", "：")) and re.fullmatch(answer_re, e.target)
         blocks = e.prompt.split("\n\n")
         assert len(blocks) == 5 and e.meta["shots"] == 4
-        query_head = f'"{e.meta["expression"]}=' if lang == "en" else f'“{e.meta["expression"]}='
+        query_head = f'"{e.meta["expression"]}=' if lang == "en" else f"“{e.meta['expression']}="
         assert query_head in blocks[-1]
         for block, shot_expr in zip(blocks[:-1], e.meta["shot_expressions"]):
             assert query_head not in block and shot_expr != e.meta["expression"]
@@ -223,8 +224,7 @@ def test_suite_and_describe() -> None:
         arithmetic_suite("+-", fmts=("TF", "DG"), langs=("en", "zh"), n=12)
     assert set(suite) == {(o, f, lg) for o in "+-" for f in ("DG", "TF") for lg in ("en", "zh")}
     assert all(e.meta["ops"] == [k[0]] and e.meta["fmt"] == k[1] for k, v in suite.items() for e in v)
-    assert describe(suite[("+", "DG", "en")]).startswith(
-        "arithmetic ops=+ fmt=DG lang=en n=12 digits=1 seed=3")
+    assert describe(suite[("+", "DG", "en")]).startswith("arithmetic ops=+ fmt=DG lang=en n=12 digits=1 seed=3")
     assert "fmt=DG,TF" in describe(suite[("+", "DG", "en")] + suite[("+", "TF", "en")])
     with pytest.raises(ValueError, match="unknown fmt"):
         arithmetic_suite("+", fmts=("DG", "XX"), n=4)
@@ -233,13 +233,28 @@ def test_suite_and_describe() -> None:
 @pytest.mark.parametrize(
     "fmt, text, expected",
     [
-        ("DG", "16", "16"), ("DG", " -3\n", "-3"), ("DG", "12abc", "12"), ("DG", "007", "7"),
-        ("DG", "abc", None), ("DG", "", None),
-        ("MQ", "C", "C"), ("MQ", " (a) 10", "A"), ("MQ", "b)", "B"), ("MQ", "d", "D"),
-        ("MQ", "E", None), ("MQ", "Dog", None),
-        ("TF", "Yes", "Yes"), ("TF", " no.", "No"), ("TF", "TRUE", "Yes"), ("TF", "false", "No"),
-        ("TF", "是", "Yes"), ("TF", "否", "No"), ("TF", "对", "Yes"), ("TF", "错", "No"),
-        ("TF", "not sure", None), ("TF", "maybe", None),
+        ("DG", "16", "16"),
+        ("DG", " -3\n", "-3"),
+        ("DG", "12abc", "12"),
+        ("DG", "007", "7"),
+        ("DG", "abc", None),
+        ("DG", "", None),
+        ("MQ", "C", "C"),
+        ("MQ", " (a) 10", "A"),
+        ("MQ", "b)", "B"),
+        ("MQ", "d", "D"),
+        ("MQ", "E", None),
+        ("MQ", "Dog", None),
+        ("TF", "Yes", "Yes"),
+        ("TF", " no.", "No"),
+        ("TF", "TRUE", "Yes"),
+        ("TF", "false", "No"),
+        ("TF", "是", "Yes"),
+        ("TF", "否", "No"),
+        ("TF", "对", "Yes"),
+        ("TF", "错", "No"),
+        ("TF", "not sure", None),
+        ("TF", "maybe", None),
     ],
 )
 def test_parse_answer(fmt: str, text: str, expected: str | None) -> None:

@@ -1,8 +1,10 @@
 """capinterp.data.capabilities: names, sources, splits, fallbacks, tokenization."""
+
 from __future__ import annotations
 
 import pytest
 
+from capinterp.core.tokens import encode
 from capinterp.data import capability_sources as cs
 from capinterp.data.capabilities import (
     CAPABILITIES,
@@ -12,14 +14,21 @@ from capinterp.data.capabilities import (
     load_capability,
 )
 from capinterp.data.parsing import is_correct
-from capinterp.core.tokens import encode
 
 HAS_SHARED = cs.shared_data_dir() is not None
 needs_shared = pytest.mark.skipif(not HAS_SHARED, reason="shared data folder (../shared/data) is absent")
 ALWAYS = [(c, "generated") for c in ("add", "sub", "mul", "div")] + [
-    ("math_word", "builtin"), ("sentiment", "builtin"), ("code", "humaneval")]
-SHARED = [("math_word", "gsm8k"), ("math_word", "svamp"), ("sentiment", "imdb"),
-          ("sentiment", "emotion"), ("code", "mbpp")]
+    ("math_word", "builtin"),
+    ("sentiment", "builtin"),
+    ("code", "humaneval"),
+]
+SHARED = [
+    ("math_word", "gsm8k"),
+    ("math_word", "svamp"),
+    ("sentiment", "imdb"),
+    ("sentiment", "emotion"),
+    ("code", "mbpp"),
+]
 
 
 @pytest.fixture
@@ -46,7 +55,9 @@ def test_names_and_errors():
 def test_builtin_sources(name, source):
     a = load_capability(name, 12, seed=3, source=source)
     assert len(a) == 12
-    assert [e.prompt + e.target for e in a] == [e.prompt + e.target for e in load_capability(name, 12, seed=3, source=source)]
+    assert [e.prompt + e.target for e in a] == [
+        e.prompt + e.target for e in load_capability(name, 12, seed=3, source=source)
+    ]
     for e in a:
         assert e.meta["capability"] == name and e.meta["source"] == source and e.meta["split"] == "test"
         assert e.target and e.meta["id"]

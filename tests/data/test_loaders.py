@@ -1,4 +1,5 @@
 """Fact loaders: real files in ../shared/data (skipped when absent), temp files for shapes and errors."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from capinterp.core.example import Example
+from capinterp.core.tokens import TokenizationError
 from capinterp.data.facts import (
     builtin_facts,
     facts_known_by,
@@ -17,7 +19,6 @@ from capinterp.data.facts import (
     load_known_facts,
     load_pararel_bags,
 )
-from capinterp.core.tokens import TokenizationError
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"{DATA} is not available")
@@ -121,10 +122,18 @@ def test_load_jsonl_shapes(tmp_path):
 
 
 def test_counterfact_rome_layout(tmp_path):
-    rec = {"case_id": 7, "requested_rewrite": {
-        "prompt": "The mother tongue of {} is", "subject": "Danielle Darrieux", "relation_id": "P103",
-        "target_new": {"str": "English", "id": "Q1860"}, "target_true": {"str": "French", "id": "Q150"}},
-        "paraphrase_prompts": ["Danielle Darrieux speaks"], "neighborhood_prompts": ["Michel Rocard speaks"]}
+    rec = {
+        "case_id": 7,
+        "requested_rewrite": {
+            "prompt": "The mother tongue of {} is",
+            "subject": "Danielle Darrieux",
+            "relation_id": "P103",
+            "target_new": {"str": "English", "id": "Q1860"},
+            "target_true": {"str": "French", "id": "Q150"},
+        },
+        "paraphrase_prompts": ["Danielle Darrieux speaks"],
+        "neighborhood_prompts": ["Michel Rocard speaks"],
+    }
     out = load_counterfact(_write(tmp_path, "cf.json", [rec]))
     ex = out[0]
     assert ex.prompt == "The mother tongue of Danielle Darrieux is" and ex.target == " French"
@@ -193,8 +202,14 @@ def tiny():
 def test_facts_known_by(tiny):
     from capinterp.core.tokens import encode, model_bos
 
-    candidates = ["Rome is the capital of", "Berlin is the capital of", "The Eiffel Tower is in the city of",
-                  "The mother tongue of Tokyo is", "Madrid is located in", "London was born in"]
+    candidates = [
+        "Rome is the capital of",
+        "Berlin is the capital of",
+        "The Eiffel Tower is in the city of",
+        "The mother tongue of Tokyo is",
+        "Madrid is located in",
+        "London was born in",
+    ]
     tok = tiny.tokenizer
     prompts, greedy = [], []
     for p in candidates:  # keep prompts whose greedy token decodes to a target that re-encodes to it

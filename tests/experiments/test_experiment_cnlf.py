@@ -1,4 +1,5 @@
 """The CNLF experiment (papers/003 Table 6) on the tiny model, quick mode."""
+
 import json
 
 import pandas as pd
@@ -31,7 +32,12 @@ def test_quick_run_on_tiny(tiny, tmp_path):
     rows = t.set_index("method")
     # equal budgets for the located and random arms; the full arm trains everything
     assert rows.loc["located", "n_trainable_params"] == rows.loc["random", "n_trainable_params"] > 0
-    assert rows.loc["located", "n_neurons"] == rows.loc["random", "n_neurons"] == res.info["n_neurons"] >= QUICK.min_neurons
+    assert (
+        rows.loc["located", "n_neurons"]
+        == rows.loc["random", "n_neurons"]
+        == res.info["n_neurons"]
+        >= QUICK.min_neurons
+    )
     assert rows.loc["full", "param_share"] == 1.0 > rows.loc["located", "param_share"]
     assert res.neurons["located"] != res.neurons["random"]
     # training lowers the training loss (lr 1e-3, one step on the tiny model)

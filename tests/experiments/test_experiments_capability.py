@@ -1,24 +1,28 @@
 """The capability experiments (commonality, erase, cross_capability) and their shared pieces, on
 tiny models: table shapes, and properties that must hold (identical halves overlap fully, erasing
 nothing changes nothing, seeded random arms repeat, pooled halves equal a fit on the union)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from planting import PLANTED, plant
 
 import capinterp as ci
 from capinterp.core.tokens import encode
 from capinterp.data import Example
+from capinterp.data.parsing import is_correct
 from capinterp.experiments import EXPERIMENTS, Context
 from capinterp.experiments import capability_data as cd
-from capinterp.experiments.commonality import COLUMNS as COMMON_COLS, commonality_table
-from capinterp.experiments.cross_capability import COLUMNS as CROSS_COLS, cross_figure, cross_matrix, cross_table
-from capinterp.experiments.erase import COLUMNS as ERASE_COLS, erase_figure, erase_table, random_sets
-from capinterp.data.parsing import is_correct
+from capinterp.experiments.commonality import COLUMNS as COMMON_COLS
+from capinterp.experiments.commonality import commonality_table
+from capinterp.experiments.cross_capability import COLUMNS as CROSS_COLS
+from capinterp.experiments.cross_capability import cross_figure, cross_matrix, cross_table
+from capinterp.experiments.erase import COLUMNS as ERASE_COLS
+from capinterp.experiments.erase import erase_figure, erase_table, random_sets
 from capinterp.experiments.scoring import greedy_accuracy, measure, surely_wrong, target_scores
 from capinterp.results.neurons import NeuronScores, NeuronSet
-from planting import PLANTED, plant
 
 SEVENS = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
 PROMPTS = ["3+4=", "12*3=", "5-2=", "8/4=", "9+9=", "7*7=", "6-1=", "4+5="]
@@ -62,12 +66,23 @@ def test_greedy_accuracy_equals_evaluate(tiny, planted):
         assert 0.0 < ev.accuracy < 1.0
 
 
-@pytest.mark.parametrize("target,fmt,first,wrong", [
-    (" positive", None, " negative", True), (" positive", None, " pos", False), (" positive", None, "\n", False),
-    (" positive", None, "positive!", False), ("12", "DG", "1", False), ("12", "DG", "3", True),
-    ("12", "DG", " x", True), ("12", "DG", "0", False), ("12", "DG", "-", False), ("-3", "DG", "3", True),
-    ("A", "MQ", "B", False), ("否", None, "\ufffd", False),
-])
+@pytest.mark.parametrize(
+    "target,fmt,first,wrong",
+    [
+        (" positive", None, " negative", True),
+        (" positive", None, " pos", False),
+        (" positive", None, "\n", False),
+        (" positive", None, "positive!", False),
+        ("12", "DG", "1", False),
+        ("12", "DG", "3", True),
+        ("12", "DG", " x", True),
+        ("12", "DG", "0", False),
+        ("12", "DG", "-", False),
+        ("-3", "DG", "3", True),
+        ("A", "MQ", "B", False),
+        ("否", None, "\ufffd", False),
+    ],
+)
 def test_surely_wrong_decides_only_settled_cases(target, fmt, first, wrong):
     ex = Example("q", target, {"fmt": fmt} if fmt else {})
     assert surely_wrong(ex, first) is wrong
@@ -109,8 +124,14 @@ def test_pooled_halves_equal_a_fit_on_the_union(tiny):
 def test_erasing_nothing_changes_nothing(tiny):
     flat = NeuronScores(torch.zeros(tiny.cfg.n_layers, tiny.cfg.d_mlp))  # no neuron beyond sigma
     exs = cd.fill_greedy_targets(tiny, ci.data.as_examples(PROMPTS))
-    t = erase_table(tiny, {"acc": flat, "prob": flat}, {"acc": exs, "prob": exs},
-                    metrics_by_name={"acc": "accuracy", "prob": "target_prob"}, sigmas=(3.0, 6.0), n_random=2)
+    t = erase_table(
+        tiny,
+        {"acc": flat, "prob": flat},
+        {"acc": exs, "prob": exs},
+        metrics_by_name={"acc": "accuracy", "prob": "target_prob"},
+        sigmas=(3.0, 6.0),
+        n_random=2,
+    )
     assert list(t.columns) == ERASE_COLS and len(t) == 4
     assert (t["n_neurons"] == 0).all()
     for col in ("located", "random_mean", "random_min", "random_max"):
@@ -146,16 +167,22 @@ def test_cross_table_shape_and_controls(tiny):
     exs = cd.fill_greedy_targets(tiny, ci.data.as_examples(PROMPTS))
     empty = NeuronSet(torch.zeros(tiny.cfg.n_layers, tiny.cfg.d_mlp, dtype=torch.bool))
     tests = {"a": exs[:4], "b": exs[4:]}
-    t = cross_table(tiny, {"none": empty, "all": _all(tiny)}, tests,
-                    metrics_by_name={"a": "target_prob", "b": "target_prob"})
+    t = cross_table(
+        tiny, {"none": empty, "all": _all(tiny)}, tests, metrics_by_name={"a": "target_prob", "b": "target_prob"}
+    )
     assert list(t.columns) == CROSS_COLS and len(t) == 4
     none = t[t["erased"] == "none"]
     assert np.allclose(none["rel_drop"], 0.0) and np.allclose(none["rel_drop_random"], 0.0)
     full = t[t["erased"] == "all"]
     assert (full["after"] != full["base"]).all()  # erasing every neuron changes the model
     assert t["set_overlap"].isna().all()  # the tested capabilities have no sets of their own here
-    both = cross_table(tiny, {"a": empty, "b": _all(tiny)}, tests, random_control=False,
-                       metrics_by_name={"a": "target_prob", "b": "target_prob"})
+    both = cross_table(
+        tiny,
+        {"a": empty, "b": _all(tiny)},
+        tests,
+        random_control=False,
+        metrics_by_name={"a": "target_prob", "b": "target_prob"},
+    )
     assert both["set_overlap"].tolist() == [1.0, 0.0, 0.0, 1.0] and both["after_random"].isna().all()
     m = cross_matrix(t)
     assert list(m.index) == ["none", "all"] and list(m.columns) == ["a", "b"]
@@ -190,8 +217,13 @@ def test_prepare_is_memoized_and_held_out(tiny):
 def test_three_experiments_share_fits_in_a_reproduction(tiny, tmp_path, monkeypatch):
     from capinterp.app.reproduce import reproduce
 
-    small = {"capabilities": ("add", "sub"), "n_candidates": 6, "n_locate": 4, "n_test": 4,
-             "params": {"cnl": {"steps": 2}, "dcsn": {}}}
+    small = {
+        "capabilities": ("add", "sub"),
+        "n_candidates": 6,
+        "n_locate": 4,
+        "n_test": 4,
+        "params": {"cnl": {"steps": 2}, "dcsn": {}},
+    }
     monkeypatch.setattr(cd, "settings", lambda ctx: dict(small))
     names = ["commonality", "erase", "cross_capability"]
     res = reproduce(tiny, tmp_path, quick=True, only=names[:1], log=lambda m: None)
@@ -213,14 +245,29 @@ def test_enhance_trains_the_planted_neurons_best(planted):
     neurons = NeuronSet.from_indices(PLANTED, planted.cfg.n_layers, planted.cfg.d_mlp)
     before = measure(planted, eights, "target_prob")["value"]
     lr = {"located": 3e-2, "random": 3e-2, "without_located": 1e-3}
-    t = enhance_table(planted, {"eight": neurons}, {"eight": eights}, {"eight": eights},
-                      metrics_by_name={"eight": "target_prob"}, epochs=3, lr=lr)
+    t = enhance_table(
+        planted,
+        {"eight": neurons},
+        {"eight": eights},
+        {"eight": eights},
+        metrics_by_name={"eight": "target_prob"},
+        epochs=3,
+        lr=lr,
+    )
     assert list(t.columns) == columns() and len(t) == 1
     r = t.iloc[0]
     assert r["base"] == pytest.approx(before) and r["n_neurons"] == 3
     assert r["gain_located"] > 0.2 and r["gain_located"] > 2 * max(r["gain_random"], 0.0)
     assert measure(planted, eights, "target_prob")["value"] == pytest.approx(before)  # caller's model untouched
     assert len(enhance_figure(t).data) == 4
-    only = enhance_table(planted, {"eight": neurons}, {"eight": eights}, {"eight": eights},
-                         metrics_by_name={"eight": "target_prob"}, epochs=1, lr=lr, arms=("located",))
+    only = enhance_table(
+        planted,
+        {"eight": neurons},
+        {"eight": eights},
+        {"eight": eights},
+        metrics_by_name={"eight": "target_prob"},
+        epochs=1,
+        lr=lr,
+        arms=("located",),
+    )
     assert list(only.columns) == columns(("located",))

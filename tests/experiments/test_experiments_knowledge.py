@@ -1,4 +1,5 @@
 """Fidelity, reliability and decoupling experiments on the tiny random model (greedy targets)."""
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,11 @@ from capinterp.experiments import reliability as R
 from capinterp.experiments._per_sample import kn_neurons, kn_scores, with_greedy_targets
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
-PROMPTS = [("The Eiffel Tower is in the city of", "Eiffel Tower"),
-           ("The Eiffel Tower stands in the city of", "Eiffel Tower"),
-           ("The capital of Italy is", "Italy")]  # greedy targets that round-trip on the tiny model
+PROMPTS = [
+    ("The Eiffel Tower is in the city of", "Eiffel Tower"),
+    ("The Eiffel Tower stands in the city of", "Eiffel Tower"),
+    ("The capital of Italy is", "Italy"),
+]  # greedy targets that round-trip on the tiny model
 
 
 def _greedy(tiny, prompt: str, subject: str, fact: int = 0) -> Example:

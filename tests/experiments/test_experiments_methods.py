@@ -1,12 +1,13 @@
 """The rome_layers and ql_localizers experiments' pieces on tiny models (real runs: docs/results.md)."""
+
 import numpy as np
 import pytest
+from fact_planting import FACT_A, FACT_B, plant_facts
 
 import capinterp as ci
 from capinterp.experiments import EXPERIMENTS
 from capinterp.experiments.ql_localizers import inconsistency_table
 from capinterp.experiments.rome_layers import BUILTIN, layer_frame, layer_summary
-from fact_planting import FACT_A, FACT_B, plant_facts
 
 TEXTS = [f"Note {i}: the clerk filed {i} reports and the courier left before noon on the long road." for i in range(40)]
 
@@ -35,8 +36,10 @@ def test_rome_layer_frame_and_summary(planted):
 
 
 def test_intersection_row_is_the_and_of_the_classes(planted):
-    fits = {name: ci.QueryLocalization(planted, localizer=name, steps=3, tau=0.99, progress=False).fit([FACT_A, FACT_B])
-            for name in ("kn", "sig")}
+    fits = {
+        name: ci.QueryLocalization(planted, localizer=name, steps=3, tau=0.99, progress=False).fit([FACT_A, FACT_B])
+        for name in ("kn", "sig")
+    }
     table = inconsistency_table(fits).set_index("localizer")
     assert list(table.index) == ["kn", "sig", "intersection: II"]
     both = np.logical_and(*[~f.consistency_["consistent_static"].to_numpy(bool) for f in fits.values()])

@@ -1,4 +1,5 @@
 """The papers/003 experiments (specificity, forward reasoning, operator ablation) on the tiny model."""
+
 from __future__ import annotations
 
 import math
@@ -7,20 +8,32 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.experiments.base import Context, ExperimentResult
 from capinterp.experiments.dcsn_common import correct_scores, sample_scores, top_fraction, union
 from capinterp.experiments.forward_reasoning import (
-    activation_mask, activation_ratio, forward_reasoning_table, operator_ratio, reverse_validation,
+    activation_mask,
+    activation_ratio,
+    forward_reasoning_table,
+    operator_ratio,
+    reverse_validation,
+)
+from capinterp.experiments.forward_reasoning import (
     run as run_forward,
 )
-from capinterp.experiments.operator_ablation import ablation_matrix, drop_matrix, per_op, run as run_ablation
+from capinterp.experiments.operator_ablation import ablation_matrix, drop_matrix, per_op
+from capinterp.experiments.operator_ablation import run as run_ablation
 from capinterp.experiments.specificity import (
-    compare_sets, pool_scores, run as run_specificity, specificity_table,
+    compare_sets,
+    pool_scores,
+    specificity_table,
+)
+from capinterp.experiments.specificity import (
+    run as run_specificity,
 )
 from capinterp.localizers.dcsn import last_token_activations
 from capinterp.results.neurons import NeuronScores, NeuronSet
-from capinterp.core.tokens import encode
 
 SHAPE = (4, 128)
 
@@ -77,8 +90,20 @@ def test_compare_sets_identical_and_disjoint():
     a, b = _set([(0, 1), (1, 2), (3, 4)]), _set([(2, 5), (2, 6)])
     sets = {("+", "X"): a, ("+", "Y"): a, ("-", "X"): a, ("-", "Y"): b}
     t = compare_sets(sets, [("X", "Y", "format")])
-    assert list(t.columns) == ["metric", "kind", "comparison", "op_a", "op_b", "n_a", "n_b",
-                               "intersection", "value", "iou", "overlap", "paper_pair"]
+    assert list(t.columns) == [
+        "metric",
+        "kind",
+        "comparison",
+        "op_a",
+        "op_b",
+        "n_a",
+        "n_b",
+        "intersection",
+        "value",
+        "iou",
+        "overlap",
+        "paper_pair",
+    ]
     coh = t[t.metric == "cohesion"].set_index("op_a")
     assert coh.loc["+", "value"] == 1.0 and coh.loc["+", "iou"] == 1.0  # same set twice
     assert coh.loc["-", "value"] == 0.0 and coh.loc["-", "overlap"] == 0.0  # disjoint sets
@@ -111,8 +136,12 @@ def test_activation_mask_and_ratio_by_hand():
     scores[0, 1, 3] = 10.0  # |10 - mean 1.25| = 8.75 = 2.65 population std (3.307), 2.47 sample std
     active = activation_mask(scores, sigma=2.55)[0]
     assert active.nonzero().tolist() == [[1, 3]]
-    sets = {"+": _set([(0, 0), (1, 3)], (2, 4)), "*": _set([(1, 3)], (2, 4)), "-": _set([(0, 2)], (2, 4)),
-            "/": _set([], (2, 4))}
+    sets = {
+        "+": _set([(0, 0), (1, 3)], (2, 4)),
+        "*": _set([(1, 3)], (2, 4)),
+        "-": _set([(0, 2)], (2, 4)),
+        "/": _set([], (2, 4)),
+    }
     assert operator_ratio(active, sets, ["+", "*"]) == pytest.approx((1 / 2 + 1 / 1) / 2)
     assert operator_ratio(active, sets, ["-"]) == 0.0
     assert math.isnan(operator_ratio(active, sets, ["/"]))  # empty sets are skipped
@@ -127,9 +156,12 @@ def test_activation_ratio_matches_slow_reference(tiny):
     assert list(fast.columns) == ["index", "n_ops", "ops", "R", "R_absent", "n_active", "chance"]
     for e, row in zip(examples, fast.itertuples()):
         active = ci.DCSN(tiny, sigma=sigma, progress=False).fit([e]).neurons_  # single-sample Eq. 2
-        fr = [ci.metrics.intersection_size(op_sets[o], active) / len(op_sets[o])
-              for o in e.meta["op_set"] if len(op_sets[o])]
-        assert row.R == pytest.approx(sum(fr) / len(fr), abs=1e-9)
+        fr = [
+            ci.metrics.intersection_size(op_sets[o], active) / len(op_sets[o])
+            for o in e.meta["op_set"]
+            if len(op_sets[o])
+        ]
+        assert pytest.approx(sum(fr) / len(fr), abs=1e-9) == row.R
         assert row.n_active == len(active)
     assert 0 < fast["R"].max() <= 1  # the test is not vacuous
 
@@ -140,8 +172,10 @@ def test_reverse_validation_empty_erasure_changes_nothing_and_random_uses_seed(t
     t = reverse_validation(tiny, examples, empty, seed=0, batch_size=8)
     assert t["n"].sum() == 6 and (t["n_erased"] == 0).all()
     assert (t["acc_erased"] == t["acc_orig"]).all() and (t["prob_erased"] - t["prob_orig"]).abs().max() < 1e-6
-    big = {op: NeuronSet(torch.rand(SHAPE, generator=torch.Generator().manual_seed(i)) < 0.2)
-           for i, op in enumerate("+-*/")}
+    big = {
+        op: NeuronSet(torch.rand(SHAPE, generator=torch.Generator().manual_seed(i)) < 0.2)
+        for i, op in enumerate("+-*/")
+    }
     r0, r0b, r1 = (reverse_validation(tiny, examples, big, seed=s, batch_size=8) for s in (0, 0, 1))
     assert r0["prob_random"].tolist() == r0b["prob_random"].tolist()
     assert r0["prob_random"].tolist() != r1["prob_random"].tolist()

@@ -1,17 +1,18 @@
 """Knowledge editing through value vectors: erase / update planted facts, restoration, bad input."""
+
 import copy
 
 import pytest
 import torch
+from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
 import capinterp as ci
 from capinterp.data import Example
 from capinterp.interventions.edit_eval import next_token_probs, perplexity, prompt_ids
 from capinterp.interventions.editing import edit_knowledge, edit_table, last_activations, value_weight
 from capinterp.localizers.kn import KN
-from capinterp.results.neurons import NeuronSet
 from capinterp.localizers.query_localization import QueryLocalization
-from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
+from capinterp.results.neurons import NeuronSet
 
 TEXT = ["The Eiffel Tower is in the city of Paris .", "Rome is the capital of Italy ."]
 
@@ -59,9 +60,8 @@ def test_erasing_the_other_facts_neurons_leaves_the_fact(planted, ql):
 def test_caller_model_untouched_unless_inplace(planted, ql):
     before = _params(planted)
     edit = edit_knowledge(planted, FACT_A, "union", "erase", ql=ql)
-    with pytest.raises(RuntimeError):
-        with edit.apply(planted):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), edit.apply(planted):
+        raise RuntimeError("boom")
     after = _params(planted)
     assert all(torch.equal(before[k], after[k]) for k in before)
     copy_ = edit.edited_copy(planted)
@@ -103,8 +103,7 @@ def test_update_rule_and_activation_sign(planted, signed):
     neg, pos = (0, int(acts[0].argmin())), NEURONS_A[0]
     assert acts[neg] < 0 < acts[pos]
     ns = NeuronSet.from_indices([neg, pos], planted.cfg.n_layers, planted.cfg.d_mlp)
-    edit = edit_knowledge(planted, FACT_A, mode="update", new_target=" Rome", neurons=ns, signed=signed,
-                          evaluate=False)
+    edit = edit_knowledge(planted, FACT_A, mode="update", new_target=" Rome", neurons=ns, signed=signed, evaluate=False)
     e_old, e_new = planted.W_U[:, paris].detach(), planted.W_U[:, rome].detach()
     for (layer, i), sign in ((neg, -1.0 if signed else 1.0), (pos, 1.0)):
         idx, rows = edit.values[layer]
@@ -123,15 +122,17 @@ def test_edit_localizes_by_itself(planted, monkeypatch):
 def test_edit_table(planted, ql):
     table, raw = edit_table(planted, [FACT_A, FACT_B], ql=ql, neutral_text=TEXT, per_fact=True)
     assert list(zip(table["mode"], table["selection"])) == [
-        (mo, me) for mo in ("erase", "update") for me in ("consistency-aware", "query", "union")]
+        (mo, me) for mo in ("erase", "update") for me in ("consistency-aware", "query", "union")
+    ]
     assert (table["n_facts"] == 2).all() and len(raw) == 12
     erase = table[table["mode"] == "erase"]
     assert (erase["reliability"] == 1.0).all() and (erase["locality"] == 1.0).all()
     assert table[["reliability", "generalization", "locality"]].stack().between(0, 1).all()
     with pytest.raises(ValueError, match="other facts"):
         edit_table(planted, [FACT_B, FACT_A], ql=ql)
-    fixed, raw_fixed = edit_table(planted, [FACT_A, FACT_B], ql=ql, modes=("erase",), methods=("union",),
-                                  unrelated=[FACT_A[0]], per_fact=True)
+    fixed, raw_fixed = edit_table(
+        planted, [FACT_A, FACT_B], ql=ql, modes=("erase",), methods=("union",), unrelated=[FACT_A[0]], per_fact=True
+    )
     assert list(raw_fixed["locality"]) == [0.0, 1.0]  # erasing A changes A's own prompt, erasing B does not
 
 
@@ -142,18 +143,21 @@ def test_perplexity_matches_the_loss(planted):
     assert perplexity(planted, TEXT[0]) == pytest.approx(float(torch.exp(loss)), rel=1e-4)
 
 
-@pytest.mark.parametrize("args, kwargs, match", [
-    (("consistency-aware", "erase"), {"fact": []}, "at least 2"),
-    (("consistency-aware", "erase"), {"fact": FACT_A[:1]}, "at least 2"),
-    (("everything", "erase"), {}, "unknown selection"),
-    (("union", "forget"), {}, "unknown mode"),
-    (("union", "update"), {}, "new_target"),
-    (("union", "update", " Paris"), {}, "same token"),
-    (("union", "erase", " Rome"), {}, "only used with mode='update'"),
-    (("query", "erase"), {"query_index": 7}, "out of range"),
-    (("union", "erase"), {"direction": "sideways"}, "direction"),
-    (("union", "update", " Rome"), {"lambdas": (1.0, -2.0)}, "lambdas"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        (("consistency-aware", "erase"), {"fact": []}, "at least 2"),
+        (("consistency-aware", "erase"), {"fact": FACT_A[:1]}, "at least 2"),
+        (("everything", "erase"), {}, "unknown selection"),
+        (("union", "forget"), {}, "unknown mode"),
+        (("union", "update"), {}, "new_target"),
+        (("union", "update", " Paris"), {}, "same token"),
+        (("union", "erase", " Rome"), {}, "only used with mode='update'"),
+        (("query", "erase"), {"query_index": 7}, "out of range"),
+        (("union", "erase"), {"direction": "sideways"}, "direction"),
+        (("union", "update", " Rome"), {"lambdas": (1.0, -2.0)}, "lambdas"),
+    ],
+)
 def test_bad_input_is_refused_before_work(planted, monkeypatch, args, kwargs, match):
     monkeypatch.setattr(KN, "fit", lambda *a, **k: pytest.fail("attribution ran before validation"))
     fact = kwargs.pop("fact", FACT_A)

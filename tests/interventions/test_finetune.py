@@ -1,17 +1,18 @@
 """Neuron-level fine-tuning: frozen entries stay bit-identical, the caller's model is untouched,
 planted neurons learn, the random arm follows its seed, and bad inputs fail clearly."""
+
 import copy
 
 import pytest
 import torch
+from planting import PLANTED, plant
 
 import capinterp as ci
+from capinterp.core.model import neuron_param_info
 from capinterp.data import Example
 from capinterp.interventions.finetune import ARMS, FinetuneResult, finetune
-from capinterp.core.model import neuron_param_info
 from capinterp.interventions.neuron_params import neuron_masks, neuron_slices, zero_neurons
 from capinterp.results.neurons import NeuronSet
-from planting import PLANTED, plant
 
 TOY = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (4, 3), (6, 1)]]
 KW = dict(lr=1e-2, epochs=3, batch_size=3, progress=False)
@@ -93,8 +94,15 @@ def test_callers_model_unchanged_and_result_shape(tiny):
     flags = {n: p.requires_grad for n, p in tiny.named_parameters()}
     res = finetune(tiny, TOY, neurons=ns, eval_data={"toy": TOY[:4]}, **KW)
     assert isinstance(res, FinetuneResult) and list(res.table["arm"]) == list(ARMS)
-    for col in ("n_trainable_params", "param_share", "train_loss_before", "train_loss_after",
-                "toy_acc_before", "toy_acc_after", "s_per_epoch"):
+    for col in (
+        "n_trainable_params",
+        "param_share",
+        "train_loss_before",
+        "train_loss_after",
+        "toy_acc_before",
+        "toy_acc_after",
+        "s_per_epoch",
+    ):
         assert col in res.table.columns
     assert res.models == {}
     assert len(res.history) == len(ARMS) * 3 * 2
@@ -140,12 +148,21 @@ def test_bad_inputs(tiny):
     ns = _set(tiny, PLANTED)
     cases = [
         (dict(train=[]), "empty training set"),
-        (dict(lr=0), "lr"), (dict(lr=-1e-3), "lr"), (dict(lr=float("nan")), "lr"),
-        (dict(epochs=0), "epochs"), (dict(epochs=1.5), "epochs"), (dict(batch_size=0), "batch_size"),
-        (dict(arms=("located", "lora")), "arms"), (dict(arms=("full", "full")), "arms"), (dict(arms=()), "arms"),
-        (dict(neurons=None), "need neurons"), (dict(neurons=ns.empty_like()), "empty"),
-        (dict(inplace=True), "exactly one arm"), (dict(lr={"located": 1e-3}), "one entry per arm"),
-        (dict(arms=("located",), lr={"located": 0.0}), "lr"), (dict(eval_data={"x": []}), "empty"),
+        (dict(lr=0), "lr"),
+        (dict(lr=-1e-3), "lr"),
+        (dict(lr=float("nan")), "lr"),
+        (dict(epochs=0), "epochs"),
+        (dict(epochs=1.5), "epochs"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(arms=("located", "lora")), "arms"),
+        (dict(arms=("full", "full")), "arms"),
+        (dict(arms=()), "arms"),
+        (dict(neurons=None), "need neurons"),
+        (dict(neurons=ns.empty_like()), "empty"),
+        (dict(inplace=True), "exactly one arm"),
+        (dict(lr={"located": 1e-3}), "one entry per arm"),
+        (dict(arms=("located",), lr={"located": 0.0}), "lr"),
+        (dict(eval_data={"x": []}), "empty"),
         (dict(neurons=NeuronSet.from_indices([(0, 1)], tiny.cfg.n_layers, tiny.cfg.d_mlp + 1)), "made for a model"),
     ]
     for over, msg in cases:
@@ -160,8 +177,13 @@ def test_bad_inputs(tiny):
 
 
 def test_learning_rate_per_arm(tiny):
-    res = finetune(tiny, TOY, neurons=_set(tiny, PLANTED), arms=("located", "full"),
-                   **(KW | {"lr": {"located": 1e-2, "full": 1e-4}}))
+    res = finetune(
+        tiny,
+        TOY,
+        neurons=_set(tiny, PLANTED),
+        arms=("located", "full"),
+        **(KW | {"lr": {"located": 1e-2, "full": 1e-4}}),
+    )
     assert list(res.table["lr"]) == [1e-2, 1e-4]
     assert res.config["lr"] == {"located": 1e-2, "full": 1e-4}
 

@@ -1,10 +1,10 @@
 import pytest
 import torch
+from planting import PLANTED, plant
 
 import capinterp as ci
 from capinterp.data import Example
 from capinterp.results.neurons import NeuronSet
-from planting import PLANTED, plant
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5)]]
 
@@ -36,9 +36,8 @@ def test_erase_zeroes_activations_and_hooks_go_away(tiny):
 def test_hooks_removed_after_exception(tiny):
     ids = tiny.to_tokens("3+4=")
     before = tiny(ids)
-    with pytest.raises(RuntimeError):
-        with ci.scale(tiny, _set(tiny, [(0, 1)]), 5.0):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), ci.scale(tiny, _set(tiny, [(0, 1)]), 5.0):
+        raise RuntimeError("boom")
     torch.testing.assert_close(tiny(ids), before, rtol=0, atol=0)
 
 
@@ -67,10 +66,8 @@ def test_erasing_planted_neurons_removes_capability():
 
 def test_neuron_set_from_another_model_is_refused(tiny):
     other = NeuronSet.from_indices([(0, 1)], 30, 1536)
-    with pytest.raises(ValueError, match="30 layers x 1536"):
-        with ci.erase(tiny, other):
-            pass
+    with pytest.raises(ValueError, match="30 layers x 1536"), ci.erase(tiny, other):
+        pass
     fp = NeuronSet.from_indices([(0, 1)], 4, 128, meta={"model_fingerprint": "deadbeef"})
-    with pytest.raises(ValueError, match="fingerprint"):
-        with ci.erase(tiny, fp):
-            pass
+    with pytest.raises(ValueError, match="fingerprint"), ci.erase(tiny, fp):
+        pass

@@ -1,4 +1,5 @@
 """ROME rank-one editing: the update's algebra, restoration, the key covariance cache, CounterFact scores."""
+
 import json
 
 import pytest
@@ -13,12 +14,21 @@ from capinterp.interventions.rome import rome_edit, subject_last_position
 from capinterp.interventions.rome_eval import counterfact_scores, rome_counterfact, summarize, target_logprob
 from capinterp.interventions.second_moment import second_moment
 
-TEXTS = [f"Story {i}: the river runs past the old mill and the farmer counts {i} sheep near the bridge today."
-         for i in range(40)]
-FACT = Example("The Eiffel Tower is located in the city of", " Paris",
-               {"subject": "Eiffel Tower", "target_new": " Rome", "ground_truth": " Paris",
-                "paraphrases": ["The Eiffel Tower stands in"],
-                "locality": [{"prompt": "The Louvre is located in the city of", "target": " Paris"}]})
+TEXTS = [
+    f"Story {i}: the river runs past the old mill and the farmer counts {i} sheep near the bridge today."
+    for i in range(40)
+]
+FACT = Example(
+    "The Eiffel Tower is located in the city of",
+    " Paris",
+    {
+        "subject": "Eiffel Tower",
+        "target_new": " Rome",
+        "ground_truth": " Paris",
+        "paraphrases": ["The Eiffel Tower stands in"],
+        "locality": [{"prompt": "The Louvre is located in the city of", "target": " Paris"}],
+    },
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +43,18 @@ def _cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def edit(tiny_model):
-    return rome_edit(tiny_model, FACT, layer=1, texts=TEXTS, prefixes=["A day. ", "Once upon a time. "],
-                     steps=20, clamp=100.0, weight_decay=0.0, kl_factor=0.0, ridge=0.0)
+    return rome_edit(
+        tiny_model,
+        FACT,
+        layer=1,
+        texts=TEXTS,
+        prefixes=["A day. ", "Once upon a time. "],
+        steps=20,
+        clamp=100.0,
+        weight_decay=0.0,
+        kl_factor=0.0,
+        ridge=0.0,
+    )
 
 
 def _down(model, layer, k):
@@ -91,8 +111,10 @@ def test_second_moment_cached_per_layer_and_corpus(tiny_model, tmp_path):
     C1, n1 = second_moment(tiny_model, 0, texts=TEXTS[:1], cache=False)
     keys = []
     with torch.no_grad():
-        tiny_model.run_with_hooks(torch.tensor([prompt_ids(tiny_model, TEXTS[0])]),
-                                  fwd_hooks=[("blocks.0.mlp.hook_post", lambda a, hook: keys.append(a[0]))])
+        tiny_model.run_with_hooks(
+            torch.tensor([prompt_ids(tiny_model, TEXTS[0])]),
+            fwd_hooks=[("blocks.0.mlp.hook_post", lambda a, hook: keys.append(a[0]))],
+        )
     skip = len(prompt_ids(tiny_model, "")) if prompt_ids(tiny_model, "") else 0
     k = keys[0][skip:]
     assert n1 == k.shape[0] and torch.allclose(C1, k.T @ k / n1, atol=1e-5)
@@ -102,8 +124,10 @@ def test_local_texts_reads_folder(tmp_path):
     (tmp_path / "a.txt").write_text("one two three four five six seven eight nine\n\nshort one")
     (tmp_path / "b.jsonl").write_text(json.dumps({"q": "alpha beta gamma delta epsilon zeta eta theta iota"}) + "\n")
     texts = local_texts(tmp_path, n=10)
-    assert sorted(texts) == ["alpha beta gamma delta epsilon zeta eta theta iota",
-                             "one two three four five six seven eight nine"]
+    assert sorted(texts) == [
+        "alpha beta gamma delta epsilon zeta eta theta iota",
+        "one two three four five six seven eight nine",
+    ]
     with pytest.raises(FileNotFoundError, match="data_dir"):
         local_texts(tmp_path / "missing")
     with pytest.raises(ValueError, match="no text"):

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
 from capinterp.data import Example
+from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
 
 
 def test_merge_of_shards_is_exact():

@@ -1,18 +1,19 @@
 """The IG kernel: fast == prefix == loop == the slow reference; completeness; state hygiene."""
+
 from __future__ import annotations
 
 import warnings
 
 import pytest
 import torch
+from conftest import HAS_GEMMA3, HAS_SMOLLM2
+from ig_reference import ref_grad_x_act, ref_ig, ref_objective, ref_rule
 
+from capinterp.core.example import Example
+from capinterp.core.tokens import encode
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.ig import _Objective, grad_x_act, ig_alphas, ig_scores, objective_from_logits, site
 from capinterp.kernels.quadrature import RULES, quadrature
-from ig_reference import ref_grad_x_act, ref_ig, ref_objective, ref_rule
-from capinterp.core.example import Example
-from capinterp.core.tokens import encode
-from conftest import HAS_GEMMA3, HAS_SMOLLM2
 
 TOL = 1e-4  # max relative difference on scores above 1% of the max (the spec's criterion)
 TOL64 = 1e-5  # the same, on float64 models (observed ~1e-6: the bridge's attention softmax is fp32)
@@ -101,8 +102,14 @@ def test_options_change_the_scores(tiny64, encs64):
     """Guards against options being ignored (a comparison above would then pass vacuously)."""
     tiny, encs = tiny64, encs64
     base = ig_scores(tiny, encs[1], steps=STEPS)
-    for kw in (dict(rule="left"), dict(rule="linspace"), dict(rule="midpoint"), dict(rule="gauss"),
-               dict(objective="logprob"), dict(positions="last_prompt")):
+    for kw in (
+        dict(rule="left"),
+        dict(rule="linspace"),
+        dict(rule="midpoint"),
+        dict(rule="gauss"),
+        dict(objective="logprob"),
+        dict(positions="last_prompt"),
+    ):
         assert max_rel(ig_scores(tiny, encs[1], steps=STEPS, **kw), base) > 1e-3, kw
     # with a single-token answer, "answer" and "last_prompt" are the same positions
     one = ig_scores(tiny, encs[0], steps=STEPS)
@@ -133,13 +140,17 @@ def test_completeness_error_shrinks_with_steps(tiny64, encs64):
         layer = max(range(len(deltas)), key=lambda l: abs(deltas[l]))  # a layer that matters
         delta, sums = deltas[layer], {}
         for m in (20, 50, 100, 200):
-            sums[m] = ig_scores(model, enc, steps=m, layers=[layer], objective=objective, baseline=baseline).sum().item()
+            sums[m] = (
+                ig_scores(model, enc, steps=m, layers=[layer], objective=objective, baseline=baseline).sum().item()
+            )
         errs = {m: abs(sums[m] - delta) / abs(delta) for m in (20, 50, 200)}
         # a right Riemann sum converges like 1/m, so 2 S(200) - S(100) cancels the leading error
         richardson = abs(2 * sums[200] - sums[100] - delta) / abs(delta)
-        print(f"\ncompleteness ({objective}, layer {layer}, dF={delta:.3e}): "
-              + ", ".join(f"m={m}: rel. error {e:.2e}" for m, e in errs.items())
-              + f"; Richardson 2S(200)-S(100): {richardson:.1e}")
+        print(
+            f"\ncompleteness ({objective}, layer {layer}, dF={delta:.3e}): "
+            + ", ".join(f"m={m}: rel. error {e:.2e}" for m, e in errs.items())
+            + f"; Richardson 2S(200)-S(100): {richardson:.1e}"
+        )
         assert errs[200] < errs[50] < errs[20]
         assert errs[20] / errs[200] > 5 and errs[200] < 5e-2
         assert richardson < 2e-3
@@ -157,7 +168,7 @@ def test_quadrature_orders_on_an_analytic_path():
     for rule, order in (("right", 1), ("left", 1), ("midpoint", 2), ("trapezoid", 2)):
         ratio = err(10, rule) / err(40, rule)  # 4^order for an order-`order` rule
         assert 4**order * 0.8 < ratio < 4**order * 1.25, (rule, ratio)
-    assert [err(m, "gauss") < 10.0 ** -e for m, e in ((2, 1), (4, 5), (6, 10))] == [True] * 3
+    assert [err(m, "gauss") < 10.0**-e for m, e in ((2, 1), (4, 5), (6, 10))] == [True] * 3
     for m in (1, 2, 3, 7):  # degree 2m - 1 polynomials are integrated exactly
         a, w = quadrature(m, "gauss")
         assert abs((w * a ** (2 * m - 1)).sum().item() - 1 / (2 * m)) < 1e-14
@@ -171,8 +182,10 @@ def test_completeness_gauss_converges_fast(tiny64, encs64):
     n_pos = len(enc.target_ids)
     with torch.no_grad():
         f_clean = ref_objective(model, enc).item()
-        deltas = [f_clean - ref_objective(model, enc, layer=l, value=torch.zeros(n_pos, model.cfg.d_mlp)).item()
-                  for l in range(model.cfg.n_layers)]
+        deltas = [
+            f_clean - ref_objective(model, enc, layer=l, value=torch.zeros(n_pos, model.cfg.d_mlp)).item()
+            for l in range(model.cfg.n_layers)
+        ]
     layer = max(range(len(deltas)), key=lambda l: abs(deltas[l]))
     delta = deltas[layer]
 
@@ -181,8 +194,10 @@ def test_completeness_gauss_converges_fast(tiny64, encs64):
 
     right20 = err(20, "right")
     gauss = {m: err(m, "gauss") for m in (2, 4, 8, 16)}
-    print(f"\ncompleteness (layer {layer}): right m=20 {right20:.1e}; "
-          + ", ".join(f"gauss m={m} {e:.1e}" for m, e in gauss.items()))
+    print(
+        f"\ncompleteness (layer {layer}): right m=20 {right20:.1e}; "
+        + ", ".join(f"gauss m={m} {e:.1e}" for m, e in gauss.items())
+    )
     # measured: right m=20 1.3e-1; gauss m=2 1.6e-1, 4 3.3e-2, 8 9.4e-4, 16 9.8e-7 (the bridge's
     # float32 attention softmax puts the floor near 1e-6)
     assert gauss[8] < gauss[4] < gauss[2]
@@ -278,9 +293,19 @@ def test_alphas_and_sites(tiny, encs):
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(rule="mid"), dict(positions="all"), dict(objective="logit"), dict(method="magic"), dict(layers=[9]),
-     dict(baseline=torch.zeros(3)), dict(batch_size=0), dict(steps=1, rule="linspace"),
-     dict(steps=1, rule="trapezoid"), dict(steps=0, rule="gauss"), dict(steps=2.0, rule="gauss")],
+    [
+        dict(rule="mid"),
+        dict(positions="all"),
+        dict(objective="logit"),
+        dict(method="magic"),
+        dict(layers=[9]),
+        dict(baseline=torch.zeros(3)),
+        dict(batch_size=0),
+        dict(steps=1, rule="linspace"),
+        dict(steps=1, rule="trapezoid"),
+        dict(steps=0, rule="gauss"),
+        dict(steps=2.0, rule="gauss"),
+    ],
 )
 def test_bad_arguments(tiny, encs, kw):
     with pytest.raises(ValueError):
@@ -299,8 +324,10 @@ def _agreement(model, prompt, target, layers, positions="answer", steps=20):
     assert torch.all(fast[0, [l for l in range(model.cfg.n_layers) if l not in layers]] == 0)
     rel = max_rel(fast, loop)
     scale = ((fast - loop).abs().max() / loop.abs().max()).item()
-    print(f"\n{model.cfg.model_name}: {len(enc[0].ids)} tokens, max rel diff (>1% of max) {rel:.2e}, "
-          f"max |diff| / max |score| {scale:.2e}")
+    print(
+        f"\n{model.cfg.model_name}: {len(enc[0].ids)} tokens, max rel diff (>1% of max) {rel:.2e}, "
+        f"max |diff| / max |score| {scale:.2e}"
+    )
     return rel, scale
 
 
@@ -334,6 +361,7 @@ def test_ig_presets_and_reproduce_switch(tiny, tmp_path):
     assert Context(tiny).ig(3, 10) == {"rule": "right", "steps": 10}
     with pytest.raises(ValueError, match="ig_rule"):
         reproduce(tiny, tmp_path, ig_rule="exact")
-    page = report_html({"config": {"model": "tiny", "quick": True, "seed": 0, "ig_rule": "accurate"},
-                        "experiments": {}}, {})
+    page = report_html(
+        {"config": {"model": "tiny", "quick": True, "seed": 0, "ig_rule": "accurate"}, "experiments": {}}, {}
+    )
     assert "integrated gradients: <b>accurate</b> (Gauss-Legendre" in page

@@ -1,10 +1,10 @@
 import pytest
+from planting import plant
 
 import capinterp as ci
+from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.kernels.evaluate import greedy_continuations
-from capinterp.core.tokens import encode
-from planting import plant
 
 
 def test_empty_dataset_is_an_error(tiny):

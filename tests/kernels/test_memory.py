@@ -1,5 +1,6 @@
 """batch_size="auto" and out-of-memory retries: the same work is redone with a smaller batch,
 nothing is lost or counted twice, and the scores equal a run that never ran out of memory."""
+
 import pytest
 import torch
 

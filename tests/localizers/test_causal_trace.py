@@ -1,4 +1,5 @@
 """ROME causal tracing on the tiny random Llama: exactness, batching vs a slow loop, errors, units, plot."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -8,10 +9,10 @@ import pytest
 import torch
 
 from capinterp.core.example import Example
-from capinterp.localizers import get
-from capinterp.localizers.causal_trace import TOKEN_GROUPS, CausalTrace, subject_token_range
 from capinterp.core.model import load_model
 from capinterp.core.tokens import TokenizationError, encode, model_bos
+from capinterp.localizers import get
+from capinterp.localizers.causal_trace import TOKEN_GROUPS, CausalTrace, subject_token_range
 from capinterp.units.base import KeySet
 
 PROMPTS = [
@@ -75,6 +76,7 @@ def _slow_grid(model, ex: Example, kind: str, window: int, samples: int, noise_s
     def keep(l):
         def f(act, hook):
             clean[l] = act[0].clone()
+
         return f
 
     with torch.no_grad():
@@ -104,6 +106,7 @@ def _slow_grid(model, ex: Example, kind: str, window: int, samples: int, noise_s
                     act = act.clone()
                     act[:, t] = clean[j][t]
                     return act
+
                 return f
 
             grid[t, l] = p_of([(f"blocks.{j}.{name}", patch(j)) for j in layers]) - p_star
@@ -112,8 +115,9 @@ def _slow_grid(model, ex: Example, kind: str, window: int, samples: int, noise_s
 
 @pytest.mark.parametrize("reuse_prefix,batch_size", [(True, 7), (False, 7), (True, 1000)])
 def test_batched_grids_equal_slow_loop(model, facts, reuse_prefix, batch_size):
-    tr = CausalTrace(model, samples=3, window=3, reuse_prefix=reuse_prefix, batch_size=batch_size,
-                     progress=False).fit(facts[:1])
+    tr = CausalTrace(model, samples=3, window=3, reuse_prefix=reuse_prefix, batch_size=batch_size, progress=False).fit(
+        facts[:1]
+    )
     rec = tr.per_prompt_[0]
     for kind in ("resid", "mlp", "attn"):
         ref, p_star, p_clean = _slow_grid(model, facts[0], kind, 3, 3, tr.noise_std_)
@@ -150,11 +154,19 @@ def test_restoring_every_clean_state_recovers_clean(model, facts):
 
     with torch.no_grad():
         model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_resid_post", keep)])
-        run = _Runner(tr, ids, tr._noise(item["subject_range"][1] - item["subject_range"][0]),
-                      item["subject_range"], clean, rec["answer_id"])
+        run = _Runner(
+            tr,
+            ids,
+            tr._noise(item["subject_range"][1] - item["subject_range"][0]),
+            item["subject_range"],
+            clean,
+            rec["answer_id"],
+        )
         T, S = ids.shape[1], tr.samples
         # one row per noise sample; each row restores layer 0 at every token
-        spec = [("blocks.0.hook_resid_post", "resid", 0, torch.arange(S).repeat_interleave(T), torch.arange(T).repeat(S))]
+        spec = [
+            ("blocks.0.hook_resid_post", "resid", 0, torch.arange(S).repeat_interleave(T), torch.arange(T).repeat(S))
+        ]
         p = run.rows(torch.arange(S), spec, 0, None)
     assert float(p.mean()) == pytest.approx(rec["p_clean"], abs=1e-5)
     assert rec["p_corrupt"] < rec["p_clean"] - 1e-4 or rec["p_corrupt"] > rec["p_clean"] + 1e-4  # noise mattered

@@ -1,11 +1,11 @@
 import pytest
 import torch
+from planting import PLANTED, plant
 
 import capinterp as ci
+from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.localizers.dcsn import last_token_activations
-from capinterp.core.tokens import encode
-from planting import PLANTED, plant
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
 
@@ -86,6 +86,7 @@ def test_split_half_reports_overlap(planted):
 def _folded_by_hand(m, examples, layer, idx):
     """Direct effect of neuron (layer, idx) on the first target token, through the model's own norm
     modules with their scales frozen: norm(v) * rms(v) / s == v * g / s for an RMSNorm."""
+
     def through(norm, v, scale):
         hf = norm.original_component
         rms = (v.pow(2).mean() + getattr(hf, "variance_epsilon", getattr(hf, "eps", None))).sqrt()

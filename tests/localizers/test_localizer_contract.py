@@ -5,6 +5,7 @@ work; ``fit(data)`` returns ``self`` with ``units_`` of the declared kind and on
 shared shape (JSON-serializable); its saved results load back equal; ``repr`` shows its
 parameters; rebuilding it from ``get_params()`` gives the same parameters and the same result.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -20,8 +21,12 @@ from capinterp.localizers.base import SCOPES, UNIT_KINDS, Localizer
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units.base import KeySet
 
-PROMPTS = [("Rome is the capital of", "Rome"), ("Berlin is the capital of", "Berlin"),
-           ("The Eiffel Tower is in the city of", "The Eiffel Tower"), ("Madrid is the capital of", "Madrid")]
+PROMPTS = [
+    ("Rome is the capital of", "Rome"),
+    ("Berlin is the capital of", "Berlin"),
+    ("The Eiffel Tower is in the city of", "The Eiffel Tower"),
+    ("Madrid is the capital of", "Madrid"),
+]
 UNIT_TYPES = {"neuron": NeuronSet, "layer": KeySet, "edge": KeySet}
 
 
@@ -94,7 +99,9 @@ def test_fit_results_follow_the_contract(name, fitted, tiny, tmp_path):
         if not hasattr(res, "save"):
             continue
         back = type(res).load(res.save(tmp_path / f"{attr}.out"))
-        assert torch.equal(back.scores, res.scores) if isinstance(res, NeuronScores) else torch.equal(back.mask, res.mask)
+        assert (
+            torch.equal(back.scores, res.scores) if isinstance(res, NeuronScores) else torch.equal(back.mask, res.mask)
+        )
         assert back.meta["method"] == name
 
 

@@ -1,11 +1,12 @@
 """KN and CNL on planted neurons, resumable/mergeable fits, and bad input."""
+
 import pytest
 import torch
+from planting import PLANTED, plant
 
 import capinterp as ci
-from capinterp.kernels.accumulate import ScoreSum
 from capinterp.data import Example
-from planting import PLANTED, plant
+from capinterp.kernels.accumulate import ScoreSum
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
 
@@ -88,9 +89,15 @@ def test_shards_scored_separately_merge_exactly(planted):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"steps": 0}, "steps must be"), ({"sigma": -1}, "sigma must be > 0"), ({"rule": "mid"}, "unknown rule"),
-     ({"positions": "all"}, "unknown positions"), ({"kernel": "magic"}, "unknown kernel"), ({"method": "magic"}, "unknown kernel"),
-     ({"kernel": "loop", "method": "prefix"}, "former name")],
+    [
+        ({"steps": 0}, "steps must be"),
+        ({"sigma": -1}, "sigma must be > 0"),
+        ({"rule": "mid"}, "unknown rule"),
+        ({"positions": "all"}, "unknown positions"),
+        ({"kernel": "magic"}, "unknown kernel"),
+        ({"method": "magic"}, "unknown kernel"),
+        ({"kernel": "loop", "method": "prefix"}, "former name"),
+    ],
 )
 def test_cnl_bad_hyper_parameters(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -1,11 +1,12 @@
 """NeFT: the neurons a short full fine-tune turns most, on a planted fact; exact restoration; bad input."""
+
 import pytest
 import torch
+from fact_planting import FACT_A, NEURONS_A, NEURONS_B, plant_facts
 
 import capinterp as ci
 from capinterp.data import Example
 from capinterp.localizers.neft import neuron_weights
-from fact_planting import FACT_A, NEURONS_A, NEURONS_B, plant_facts
 
 # re-teach fact A a new answer: the gradient flows through A's planted neurons, which fire ~100x
 # harder than any other neuron on A's prompts, so their weights turn most
@@ -48,8 +49,12 @@ def test_scores_are_one_minus_cosine(planted):
 
 
 def test_bad_parameters(planted):
-    for kw, match in (({"steps": 0}, "steps"), ({"lr": 0}, "lr"), ({"optimizer": "rmsprop"}, "optimizer"),
-                      ({"top_k": 10**6}, "top_k")):
+    for kw, match in (
+        ({"steps": 0}, "steps"),
+        ({"lr": 0}, "lr"),
+        ({"optimizer": "rmsprop"}, "optimizer"),
+        ({"top_k": 10**6}, "top_k"),
+    ):
         with pytest.raises(ValueError, match=match):
             ci.NeFT(planted, **kw)
     with pytest.raises(ValueError, match="examples"):

@@ -1,17 +1,18 @@
 """Query Localization: consistency scores, classes, CAS neurons, attention scaling, bad input."""
+
 import numpy as np
 import plotly.graph_objects as go
 import pytest
 import torch
+from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
 import capinterp as ci
-from capinterp.interventions.attention_scaling import attention_scaling, knowledge_synapses, scale_attention
 from capinterp.data import Example
+from capinterp.interventions.attention_scaling import attention_scaling, knowledge_synapses, scale_attention
 from capinterp.interventions.edit_eval import prompt_ids
 from capinterp.localizers.kn import KN
-from capinterp.results.neurons import NeuronSet
 from capinterp.localizers.query_localization import QueryLocalization, consistency_aware_scores
-from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
+from capinterp.results.neurons import NeuronSet
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,9 @@ def test_cas_rewards_mean_and_penalizes_spread(tiny):
     assert cas[0, 1] == pytest.approx(1.0 - np.sqrt(2.0), abs=1e-6)
     assert consistency_aware_scores(s, 1.0, 0.0, normalize=False)[0, 1] == pytest.approx(1.0)
     normed = s / s.flatten(1).max(1).values[:, None, None]
-    torch.testing.assert_close(consistency_aware_scores(s, 2.0, 0.5), 2 * normed.mean(0) - 0.5 * normed.std(0, correction=0))
+    torch.testing.assert_close(
+        consistency_aware_scores(s, 2.0, 0.5), 2 * normed.mean(0) - 0.5 * normed.std(0, correction=0)
+    )
     ql = QueryLocalization(tiny, normalize=False, progress=False).fit_scores([s])
     assert set(ql.neurons(0, "consistency-aware")) == {(0, 0), (0, 2)}
     assert set(ql.neurons(0, "union")) == {(0, 0), (0, 1), (0, 2)}
@@ -113,25 +116,36 @@ def test_planted_facts_have_their_own_neurons(planted):
     assert ql.index_of(list(FACT_B)) == 1
 
 
-@pytest.mark.parametrize("facts, match", [
-    ([], "no facts"),
-    ([[Example("The capital of Japan is", " Tokyo")]], "at least 2"),
-    ([[Example("The capital of Japan is", " Tokyo"), Example("Japan's capital is", " Kyoto")]], "mixes answers"),
-    (FACT_A, "single Example"),
-    ([FACT_A, [Example("The capital of ", "Tokyo"), Example("Japan's capital is ", "Tokyo")]], "tokenize"),
-])
+@pytest.mark.parametrize(
+    "facts, match",
+    [
+        ([], "no facts"),
+        ([[Example("The capital of Japan is", " Tokyo")]], "at least 2"),
+        ([[Example("The capital of Japan is", " Tokyo"), Example("Japan's capital is", " Kyoto")]], "mixes answers"),
+        (FACT_A, "single Example"),
+        ([FACT_A, [Example("The capital of ", "Tokyo"), Example("Japan's capital is ", "Tokyo")]], "tokenize"),
+    ],
+)
 def test_bad_facts_are_refused_before_work(tiny, monkeypatch, facts, match):
     monkeypatch.setattr(KN, "fit", lambda *a, **k: pytest.fail("attribution ran before validation"))
     with pytest.raises(ValueError, match=match):
         QueryLocalization(tiny, progress=False).fit(facts)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"localizer": "nope"}, "unknown localizer"), ({"localizer": "cnl"}, "per-query"),
-    ({"tau": "mean"}, "otsu"), ({"tau": 1.5}, r"\[0, 1\]"), ({"score": "cs3"}, "score"),
-    ({"threshold": 1.5}, "threshold"), ({"localizer": "causal_trace"}, "per-query"),
-    ({"beta2": -1}, "beta"), ({"steps": 0}, "steps"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"localizer": "nope"}, "unknown localizer"),
+        ({"localizer": "cnl"}, "per-query"),
+        ({"tau": "mean"}, "otsu"),
+        ({"tau": 1.5}, r"\[0, 1\]"),
+        ({"score": "cs3"}, "score"),
+        ({"threshold": 1.5}, "threshold"),
+        ({"localizer": "causal_trace"}, "per-query"),
+        ({"beta2": -1}, "beta"),
+        ({"steps": 0}, "steps"),
+    ],
+)
 def test_bad_parameters(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
         QueryLocalization(tiny, **kwargs)
@@ -151,6 +165,7 @@ def test_unfitted_and_unknown_fact(tiny):
 
 
 # ------------------------------------------------------------------------------ attention (KS)
+
 
 def test_subject_synapses_are_the_subject_tokens(tiny):
     ex = Example("The Eiffel Tower is in the city of", " Paris", {"subject": "Eiffel Tower"})
@@ -173,9 +188,8 @@ def test_scale_attention_scales_the_pattern_and_cleans_up(tiny):
     torch.testing.assert_close(scaled[name][0, :, -1, [2, 3]], 0.5 * clean[name][0, :, -1, [2, 3]])
     torch.testing.assert_close(scaled[name][0, :, -1, 4:], clean[name][0, :, -1, 4:])
     torch.testing.assert_close(tiny(ids), clean_logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="layers"):
-        with scale_attention(tiny, [1], 2.0, layers=[99]):
-            pass
+    with pytest.raises(ValueError, match="layers"), scale_attention(tiny, [1], 2.0, layers=[99]):
+        pass
 
 
 def test_attention_scaling_experiment(planted):
@@ -197,8 +211,11 @@ def test_query_localization_on_smollm2(smollm2):
 
     start = time.time()
     facts = {
-        "eiffel": ["The Eiffel Tower is located in the city of", "The Eiffel Tower is in the city of",
-                   "The Eiffel Tower can be found in the city of"],
+        "eiffel": [
+            "The Eiffel Tower is located in the city of",
+            "The Eiffel Tower is in the city of",
+            "The Eiffel Tower can be found in the city of",
+        ],
         "japan": ["The capital of Japan is", "The capital city of Japan is", "Japan's capital city is"],
     }
     answers = {"eiffel": " Paris", "japan": " Tokyo"}

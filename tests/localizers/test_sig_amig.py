@@ -1,6 +1,8 @@
 """SIG and AMIG knowledge-neuron localizers: kernels against references, planted-neuron recovery, QL use."""
+
 import pytest
 import torch
+from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
 import capinterp as ci
 from capinterp.core.model import neuron_hook
@@ -8,10 +10,11 @@ from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
 from capinterp.kernels.sequential import sig_scores
 from capinterp.localizers.amig import mean_activations
-from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
-NEUTRAL = ["The weather was mild and the market opened late on that quiet morning.",
-           "She wrote three letters before lunch and then walked to the station."]
+NEUTRAL = [
+    "The weather was mild and the market opened late on that quiet morning.",
+    "She wrote three letters before lunch and then walked to the station.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +116,7 @@ def test_amig_completeness_from_the_mean_baseline(planted):
 def test_mean_activations_is_the_token_mean(planted):
     base = mean_activations(planted, NEUTRAL[:1])
     from capinterp.interventions.edit_eval import prompt_ids
+
     ids = prompt_ids(planted, NEUTRAL[0])
     got = {}
     planted.run_with_hooks(torch.tensor([ids]), fwd_hooks=[(neuron_hook(3), lambda a, hook: got.setdefault(3, a[0]))])

@@ -1,4 +1,5 @@
 """Plotly figures: check data (z, hover text, axes), not pixels."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +7,8 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.plots import default_bin_size, layer_profile, neuron_heatmap, overlap_matrix
+from capinterp.results.neurons import NeuronScores, NeuronSet
 
 
 def test_default_bin_size():

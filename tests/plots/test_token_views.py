@@ -1,15 +1,16 @@
 """circuitsvis token views: the HTML carries the prompt's tokens and the right neuron's / head's numbers."""
+
 import json
 import re
 
 import pytest
 import torch
+from planting import PLANTED, plant
 
 import capinterp as ci
 from capinterp.data import Example
 from capinterp.plots import attention_view, neuron_activations_view
 from capinterp.results.neurons import NeuronSet
-from planting import PLANTED, plant
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
 PROMPT = "3+4="
@@ -69,9 +70,14 @@ def test_attention_view_matches_hook_pattern(planted):
     assert PROMPT[-1] in str(attention_view(planted, PROMPT, layer=0))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"layer": 99}, "layer must be"), ({"layer": 0, "heads": [99]}, "heads must be"),
-    ({"layer": 0, "heads": []}, "heads must be")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"layer": 99}, "layer must be"),
+        ({"layer": 0, "heads": [99]}, "heads must be"),
+        ({"layer": 0, "heads": []}, "heads must be"),
+    ],
+)
 def test_attention_view_bad_input(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
         attention_view(tiny, PROMPT, **kwargs)

@@ -1,4 +1,5 @@
 """NeuronScores / NeuronSet: selection rules, set algebra, accounting, save/load."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from capinterp.results import neurons as nmod
 from capinterp._version import __version__
+from capinterp.results import neurons as nmod
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units.base import KeySet, UnitSet
 
@@ -222,9 +223,16 @@ def test_keyset_algebra_and_accounting():
 
 
 # --- save / load -------------------------------------------------------------------------------
-META = {"method": "cnl", "params": {"sigma": 6.0, "m": 20, "rule": "right"}, "model": "tiny",
-        "model_fingerprint": "fp0", "n_params": 1000, "params_per_neuron": 12,
-        "dataset": "toy", "n_samples": 7}
+META = {
+    "method": "cnl",
+    "params": {"sigma": 6.0, "m": 20, "rule": "right"},
+    "model": "tiny",
+    "model_fingerprint": "fp0",
+    "n_params": 1000,
+    "params_per_neuron": 12,
+    "dataset": "toy",
+    "n_samples": 7,
+}
 
 
 @pytest.mark.parametrize("as_folder", [False, True])

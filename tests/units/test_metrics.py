@@ -1,12 +1,13 @@
 """Metrics over located sets: hand-computed cases and edge conventions."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from capinterp.units import metrics as M
 from capinterp.results.neurons import NeuronSet
+from capinterp.units import metrics as M
 from capinterp.units.base import KeySet
 
 A_KEYS = {(0, 1), (0, 2), (1, 3)}
