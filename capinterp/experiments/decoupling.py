@@ -29,6 +29,7 @@ from capinterp.core.example import Example
 from capinterp.data.arithmetic import arithmetic
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores, with_greedy_targets
 from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.plots.paper import measured_vs_paper
 from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics
 
@@ -103,18 +104,14 @@ def decoupling_table(sub1: Sequence[NeuronSet], sub2: Sequence[NeuronSet]) -> pd
 
 
 def _figure(table: pd.DataFrame) -> go.Figure:
-    fig = go.Figure(
-        [
-            go.Bar(name="measured IoU", x=table["comparison"], y=table["iou"]),
-            go.Bar(name="paper (GPT-J)", x=table["comparison"], y=table["paper"]),
-        ]
-    )
-    fig.update_layout(
-        barmode="group",
+    return measured_vs_paper(
+        table["comparison"],
+        table["iou"],
+        table["paper"],
+        measured_name="measured IoU",
         title="Decoupling: KN sets of 'compute X' vs 'write code for X'",
         yaxis_title="mean pairwise IoU (%)",
     )
-    return fig
 
 
 @experiment("decoupling", "Decoupling: compute vs code prompts on the same expression (Huang et al. 2025, Sec. 4)")

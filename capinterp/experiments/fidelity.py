@@ -30,6 +30,7 @@ from capinterp.core.example import Example
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.plots.paper import measured_vs_paper
 from capinterp.units import metrics
 from capinterp.units.base import UnitSet
 
@@ -140,19 +141,14 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _figure(summary: pd.DataFrame) -> go.Figure:
-    fig = go.Figure(
-        [
-            go.Bar(name="measured", x=summary["method"], y=summary["mean_overlap"]),
-            go.Bar(name="paper (GPT-J)", x=summary["method"], y=summary["paper_overlap"]),
-        ]
-    )
-    fig.update_layout(
-        barmode="group",
+    return measured_vs_paper(
+        summary["method"],
+        summary["mean_overlap"],
+        summary["paper_overlap"],
         title="Fidelity: overlap of units located on paraphrases of one fact",
         yaxis_title="mean pairwise overlap (%)",
         xaxis_title="localizer",
     )
-    return fig
 
 
 @experiment("fidelity", "Fidelity: do paraphrases of one fact get the same units? (Huang et al. 2025, Sec. 3.1)")

@@ -8,6 +8,7 @@ from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.plots.finetune import finetune_figure
 from capinterp.plots.heatmaps import default_bin_size, layer_profile, neuron_heatmap
 from capinterp.plots.matrix import overlap_matrix
+from capinterp.plots.paper import measured_vs_paper
 from capinterp.plots.tokens import attention_view, neuron_activations_view
 from capinterp.plots.tracing import trace_heatmap
 
@@ -17,6 +18,7 @@ __all__ = [
     "edge_heatmap",
     "finetune_figure",
     "layer_profile",
+    "measured_vs_paper",
     "neuron_activations_view",
     "neuron_heatmap",
     "overlap_matrix",
