@@ -259,7 +259,7 @@ def _read_safetensors(p: Path) -> tuple[str | None, dict[str, Tensor]]:
     try:
         with safe_open(str(p), framework="pt") as f:
             md = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     except Exception as e:  # safetensors raises its own SafetensorError, or OSError
         raise _invalid(p, e) from e
     return md.get("capinterp"), tensors

@@ -174,7 +174,7 @@ def _rewrite_header(p, **changes):
 
     with safe_open(str(p), framework="pt") as f:
         hdr = json.loads(f.metadata()["capinterp"])
-        tensors = {k: f.get_tensor(k) for k in f}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
     hdr.update(changes)
     save_file(tensors, str(p), metadata={"capinterp": json.dumps(hdr)})
 
