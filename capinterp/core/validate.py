@@ -16,6 +16,7 @@ from collections.abc import Collection
 from typing import Any
 
 from capinterp.core.example import Example, as_examples
+from capinterp.core.settings import resolve_device
 
 __all__ = [
     "boolean",
@@ -157,32 +158,16 @@ def examples(data: Any, name: str = "data", *, min_count: int = 1, need_target: 
 def device(name: str, value: Any) -> Any:
     """A device spec torch understands and this machine has (``None`` passes: the default).
 
-    ``"cuda"`` without a GPU, ``"cuda:3"`` on a two-GPU machine, ``"gpu"`` or ``5`` are
-    ValueErrors naming what is available, raised before any model is loaded or moved.
+    The check is :func:`capinterp.core.settings.resolve_device`'s (also used before every model
+    move); its TypeError / ValueError is re-raised naming ``name`` (e.g. ``--device``), before any
+    model is loaded or moved.
     """
     if value is None:
         return None
-    import torch
-
-    if not isinstance(value, (str, torch.device)):
-        raise TypeError(f"{name} must be a device name such as 'cpu' or 'cuda:0', got {_show(value)}")
     try:
-        dev = torch.device(value)
-    except (RuntimeError, ValueError):
-        raise ValueError(
-            f"{name} {value!r} is not a device torch knows; use 'cpu', 'cuda', 'cuda:1', 'mps', ..."
-        ) from None
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0 or (dev.index is not None and dev.index >= n):
-            raise ValueError(
-                f"{name} {value!r} is not available: this machine has {n} CUDA device(s)"
-                + ("; use 'cpu'" if n == 0 else f" (cuda:0..cuda:{n - 1})")
-            )
-    elif dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"{name} {value!r} is not available on this machine; use 'cpu'")
-    elif dev.type not in ("cpu", "cuda", "mps", "xpu"):
-        raise ValueError(f"{name} {value!r}: capinterp runs on 'cpu', 'cuda[:i]' or 'mps', not {dev.type!r}")
+        resolve_device(value)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{name}: {err}") from None
     return value
 
 
