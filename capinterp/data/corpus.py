@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from capinterp.core import validate
 from capinterp.data.capability_sources import shared_data_dir
 
 __all__ = ["local_texts"]
@@ -32,8 +33,7 @@ def local_texts(
     ``data_dir=None`` uses the shared data folder. Raises FileNotFoundError when the folder is
     missing and ValueError when it holds no usable text.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    validate.positive_int("n", n)
     root = Path(data_dir) if data_dir is not None else shared_data_dir()
     if root is None or not root.is_dir():
         raise FileNotFoundError(
