@@ -10,6 +10,7 @@ an interrupted reproduction resumes without refitting (see :meth:`Context.scores
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,16 +82,17 @@ class Context:
         return ig_preset(self.ig_rule, self.size(quick, full))
 
     def scores(self, key: str, fit: Callable[[], NeuronScores]) -> NeuronScores:
-        """``fit()``'s scores, cached as ``workdir/scores/key.capi`` (reused on the next run)."""
+        """``fit()``'s scores, cached as ``workdir/scores/key.capi`` (reused on the next run);
+        ``meta["fit_seconds"]`` records how long the fit took."""
         if self.workdir is None:
-            return fit()
+            return _timed(fit)
         path = Path(self.workdir) / "scores" / f"{key}.capi"
         if path.exists():
             try:
                 return NeuronScores.load(path, model_shape=self.model, fingerprint=model_fingerprint(self.model))
             except ValueError:  # damaged (checksum) or made for other weights: refit, never reuse
                 pass
-        s = fit()
+        s = _timed(fit)
         path.parent.mkdir(parents=True, exist_ok=True)
         s.save(path, overwrite=True)
         return s
@@ -126,6 +128,14 @@ class Context:
         p = Path(self.workdir) / "checkpoints" / f"{key}.ckpt"
         p.parent.mkdir(parents=True, exist_ok=True)
         return p
+
+
+def _timed(fit: Callable[[], NeuronScores]) -> NeuronScores:
+    """``fit()``, its wall time recorded as ``meta["fit_seconds"]`` (kept in the cached file)."""
+    t0 = time.perf_counter()
+    s = fit()
+    s.meta.setdefault("fit_seconds", time.perf_counter() - t0)
+    return s
 
 
 Runner = Callable[[Context], ExperimentResult]
