@@ -53,6 +53,7 @@ __all__ = [
     "convergence_table",
     "load_track",
     "run",
+    "run_plan",
     "split_blocks",
     "summarize",
 ]
@@ -254,12 +255,25 @@ def convergence_figure(summary: pd.DataFrame) -> go.Figure:
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """CNL and DCSN split-half consistency at growing sizes per half (quick: "sub", 3 and 6)."""
-    plan, sizes = (QUICK_PLAN, QUICK_SIZES) if ctx.quick else (FULL_PLAN, FULL_SIZES)
-    block, n_splits = ctx.size(3, 25), ctx.size(2, 3)
-    params = cd.settings(ctx)["params"]
+    if ctx.quick:
+        return run_plan(ctx, QUICK_PLAN, QUICK_SIZES, block=3, n_splits=2)
+    return run_plan(ctx, FULL_PLAN, FULL_SIZES, block=25, n_splits=3)
+
+
+def run_plan(
+    ctx: Context, plan: Sequence[Track], sizes: Sequence[int], *, block: int, n_splits: int
+) -> ExperimentResult:
+    """The experiment on the datasets of ``plan`` (each up to its ``max_per_half``), e.g. a subset
+    of :data:`FULL_PLAN` (``scripts/convergence.py``); fits are cached in ``ctx.workdir``."""
+    if not plan:
+        raise ValueError("convergence needs at least one track")
+    ig = ctx.ig(4, 20)  # the papers' 20-point rule in full mode (three rows per layer on Gemma 3)
+    params = {"cnl": {"steps": ig["steps"]} if ig["rule"] == "right" else ig, "dcsn": {}}
     datasets = {}
     for t in plan:
         wanted = [s for s in sizes if s <= t.max_per_half]
+        if not wanted:
+            raise ValueError(f"track {t.label!r} allows {t.max_per_half} per half, below every size {list(sizes)}")
         datasets[t.label] = load_track(ctx.model, t, 2 * max(wanted), seed=ctx.seed)
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if ctx.progress else None
     table, timing = convergence_table(

@@ -61,11 +61,13 @@ from jaxtyping import Float, Int
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
+from capinterp.kernels.invariant import check_tolerance, scale_invariant, substitute_nodes
 from capinterp.kernels.quadrature import quadrature
 
 POSITIONS = ("answer", "last_prompt")
 OBJECTIVES = ("prob", "logprob")
 METHODS = ("fast", "prefix", "loop")
+INVARIANCE = ("auto", "off")
 
 
 def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, m]:
@@ -211,9 +213,10 @@ def _finish(acts: torch.Tensor, gsum: torch.Tensor, base: torch.Tensor | None) -
 
 
 def _weighted(g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum_k w_k g_k over the rows of g [c, S, d] -> [S, d] (in float32 at least)."""
+    """sum_k w_k g_k over the rows of g [c, S, d] -> [S, d] (in float32 at least); weights [c, r]
+    give r weighted sums -> [r, S, d]."""
     g = _upcast(g)
-    return torch.einsum("c,csd->sd", weights.to(device=g.device, dtype=g.dtype), g)
+    return torch.einsum("c...,csd->...sd", weights.to(device=g.device, dtype=g.dtype), g)
 
 
 def ig_scores(
@@ -229,6 +232,8 @@ def ig_scores(
     batch_size: int = 64,
     method: str = "fast",
     progress: bool = False,
+    invariance: str = "auto",
+    stats: dict | None = None,
 ) -> Float[torch.Tensor, "n n_layers d_mlp"]:
     """Integrated gradients of every neuron: float32 [n_examples, n_layers, d_mlp] (CPU).
 
@@ -236,6 +241,13 @@ def ig_scores(
     ``steps`` points = rows per layer). Layers not in ``layers`` are 0. ``baseline``: None (0), a [d_mlp] vector, or one per layer
     [n_layers, d_mlp]. ``batch_size`` counts rows (one row = one interpolation point of one
     layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
+
+    ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
+    :mod:`capinterp.kernels.invariant`), a zero-baseline rule with more than three nodes, all
+    > 0, is summed from three rows per layer instead of ``steps`` (same scores to float32
+    noise, checked per example; an example that fails the check is integrated node by node);
+    ``"off"`` always integrates.
+    ``stats`` (a dict), when given, receives ``{"closed_form": n, "integrated": n}``.
     """
     _check(positions, objective, method)
     if batch_size < 1:
@@ -260,15 +272,48 @@ def ig_scores(
             stacklevel=2,
         )
     checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
+
+    def route(s: Site, al: torch.Tensor, w: torch.Tensor):
+        if method == "loop":
+            return _ig_loop(model, s, lay, al, w, base, objective, batch_size)
+        return _ig_rows(model, s, lay, al, w, base, objective, batch_size, method, checked)
+
+    if invariance not in INVARIANCE:
+        raise ValueError(f"invariance must be one of {INVARIANCE}, got {invariance!r}")
+    closed_ok = (
+        base is None
+        and invariance == "auto"
+        and len(alphas) > 3
+        and bool((alphas > 0).all())
+        and scale_invariant(model)
+    )
+    counts = {"closed_form": 0, "integrated": 0}
     with frozen_params(model), torch.enable_grad():
         for i, enc in it:
             s = site(enc, positions)
-            if method == "loop":
-                acts, gsum = _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)
-            else:
-                acts, gsum = _ig_rows(model, s, lay, alphas, weights, base, objective, batch_size, method, checked)
+            closed = _closed_form(route, s, alphas, weights) if closed_ok else None
+            acts, gsum = closed if closed is not None else route(s, alphas, weights)
+            counts["closed_form" if closed is not None else "integrated"] += 1
             out[i, lay] = _finish(acts, gsum, None if base is None else base[lay]).float().cpu()
+    if stats is not None:
+        stats.update(counts)
     return out
+
+
+def _closed_form(route, s: Site, alphas: torch.Tensor, weights: torch.Tensor):
+    """``(acts, sum_k w_k g(alpha_k a))`` from three rows per layer, or None when the quadratic
+    term is too large (scale-invariant FFN outputs: :mod:`capinterp.kernels.invariant`)."""
+    nodes, quad, lin = substitute_nodes(alphas, weights)
+    acts, g = route(s, nodes.to(alphas.dtype), torch.diag(nodes))  # one pass: h(alpha) = alpha g(alpha a) per node
+    h = g.movedim(1, 0).double()  # [3, nl, S, d]
+    q = torch.einsum("j,j...->...", quad, h)
+    scale = float(q.abs().max())
+    if (
+        scale == 0.0
+        or float(torch.einsum("j,j...->...", quad - lin, h).abs().max()) > check_tolerance(acts.dtype) * scale
+    ):
+        return None
+    return acts, q.to(g.dtype)
 
 
 def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
@@ -284,7 +329,7 @@ def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
     with torch.no_grad():
         model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in lay])
     acts = torch.stack([grabbed[l] for l in lay])
-    gsum = torch.zeros(len(lay), S, acts.shape[-1], device=device, dtype=_upcast(acts).dtype)
+    gsum = torch.zeros(len(lay), *weights.shape[1:], S, acts.shape[-1], device=device, dtype=_upcast(acts).dtype)
     for li, l in enumerate(lay):
         b = None if base is None else base[l]
         for c0 in range(0, len(alphas), batch_size):
@@ -319,7 +364,9 @@ def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, 
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=True)
         forward = _prefix.bridge_logits
     acts = run.acts[lay]
-    gsum = torch.zeros(len(lay), s.n_pos, acts.shape[-1], device=acts.device, dtype=_upcast(acts).dtype)
+    gsum = torch.zeros(
+        len(lay), *weights.shape[1:], s.n_pos, acts.shape[-1], device=acts.device, dtype=_upcast(acts).dtype
+    )
     m = len(alphas)
     rows = [(li, k) for li in range(len(lay)) for k in range(m)]
     for c0 in range(0, len(rows), batch_size):

@@ -1,0 +1,83 @@
+"""Closed-form integrated gradients for layers whose FFN output is scale invariant.
+
+Gemma 2 and Gemma 3 normalize the FFN output before adding it to the residual
+(``resid += RMSNorm_post(W_out a)``; no output bias). Scaling a layer's whole ``hook_post``
+vector by ``alpha > 0`` then leaves the model's output unchanged, ``F(alpha a) = F(a)`` (up to the
+norm's ``eps``: ``RMSNorm(alpha y) = y / sqrt(ms(y) + eps / alpha^2)``), so its gradient obeys
+``dF/da(alpha a) = dF/da(a) / alpha`` and the zero-baseline IG sum of any rule with nodes
+``alpha_k > 0`` and weights ``w_k`` would be exactly
+
+    IG = a * sum_k w_k dF/da(alpha_k a) = (sum_k w_k / alpha_k) * a * dF/da(a),
+
+a constant times gradient x activation (the harmonic number H_m for the papers' 20-point right
+sum). The norm's ``eps`` breaks the identity at small alpha (on Gemma 3 270M by ~5 % at
+alpha = 0.05: its FFN outputs are small), but only through ``x = eps / (alpha^2 ms)``:
+``h(alpha) = alpha dF/da(alpha a)`` is a smooth, nearly constant function of ``1 / alpha^2``.
+So three rows per layer replace the m nodes: ``h`` at three nodes fixes a quadratic in
+``1 / alpha^2`` that gives ``h`` at every node of the rule (:func:`substitute_nodes`); the
+straight line through two of them gives the same sum to first order, and their difference (the
+quadratic term) must be small for the example to be accepted. Where it is not, the example is
+integrated node by node, so the scores are the rule's sum either way. Used only when the rule
+has more than three nodes (otherwise integrating costs no more). This is also why no quadrature rule converges on Gemma 3 with a zero baseline
+(docs/results.md, "Quadrature rules"): the integrand ``a g(a) / alpha`` is not integrable at 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_tolerance", "lagrange_basis", "scale_invariant", "substitute_nodes"]
+
+
+def scale_invariant(model) -> bool:
+    """Whether every block's FFN output passes only through an RMSNorm (no bias) before the residual."""
+    if not str(getattr(model.cfg, "normalization_type", "")).startswith("RMS"):
+        return False
+    for block in model.blocks:
+        if not hasattr(block, "ln2_post"):
+            return False
+        b_out = getattr(block.mlp, "b_out", None)
+        if b_out is not None and bool(torch.any(b_out != 0)):
+            return False
+    return True
+
+
+def lagrange_basis(xs: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """``[len(at), len(xs)]``: the Lagrange basis polynomials of the nodes ``xs`` evaluated at ``at`` (float64)."""
+    xs, at = xs.double(), at.double()
+    out = torch.ones(len(at), len(xs), dtype=torch.float64)
+    for j in range(len(xs)):
+        for i in range(len(xs)):
+            if i != j:
+                out[:, j] *= (at - xs[i]) / (xs[j] - xs[i])
+    return out
+
+
+def substitute_nodes(alphas: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three nodes that stand in for the rule's, and how its sum reads off them.
+
+    ``h(alpha) = alpha g(alpha a)`` is a smooth function of ``x = 1 / alpha^2`` (the norm sees
+    ``eps x / ms``), nearly constant. Returns ``(nodes, quad, lin)``: nodes ``1, sqrt(alpha_min),
+    alpha_min``; ``sum_k w_k g(alpha_k a) ~= sum_j quad_j h(nodes_j)`` with ``h`` interpolated by
+    a quadratic in ``x`` through the three nodes, and ``lin`` the same sum from the straight line
+    through the first and last node (an embedded pair: ``quad - lin`` estimates the quadratic term,
+    whose size bounds the error of the quadratic).
+    """
+    a_min = float(alphas.min())
+    nodes = torch.tensor([1.0, a_min**0.5, a_min], dtype=torch.float64)
+    x, at = 1 / nodes**2, 1 / alphas.double() ** 2
+    w = weights.double() / alphas.double()
+    quad = w @ lagrange_basis(x, at)
+    lin = torch.zeros(3, dtype=torch.float64)
+    lin[[0, 2]] = w @ lagrange_basis(x[[0, 2]], at)
+    return nodes, quad, lin
+
+
+def check_tolerance(dtype: torch.dtype) -> float:
+    """Largest accepted ``max |quad - lin| / max |quad|`` (the quadratic term) for ``dtype``.
+
+    The quadratic's own error is of the next order (~ the square of this ratio, times a
+    constant of order one); 2e-3 keeps it below float32's noise on these sums (~1e-5, measured
+    in ``benchmarks/bench_ig.py --invariance``). Half precisions: a few units of their resolution.
+    """
+    return max(2e-3, 4 * torch.finfo(dtype).eps) if dtype in (torch.bfloat16, torch.float16) else 2e-3
