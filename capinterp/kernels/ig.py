@@ -30,7 +30,11 @@ Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
   direct block calls do not reproduce the model's logits on an architecture (checked on the
   first example of each call); both fall back to ``"loop"`` for models without an HF KV cache.
 
-Every rule costs the same per point: ``n_layers x m`` rows per example, so the cost is linear in
+Scale-invariant FFN outputs (Gemma 2/3's post-FFN RMSNorm): with a zero baseline the rule's
+sum is read off four rows per layer whatever ``steps`` (``invariance="auto"``, the default;
+same scores to float32 noise, checked per example, see :mod:`capinterp.kernels.invariant`).
+
+Otherwise every rule costs the same per point: ``n_layers x m`` rows per example, so the cost is linear in
 ``steps`` whatever the rule (Gauss-Legendre with 5 points = a quarter of the papers' 20 rows;
 errors per rule in ``benchmarks/bench_ig.py --rules``). Cost per example (SmolLM2, ~30-token
 prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
@@ -61,7 +65,7 @@ from jaxtyping import Float, Int
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
-from capinterp.kernels.invariant import check_tolerance, scale_invariant, substitute_nodes
+from capinterp.kernels.invariant import N_NODES, check_tolerance, scale_invariant, substitute_nodes
 from capinterp.kernels.quadrature import quadrature
 
 POSITIONS = ("answer", "last_prompt")
@@ -243,8 +247,8 @@ def ig_scores(
     layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
 
     ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
-    :mod:`capinterp.kernels.invariant`), a zero-baseline rule with more than three nodes, all
-    > 0, is summed from three rows per layer instead of ``steps`` (same scores to float32
+    :mod:`capinterp.kernels.invariant`), a zero-baseline rule with more than four nodes, all
+    > 0, is summed from four rows per layer instead of ``steps`` (same scores to float32
     noise, checked per example; an example that fails the check is integrated node by node);
     ``"off"`` always integrates.
     ``stats`` (a dict), when given, receives ``{"closed_form": n, "integrated": n}``.
@@ -283,7 +287,7 @@ def ig_scores(
     closed_ok = (
         base is None
         and invariance == "auto"
-        and len(alphas) > 3
+        and len(alphas) > N_NODES
         and bool((alphas > 0).all())
         and scale_invariant(model)
     )
@@ -301,16 +305,16 @@ def ig_scores(
 
 
 def _closed_form(route, s: Site, alphas: torch.Tensor, weights: torch.Tensor):
-    """``(acts, sum_k w_k g(alpha_k a))`` from three rows per layer, or None when the quadratic
+    """``(acts, sum_k w_k g(alpha_k a))`` from a few rows per layer, or None when the top-degree
     term is too large (scale-invariant FFN outputs: :mod:`capinterp.kernels.invariant`)."""
-    nodes, quad, lin = substitute_nodes(alphas, weights)
+    nodes, high, low = substitute_nodes(alphas, weights)
     acts, g = route(s, nodes.to(alphas.dtype), torch.diag(nodes))  # one pass: h(alpha) = alpha g(alpha a) per node
-    h = g.movedim(1, 0).double()  # [3, nl, S, d]
-    q = torch.einsum("j,j...->...", quad, h)
+    h = g.movedim(1, 0).double()  # [n_nodes, nl, S, d]
+    q = torch.einsum("j,j...->...", high, h)
     scale = float(q.abs().max())
     if (
         scale == 0.0
-        or float(torch.einsum("j,j...->...", quad - lin, h).abs().max()) > check_tolerance(acts.dtype) * scale
+        or float(torch.einsum("j,j...->...", high - low, h).abs().max()) > check_tolerance(acts.dtype) * scale
     ):
         return None
     return acts, q.to(g.dtype)

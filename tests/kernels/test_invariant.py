@@ -65,16 +65,19 @@ def test_lagrange_basis_reproduces_quadratics():
 
 
 @pytest.mark.parametrize("rule,steps", [("right", 20), ("midpoint", 10), ("gauss", 7)])
-def test_node_substitution_is_exact_when_h_is_quadratic_in_inverse_alpha_squared(rule, steps):
-    """sum_k w_k h(alpha_k) / alpha_k from three nodes, exactly, for h quadratic in 1/alpha^2."""
+def test_node_substitution_is_exact_for_polynomials_in_inverse_alpha_squared(rule, steps):
+    """sum_k w_k h(alpha_k) / alpha_k from four nodes, exactly, for h cubic in x = 1/alpha^2;
+    the embedded three-node sum is exact for quadratics and misses a cubic term."""
     alphas, weights = quadrature(steps, rule)
-    h = lambda a: 1.5 + 0.02 / a**2 - 3e-5 / a**4  # noqa: E731
-    nodes, quad, lin = substitute_nodes(alphas, weights)
-    exact = float((weights * h(alphas) / alphas).sum())
-    assert float(quad @ h(nodes)) == pytest.approx(exact, rel=1e-10)
-    line = lambda a: 1.5 + 0.02 / a**2  # noqa: E731  (the embedded line is exact for linear h)
-    assert float(lin @ line(nodes)) == pytest.approx(float((weights * line(alphas) / alphas).sum()), rel=1e-10)
-    assert float(quad @ torch.ones(3, dtype=torch.float64)) == pytest.approx(float((weights / alphas).sum()))
+    exact = lambda h: float((weights * h(alphas) / alphas).sum())  # noqa: E731
+    cubic = lambda a: 1.5 + 0.02 / a**2 - 3e-5 / a**4 + 1e-8 / a**6  # noqa: E731
+    quadratic = lambda a: 1.5 + 0.02 / a**2 - 3e-5 / a**4  # noqa: E731
+    nodes, high, low = substitute_nodes(alphas, weights)
+    assert len(nodes) == 4 and float(nodes[0]) == 1.0 and float(nodes[-1]) == pytest.approx(float(alphas.min()))
+    assert float(high @ cubic(nodes)) == pytest.approx(exact(cubic), rel=1e-10)
+    assert float(low @ quadratic(nodes)) == pytest.approx(exact(quadratic), rel=1e-10)
+    assert abs(float(low @ cubic(nodes)) - exact(cubic)) > 1e-6  # the estimator sees the cubic term
+    assert float(high @ torch.ones(4, dtype=torch.float64)) == pytest.approx(float((weights / alphas).sum()))
 
 
 def test_scale_invariance_is_detected_from_the_architecture(tiny_gemma, tiny):
@@ -111,7 +114,7 @@ def test_uncovered_cases_integrate_node_by_node(tiny_gemma, tiny, monkeypatch):
     enc = encode(tiny_gemma, EXAMPLES[:2])
     cases = [
         (tiny_gemma, dict(steps=20, rule="left")),  # a node at alpha = 0
-        (tiny_gemma, dict(steps=3)),  # three nodes: integrating costs no more
+        (tiny_gemma, dict(steps=4)),  # four nodes: integrating costs no more
         (tiny_gemma, dict(steps=20, baseline=torch.full((128,), 0.1))),  # non-zero baseline
         (tiny, dict(steps=20)),  # no post-FFN norm
     ]
