@@ -247,7 +247,7 @@ def ig_scores(
     layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
 
     ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
-    :mod:`capinterp.kernels.invariant`), a zero-baseline rule with more than four nodes, all
+    :mod:`capinterp.kernels.invariant`), a zero-baseline rule with at least eight nodes, all
     > 0, is summed from four rows per layer instead of ``steps`` (same scores to float32
     noise, checked per example; an example that fails the check is integrated node by node);
     ``"off"`` always integrates.
@@ -287,7 +287,7 @@ def ig_scores(
     closed_ok = (
         base is None
         and invariance == "auto"
-        and len(alphas) > N_NODES
+        and len(alphas) >= 2 * N_NODES
         and bool((alphas > 0).all())
         and scale_invariant(model)
     )

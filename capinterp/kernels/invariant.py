@@ -18,7 +18,8 @@ So four rows per layer replace the m nodes: ``h`` at four nodes fixes a cubic in
 quadratic through three of them gives the same sum to second order, and their difference (the
 cubic term) must be small for the example to be accepted. Where it is not, the example is
 integrated node by node, so the scores are the rule's sum either way. Used only when the rule
-has more than four nodes (otherwise integrating costs no more). This is also why no quadrature rule converges on Gemma 3 with a zero baseline
+has at least twice as many nodes (below that the saving does not pay for the substitution's
+own error, ~1e-4 of the largest score: ``benchmarks/bench_invariance.py``). This is also why no quadrature rule converges on Gemma 3 with a zero baseline
 (docs/results.md, "Quadrature rules"): the integrand ``a g(a) / alpha`` is not integrable at 0.
 """
 
