@@ -1,6 +1,7 @@
 """Closed-form IG on scale-invariant FFN outputs against node-by-node integration, side by side.
 
     .venv/bin/python benchmarks/bench_invariance.py --model gemma3 --n 4 --threads 1
+    .venv/bin/python benchmarks/bench_invariance.py --model gemma3 --n 2 --profile
 
 On Gemma 3 (post-FFN RMSNorm, :mod:`capinterp.kernels.invariant`) the kernel's default
 ``invariance="auto"`` sums a rule from three rows per layer; ``"off"`` integrates every node.
@@ -54,6 +55,32 @@ def _node_grad(model, enc, alpha: float) -> torch.Tensor:
     return g.float().cpu()
 
 
+def profile(model, enc, batch_size: int) -> int:
+    """cProfile of one closed-form CNL call (right:20; after a warm-up call): where the time goes."""
+    import cProfile
+    import pstats
+
+    ig_scores(model, [enc], steps=20, batch_size=batch_size)
+    prof = cProfile.Profile()
+    prof.runcall(ig_scores, model, [enc], steps=20, batch_size=batch_size)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    cum = {}
+    for (file, _, name), (_, _, _, ct, _) in stats.items():
+        for label, (f, n) in {
+            "total (ig_scores)": ("kernels/ig.py", "ig_scores"),
+            "unembedding, forward": ("core/forward.py", "unembed"),
+            "backward (autograd.grad)": ("autograd/__init__.py", "grad"),
+            "clean prefix + suffix run": ("kernels/prefix.py", "clean_suffix"),
+            "fast route's self-check": ("kernels/prefix.py", "stair_supported"),
+        }.items():
+            if file.endswith(f) and name == n:
+                cum[label] = cum.get(label, 0.0) + ct
+    print(f"one prompt of {len(enc.ids)} tokens, {len(enc.target_ids)} answer token(s), right:20, invariance='auto':")
+    for label, t in cum.items():
+        print(f"  {label:<28} {t:6.2f} s")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="gemma3")
@@ -62,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rules", default="right:20,midpoint:10,gauss:5")
     ap.add_argument("--ref", type=int, default=20, help="Gauss-Legendre points of the reference")
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--profile", action="store_true", help="only profile one closed-form CNL call (second prompt)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_model(args.model, threads=args.threads)
@@ -71,6 +99,8 @@ def main(argv=None) -> int:
         f"{min(len(e.ids) for e in encs)}-{max(len(e.ids) for e in encs)} tokens; torch threads "
         f"{torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f}"
     )
+    if args.profile:
+        return profile(model, encs[min(1, len(encs) - 1)], args.batch_size)
     # The premise: h(alpha) = alpha dF/da(alpha a) is flat (scale invariance) but for the norm's eps.
     g1 = _node_grad(model, encs[0], 1.0)
     devs = {

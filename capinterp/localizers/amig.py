@@ -77,7 +77,8 @@ class AMIG(KN):
         max_neurons: its upper size bound (20).
         adapt_steps: at most this many 0.05 moves of the coarse ratio (6).
 
-    ``steps``, ``threshold``, ``share``, ``refine``, ``rule``, ``objective`` and ``kernel`` are
+    ``steps``, ``threshold``, ``share``, ``refine``, ``rule``, ``objective``, ``kernel`` and
+    ``invariance`` (moot here: a baseline always integrates node by node) are
     :class:`capinterp.KN`'s.
     """
 
@@ -100,6 +101,7 @@ class AMIG(KN):
         rule: str = "right",
         objective: str = "prob",
         kernel: str = "fast",
+        invariance: str = "auto",
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
@@ -113,6 +115,7 @@ class AMIG(KN):
             rule=rule,
             objective=objective,
             kernel=kernel,
+            invariance=invariance,
             batch_size=batch_size,
             device=device,
             progress=progress,

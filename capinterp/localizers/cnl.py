@@ -17,7 +17,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.tokens import Encoded
-from capinterp.kernels.ig import METHODS, OBJECTIVES, POSITIONS, ig_scores
+from capinterp.kernels.ig import INVARIANCE, METHODS, OBJECTIVES, POSITIONS, ig_scores
 from capinterp.kernels.memory import ig_row_bytes
 from capinterp.kernels.quadrature import check_rule
 from capinterp.localizers.base import former_name, register
@@ -54,6 +54,9 @@ class CNL(DatasetNeuronLocalizer):
         positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
         objective: ``"prob"`` (default) or ``"logprob"``.
         kernel: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
+        invariance: ``"auto"`` (default) sums the rule in closed form from four rows per layer on
+            models whose FFN output is scale invariant (Gemma 2/3; scores within ~1e-4 of the
+            largest, :mod:`capinterp.kernels.invariant`); ``"off"`` integrates node by node.
         batch_size: IG rows (layer x step points) per forward/backward; bounds peak memory.
             ``"auto"``: the largest that fits in free memory (halved on out-of-memory).
         **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
@@ -73,6 +76,7 @@ class CNL(DatasetNeuronLocalizer):
         positions: str = "answer",
         objective: str = "prob",
         kernel: str = "fast",
+        invariance: str = "auto",
         batch_size: int | str = 64,
         method: str | None = None,
         **kwargs: Any,
@@ -82,6 +86,7 @@ class CNL(DatasetNeuronLocalizer):
         check_ig_args(steps, rule, positions, objective, kernel)
         self.steps, self.rule, self.positions = steps, rule, positions
         self.objective, self.kernel = objective, kernel
+        self.invariance = validate.choice("invariance", invariance, INVARIANCE)
 
     def _row_bytes(self, items: list[Encoded]) -> int:
         longest = max(items, key=lambda it: len(it.prompt_ids) + len(it.target_ids))
@@ -97,4 +102,5 @@ class CNL(DatasetNeuronLocalizer):
             objective=self.objective,
             batch_size=self.batch_size_,
             method=self.kernel,
+            invariance=self.invariance,
         )

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from capinterp.core import validate
 from capinterp.core.tokens import encode
-from capinterp.kernels.ig import ig_scores
+from capinterp.kernels.ig import INVARIANCE, ig_scores
 from capinterp.localizers.base import Localizer, former_name, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
@@ -44,6 +44,7 @@ class KN(Localizer):
         rule: IG interpolation rule, as for :class:`capinterp.CNL`.
         objective: IG objective, as for :class:`capinterp.CNL`.
         kernel: IG kernel, as for :class:`capinterp.CNL`.
+        invariance: closed-form sums on scale-invariant models, as for :class:`capinterp.CNL`.
         method: former name of ``kernel`` (still accepted).
     """
 
@@ -61,6 +62,7 @@ class KN(Localizer):
         rule: str = "right",
         objective: str = "prob",
         kernel: str = "fast",
+        invariance: str = "auto",
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
@@ -74,6 +76,7 @@ class KN(Localizer):
         self.steps, self.threshold, self.share = steps, threshold, share
         self.refine = validate.boolean("refine", refine)
         self.rule, self.objective, self.kernel = rule, objective, kernel
+        self.invariance = validate.choice("invariance", invariance, INVARIANCE)
 
     def _prompt_scores(self, item) -> torch.Tensor:
         """IG scores ``[n_layers, d_mlp]`` of one encoded prompt (subclasses change the path)."""
@@ -86,6 +89,7 @@ class KN(Localizer):
             objective=self.objective,
             batch_size=self.batch_size,
             method=self.kernel,
+            invariance=self.invariance,
         )[0]
 
     def _coarse(self, scores: torch.Tensor) -> torch.Tensor:

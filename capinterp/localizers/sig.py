@@ -47,12 +47,15 @@ class SIG(KN):
         rule: str = "right",
         objective: str = "prob",
         kernel: str = "loop",
+        invariance: str = "off",
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
     ) -> None:
         if kernel != "loop":
             raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
+        if invariance != "off":  # its path scales one token at a time: no closed form
+            raise ValueError(f"SIG integrates node by node: invariance must be 'off', got {invariance!r}")
         if rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
         if positions not in ("prompt", "last_prompt"):
@@ -66,6 +69,7 @@ class SIG(KN):
             rule=rule,
             objective=objective,
             kernel="loop",
+            invariance="off",
             batch_size=batch_size,
             device=device,
             progress=progress,

@@ -131,3 +131,17 @@ def test_uncovered_cases_integrate_node_by_node(tiny_gemma, tiny, monkeypatch):
     assert torch.equal(out, ig.ig_scores(tiny_gemma, enc, steps=20, invariance="off"))
     with pytest.raises(ValueError, match="invariance"):
         ig.ig_scores(tiny_gemma, enc, invariance="sometimes")
+
+
+def test_localizers_pass_invariance_through(tiny_gemma):
+    """CNL and KN sum in closed form by default and integrate with invariance="off"; same sets."""
+    cnl = lambda inv: ci.CNL(tiny_gemma, steps=20, invariance=inv, progress=False).fit(EXAMPLES)  # noqa: E731
+    auto, off = cnl("auto"), cnl("off")
+    assert _rel(auto.scores_.scores[None], off.scores_.scores[None]) < 1e-4
+    assert auto.neurons_.keys() == off.neurons_.keys()
+    kn = lambda inv: ci.KN(tiny_gemma, steps=20, invariance=inv, progress=False).fit(EXAMPLES[:2])  # noqa: E731
+    assert kn("auto").neurons_.keys() == kn("off").neurons_.keys()
+    with pytest.raises(ValueError, match="invariance"):
+        ci.CNL(tiny_gemma, invariance="never")
+    with pytest.raises(ValueError, match="invariance"):
+        ci.localizers.get("sig")(tiny_gemma, invariance="auto")
