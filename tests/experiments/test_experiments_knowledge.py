@@ -147,3 +147,16 @@ def test_run_quick_on_tiny(tiny, name, tmp_path):
     res.save(tmp_path / "out")
     if name == "decoupling":
         assert len(res.table) == 4 and not math.isnan(res.table.loc[0, "iou"])
+
+
+def test_parameter_chains_full_and_empty_circuits(tiny, bags):
+    """Every edge kept: circuit-only recall is the model's own; no edge kept: nothing owned."""
+    full = R.parameter_chains(tiny, bags, kc_top_n=10**9)
+    assert list(full.columns) == R.CHAIN_COLUMNS and len(full) == len(bags)
+    assert (full["hit@1_zero"] == full["full_hit@1"]).all() and (full["hit@1_corrupt"] == full["full_hit@1"]).all()
+    assert full["full_hit@1"].eq(1.0).all()  # greedy targets: the model's own top-1
+    assert full["param_share"].between(0.5, 1.0).all()  # every block's heads and MLPs
+    empty = R.parameter_chains(tiny, bags, kc_top_n=0)
+    assert empty["n_edges"].eq(0).all() and empty["param_share"].eq(0.0).all()
+    some = R.parameter_chains(tiny, bags, kc_top_n=20)
+    assert (some["n_edges"] <= 20).all() and (some["param_share"] < full["param_share"]).all()
