@@ -52,7 +52,7 @@ def main() -> None:
     for method, r in runs.items():
         (a, na, ta), (b, nb, tb) = r["float32"], r[args.dtype]
         c = compare(a, b)
-        iou = ci.units.metrics.iou(na, nb) if len(na) + len(nb) else 1.0
+        iou = ci.units.metrics.iou(na, nb, across_models=True) if len(na) + len(nb) else 1.0
         print(
             f"{method:5s} top-100 overlap {c['top100_overlap']:3d}/100  max rel err {c['max_rel_err']:.4f}  "
             f"pearson {c['pearson']:.5f}  located IoU {iou:.3f} ({len(na)} vs {len(nb)})  "
