@@ -36,7 +36,15 @@ def test_planted_knowledge_neurons_beat_random_ones(planted):
     rows = {
         r["method"]: r
         for r in MC._fact_rows(
-            planted, [SEVENS[:3]], kn_steps=4, kn_rule="right", ct_samples=1, kc_top_n=30, n_random=3, seed=0, cache=None
+            planted,
+            [SEVENS[:3]],
+            kn_steps=4,
+            kn_rule="right",
+            ct_samples=1,
+            kc_top_n=30,
+            n_random=3,
+            seed=0,
+            cache=None,
         )
     }
     assert set(rows) == {"KN", "ROME", "KC"}
