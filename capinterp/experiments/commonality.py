@@ -45,6 +45,18 @@ PAPER_TABLE1: dict[str, dict[str, dict[str, float]]] = {
 COLUMNS = ["capability", "method", "n_per_half", "sigma", "overlap", "iou", "ratio_pct", "n_a", "n_b", "n_common"]
 
 
+def split_stats(a: Any, b: Any) -> dict[str, float]:
+    """Overlap, IoU, mean ratio (%) and sizes of two halves' located sets."""
+    return {
+        "overlap": metrics.overlap(a, b),
+        "iou": metrics.iou(a, b),
+        "ratio_pct": 100 * (a.ratio + b.ratio) / 2,
+        "n_a": len(a),
+        "n_b": len(b),
+        "n_common": metrics.intersection_size(a, b),
+    }
+
+
 def commonality_table(
     model: Any,
     datasets: Mapping[str, Sequence[Example]],
@@ -81,12 +93,7 @@ def commonality_table(
                     "method": method,
                     "n_per_half": len(exs) // 2,
                     "sigma": float(sigma),
-                    "overlap": metrics.overlap(a, b),
-                    "iou": metrics.iou(a, b),
-                    "ratio_pct": 100 * (a.ratio + b.ratio) / 2,
-                    "n_a": len(a),
-                    "n_b": len(b),
-                    "n_common": metrics.intersection_size(a, b),
+                    **split_stats(a, b),
                 }
             )
     return pd.DataFrame(rows, columns=COLUMNS)

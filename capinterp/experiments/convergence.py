@@ -39,9 +39,9 @@ from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.experiments.commonality import split_stats
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.results.neurons import NeuronScores
-from capinterp.units import metrics
 
 __all__ = [
     "COLUMNS",
@@ -193,12 +193,7 @@ def convergence_table(
                             "method": method,
                             "n_per_half": n,
                             "split": r,
-                            "overlap": metrics.overlap(a, b),
-                            "iou": metrics.iou(a, b),
-                            "ratio_pct": 100 * (a.ratio + b.ratio) / 2,
-                            "n_a": len(a),
-                            "n_b": len(b),
-                            "n_common": metrics.intersection_size(a, b),
+                            **split_stats(a, b),
                         }
                     )
             spent = [cache[j].meta.get("fit_seconds") for j in cache]
