@@ -13,6 +13,11 @@ so DG en/zh is compared with the paper's long templates (``DGp``, one shot) inst
 Pooled sets ("EN", "ZH") average the per-example scores of several conditions (weighted by
 the examples used) and are masked again. Neurons are located on the examples the model
 answers right (greedy first token, :func:`~capinterp.experiments.dcsn_common.correct_scores`).
+
+NeFT (Xu et al. 2025; papers/003 Appendix C's baseline) is measured the same way beside DCSN: a
+short full fine-tune on each dataset (:class:`capinterp.NeFT`, SGD), the neurons whose weights
+turned most, as many as DCSN's set of the same key, then the same cohesion and separability
+rows (column ``method``).
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
     "separability_avg": {"DG": 3.65, "MQ": 4.73, "TF": 4.82, "CH": 4.57, "EN": 4.84},
     "separability_pairs": ["+∩-", "+∩*", "+∩/", "*∩/"],
 }
+#: NeFT's fine-tune in the experiment (SGD; quick mode takes 2 steps): see :class:`capinterp.NeFT`.
+NEFT = {"steps": 20, "lr": 1e-3}
 
 
 def build_datasets(
@@ -194,6 +201,18 @@ def summarize(table: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def like_sized(scores: Mapping[Key, NeuronScores], like: Mapping[Key, NeuronSet]) -> dict[Key, NeuronSet]:
+    """The top ``len(like[k])`` neurons of each ``scores[k]`` (a set as large as the one it is compared with)."""
+    return {k: scores[k].top_k(len(like[k])) for k in like if k in scores}
+
+
+def neft_scores(
+    ctx: Context, datasets: Mapping[Key, list[Example]], names: Mapping[Key, str], steps: int
+) -> dict[Key, NeuronScores]:
+    """NeFT's 1 - cos scores of every dataset (fine-tuned on all its examples), cached by ``ctx``."""
+    return {k: ctx.localize("neft", names[k], ex, steps=steps, lr=NEFT["lr"]) for k, ex in datasets.items()}
+
+
 @experiment("specificity", TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """The registered experiment: cohesion and separability of each operator's neurons."""
@@ -208,7 +227,14 @@ def run(ctx: Context) -> ExperimentResult:
     scores = locate_all(data, context_scorer(ctx), names)
     scores.update(pool_scores(scores, pools))
     sets = {k: s.select(sigma=sigma) for k, s in scores.items()}
-    table = compare_sets(sets, pairs)
+    neft = neft_scores(ctx, data, names, ctx.size(2, NEFT["steps"]))
+    neft.update(pool_scores(neft, pools))
+    neft_sets = like_sized(neft, sets)
+    table = pd.concat(
+        [compare_sets(sets, pairs).assign(method="dcsn"), compare_sets(neft_sets, pairs).assign(method="neft")],
+        ignore_index=True,
+    )
+    table = table[["method", *[c for c in table.columns if c != "method"]]]
     ordered = {f"{op} {c}": sets[(op, c)] for op in OPS for c in conds if (op, c) in sets}
     fig = overlap_matrix(
         ordered,
@@ -218,7 +244,9 @@ def run(ctx: Context) -> ExperimentResult:
     per_layer = sum(s.per_layer() for s in sets.values()).tolist()
     info = {
         "paper": PAPER,
-        "measured": summarize(table),
+        "measured": summarize(table[table.method == "dcsn"]),
+        "measured_neft": summarize(table[table.method == "neft"]),
+        "neft": {"steps": ctx.size(2, NEFT["steps"]), "lr": NEFT["lr"], "optimizer": "sgd", "size": "as DCSN's set"},
         "set_sizes": {f"{op} {c}": len(s) for (op, c), s in sets.items()},
         "examples_used": {f"{op} {c}": int(s.meta.get("n_samples", 0)) for (op, c), s in scores.items()},
         "located_per_layer_all_sets": per_layer,
@@ -230,8 +258,11 @@ def run(ctx: Context) -> ExperimentResult:
             "value = |A∩B|/max(|A|,|B|) (Coh for one operator, Sep for two); iou and overlap beside it. "
             "Kinds: format (DG/MQ/TF, en), language (en vs zh, same expressions), resample "
             "(same condition, seed+1: the sampling-noise ceiling of cohesion). Localized on "
-            "examples whose greedy first token is right; MQ/TF are near chance for small models."
+            "examples whose greedy first token is right; MQ/TF are near chance for small models. "
+            "method=neft rows: NeFT (a short full SGD fine-tune on all the dataset's examples, the "
+            "neurons whose weights turned most), as many neurons as the DCSN set of the same key."
         ),
     }
     neurons = {f"{OP_NAMES[op]}_{c}": s for (op, c), s in sets.items()}
+    neurons.update({f"neft_{OP_NAMES[op]}_{c}": s for (op, c), s in neft_sets.items()})
     return ExperimentResult("specificity", TITLE, table, fig, info, neurons)

@@ -231,14 +231,15 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
 
 
 def stair_logits(
-    model, run: CleanSuffix, groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]]
+    model, run: CleanSuffix, groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]], at: int | None = None
 ) -> Float[torch.Tensor, "R S V"]:
     """Logits [R, S, V] for rows whose layer-``l`` ``hook_post`` (all suffix positions) is ``z``.
 
     ``groups`` = [(layer, z [c, S, d_mlp]), ...] with strictly increasing layers; the rows are
     the groups' rows in order. Block ``j`` runs only the rows of groups with layer <= j. Rows
     are folded into the sequence dimension (batch 1, ``rows*S`` positions, a block-diagonal
-    mask over the suffix keys), so every row reads the one shared prefix K/V.
+    mask over the suffix keys), so every row reads the one shared prefix K/V. ``at``: unembed
+    suffix position ``at`` only (logits [R, 1, V]; a 262k vocabulary makes all S costly).
     """
     layers = [l for l, _ in groups]
     if layers != sorted(set(layers)):
@@ -257,7 +258,8 @@ def stair_logits(
             args, kwargs = _folded_call(run, j, R)
             out = model.blocks[j](h, *args, **kwargs, past_key_values=cache)
             h = out[0] if isinstance(out, (tuple, list)) else out
-    return rearrange(_unembed(model, h), "1 (r s) v -> r s v", r=R)
+    h = rearrange(h, "1 (r s) d -> r s d", r=R)
+    return _unembed(model, h if at is None else h[:, at : at + 1])
 
 
 def bridge_logits(

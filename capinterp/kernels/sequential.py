@@ -8,13 +8,21 @@ while every other position keeps its clean activation, and
     SIG_l = sum_t (a_t - b) * (1/m) sum_k dF/da_t(alpha_k)                    -> [d_mlp]
 
 with F the probability (or log-probability) of the first answer token at the last prompt
-position, as in KN. Rows = (position, step) pairs of one layer, ``batch_size`` per forward and
+position, as in KN. Rows = (layer, position, step) triples, ``batch_size`` per forward and
 backward, unembedded at the last prompt position only; the model's parameters get no ``.grad``.
-Returned float32 on the CPU.
+Sums in float64; returned float32 on the CPU.
+
+Routes (``method``): ``"fast"`` runs only what a row changes, with the IG kernel's staircase
+(:mod:`capinterp.kernels.prefix`): for a row scaled at position ``t`` the tokens before ``t``
+are clean (one KV cache per ``t``, computed once), and a row scaled at layer ``l`` enters at
+block ``l`` with the recorded clean residual, so rows of several layers share one batch; it
+falls back to ``"loop"`` (a full forward per row, one layer per batch) where the model gives
+no KV cache or direct block calls do not reproduce its logits.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 import torch
@@ -22,11 +30,13 @@ import torch
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
+from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.ig import frozen_params, ig_alphas, objective_from_logits
 
-__all__ = ["RULES", "sig_scores"]
+__all__ = ["METHODS", "RULES", "sig_scores"]
 
 RULES = ("right", "left", "linspace")
+METHODS = ("fast", "loop")
 
 
 def sig_scores(
@@ -40,12 +50,16 @@ def sig_scores(
     baseline: torch.Tensor | None = None,
     layers: Iterable[int] | None = None,
     batch_size: int = 64,
+    method: str = "fast",
 ) -> torch.Tensor:
     """SIG of every neuron for one prompt: float32 ``[n_layers, d_mlp]``.
 
     ``positions``: the token positions scaled one at a time (default: every prompt position after
     the BOS, the last prompt token included). ``baseline``: None (0) or ``[n_layers, d_mlp]``.
+    ``method``: ``"fast"`` or ``"loop"`` (module docstring; same scores to float32 noise).
     """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if rule not in RULES:  # equal-weight rules only: every point is weighted 1/m below
@@ -67,6 +81,69 @@ def sig_scores(
     alphas = ig_alphas(steps, rule)
     tokens = torch.tensor([enc.ids[: last + 1]], device=dev)
     target = torch.tensor([enc.target_ids[0]], device=dev)
+    base = (
+        torch.zeros(n_layers, d_mlp, device=dev, dtype=torch.float64) if baseline is None else baseline.to(dev).double()
+    )
+    # rows: every (layer, position, alpha) triple, layer-major
+    rows = [(l, t, k) for l in lay for t in range(len(pos)) for k in range(len(alphas))]
+    with frozen_params(model), torch.enable_grad():
+        if method == "fast":
+            gsum = _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size)
+            if gsum is not None:
+                return gsum
+        return _loop(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size)
+
+
+def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, torch.Tensor], base, m: int):
+    for l, g in gsum.items():
+        out[l] = ((acts[l] - base[l]) * g / m).sum(0).float().cpu()
+    return out
+
+
+def _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size) -> torch.Tensor | None:
+    """Staircase route, one clean run per scaled position t split at t (the tokens before t never
+    change); rows of every layer enter at their own block. None where the model cannot take it."""
+    last = tokens.shape[1] - 1
+    n_layers, d_mlp = neuron_shape(model)
+    acts = {l: torch.zeros(len(pos), d_mlp, device=tokens.device, dtype=torch.float64) for l in lay}
+    gsum = {l: torch.zeros(len(pos), d_mlp, device=tokens.device, dtype=torch.float64) for l in lay}
+    for ti, t in enumerate(pos):
+        try:
+            with torch.no_grad():
+                run = _prefix.clean_suffix(model, tokens[0], t)
+        except _prefix.NoCache:
+            warnings.warn("the model gives no KV cache to reuse; SIG uses method='loop'", RuntimeWarning, stacklevel=3)
+            return None
+        if ti == 0 and not _prefix.stair_supported(model, run):
+            warnings.warn(
+                "direct block calls do not reproduce this model's logits; SIG uses method='loop'",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        for l in lay:
+            acts[l][ti] = run.acts[l][0].double()  # position t is the suffix's first
+        mine = [(l, k) for l, tj, k in rows if tj == ti]
+        for c0 in range(0, len(mine), batch_size):
+            chunk = mine[c0 : c0 + batch_size]
+            groups = []
+            for l in sorted({l for l, _ in chunk}):
+                al = alphas.to(tokens.device).double()[[k for lj, k in chunk if lj == l]]
+                z = run.acts[l][None].repeat(len(al), 1, 1)  # [c, S, d_mlp]: clean, except ...
+                z[:, 0] = (base[l] + al[:, None] * (acts[l][ti] - base[l])).to(z.dtype)  # ... at t
+                groups.append((l, z.requires_grad_(True)))
+            logits = _prefix.stair_logits(model, run, groups, at=last - t)
+            F = objective_from_logits(logits, target, objective)
+            grads = torch.autograd.grad(F.sum(), [z for _, z in groups])
+            for (l, _), g in zip(groups, grads):
+                gsum[l][ti] += g[:, 0].double().sum(0)
+    return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base, len(alphas))
+
+
+def _loop(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size) -> torch.Tensor:
+    """Full forward per row, from the first block; rows of one layer per batch."""
+    n_layers, d_mlp = neuron_shape(model)
+    dev, last = tokens.device, tokens.shape[1] - 1
     clean: dict[int, torch.Tensor] = {}
 
     def grab(act, hook):
@@ -74,26 +151,25 @@ def sig_scores(
 
     with torch.no_grad():
         model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in lay])
-    # rows: every (position, alpha) pair
-    row_pos = torch.tensor(pos, device=dev).repeat_interleave(len(alphas))
-    row_alpha = alphas.to(dev).repeat(len(pos))
-    out = torch.zeros(n_layers, d_mlp)
-    with frozen_params(model), torch.enable_grad():
-        for l in lay:
-            a = clean[l].float()  # [T, d_mlp]
-            b = torch.zeros(d_mlp, device=dev) if baseline is None else baseline[l].to(dev).float()
-            gsum = torch.zeros(len(pos), d_mlp, device=dev)
-            for c0 in range(0, len(row_pos), batch_size):
-                rp, ra = row_pos[c0 : c0 + batch_size], row_alpha[c0 : c0 + batch_size]
-                z = (b + ra[:, None] * (a[rp] - b)).detach().requires_grad_(True)  # [R, d_mlp]
-                onehot = torch.nn.functional.one_hot(rp, a.shape[0]).bool()[:, :, None]  # [R, T, 1]
+    acts = {l: clean[l].double()[pos] for l in lay}
+    gsum = {l: torch.zeros(len(pos), d_mlp, device=dev, dtype=torch.float64) for l in lay}
+    pos_t = torch.tensor(pos, device=dev)
+    for l in lay:
+        mine = [(t, k) for lj, t, k in rows if lj == l]
+        for c0 in range(0, len(mine), batch_size):
+            tk = mine[c0 : c0 + batch_size]
+            ti = torch.tensor([t for t, _ in tk], device=dev)
+            ra = alphas.to(dev).double()[[k for _, k in tk]]
+            z = (
+                (base[l] + ra[:, None] * (acts[l][ti] - base[l])).to(clean[l].dtype).detach().requires_grad_(True)
+            )  # [R, d_mlp]
+            onehot = torch.nn.functional.one_hot(pos_t[ti], clean[l].shape[0]).bool()[:, :, None]  # [R, T, 1]
 
-                def put(act, hook, z=z, onehot=onehot):
-                    return torch.where(onehot, z[:, None, :].to(act.dtype), act)
+            def put(act, hook, z=z, onehot=onehot):
+                return torch.where(onehot, z[:, None, :].to(act.dtype), act)
 
-                resid = capture(model, tokens.expand(len(rp), -1), "ln_final.hook_in", [(neuron_hook(l), put)])
-                F = objective_from_logits(unembed(model, resid[:, last : last + 1]), target, objective)
-                (g,) = torch.autograd.grad(F.sum(), z)
-                gsum.index_add_(0, (c0 + torch.arange(len(rp), device=dev)) // len(alphas), g.float())
-            out[l] = ((a[pos] - b) * gsum / len(alphas)).sum(0).cpu()
-    return out
+            resid = capture(model, tokens.expand(len(tk), -1), "ln_final.hook_in", [(neuron_hook(l), put)])
+            F = objective_from_logits(unembed(model, resid[:, last : last + 1]), target, objective)
+            (g,) = torch.autograd.grad(F.sum(), z)
+            gsum[l].index_add_(0, ti, g.double())
+    return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base, len(alphas))

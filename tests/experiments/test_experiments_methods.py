@@ -20,7 +20,23 @@ def planted():
 
 
 def test_registered():
-    assert "rome_layers" in EXPERIMENTS and "ql_localizers" not in EXPERIMENTS  # too slow for --quick (SIG)
+    assert "rome_layers" in EXPERIMENTS and "ql_localizers" in EXPERIMENTS
+
+
+def test_ql_localizers_run_on_tiny(tmp_path):
+    """The registered run end to end on the planted tiny model (it answers the builtin Paris fact's
+    paraphrases): one row per localizer and the intersection row, saved and loaded back."""
+    from capinterp.experiments import Context, ExperimentResult
+    from capinterp.experiments.ql_localizers import run
+
+    m = ci.load_model("tiny")
+    plant_facts(m)
+    res = run(Context(m, quick=True))
+    assert list(res.table["localizer"]) == ["kn", "sig", "amig", "intersection: II"]
+    assert (res.table["n_facts"] == 1).all()
+    assert set(res.info["fit_seconds"]) == {"kn", "sig", "amig"} and "paper" in res.info
+    back = ExperimentResult.load(res.save(tmp_path).parent, res.name)
+    assert back.table.shape == res.table.shape
 
 
 def test_rome_layer_frame_and_summary(planted):

@@ -236,3 +236,17 @@ def test_per_op_equals_evaluate(tiny):
         ev = ci.evaluate(tiny, exs, progress=False)
         assert got[op] == pytest.approx((ev.accuracy, ev.mean_prob), abs=1e-5)
     assert got["+"][0] > 0
+
+
+def test_specificity_neft_rows_match_dcsn_sizes(tiny, tmp_path):
+    res = run_specificity(Context(model=tiny, quick=True, workdir=tmp_path))
+    t = res.table
+    assert set(t.method) == {"dcsn", "neft"}
+    key = ["metric", "comparison", "op_a", "op_b"]
+    d = t[t.method == "dcsn"].set_index(key)
+    n = t[t.method == "neft"].set_index(key)
+    assert d.index.equals(n.index)  # the same comparisons for both methods
+    assert (d["n_a"] == n["n_a"]).all() and (d["n_b"] == n["n_b"]).all()  # like-sized sets
+    assert res.info["measured_neft"].keys() == res.info["measured"].keys()
+    assert any(k.startswith("neft_") for k in res.neurons)
+    assert any(p.name.startswith("neft_") for p in (tmp_path / "scores").glob("*.capi"))
