@@ -164,6 +164,10 @@ def cmd_reproduce(args) -> int:
         ig_rule=args.ig_rule,
     )
     failed = [n for n, e in res["experiments"].items() if "error" in e]
+    from capinterp.core import distributed as dist
+
+    if not dist.is_main():  # rank 0 wrote and reports
+        return 1 if failed else 0
     say(f"report: {Path(args.out) / 'report.html'}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

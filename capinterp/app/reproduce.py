@@ -13,6 +13,10 @@ restarts, but its localizer fits resume from ``cache/``. A finished experiment's
 ``CHECKSUM`` (SHA-256 of its files): a folder whose files no longer match (edited, truncated,
 deleted) is reported and rerun, never loaded as done. An experiment that raises is recorded
 (error and traceback in results.json and the report) and the others still run.
+
+Under ``torchrun`` every rank runs every experiment (the localizer fits, evaluations, tracing,
+circuits and Query Localization inside shard their work over the ranks,
+:mod:`capinterp.core.distributed`), and only rank 0 writes ``DIR`` and logs.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint, model_meta
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
 from capinterp.kernels.quadrature import IG_RULES
@@ -52,8 +57,11 @@ def _check_run(out: Path, config: dict[str, Any]) -> None:
         if old != config:
             diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
             raise ValueError(f"{out} holds a run with other settings {diff} (old, new); use another --out or --fresh")
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config, indent=2))
+    dist.barrier()  # every rank has read the old run.json before rank 0 rewrites it
+    if dist.is_main():
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(config, indent=2))
+    dist.barrier()
 
 
 _CHECKSUM = "CHECKSUM"
@@ -87,7 +95,9 @@ def _load_done(folder: Path, name: str, log: Any) -> ExperimentResult | None:
             log(f"      {name}: saved result unreadable ({type(err).__name__}: {err}); rerunning")
     else:
         log(f"      {name}: saved result incomplete or damaged (checksum mismatch); rerunning")
-    shutil.rmtree(d)
+    dist.barrier()  # every rank has decided before rank 0 clears the folder
+    if dist.is_main():
+        shutil.rmtree(d, ignore_errors=True)
     return None
 
 
@@ -116,8 +126,12 @@ def reproduce(
     if unknown or not names:
         raise ValueError(f"unknown experiment(s) {unknown or names}; available: {', '.join(EXPERIMENTS)}")
     out = Path(out)
-    if fresh and out.exists():
+    dist.init(model.cfg.device)
+    if not dist.is_main():
+        log = _quiet
+    if fresh and out.exists() and dist.is_main():
         shutil.rmtree(out)
+    dist.barrier()
     config = _config(model, quick, seed, ig_rule)
     _check_run(out, config)
     folder = out / "experiments"
@@ -140,8 +154,10 @@ def reproduce(
             t0 = time.time()
             try:
                 res = run(ctx)
-                d = res.save(folder)
-                (d / _CHECKSUM).write_text(_digest(d))
+                if dist.is_main():
+                    d = res.save(folder)
+                    (d / _CHECKSUM).write_text(_digest(d))
+                dist.barrier()
                 done[name] = res
                 entry = {"seconds": round(time.time() - t0, 1)}
                 log(f"      {name} done in {entry['seconds']} s")
@@ -158,8 +174,13 @@ def reproduce(
         else:
             entry["title"] = title
         results["experiments"][name] = entry
-        _write(out, results, done)
+        if dist.is_main():
+            _write(out, results, done)
     return results
+
+
+def _quiet(msg: str) -> None:
+    """The log of ranks other than 0 under torchrun."""
 
 
 def _read_results(out: Path) -> dict[str, Any]:

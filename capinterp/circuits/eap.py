@@ -41,6 +41,7 @@ import torch
 
 from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Graph
+from capinterp.core import distributed as dist
 from capinterp.core.example import Example, as_examples
 from capinterp.core.forward import capture
 from capinterp.core.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
@@ -231,13 +232,15 @@ def score_edges(
     dev = next(model.parameters()).device
     pad = pad_id(model.tokenizer)
     sigma = noise_std(model, graph, pairs, noise, batch_size)
-    scores = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.float32, device=dev)
-    clean_loss, corrupt_loss = [], []
+    scores = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.float64)  # float64 on the CPU (MPS has none)
+    losses: list[tuple[int, float, float]] = []  # (pair, clean loss, corrupted loss)
     nodes, weights = quadrature(steps, rule)
     alphas = list(zip(nodes.tolist(), weights.tolist()))
-    bar = _progress(len(pairs), progress)
+    dist.init(dev)  # under torchrun: each rank scores every world_size-th batch of pairs
+    mine = dist.shard(list(batches(list(range(len(pairs))), batch_size)))
+    bar = _progress(sum(map(len, mine)), progress and dist.is_main())
     with graph_mode(model, graph):
-        for group in batches(list(range(len(pairs))), batch_size):
+        for group in mine:
             gp = [pairs[i] for i in group]
             clean = _tensor([p.clean.ids for p in gp], pad, dev)
             corrupt = _tensor([p.corrupt_ids for p in gp], pad, dev)
@@ -246,8 +249,9 @@ def score_edges(
                 e_corr = corrupt_embeddings(model, gp, group, corrupt, sigma, seed)
                 rk = run_graph(model, graph, corrupt, resid0=e_corr)
                 d_out = (rk.outputs - rc.outputs).float()
-                clean_loss += pair_loss(rc.logits, gp, metric).tolist()
-                corrupt_loss += pair_loss(rk.logits, gp, metric).tolist()
+                losses += zip(
+                    group, pair_loss(rc.logits, gp, metric).tolist(), pair_loss(rk.logits, gp, metric).tolist()
+                )
             e_clean = rc.outputs[:, :, 0]
             grads = torch.zeros(*d_out.shape[:2], graph.n_slots, d_out.shape[-1], device=dev)
             rows = [(b, a, w) for b in range(len(gp)) for a, w in alphas]
@@ -263,10 +267,12 @@ def score_edges(
                     g = torch.autograd.grad(loss, run.slot_inputs, allow_unused=True)
                 g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
                 grads.index_add_(0, idx, run.stack_slots(g).float())
-            scores += torch.einsum("btud,btvd->uv", d_out, grads)
+            scores += torch.einsum("btud,btvd->uv", d_out, grads).double().cpu()
             bar.update(len(group))
     bar.close()
-    scores = (scores / len(pairs)).cpu() * graph.edge_mask
+    scores = (dist.all_reduce_sum(scores, dev) / len(pairs)).float() * graph.edge_mask
+    losses = sorted((x for part in dist.gather(losses) for x in part), key=lambda x: x[0])
+    clean_loss, corrupt_loss = [c for _, c, _ in losses], [k for _, _, k in losses]
     modes = [p.mode for p in pairs]
     info = {
         "steps": steps,

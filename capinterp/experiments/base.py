@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
@@ -93,8 +94,10 @@ class Context:
             except ValueError:  # damaged (checksum) or made for other weights: refit, never reuse
                 pass
         s = _timed(fit)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        s.save(path, overwrite=True)
+        if dist.is_main():  # under torchrun every rank holds the merged scores; rank 0 writes them
+            path.parent.mkdir(parents=True, exist_ok=True)
+            s.save(path, overwrite=True)
+        dist.barrier()  # no rank looks for the file before it is complete
         return s
 
     def localize(self, method: str, data_name: str, examples: list, **params: Any) -> NeuronScores:

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.forward import logits_at
 from capinterp.core.tokens import batches, encode, pad_id, pad_right
@@ -89,20 +90,27 @@ def evaluate(
         validate.positive_int("max_new_tokens", max_new_tokens)
     encoded = encode(model, examples)
     show = len(encoded) > 4 * batch_size if progress is None else progress
-    records: list[dict[str, Any]] = []
-    for chunk in tqdm(list(batches(encoded, batch_size)), desc="evaluate", disable=not show):
+    dist.init(model.cfg.device)  # under torchrun: each rank decodes every world_size-th batch
+    mine: list[tuple[int, dict[str, Any]]] = []
+    chunks = dist.shard(list(batches(list(range(len(encoded))), batch_size)))
+    for idx in tqdm(chunks, desc="evaluate", disable=not (show and dist.is_main())):
+        chunk = [encoded[i] for i in idx]
         n_new = max_new_tokens or (max(len(e.target_ids) for e in chunk) + 1)
         new, probs = greedy_continuations(model, [e.prompt_ids for e in chunk], n_new)
-        for e, gen, pr in zip(chunk, new, probs):
+        for i, e, gen, pr in zip(idx, chunk, new, probs):
             text = model.tokenizer.decode(gen, skip_special_tokens=True)
-            records.append(
-                {
-                    "prompt_tail": e.example.prompt[-40:],
-                    "target": e.example.target,
-                    "generated": text,
-                    "correct": bool(is_correct(e.example, text)),
-                    "prob": float(pr[e.target_ids[0]]),
-                }
+            mine.append(
+                (
+                    i,
+                    {
+                        "prompt_tail": e.example.prompt[-40:],
+                        "target": e.example.target,
+                        "generated": text,
+                        "correct": bool(is_correct(e.example, text)),
+                        "prob": float(pr[e.target_ids[0]]),
+                    },
+                )
             )
+    records = [r for _, r in sorted((x for part in dist.gather(mine) for x in part), key=lambda x: x[0])]
     frame = pd.DataFrame(records)
     return EvalResult(float(frame["correct"].mean()), float(frame["prob"].mean()), len(records), records)

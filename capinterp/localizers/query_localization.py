@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_meta, neuron_shape
@@ -182,13 +183,17 @@ class QueryLocalization:
         names, groups = as_facts(data, min_queries=self.min_queries)
         for g in groups:
             encode(self.model, g, max_target_tokens=1)  # TokenizationError (a ValueError) before work
-        scores = []
-        bar = tqdm(total=sum(map(len, groups)), desc="query localization", disable=not self.progress)
-        for g in groups:
-            self.localizer_.fit(g)
-            scores.append(self.localizer_.prompt_scores_.detach().float().cpu())
-            bar.update(len(g))
+        dist.init(self.model.cfg.device)  # under torchrun: each rank localizes every world_size-th fact
+        mine = dist.shard(list(range(len(groups))))
+        done: list[tuple[int, torch.Tensor]] = []
+        show = self.progress and dist.is_main()
+        bar = tqdm(total=sum(len(groups[k]) for k in mine), desc="query localization", disable=not show)
+        for k in mine:
+            self.localizer_.fit(groups[k])
+            done.append((k, self.localizer_.prompt_scores_.detach().float().cpu()))
+            bar.update(len(groups[k]))
         bar.close()
+        scores = [s for _, s in sorted((x for part in dist.gather(done) for x in part), key=lambda x: x[0])]
         return self.fit_scores(scores, names=names, facts=groups)
 
     def fit_scores(

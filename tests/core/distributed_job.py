@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node 2 tests/distributed_job.py OUT.pt CKPT_DIR
 
 Fits CNL, DCSN (with checkpoints) and causal tracing on the tiny model, refits CNL and DCSN
-from their checkpoints with scoring disabled (resume must need no work), and rank 0 saves
-every float64 sum, located mask and causal-trace grid to OUT.pt.
+from their checkpoints with scoring disabled (resume must need no work), evaluates a dataset,
+runs Query Localization (KN) over facts and scores a knowledge circuit (EAP-IG) over facts;
+rank 0 saves every float64 sum, located mask, grid, record and score map to OUT.pt.
 """
 
 import sys
@@ -15,9 +16,12 @@ from capinterp.core import distributed as dist
 from capinterp.core.example import Example
 from capinterp.core.model import load_model
 from capinterp.data import arithmetic
+from capinterp.kernels.evaluate import evaluate
 from capinterp.localizers.causal_trace import CausalTrace
 from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
+from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+from capinterp.localizers.query_localization import QueryLocalization
 
 SUBJECTS = [
     ("The Eiffel Tower is in the city of", "Eiffel Tower"),
@@ -26,6 +30,9 @@ SUBJECTS = [
     ("The Nile flows through", "Nile"),
     ("Mount Fuji is in", "Mount Fuji"),
 ]
+
+
+TARGETS = [("Paris", " France"), ("Rome", " Italy"), ("Tokyo", " Japan"), ("Cairo", " Egypt"), ("Lima", " Peru")]
 
 
 def refuse(items):
@@ -54,6 +61,14 @@ def main(out: str, ckpt: str) -> None:
         "index": [r["index"] for r in tr.per_prompt_],
         "layers": tr.layers_,
     }
+    ev = evaluate(model, ds, batch_size=2, progress=False)
+    res["evaluate"] = {"records": ev.records, "accuracy": ev.accuracy, "mean_prob": ev.mean_prob}
+    bags = [[(p, t) for p in (f"{s} is", f"{s}, we know, is", f"Everyone says {s} is")] for s, t in TARGETS]
+    ql = QueryLocalization(model, localizer="kn", steps=3, progress=False).fit(bags)
+    res["ql"] = {"scores": ql.query_scores_, "consistency": ql.consistency_.to_dict("list")}
+    kc_facts = [Example(p, t, {"subject": s}) for (p, s), (_, t) in zip(SUBJECTS, TARGETS)]
+    kc = KnowledgeCircuit(model, algorithm="eap-ig", steps=2, top_n=20, batch_size=2, progress=False).fit(kc_facts)
+    res["kc"] = {"scores": kc.scores_, "mask": kc.circuit_.mask, "clean_loss": kc.info_["clean_loss"]}
     if dist.is_main():
         torch.save(res, out)
     dist.finish()

@@ -1,6 +1,7 @@
 """A real 2-process ``torchrun`` launch (gloo, CPU, tiny model) gives the one-process results:
 CNL and DCSN float64 sums to 1e-12 with identical located sets, causal-trace grids exactly,
-per-rank checkpoints that resume with no work, and the CLI writing the same scores."""
+per-rank checkpoints that resume with no work, evaluate's records, Query Localization's
+per-query maps and a knowledge circuit's edge scores, and the CLI writing the same scores."""
 
 import os
 import subprocess
@@ -62,6 +63,14 @@ def test_two_ranks_equal_one_process(runs):
     assert torch.equal(ta["grid"].nan_to_num(), tb["grid"].nan_to_num())
     for ga, gb in zip(ta["per_prompt"], tb["per_prompt"]):
         assert torch.equal(ga, gb)
+    assert one["evaluate"] == two["evaluate"] and len(one["evaluate"]["records"]) == 11
+    qa, qb = one["ql"], two["ql"]
+    assert len(qa["scores"]) == 5 and all(torch.equal(a, b) for a, b in zip(qa["scores"], qb["scores"]))
+    assert qa["consistency"] == qb["consistency"]
+    ka, kb = one["kc"], two["kc"]
+    rel = float((ka["scores"] - kb["scores"]).abs().max() / ka["scores"].abs().max())
+    assert rel < 1e-6, rel  # float64 sums over ranks, returned as float32
+    assert torch.equal(ka["mask"], kb["mask"]) and ka["clean_loss"] == kb["clean_loss"]
     # each rank checkpointed its own shard; together they cover the dataset once
     assert sorted(p.name for p in (tmp / "ck2").iterdir()) == [
         "cnl.ckpt.rank0-of-2",
@@ -80,6 +89,19 @@ def test_cli_under_torchrun_writes_the_single_process_scores(tmp_path):
     b = NeuronScores.load(tmp_path / "two" / "cnl_scores.capi")[:]
     assert float((a - b).abs().max() / a.abs().max()) < 1e-6  # saved as float32 means
     assert (tmp_path / "two" / "cnl.ckpt.rank1-of-2").exists()
+
+
+@pytest.mark.slow  # two more launches (~35 s on a loaded 2-core CPU)
+def test_reproduce_under_torchrun_writes_the_single_process_tables(tmp_path):
+    args = ["reproduce", "--quick", "--only", "commonality,erase", "--model", "tiny", "--threads", "1"]
+    _run(_torchrun(2) + ["-m", "capinterp", *args, "--out", str(tmp_path / "two")], tmp_path)
+    _run([sys.executable, "-m", "capinterp", *args, "--out", str(tmp_path / "one")], tmp_path)
+    for name in ("commonality", "erase"):
+        a = (tmp_path / "one" / "experiments" / name / "table.csv").read_text()
+        assert a == (tmp_path / "two" / "experiments" / name / "table.csv").read_text(), name
+    ckpts = sorted(p.name for p in (tmp_path / "two" / "cache" / "checkpoints").iterdir())
+    assert any(n.endswith("rank1-of-2") for n in ckpts)  # the fits were sharded
+    assert not list((tmp_path / "two").glob("*.tmp"))
 
 
 def test_one_process_helpers_are_no_ops():
