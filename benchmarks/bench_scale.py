@@ -4,7 +4,8 @@
     python benchmarks/bench_scale.py --config llama2-7b --device cuda --dtype bfloat16  # one GPU
 
 ``--config``: ``llama2-7b`` (32 x 11008 neurons, 32k vocabulary), ``llama3-8b`` (32 x 14336,
-128k vocabulary, 8 KV heads) or ``1b`` (Llama-3.2-1B's shape: 16 x 8192, 128k vocabulary).
+128k vocabulary, 8 KV heads) ``1b`` (Llama-3.2-1B's shape: 16 x 8192, 128k vocabulary) or ``smoke`` (4 x 256, a check
+that the script runs).
 No weights are needed to measure time and memory. Side by side in one run, per prompt:
 
 * ``ig``: CNL/KN integrated gradients over every neuron, the fast kernel (``method="fast"``);
@@ -14,20 +15,28 @@ No weights are needed to measure time and memory. Side by side in one run, per p
   route a user would take (``--captum-layers k`` measures k layers and scales by n_layers/k;
   ``--loop-layers k`` does the same for ``loop``);
 * ``dcsn``: one forward, activations x unembedding projection;
-* ``trace``: ROME causal tracing of one fact (``--trace-kinds``, 10 noise samples).
+* ``trace``: ROME causal tracing of one fact (``--trace-kinds``, 10 noise samples);
+* ``eap``: EAP-IG edge scores of one fact (knowledge circuits, ``--eap-steps`` points, the
+  subject-noise corruption), over every edge of the head-level graph.
 
 FLOPs are counted by ``torch.utils.flop_counter`` on one fast-IG call with m=1 and m=2 steps
 (IG is linear in m). The cost model (:func:`ig_cost`) predicts the fast kernel's FLOPs and weight
 traffic from the shape alone; the run prints its prediction next to the count, then the
 prediction for the 7B / 8B shapes. Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU,
-the process's peak RSS on the CPU (a high-water mark over the whole run).
+the process's peak RSS on the CPU. Each method runs in a process of its own (the parent counts
+FLOPs and compares scores), so every row's peak is that method's alone, model included.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -48,6 +57,14 @@ PRESETS = {
         num_key_value_heads=8,
         vocab_size=128256,
         rope_theta=500000.0,
+    ),
+    "smoke": dict(  # a few seconds per method: checks that the script runs
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=1000,
     ),
     "1b": dict(
         hidden_size=2048,
@@ -142,14 +159,17 @@ def main() -> None:
     ap.add_argument("--captum-layers", type=int, default=1)
     ap.add_argument("--loop-layers", type=int, default=0, help="measure the loop on k layers, scale by L/k (0: all)")
     ap.add_argument("--trace-kinds", default="mlp")
+    ap.add_argument("--eap-steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: run one method, write JSON here
     args = ap.parse_args()
+    if args.child:
+        return child(args)
 
     from capinterp.core.example import Example
     from capinterp.core.settings import resolve_dtype, set_threads
     from capinterp.core.tokens import Encoded
     from capinterp.kernels.ig import ig_scores
-    from capinterp.localizers.dcsn import per_sample_scores
 
     set_threads(args.threads)
     dtype = resolve_dtype(args.dtype)
@@ -179,7 +199,69 @@ def main() -> None:
         f"(ratio {measured / pred['flops']:.3f}); weight traffic (model) {pred['weight_bytes'] / 1e9:.1f} GB"
     )
 
-    results = {}
+    results: dict[str, tuple[float, float]] = {}
+    scores: dict[str, torch.Tensor] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.methods.split(","):
+            out = Path(tmp) / f"{name}.json"
+            done = subprocess.run(_child_argv(sys.argv[1:], name, out), capture_output=True, text=True)
+            if done.returncode != 0:
+                last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+                print(f"{name:7s} FAILED: {last[0]}")
+                continue
+            r = json.loads(out.read_text())
+            results[name] = (r["seconds"], r["peak"])
+            if Path(tmp, f"{name}.pt").exists():
+                scores[name] = torch.load(Path(tmp, f"{name}.pt"))
+            part = r["part"]
+            if name == "loop" and "ig" in scores:
+                a, b = scores["ig"][:, :part], scores["loop"][:, :part]
+                print(f"  fast vs loop: max rel diff {float((a - b).abs().max() / b.abs().max()):.2e}")
+            note = f" (measured {part} of {L} layers, scaled)" if part < L else ""
+            print(f"{name:7s} {r['seconds']:9.2f} s/prompt  peak {r['peak']:6.2f} GiB{note}", flush=True)
+    if "ig" in results:
+        base = results["ig"][0]
+        print(
+            "ratios to fast IG: "
+            + ", ".join(f"{k} {v[0] / base:.1f}x" for k, v in results.items() if k in ("loop", "captum"))
+        )
+    for name in ("llama2-7b", "llama3-8b"):
+        p = ig_cost(PRESETS[name], args.seq, args.steps, batch_rows=args.batch_size, elem=2)
+        print(
+            f"cost model, {name} bf16: fast IG {p['flops'] / 1e12:.1f} TFLOPs and {p['weight_bytes'] / 1e9:.0f} GB "
+            f"of weight reads per prompt (not measured on a GPU)"
+        )
+
+
+def _child_argv(argv: list[str], name: str, out: Path) -> list[str]:
+    """This command line for one method in a child process (``--methods name --child out``)."""
+    keep, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--methods="):
+            skip = False
+            continue
+        if a == "--methods":
+            skip = True
+            continue
+        keep.append(a)
+    return [sys.executable, __file__, *keep, "--methods", name, "--child", str(out)]
+
+
+def child(args) -> None:
+    """One method in this process: time it, record the peak, write JSON (and IG scores) to ``--child``."""
+    from capinterp.core.example import Example
+    from capinterp.core.settings import resolve_dtype, set_threads
+    from capinterp.core.tokens import Encoded
+    from capinterp.kernels.ig import ig_scores
+    from capinterp.localizers.dcsn import per_sample_scores
+
+    set_threads(args.threads)
+    name = args.methods
+    model = build(args.config, args.device, resolve_dtype(args.dtype))
+    L = PRESETS[args.config]["num_hidden_layers"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 500, (args.seq + 1,), generator=g).tolist()  # the parent's prompt
+    item = Encoded(ids[:-1], ids[-1:], Example("x", "y"))
     runs = {
         "ig": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.batch_size, method="fast"),
         "loop": lambda: ig_scores(
@@ -188,33 +270,22 @@ def main() -> None:
         "captum": lambda: captum_ig(model, item, args.steps, list(range(args.captum_layers))),
         "dcsn": lambda: per_sample_scores(model, [item]),
         "trace": lambda: trace(model, args),
+        "eap": lambda: eap(model, args),
     }
-    for name in args.methods.split(","):
-        out, secs, peak = timed(runs[name], args.device)
-        part = {"captum": args.captum_layers, "loop": args.loop_layers or L}.get(name, L)
-        secs *= L / part
-        results[name] = (secs, peak)
-        if name == "ig":
-            results["ig_scores"] = out
-        if name == "loop" and "ig_scores" in results:
-            a, b = results["ig_scores"][:, :part], out[:, :part]
-            print(f"  fast vs loop: max rel diff {float((a - b).abs().max() / b.abs().max()):.2e}")
-        note = f" (measured {part} of {L} layers, scaled)" if part < L else ""
-        print(f"{name:7s} {secs:9.2f} s/prompt  peak {peak:6.2f} GiB{note}")
-    if "ig" in results:
-        base = results["ig"][0]
-        print(
-            "ratios to fast IG: "
-            + ", ".join(
-                f"{k} {v[0] / base:.1f}x" for k, v in results.items() if k not in ("ig", "ig_scores", "dcsn", "trace")
-            )
-        )
-    for name in ("llama2-7b", "llama3-8b"):
-        p = ig_cost(PRESETS[name], args.seq, args.steps, batch_rows=args.batch_size, elem=2)
-        print(
-            f"cost model, {name} bf16: fast IG {p['flops'] / 1e12:.1f} TFLOPs and {p['weight_bytes'] / 1e9:.0f} GB "
-            f"of weight reads per prompt (not measured on a GPU)"
-        )
+    out, secs, peak = timed(runs[name], args.device)
+    part = {"captum": args.captum_layers, "loop": args.loop_layers or L}.get(name, L)
+    if name in ("ig", "loop"):
+        torch.save(out, Path(args.child).with_suffix(".pt"))
+    Path(args.child).write_text(json.dumps({"seconds": secs * L / part, "peak": peak, "part": part}))
+
+
+def eap(model, args):
+    from capinterp.core.example import Example
+    from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+
+    fact = Example("The Eiffel Tower is located in the city of", " Paris", {"subject": "Eiffel Tower"})
+    kc = KnowledgeCircuit(model, algorithm="eap-ig", steps=args.eap_steps, top_n=100, batch_size=1, progress=False)
+    return kc.fit([fact])
 
 
 def trace(model, args):

@@ -75,7 +75,7 @@ PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
     "separability_pairs": ["+∩-", "+∩*", "+∩/", "*∩/"],
 }
 #: NeFT's fine-tune in the experiment (SGD; quick mode takes 2 steps): see :class:`capinterp.NeFT`.
-NEFT = {"steps": 20, "lr": 1e-3}
+NEFT = {"steps": 10, "lr": 1e-3}
 
 
 def build_datasets(

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -389,9 +390,18 @@ def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, 
     return acts, gsum
 
 
+#: Whether direct block calls reproduce a model's logits, per model and (dtype, device): a property
+#: of the architecture and precision, checked on the first prompt a model is attributed on.
+_STAIR_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _stair_ok(model, run, checked: dict) -> bool:
     if "stair" not in checked:
-        checked["stair"] = _prefix.stair_supported(model, run)
+        key = (str(run.acts.dtype), str(run.acts.device))
+        known = _STAIR_OK.setdefault(model, {})
+        if key not in known:
+            known[key] = _prefix.stair_supported(model, run)
+        checked["stair"] = known[key]
     return checked["stair"]
 
 

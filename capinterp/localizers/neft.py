@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core.example import as_examples
+from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_shape
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.localizers.base import Localizer, register
@@ -53,15 +54,20 @@ def neuron_weights(model, layer: int) -> torch.Tensor:
 
 
 def _loss(model, items) -> torch.Tensor:
-    """Mean over examples of the mean target-token NLL (teacher forced)."""
+    """Mean over examples of the mean target-token NLL (teacher forced).
+
+    Unembeds the answer positions only (the loss reads nothing else): with Gemma 3's 262k-token
+    vocabulary the full logits' forward and backward cost more than the blocks."""
     b = collate(items, pad_id(model.tokenizer), device=model.cfg.device)
-    logp = model(b.tokens).float().log_softmax(-1)
-    total = 0.0
-    for r, it in enumerate(items):
-        pos = torch.tensor(it.answer_positions, device=logp.device)
-        tgt = torch.tensor(it.target_ids, device=logp.device)
-        total = total - logp[r, pos].gather(1, tgt[:, None]).mean()
-    return total / len(items)
+    resid = capture(model, b.tokens, "ln_final.hook_in")
+    rows = [r for r, it in enumerate(items) for _ in it.answer_positions]
+    pos = [p for it in items for p in it.answer_positions]
+    dev = resid.device
+    logp = unembed(model, resid[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)][None])[0]
+    logp = logp.float().log_softmax(-1)
+    nll = -logp.gather(1, torch.tensor([t for it in items for t in it.target_ids], device=dev)[:, None])[:, 0]
+    weight = torch.tensor([1.0 / len(it.answer_positions) for it in items for _ in it.answer_positions], device=dev)
+    return (nll * weight).sum() / len(items)
 
 
 @register("neft")

@@ -244,11 +244,31 @@ def test_model_state_is_left_alone(tiny, encs):
 
 
 def test_fallbacks_give_the_same_scores(tiny64, encs64, monkeypatch):
+    import weakref
+
+    from capinterp.kernels import ig
+
     want = ig_scores(tiny64, encs64, steps=STEPS, method="loop")
+    monkeypatch.setattr(ig, "_STAIR_OK", weakref.WeakKeyDictionary())  # forget earlier checks of tiny64
     monkeypatch.setattr(_prefix, "stair_supported", lambda model, run: False)
     with pytest.warns(RuntimeWarning, match="method='prefix'"):
         got = ig_scores(tiny64, encs64, steps=STEPS)
     assert max_rel(got, want) <= TOL64
+
+
+def test_route_self_check_runs_once_per_model_and_precision(encs, monkeypatch):
+    from capinterp.core.model import load_model
+
+    calls = []
+    real = _prefix.stair_supported
+    monkeypatch.setattr(_prefix, "stair_supported", lambda model, run: calls.append(run.acts.dtype) or real(model, run))
+    model = load_model("tiny")
+    for enc in encs:  # one call per prompt, as KN makes them
+        ig_scores(model, enc, steps=2)
+    assert calls == [torch.float32]
+    model.to(torch.float64)  # another precision: checked again
+    ig_scores(model, encs[0], steps=2)
+    assert calls == [torch.float32, torch.float64]
 
 
 def test_model_without_kv_cache_falls_back_to_loop():
