@@ -27,7 +27,7 @@ step "tests"
 step "quick reproduction"
 CAPINTERP_THREADS=${CAPINTERP_NB_THREADS:-2} .venv/bin/capinterp reproduce --quick --fresh --out out/ci-quick
 step "notebooks"
-CAPINTERP_THREADS=${CAPINTERP_NB_THREADS:-2} .venv/bin/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 \
+CAPINTERP_THREADS=${CAPINTERP_NB_THREADS:-2} .venv/bin/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 --durations=0 \
   notebooks/*.ipynb
 step "docs"
 bash scripts/docs.sh

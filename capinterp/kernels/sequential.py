@@ -88,9 +88,9 @@ def sig_scores(
     rows = [(l, t, k) for l in lay for t in range(len(pos)) for k in range(len(alphas))]
     with frozen_params(model), torch.enable_grad():
         if method == "fast":
-            gsum = _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size)
-            if gsum is not None:
-                return gsum
+            scores = _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size)
+            if scores is not None:
+                return scores
         return _loop(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size)
 
 
