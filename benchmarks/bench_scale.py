@@ -186,6 +186,7 @@ def main() -> None:
 
     from torch.utils.flop_counter import FlopCounterMode
 
+    ig_scores(model, item, steps=1, batch_size=args.batch_size, method="fast")  # the route's once-per-model check
     counts = []
     for m in (1, 2):
         with FlopCounterMode(display=False) as fc:
