@@ -271,8 +271,8 @@ def score_edges(
             bar.update(len(group))
     bar.close()
     scores = (dist.all_reduce_sum(scores, dev) / len(pairs)).float() * graph.edge_mask
-    losses = sorted((x for part in dist.gather(losses) for x in part), key=lambda x: x[0])
-    clean_loss, corrupt_loss = [c for _, c, _ in losses], [k for _, _, k in losses]
+    merged = dist.gather_indexed([(i, (c, k)) for i, c, k in losses])
+    clean_loss, corrupt_loss = [c for c, _ in merged], [k for _, k in merged]
     modes = [p.mode for p in pairs]
     info = {
         "steps": steps,

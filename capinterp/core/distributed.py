@@ -84,6 +84,12 @@ def gather(obj: Any) -> list[Any]:
     return out
 
 
+def gather_indexed(pairs: Sequence[tuple[int, T]]) -> list[T]:
+    """Every rank's ``(index, item)`` pairs merged and ordered by index: the items a single process
+    would have produced, in its order."""
+    return [item for _, item in sorted((p for part in gather(list(pairs)) for p in part), key=lambda p: p[0])]
+
+
 def rank_path(path: str | None) -> str | None:
     """This rank's checkpoint file: ``path`` itself on one process, ``path.rank<r>-of-<n>`` under torchrun."""
     if path is None or world_size() == 1:

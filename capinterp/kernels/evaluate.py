@@ -111,6 +111,6 @@ def evaluate(
                     },
                 )
             )
-    records = [r for _, r in sorted((x for part in dist.gather(mine) for x in part), key=lambda x: x[0])]
+    records = dist.gather_indexed(mine)
     frame = pd.DataFrame(records)
     return EvalResult(float(frame["correct"].mean()), float(frame["prob"].mean()), len(records), records)

@@ -84,14 +84,12 @@ def sig_scores(
     base = (
         torch.zeros(n_layers, d_mlp, device=dev, dtype=torch.float64) if baseline is None else baseline.to(dev).double()
     )
-    # rows: every (layer, position, alpha) triple, layer-major
-    rows = [(l, t, k) for l in lay for t in range(len(pos)) for k in range(len(alphas))]
     with frozen_params(model), torch.enable_grad():
         if method == "fast":
-            scores = _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size)
+            scores = _fast(model, tokens, pos, lay, alphas, base, target, objective, batch_size)
             if scores is not None:
                 return scores
-        return _loop(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size)
+        return _loop(model, tokens, pos, lay, alphas, base, target, objective, batch_size)
 
 
 def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, torch.Tensor], base, m: int):
@@ -100,7 +98,7 @@ def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, to
     return out
 
 
-def _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size) -> torch.Tensor | None:
+def _fast(model, tokens, pos, lay, alphas, base, target, objective, batch_size) -> torch.Tensor | None:
     """Staircase route, one clean run per scaled position t split at t (the tokens before t never
     change); rows of every layer enter at their own block. None where the model cannot take it."""
     last = tokens.shape[1] - 1
@@ -123,7 +121,7 @@ def _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_
             return None
         for l in lay:
             acts[l][ti] = run.acts[l][0].double()  # position t is the suffix's first
-        mine = [(l, k) for l, tj, k in rows if tj == ti]
+        mine = [(l, k) for l in lay for k in range(len(alphas))]  # this position's rows, layer-major
         for c0 in range(0, len(mine), batch_size):
             chunk = mine[c0 : c0 + batch_size]
             groups = []
@@ -140,7 +138,7 @@ def _fast(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_
     return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base, len(alphas))
 
 
-def _loop(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_size) -> torch.Tensor:
+def _loop(model, tokens, pos, lay, alphas, base, target, objective, batch_size) -> torch.Tensor:
     """Full forward per row, from the first block; rows of one layer per batch."""
     n_layers, d_mlp = neuron_shape(model)
     dev, last = tokens.device, tokens.shape[1] - 1
@@ -155,7 +153,7 @@ def _loop(model, tokens, pos, lay, rows, alphas, base, target, objective, batch_
     gsum = {l: torch.zeros(len(pos), d_mlp, device=dev, dtype=torch.float64) for l in lay}
     pos_t = torch.tensor(pos, device=dev)
     for l in lay:
-        mine = [(t, k) for lj, t, k in rows if lj == l]
+        mine = [(t, k) for t in range(len(pos)) for k in range(len(alphas))]  # this layer's rows
         for c0 in range(0, len(mine), batch_size):
             tk = mine[c0 : c0 + batch_size]
             ti = torch.tensor([t for t, _ in tk], device=dev)

@@ -193,7 +193,7 @@ class QueryLocalization:
             done.append((k, self.localizer_.prompt_scores_.detach().float().cpu()))
             bar.update(len(groups[k]))
         bar.close()
-        scores = [s for _, s in sorted((x for part in dist.gather(done) for x in part), key=lambda x: x[0])]
+        scores = dist.gather_indexed(done)
         return self.fit_scores(scores, names=names, facts=groups)
 
     def fit_scores(
