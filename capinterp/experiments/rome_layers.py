@@ -13,6 +13,7 @@ over the same facts) are marked. ``info["traced_minus_other"]`` compares the two
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,9 +76,27 @@ def known_counterfact(model: Any, n: int, pool: int = 60) -> list[Example]:
     return known
 
 
-def layer_frame(model: Any, facts: Sequence[Example], layers: Sequence[int], **rome_params: Any) -> pd.DataFrame:
-    """One row per (fact, layer): ROME's three scores before and after the edit at that layer."""
-    return pd.concat([rome_counterfact(model, facts, layer, **rome_params) for layer in layers], ignore_index=True)
+def layer_frame(
+    model: Any, facts: Sequence[Example], layers: Sequence[int], ctx: Context | None = None, **rome_params: Any
+) -> pd.DataFrame:
+    """One row per (fact, layer): ROME's three scores before and after the edit at that layer.
+
+    With ``ctx``, each layer's rows are cached in its workdir (:meth:`Context.table`), so an
+    interrupted run resumes at the next layer."""
+    settings = "_".join(f"{k}{v}" for k, v in sorted(rome_params.items()) if k != "texts")
+    cases = "-".join(str(f.meta.get("case_id", i)) for i, f in enumerate(facts))
+    n_texts = len(rome_params.get("texts") or ())
+
+    def one(layer: int) -> pd.DataFrame:
+        make = lambda: rome_counterfact(model, facts, layer, **rome_params)  # noqa: E731
+        if ctx is None:
+            return make()
+        frame = ctx.table(f"rome_L{layer}_{cases}_{settings}_t{n_texts}", make)
+        if ctx.progress:
+            print(f"rome_layers: layer {layer} done", file=sys.stderr, flush=True)
+        return frame
+
+    return pd.concat([one(layer) for layer in layers], ignore_index=True)
 
 
 def layer_summary(frame: pd.DataFrame, traced: Sequence[int]) -> pd.DataFrame:
@@ -120,7 +139,7 @@ def run(ctx: Context) -> ExperimentResult:
         params["texts"] = texts
     else:  # no local corpus: the facts' own prompts stand in (C is then a rough estimate)
         params["texts"] = [f.prompt for f in facts] * 8
-    frame = layer_frame(model, facts, layers, **params)
+    frame = layer_frame(model, facts, layers, ctx, **params)
     table = layer_summary(frame, traced)
     inside, outside = table[table["traced"]], table[~table["traced"]]
     gap = {s: float(inside[s].mean() - outside[s].mean()) if len(inside) and len(outside) else np.nan for s in SCORES}

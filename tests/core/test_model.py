@@ -125,3 +125,33 @@ def test_packaged_models_do_division_above_chance(request, fixture, floor):
     res = ci.evaluate(model, ci.data.arithmetic(ops="/", n=24, fmt="DG", seed=1))
     print(f"{fixture}: 1-digit DG division accuracy {res.accuracy:.2f}")
     assert res.accuracy >= floor  # chance for a free-form integer answer is ~0
+
+
+@pytest.mark.slow
+def test_two_processes_convert_a_packaged_model_once(tmp_path):
+    """Two processes (torchrun ranks, parallel jobs) loading a packaged model into a fresh cache:
+    one converts it while the other waits for the lock, and both load it (no race on the files)."""
+    import subprocess
+    import sys
+
+    code = "import sys, capinterp as ci; m = ci.load_model('gemma3', cache=sys.argv[1]); print(m.cfg.n_layers)"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err.decode()[-2000:]
+        assert out.decode().strip().endswith("18")
+    assert len(list((tmp_path / "models").glob("gemma3-*-fp32"))) == 1
+
+
+@pytest.mark.slow
+def test_a_partial_gguf_from_an_interrupted_run_is_rebuilt(tmp_path):
+    from capinterp.core.model import _gguf_path
+
+    target = tmp_path / "gguf" / _PACKAGED["gemma3"]["gguf"]
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"GGUF half written")
+    path = _gguf_path("gemma3", tmp_path)
+    assert path == target and path.stat().st_size > 100_000_000

@@ -63,3 +63,23 @@ def test_intersection_row_is_the_and_of_the_classes(planted):
     for name, f in fits.items():
         assert table.loc[name, "share_inconsistent_static"] == pytest.approx(f.summary()["share_inconsistent_static"])
     assert table.loc["intersection: II", "share_inconsistent_static"] <= table["share_inconsistent_static"][:2].min()
+
+
+def test_rome_layers_resume_per_layer(planted, tmp_path, monkeypatch):
+    """With a workdir each layer's rows are cached: a rerun edits nothing and returns the same
+    table; a damaged layer file is rebuilt (that layer only)."""
+    from capinterp.experiments import Context, rome_layers
+
+    ctx = Context(planted, quick=True, workdir=tmp_path)
+    kw = dict(texts=TEXTS, steps=2, n_prefixes=1, prefix_tokens=3)
+    first = layer_frame(planted, BUILTIN[:1], [0, 2], ctx, **kw)
+    files = sorted((tmp_path / "tables").glob("*.json"))
+    assert len(files) == 2
+    calls = []
+    real = rome_layers.rome_counterfact
+    monkeypatch.setattr(rome_layers, "rome_counterfact", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    again = layer_frame(planted, BUILTIN[:1], [0, 2], ctx, **kw)
+    assert calls == [] and again.equals(first)
+    files[0].write_text("{not json")
+    layer_frame(planted, BUILTIN[:1], [0, 2], ctx, **kw)
+    assert len(calls) == 1
