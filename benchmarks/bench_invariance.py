@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/bench_invariance.py --model gemma3 --n 2 --profile
 
 On Gemma 3 (post-FFN RMSNorm, :mod:`capinterp.kernels.invariant`) the kernel's default
-``invariance="auto"`` sums a rule from three rows per layer; ``"off"`` integrates every node.
+``invariance="auto"`` sums a rule from four nodes (three rows per layer plus one clean row shared
+by all layers); ``"off"`` integrates every node; "before" is the kernel as it was before both
+savings (every node of every layer its own row, ``ig.SHARE_CLEAN_ROW = False``).
 For CNL's positions (every answer position) and KN's (the last prompt token), each rule runs both
 ways, interleaved prompt by prompt so machine load hits both alike, on the fast route, all
 layers. Printed per rule: seconds per prompt each way and their ratio, the largest difference
@@ -30,6 +32,7 @@ from bench_ig import make_prompts
 
 from capinterp.core.model import load_model
 from capinterp.core.tokens import encode
+from capinterp.kernels import ig
 from capinterp.kernels.ig import ig_scores
 
 
@@ -46,8 +49,6 @@ def top_shared(a: torch.Tensor, b: torch.Tensor, k: int = 100) -> int:
 
 def _node_grad(model, enc, alpha: float) -> torch.Tensor:
     """``alpha dF/da(alpha a)`` at every layer and CNL position: the kernel's rows for one node."""
-    from capinterp.kernels import ig
-
     al = torch.tensor([alpha], dtype=torch.float64)
     lay = list(range(int(model.cfg.n_layers)))
     with ig.frozen_params(model), torch.enable_grad():
@@ -112,26 +113,33 @@ def main(argv=None) -> int:
     )
     rules = [(r.split(":")[0], int(r.split(":")[1])) for r in args.rules.split(",")]
     print(
-        f"{'positions':<12} {'rule':<12} {'auto s/p':>9} {'off s/p':>9} {'speed-up':>9} {'auto vs off':>12} "
-        f"{'top100':>7} {'closed':>7} {'auto vs ref':>12} {'off vs ref':>11}"
+        f"{'positions':<12} {'rule':<12} {'auto s/p':>9} {'off s/p':>9} {'speed-up':>9} {'before s/p':>10} "
+        f"{'vs before':>9} {'auto vs off':>12} {'top100':>7} {'closed':>7} {'auto vs ref':>12} {'off vs ref':>11}"
     )
     for positions, label in (("answer", "CNL"), ("last_prompt", "KN")):
         kw = dict(positions=positions, batch_size=args.batch_size)
         ref = torch.cat([ig_scores(model, [e], steps=args.ref, rule="gauss", invariance="off", **kw) for e in encs])
         for rule, steps in rules:
-            auto, off, t_auto, t_off, closed = [], [], 0.0, 0.0, 0
+            auto, off, t_auto, t_off, t_before, closed = [], [], 0.0, 0.0, 0.0, 0
             for e in encs:
                 stats: dict = {}
                 t0 = time.perf_counter()
                 auto.append(ig_scores(model, [e], steps=steps, rule=rule, stats=stats, **kw))
                 t1 = time.perf_counter()
                 off.append(ig_scores(model, [e], steps=steps, rule=rule, invariance="off", **kw))
-                t_auto, t_off = t_auto + t1 - t0, t_off + time.perf_counter() - t1
+                t2 = time.perf_counter()
+                ig.SHARE_CLEAN_ROW = False  # the kernel before either saving: every node, every layer
+                try:
+                    ig_scores(model, [e], steps=steps, rule=rule, invariance="off", **kw)
+                finally:
+                    ig.SHARE_CLEAN_ROW = True
+                t_auto, t_off, t_before = t_auto + t1 - t0, t_off + t2 - t1, t_before + time.perf_counter() - t2
                 closed += stats["closed_form"]
             a, o = torch.cat(auto), torch.cat(off)
             print(
                 f"{positions + ' (' + label + ')':<12} {rule + ':' + str(steps):<12} {t_auto / len(encs):9.2f} "
-                f"{t_off / len(encs):9.2f} {t_off / t_auto:8.2f}x {rel(a, o):12.1e} {top_shared(a, o):7d} "
+                f"{t_off / len(encs):9.2f} {t_off / t_auto:8.2f}x {t_before / len(encs):10.2f} "
+                f"{t_before / t_auto:8.2f}x {rel(a, o):12.1e} {top_shared(a, o):7d} "
                 f"{closed:>4d}/{len(encs)} {rel(a, ref):12.2e} {rel(o, ref):11.2e}",
                 flush=True,
             )

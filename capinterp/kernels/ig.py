@@ -24,7 +24,10 @@ Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
   positions ``P`` run per row, and a row scaled at layer ``l`` enters at block ``l`` with the
   clean residual (the layers below it are never recomputed: a layer staircase). Logits are
   computed at ``P`` only. One backward per chunk; rows are independent, so each row's
-  gradient is exact. Details in :mod:`capinterp.kernels.prefix`.
+  gradient is exact. A node at ``alpha = 1`` (the right rule's last, the closed form's first)
+  is the clean point for every layer: one clean row with a zero leaf added to every layer's
+  ``hook_post`` gives its gradient for all layers at once (``n_layers x (m - 1) + 1`` rows).
+  Details in :mod:`capinterp.kernels.prefix`.
 * ``"prefix"``: the prefix reuse and layer batching of ``"fast"``, but every row runs every
   block through the bridge's own forward. ``"fast"`` falls back to it (with a warning) when
   direct block calls do not reproduce the model's logits on an architecture (checked on the
@@ -252,7 +255,8 @@ def ig_scores(
     > 0, is summed from four rows per layer instead of ``steps`` (same scores to float32
     noise, checked per example; an example that fails the check is integrated node by node);
     ``"off"`` always integrates.
-    ``stats`` (a dict), when given, receives ``{"closed_form": n, "integrated": n}``.
+    ``stats`` (a dict), when given, receives ``{"closed_form": n, "integrated": n, "rows": n}``
+    (examples summed in closed form / integrated node by node; forward-backward rows run).
     """
     _check(positions, objective, method)
     if batch_size < 1:
@@ -277,11 +281,13 @@ def ig_scores(
             stacklevel=2,
         )
     checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
+    counts = {"closed_form": 0, "integrated": 0, "rows": 0}
 
     def route(s: Site, al: torch.Tensor, w: torch.Tensor):
         if method == "loop":
+            counts["rows"] += len(lay) * len(al)
             return _ig_loop(model, s, lay, al, w, base, objective, batch_size)
-        return _ig_rows(model, s, lay, al, w, base, objective, batch_size, method, checked)
+        return _ig_rows(model, s, lay, al, w, base, objective, batch_size, method, checked, counts)
 
     if invariance not in INVARIANCE:
         raise ValueError(f"invariance must be one of {INVARIANCE}, got {invariance!r}")
@@ -292,7 +298,6 @@ def ig_scores(
         and bool((alphas > 0).all())
         and scale_invariant(model)
     )
-    counts = {"closed_form": 0, "integrated": 0}
     with frozen_params(model), torch.enable_grad():
         for i, enc in it:
             s = site(enc, positions)
@@ -350,12 +355,16 @@ def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
     return acts, gsum
 
 
-def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, method="fast", checked=None):
+def _ig_rows(
+    model, s: Site, lay, alphas, weights, base, objective, batch_size, method="fast", checked=None, stats=None
+):
     """Prefix reuse + (layer, step) rows batched across layers; staircase or bridge route."""
     try:
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=method == "prefix")
     except _prefix.NoCache:
         warnings.warn("the model gives no KV cache to reuse; IG uses method='loop'", RuntimeWarning, stacklevel=3)
+        if stats is not None:
+            stats["rows"] = stats.get("rows", 0) + len(lay) * len(alphas)
         return _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)
     forward = _prefix.stair_logits
     if method == "prefix":
@@ -373,22 +382,37 @@ def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, 
         len(lay), *weights.shape[1:], s.n_pos, acts.shape[-1], device=acts.device, dtype=_upcast(acts).dtype
     )
     m = len(alphas)
-    rows = [(li, k) for li in range(len(lay)) for k in range(m)]
+    # alpha = 1 is the clean point for every layer and baseline: one shared row (the staircase's
+    # clean row) gives its gradient for all layers, instead of one row per layer
+    share = SHARE_CLEAN_ROW and forward is _prefix.stair_logits
+    at_one = [k for k in range(m) if float(alphas[k]) == 1.0] if share else []
+    rows: list[tuple[int, int] | None] = [None] if at_one else []
+    rows += [(li, k) for li in range(len(lay)) for k in range(m) if k not in at_one]
     for c0 in range(0, len(rows), batch_size):
         chunk = rows[c0 : c0 + batch_size]
         groups, index = [], []
-        for li in sorted({li for li, _ in chunk}):
-            ks = [k for lj, k in chunk if lj == li]
+        for li in sorted({r[0] for r in chunk if r is not None}):
+            ks = [r[1] for r in chunk if r is not None and r[0] == li]
             b = None if base is None else base[lay[li]]
             groups.append((lay[li], _points(acts[li], b, alphas[ks], acts.dtype)))
             index.append((li, ks))
-        logits = forward(model, run, groups)
+        clean = {}
+        if None in chunk:
+            clean = {l: torch.zeros_like(acts[li][None], requires_grad=True) for li, l in enumerate(lay)}
+            index += [(li, at_one) for li in range(len(lay))]
+        logits = forward(model, run, groups, clean=clean) if clean else forward(model, run, groups)
         F = _Objective.apply(logits, s.targets, objective == "logprob")
-        grads = torch.autograd.grad(F.sum(), [z for _, z in groups])
+        grads = torch.autograd.grad(F.sum(), [z for _, z in groups] + list(clean.values()))
         for (li, ks), g in zip(index, grads):
-            gsum[li] += _weighted(g, weights[ks]).to(gsum.dtype)
+            gsum[li] += _weighted(g.expand(len(ks), -1, -1), weights[ks]).to(gsum.dtype)
+        if stats is not None:
+            stats["rows"] = stats.get("rows", 0) + len(chunk)
     return acts, gsum
 
+
+#: Run a node at alpha = 1 as one clean row for all layers (the staircase route); False runs it
+#: per layer like any node (benchmarks/bench_invariance.py measures the kernel both ways).
+SHARE_CLEAN_ROW = True
 
 #: Whether direct block calls reproduce a model's logits, per model and (dtype, device): a property
 #: of the architecture and precision, checked on the first prompt a model is attributed on.

@@ -230,8 +230,20 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
     return args, kw
 
 
+def _edit(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Tensor, hook) -> torch.Tensor:
+    """Hook (folded layout): the clean row (the first S positions) gets ``+ eps``, the rows that
+    joined at this block (the tail) become ``z``."""
+    if eps is not None:
+        act = torch.cat([act[:, : eps.shape[1]] + eps.to(act.dtype), act[:, eps.shape[1] :]], dim=1)
+    return act if z is None else _replace_tail(z, act, hook)
+
+
 def stair_logits(
-    model, run: CleanSuffix, groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]], at: int | None = None
+    model,
+    run: CleanSuffix,
+    groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]],
+    at: int | None = None,
+    clean: dict[int, Float[torch.Tensor, "1 S d_mlp"]] | None = None,
 ) -> Float[torch.Tensor, "R S V"]:
     """Logits [R, S, V] for rows whose layer-``l`` ``hook_post`` (all suffix positions) is ``z``.
 
@@ -240,16 +252,35 @@ def stair_logits(
     are folded into the sequence dimension (batch 1, ``rows*S`` positions, a block-diagonal
     mask over the suffix keys), so every row reads the one shared prefix K/V. ``at``: unembed
     suffix position ``at`` only (logits [R, 1, V]; a 262k vocabulary makes all S costly).
+
+    ``clean`` = {layer: eps [1, S, d_mlp]} adds one clean row in front (row 0), entering at the
+    lowest of those layers, whose ``hook_post`` at each of them is the clean one plus ``eps``:
+    with zero leaves, the gradient for each ``eps`` is the total derivative at the clean point
+    (alpha = 1) of every layer at once, where the groups would need one row per layer.
     """
     layers = [l for l, _ in groups]
     if layers != sorted(set(layers)):
         raise ValueError("groups must have strictly increasing layers")
+    clean = clean or {}
+    if not layers and not clean:
+        raise ValueError("nothing to run: no groups and no clean row")
     joining = dict(groups)
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
-    hooks = [(neuron_hook(l), functools.partial(_replace_tail, rearrange(z, "c s d -> 1 (c s) d"))) for l, z in groups]
+    hooks = [
+        (
+            neuron_hook(l),
+            functools.partial(
+                _edit, rearrange(joining[l], "c s d -> 1 (c s) d") if l in joining else None, clean.get(l)
+            ),
+        )
+        for l in sorted({*layers, *clean})
+    ]
+    start = min([*layers, *clean])
     with model.hooks(fwd_hooks=hooks):
-        for j in range(layers[0], len(model.blocks)):
+        for j in range(start, len(model.blocks)):
+            if clean and j == min(clean):
+                h, R = run.resid[j], 1
             if j in joining:
                 c = joining[j].shape[0]
                 new = run.resid[j].repeat(1, c, 1)

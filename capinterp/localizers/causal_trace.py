@@ -167,7 +167,7 @@ class CausalTrace(Localizer):
             dist.shard(prepared), desc="causal trace", disable=not (self.progress and dist.is_main()), leave=False
         )
         mine = [self._trace_one(item) for item in it]
-        for res in sorted((r for part in dist.gather(mine) for r in part), key=lambda r: r["index"]):
+        for res in dist.gather_indexed([(r["index"], r) for r in mine]):
             if res.get("skipped"):
                 self.skipped_facts_.append(res)
             else:

@@ -116,6 +116,26 @@ def test_options_change_the_scores(tiny64, encs64):
     assert max_rel(ig_scores(tiny, encs[0], steps=STEPS, positions="last_prompt"), one) <= TOL
 
 
+def test_the_clean_point_is_one_row_for_all_layers(tiny64, encs64):
+    """A node at alpha = 1 (right, linspace) is run once per example for every layer; rules
+    without it (midpoint), the bridge route and the loop run n_layers rows per node. Same scores
+    as the loop (the reference comparison above covers every rule)."""
+    L = tiny64.cfg.n_layers
+    for rule, method, rows in [
+        ("right", "fast", L * (STEPS - 1) + 1),
+        ("linspace", "fast", L * (STEPS - 1) + 1),
+        ("midpoint", "fast", L * STEPS),
+        ("right", "prefix", L * STEPS),
+        ("right", "loop", L * STEPS),
+    ]:
+        for batch_size in (1, 7, 500):
+            stats: dict = {}
+            got = ig_scores(tiny64, encs64, steps=STEPS, rule=rule, method=method, batch_size=batch_size, stats=stats)
+            assert stats["rows"] == len(encs64) * rows, (rule, method)
+            ref = ig_scores(tiny64, encs64, steps=STEPS, rule=rule, method="loop")
+            assert max_rel(got, ref) <= TOL64, (rule, method, batch_size)
+
+
 @pytest.mark.parametrize("positions,objective", [("answer", "prob"), ("last_prompt", "logprob")])
 def test_grad_x_act_matches_reference(tiny64, encs64, positions, objective):
     tiny, encs = tiny64, encs64
