@@ -5,8 +5,8 @@
 
 On Gemma 3 (post-FFN RMSNorm, :mod:`capinterp.kernels.invariant`) the kernel's default
 ``invariance="auto"`` sums a rule from four nodes (three rows per layer plus one clean row shared
-by all layers); ``"off"`` integrates every node; "before" is the kernel as it was before both
-savings (every node of every layer its own row, ``ig.SHARE_CLEAN_ROW = False``).
+by all layers); ``"off"`` integrates every node; "before" integrates every node with every node of every
+layer its own row (``ig.SHARE_CLEAN_ROW = False``): the default before either saving.
 For CNL's positions (every answer position) and KN's (the last prompt token), each rule runs both
 ways, interleaved prompt by prompt so machine load hits both alike, on the fast route, all
 layers. Printed per rule: seconds per prompt each way and their ratio, the largest difference
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
                 t1 = time.perf_counter()
                 off.append(ig_scores(model, [e], steps=steps, rule=rule, invariance="off", **kw))
                 t2 = time.perf_counter()
-                ig.SHARE_CLEAN_ROW = False  # the kernel before either saving: every node, every layer
+                ig.SHARE_CLEAN_ROW = False  # before either saving: every node of every layer its own row
                 try:
                     ig_scores(model, [e], steps=steps, rule=rule, invariance="off", **kw)
                 finally:

@@ -34,10 +34,12 @@ Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
   first example of each call); both fall back to ``"loop"`` for models without an HF KV cache.
 
 Scale-invariant FFN outputs (Gemma 2/3's post-FFN RMSNorm): with a zero baseline the rule's
-sum is read off four rows per layer whatever ``steps`` (``invariance="auto"``, the default;
-same scores to float32 noise, checked per example, see :mod:`capinterp.kernels.invariant`).
+sum is read off four nodes whatever ``steps``: three rows per layer plus the shared clean row
+(``invariance="auto"``, the default; same scores to float32 noise, checked per example, see
+:mod:`capinterp.kernels.invariant`).
 
-Otherwise every rule costs the same per point: ``n_layers x m`` rows per example, so the cost is linear in
+Otherwise every rule costs the same per point: ``n_layers x m`` rows per example (one fewer per
+layer, plus one, with a node at alpha = 1), so the cost is linear in
 ``steps`` whatever the rule (Gauss-Legendre with 5 points = a quarter of the papers' 20 rows;
 errors per rule in ``benchmarks/bench_ig.py --rules``). Cost per example (SmolLM2, ~30-token
 prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
@@ -252,7 +254,7 @@ def ig_scores(
 
     ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
     :mod:`capinterp.kernels.invariant`), a zero-baseline rule with at least eight nodes, all
-    > 0, is summed from four rows per layer instead of ``steps`` (same scores to float32
+    > 0, is summed from four nodes (3 rows per layer + 1 shared) instead of ``steps`` (same scores to float32
     noise, checked per example; an example that fails the check is integrated node by node);
     ``"off"`` always integrates.
     ``stats`` (a dict), when given, receives ``{"closed_form": n, "integrated": n, "rows": n}``

@@ -13,7 +13,8 @@ a constant times gradient x activation (the harmonic number H_m for the papers' 
 sum). The norm's ``eps`` breaks the identity at small alpha (on Gemma 3 270M by ~5 % at
 alpha = 0.05: its FFN outputs are small), but only through ``x = eps / (alpha^2 ms)``:
 ``h(alpha) = alpha dF/da(alpha a)`` is a smooth, nearly constant function of ``1 / alpha^2``.
-So four rows per layer replace the m nodes: ``h`` at four nodes fixes a cubic in
+So four nodes replace the m (three rows per layer plus the clean point alpha = 1, one row
+shared by all layers on the fast route): ``h`` at four nodes fixes a cubic in
 ``1 / alpha^2`` that gives ``h`` at every node of the rule (:func:`substitute_nodes`); the
 quadratic through three of them gives the same sum to second order, and their difference (the
 cubic term) must be small for the example to be accepted. Where it is not, the example is

@@ -54,7 +54,7 @@ class CNL(DatasetNeuronLocalizer):
         positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
         objective: ``"prob"`` (default) or ``"logprob"``.
         kernel: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
-        invariance: ``"auto"`` (default) sums the rule in closed form from four rows per layer on
+        invariance: ``"auto"`` (default) sums the rule in closed form from four nodes (3 rows per layer + 1 shared) on
             models whose FFN output is scale invariant (Gemma 2/3; scores within ~1e-4 of the
             largest, :mod:`capinterp.kernels.invariant`); ``"off"`` integrates node by node.
         batch_size: IG rows (layer x step points) per forward/backward; bounds peak memory.
