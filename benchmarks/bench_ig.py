@@ -19,7 +19,8 @@ and Gauss-Legendre, ``--rule-list``), all on the fast route, all layers, CNL pos
 prompt, error against a high-order Gauss-Legendre reference (``--ref-steps``), completeness
 error sum(IG_l) vs F(a) - F(a_l = 0) per layer, the sigma = 6 CNL set of the prompts' mean scores
 and the KN sets (last prompt token, > 0.2 max) against the reference's (IoU), and a profile of
-where the time goes (unembedding + objective, i.e. ops on [.., vocabulary] tensors, vs the rest)::
+where the time goes (unembedding + objective, i.e. ops on [.., vocabulary] tensors, vs the rest);
+``--per-layer`` adds, per layer at the KN position, each rule's error and top-50 overlap::
 
     .venv/bin/python benchmarks/bench_ig.py --rules --model gemma3 --n 4 --threads 2
     .venv/bin/python benchmarks/bench_ig.py --rules --quick      # 2 prompts, smaller reference
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rule-list", default="right:20,midpoint:10,gauss:3,gauss:5,gauss:8")
     ap.add_argument("--ref-steps", type=int, default=32, help="Gauss-Legendre points of the reference")
     ap.add_argument("--quick", action="store_true", help="with --rules: 2 prompts, 16-point reference")
+    ap.add_argument("--per-layer", action="store_true", help="with --rules: error and top-50 overlap per layer")
     args = ap.parse_args(argv)
     if args.rules:
         from bench_ig_rules import run_rules

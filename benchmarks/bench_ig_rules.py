@@ -54,6 +54,30 @@ def _profile(model, enc, rule: str, steps: int, batch_size: int) -> tuple[float,
     return vocab, total
 
 
+def _per_layer_table(kn: dict, runs: list, L: int, k: int = 50) -> None:
+    """Per layer, at the KN position (last prompt token): max |IG - IG_ref| / max |IG_ref| of the
+    layer (worst prompt) and how many of the reference's top-k neurons each rule keeps (fewest)."""
+    ref = torch.stack(kn[runs[0]])  # [prompts, layers, d]
+    print(
+        f"\nper layer, last prompt token: max err / max of the layer (worst prompt), top-{k} shared with the reference"
+    )
+    print(f"{'layer':>5} " + " ".join(f"{a + ':' + str(m):>17}" for a, m in runs[1:]))
+    for layer in range(L):
+        cells = []
+        for r in runs[1:]:
+            s = torch.stack(kn[r])
+            err = max(
+                ((a[layer] - b[layer]).abs().max() / b[layer].abs().max().clamp_min(1e-30)).item()
+                for a, b in zip(s, ref)
+            )
+            top = min(
+                len(set(a[layer].topk(k).indices.tolist()) & set(b[layer].topk(k).indices.tolist()))
+                for a, b in zip(s, ref)
+            )
+            cells.append(f"{err:10.1e} ({top:2d}/{k})")
+        print(f"{layer:5d} " + " ".join(cells))
+
+
 def run_rules(args) -> int:
     torch.set_num_threads(args.threads)
     n, ref_steps = (2, 16) if args.quick else (args.n, args.ref_steps)
@@ -110,6 +134,9 @@ def run_rules(args) -> int:
         per = sum(secs[r]) / n
         label = f"{r[0]}:{r[1]}" + (" (ref)" if r == runs[0] else "")
         print(f"{label:>12} {per:9.2f} {base / per:15.2f}x {err:12.2e} {comp:13.2e} {cnl:8.3f} {kn_iou:7.3f}")
+
+    if args.per_layer:
+        _per_layer_table(kn, runs, L)
 
     print(
         "\nprofile, prompt 0 (torch.profiler self CPU time; ops on [.., vocabulary] tensors = unembedding "
