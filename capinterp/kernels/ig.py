@@ -40,7 +40,7 @@ sum is read off four nodes whatever ``steps``: three rows per layer plus the sha
 
 Otherwise every rule costs the same per point: ``n_layers x m`` rows per example (one fewer per
 layer, plus one, with a node at alpha = 1), so the cost is linear in
-``steps`` whatever the rule (Gauss-Legendre with 5 points = a quarter of the papers' 20 rows;
+``steps`` whatever the rule (Gauss-Legendre with 10 points = half the papers' 20 rows;
 errors per rule in ``benchmarks/bench_ig.py --rules``). Cost per example (SmolLM2, ~30-token
 prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
 whatever the answer length; "fast" ~0.1 TMAC per answer token (a third of it the unembedding,

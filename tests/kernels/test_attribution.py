@@ -398,7 +398,7 @@ def test_ig_presets_and_reproduce_switch(tiny, tmp_path):
     from capinterp.kernels.quadrature import ig_preset
 
     assert ig_preset("papers", 10) == {"rule": "right", "steps": 10}
-    assert ig_preset("accurate", 10) == {"rule": "gauss", "steps": 5}
+    assert ig_preset("accurate", 20) == {"rule": "gauss", "steps": 10}
     assert ig_preset("accurate", 3) == {"rule": "gauss", "steps": 3}
     assert Context(tiny, quick=True, ig_rule="accurate").ig(3, 10) == {"rule": "gauss", "steps": 3}
     assert Context(tiny).ig(3, 10) == {"rule": "right", "steps": 10}
