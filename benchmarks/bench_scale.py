@@ -85,19 +85,22 @@ def block_params(c: dict) -> int:
 
 
 def ig_cost(c: dict, seq: int, steps: int, n_pos: int = 1, batch_rows: int = 64, elem: int = 2) -> dict:
-    """Fast-kernel IG of every neuron for one prompt: FLOPs and bytes of weights read.
+    """Fast-kernel IG of every neuron for one prompt, papers' rule: FLOPs and bytes of weights read.
 
     Clean prefix: one forward over ``seq`` tokens (2 P_block FLOPs per token per block). Rows:
-    ``steps x L`` (layer, step) pairs; a row scaled at layer l runs blocks l..L-1 on ``n_pos``
-    positions, forward and an input-gradient backward (x2: parameters need no gradient), and the
-    unembedding at those positions (x2).
+    ``(steps - 1) x L`` (layer, step) pairs plus one clean row shared by all layers (the right
+    rule's node at alpha = 1); a row scaled at layer l runs blocks l..L-1 (the clean row all L) on
+    ``n_pos`` positions, forward and an input-gradient backward (x2: parameters need no
+    gradient), and the unembedding at those positions (x2).
     Weight traffic: each chunk of ``batch_rows`` rows reads the blocks it spans, forward and back.
     """
     L, V, d = c["num_hidden_layers"], c["vocab_size"], c["hidden_size"]
     pb = block_params(c)
     prefix = 2 * pb * L * seq + 2 * d * V * n_pos
-    rows = steps * L * (L + 1) // 2 * n_pos * 2 * pb * 2 + steps * L * n_pos * 2 * d * V * 2
-    n_chunks = -(-steps * L // batch_rows)
+    n_rows = (steps - 1) * L + 1
+    block_passes = (steps - 1) * L * (L + 1) // 2 + L
+    rows = block_passes * n_pos * 2 * pb * 2 + n_rows * n_pos * 2 * d * V * 2
+    n_chunks = -(-n_rows // batch_rows)
     traffic = n_chunks * (pb * L + d * V) * elem * 2
     return {"flops": prefix + rows, "weight_bytes": traffic}
 
