@@ -24,7 +24,6 @@ import torch
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
-from capinterp.kernels.ig import ig_scores
 from capinterp.localizers.base import register
 from capinterp.localizers.kn import KN, coarse_mask
 
@@ -139,18 +138,8 @@ class AMIG(KN):
         self.data_dir = None if data_dir is None else str(data_dir)
         self.min_neurons, self.max_neurons, self.adapt_steps = int(min_neurons), int(max_neurons), int(adapt_steps)
 
-    def _prompt_scores(self, item) -> torch.Tensor:
-        return ig_scores(
-            self.model,
-            item,
-            steps=self.steps,
-            rule=self.rule,
-            positions="last_prompt",
-            objective=self.objective,
-            baseline=self.baseline_,
-            batch_size=self.batch_size,
-            method=self.kernel,
-        )[0]
+    def _path_kwargs(self) -> dict:
+        return {"baseline": self.baseline_}
 
     def _coarse(self, scores: torch.Tensor) -> torch.Tensor:
         t = self.threshold

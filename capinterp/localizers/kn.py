@@ -89,8 +89,12 @@ class KN(Localizer):
             objective=self.objective,
             batch_size=self.batch_size,
             method=self.kernel,
-            invariance=self.invariance,
+            **self._path_kwargs(),
         )[0]
+
+    def _path_kwargs(self) -> dict:
+        """Extra ``ig_scores`` arguments that set the integration path (AMIG: its baseline)."""
+        return {"invariance": self.invariance}
 
     def _coarse(self, scores: torch.Tensor) -> torch.Tensor:
         """One prompt's coarse set (subclasses may adapt the threshold)."""
