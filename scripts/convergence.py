@@ -7,6 +7,12 @@ each track up to its ``max_per_half``, or ``--max-per-half``), 3 splits per size
 under ``OUT/cache`` exactly as ``capinterp reproduce --out OUT`` caches them, so an interrupted
 run resumes, and a later ``capinterp reproduce --only convergence --out OUT`` reuses every block.
 Prints the summary table; writes ``OUT/experiments/convergence/`` (table, figure, info).
+
+    .venv/bin/python scripts/convergence.py --combine gemma3=out/conv-g-sub gemma3=out/conv-g-emotion \
+        smollm2=out/conv-s-sub --out out/convergence-all
+
+draws finished runs in one figure (one line per model, dataset and method) and prints their
+tables as one markdown table; writes ``OUT/table.csv``, ``OUT/figure.json`` and ``OUT/figure.html``.
 """
 
 from __future__ import annotations
@@ -20,8 +26,48 @@ from pathlib import Path
 import torch
 
 import capinterp as ci
-from capinterp.experiments.base import Context
-from capinterp.experiments.convergence import FULL_PLAN, FULL_SIZES, run_plan
+from capinterp.experiments.base import Context, ExperimentResult
+from capinterp.experiments.convergence import FULL_PLAN, FULL_SIZES, NAME, combine, convergence_figure, run_plan
+
+MD_HEADER = (
+    "| model | dataset | method | per half | overlap % (mean ± sd) | min-max | IoU % | located % of neurons "
+    "| s for both halves |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def markdown(table) -> str:
+    """The combined summary as a markdown table (percentages to 0.1, located share to 0.001)."""
+    lines = [MD_HEADER]
+    for r in table.itertuples():
+        lines.append(
+            f"| {r.model} | {r.dataset} | {r.method.upper()} | {r.n_per_half} | {r.overlap_mean:.1f} ± "
+            f"{r.overlap_std:.1f} | {r.overlap_min:.1f}-{r.overlap_max:.1f} | {r.iou_mean:.1f} | "
+            f"{r.ratio_pct_mean:.3f} | {r.seconds_per_size:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def combine_runs(pairs: list[str], out: Path) -> int:
+    """``--combine LABEL=DIR ...``: one table and one figure from finished runs."""
+    summaries = {}
+    for pair in pairs:
+        label, sep, folder = pair.partition("=")
+        if not sep or not label or not folder:
+            raise SystemExit(f"--combine takes LABEL=DIR, got {pair!r}")
+        path = Path(folder) / "experiments"
+        if not (path / NAME / "table.csv").is_file():
+            raise SystemExit(f"{folder}: no finished convergence run (no {path / NAME / 'table.csv'})")
+        key = f"{label}={folder}"
+        summaries[key] = ExperimentResult.load(path, NAME).table
+    table = combine(summaries)
+    table["model"] = table["model"].str.partition("=")[0]
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "table.csv", index=False)
+    fig = convergence_figure(table)
+    (out / "figure.json").write_text(fig.to_json())
+    fig.write_html(out / "figure.html", include_plotlyjs=True)
+    print(markdown(table))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -30,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="gemma3")
     ap.add_argument("--tracks", default=",".join(tracks), help=f"comma-separated, of {', '.join(tracks)}")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--combine", nargs="+", metavar="LABEL=DIR", help="combine finished runs instead of running")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ig-rule", default="papers", choices=("papers", "accurate"))
     ap.add_argument(
@@ -39,6 +86,8 @@ def main(argv=None) -> int:
         help="cap every track at this many examples per half (a shorter run; its pool, and so its blocks, differ)",
     )
     args = ap.parse_args(argv)
+    if args.combine:
+        return combine_runs(args.combine, Path(args.out))
     unknown = [t for t in args.tracks.split(",") if t not in tracks]
     if unknown:
         ap.error(f"unknown track(s) {unknown}; choose from {', '.join(tracks)}")

@@ -49,6 +49,7 @@ __all__ = [
     "QUICK_PLAN",
     "Track",
     "block_scores",
+    "combine",
     "convergence_figure",
     "convergence_table",
     "load_track",
@@ -224,15 +225,18 @@ def summarize(table: pd.DataFrame, timing: Mapping[str, float] | None = None) ->
 
 def convergence_figure(summary: pd.DataFrame) -> go.Figure:
     """The paper's Fig. 6: mean split-half overlap against examples per half, one line per
-    dataset and method (error bars: spread over splits)."""
+    dataset and method (and model, where ``summary`` has a ``model`` column, see :func:`combine`;
+    error bars: spread over splits)."""
     fig = go.Figure()
-    for (dataset, method), sub in summary.groupby(["dataset", "method"], sort=False):
+    keys = ["model", "dataset", "method"] if "model" in summary else ["dataset", "method"]
+    for key, sub in summary.groupby(keys, sort=False):
+        *labels, method = key
         fig.add_scatter(
             x=sub["n_per_half"],
             y=sub["overlap_mean"],
             error_y={"type": "data", "array": sub["overlap_std"]},
             mode="lines+markers",
-            name=f"{dataset} / {method.upper()}",
+            name=" / ".join([*labels, method.upper()]),
             line={"dash": "solid" if method == "cnl" else "dot"},
             customdata=sub[["iou_mean", "ratio_pct_mean", "n_splits"]],
             hovertemplate="%{x} per half: overlap %{y:.1f}%<br>IoU %{customdata[0]:.1f}%, ratio "
@@ -245,6 +249,27 @@ def convergence_figure(summary: pd.DataFrame) -> go.Figure:
         yaxis={"title": "overlap (%)", "range": [0, 100]},
     )
     return fig
+
+
+def combine(summaries: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Stack the summary tables of several runs (e.g. one per model, or per track run apart),
+    keyed by a label that becomes the leading ``model`` column; draw with :func:`convergence_figure`."""
+    if not summaries:
+        raise ValueError("combine needs at least one summary table")
+    for label, summary in summaries.items():
+        missing = [c for c in SUMMARY_COLUMNS if c not in summary]
+        if missing:
+            raise ValueError(f"summary {label!r} is not a convergence summary: it lacks {missing}")
+    parts = [summary[SUMMARY_COLUMNS].assign(model=label) for label, summary in summaries.items()]
+    out = pd.concat(parts, ignore_index=True)[["model", *SUMMARY_COLUMNS]]
+    twice = out[out.duplicated(["model", "dataset", "method", "n_per_half"], keep=False)]
+    if len(twice):
+        first = twice.iloc[0]
+        raise ValueError(
+            f"{first['model']!r} has {first['dataset']}/{first['method']} at {first['n_per_half']} per half "
+            "in more than one run; give each run its own label"
+        )
+    return out
 
 
 @experiment(NAME, TITLE)

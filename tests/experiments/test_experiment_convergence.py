@@ -3,16 +3,23 @@ disjoint and seeded, identical data is fully consistent, bad sizes are refused, 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
 
 import capinterp as ci
 from capinterp.data import Example
-from capinterp.experiments import EXPERIMENTS, Context
+from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
 from capinterp.experiments.convergence import (
     COLUMNS,
     QUICK_PLAN,
     block_scores,
+    combine,
+    convergence_figure,
     convergence_table,
     load_track,
     split_blocks,
@@ -96,3 +103,41 @@ def test_quick_mode_is_registered_and_runs(tiny, tmp_path):
     assert res.table["overlap_mean"].between(0, 100).all()
     assert set(res.info["first_size_reaching_90pct_overlap"]) == {"sub/cnl", "sub/dcsn"}
     assert res.info["settings"]["params"]["cnl"] == {"steps": 4}  # quick; full mode: the papers' 20
+
+
+def _summary(tiny, data):
+    table, timing = convergence_table(tiny, data, sizes=[2, 4], block=2, n_splits=1, methods=("dcsn",))
+    return summarize(table, timing)
+
+
+def test_runs_combine_into_one_table_and_one_line_per_model_dataset_method(tiny):
+    a, b = _summary(tiny, {"s": SUMS[:8]}), _summary(tiny, {"s": SUMS[4:], "t": SUMS[:8]})
+    both = combine({"m1": a, "m2": b})
+    assert list(both.columns[:3]) == ["model", "dataset", "method"] and len(both) == len(a) + len(b)
+    assert both[both["model"] == "m2"].drop(columns="model").reset_index(drop=True).equals(b)
+    names = [t.name for t in convergence_figure(both).data]
+    assert names == ["m1 / s / DCSN", "m2 / s / DCSN", "m2 / t / DCSN"]
+    assert [t.name for t in convergence_figure(a).data] == ["s / DCSN"]  # one run: no model in the name
+    with pytest.raises(ValueError, match="more than one run"):
+        combine({"m1": pd.concat([a, a], ignore_index=True)})
+    with pytest.raises(ValueError, match="lacks"):
+        combine({"m1": a.drop(columns="iou_mean")})
+    with pytest.raises(ValueError, match="at least one"):
+        combine({})
+
+
+def test_the_script_combines_finished_runs(tiny, tmp_path):
+    summary = _summary(tiny, {"s": SUMS[:8]})
+    for run in ("r1", "r2"):
+        ExperimentResult("convergence", "t", summary, None, {}).save(tmp_path / run / "experiments")
+    script = Path(__file__).parents[2] / "scripts" / "convergence.py"
+    args = [sys.executable, str(script), "--out", str(tmp_path / "all"), "--combine"]
+    done = subprocess.run([*args, f"a={tmp_path / 'r1'}", f"b={tmp_path / 'r2'}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| a |") or line.startswith("| b |")]
+    assert len(rows) == 2 * len(summary) and rows[0].startswith("| a | s | DCSN | 2 | ")
+    assert {p.name for p in (tmp_path / "all").iterdir()} == {"table.csv", "figure.json", "figure.html"}
+    bad = subprocess.run([*args, f"a={tmp_path / 'nowhere'}"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no finished convergence run" in bad.stderr
+    bad = subprocess.run([*args, "just-a-folder"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "LABEL=DIR" in bad.stderr
