@@ -49,7 +49,7 @@ def markdown(table) -> str:
 
 def combine_runs(pairs: list[str], out: Path) -> int:
     """``--combine LABEL=DIR ...``: one table and one figure from finished runs."""
-    summaries = {}
+    runs = []
     for pair in pairs:
         label, sep, folder = pair.partition("=")
         if not sep or not label or not folder:
@@ -57,15 +57,13 @@ def combine_runs(pairs: list[str], out: Path) -> int:
         path = Path(folder) / "experiments"
         if not (path / NAME / "table.csv").is_file():
             raise SystemExit(f"{folder}: no finished convergence run (no {path / NAME / 'table.csv'})")
-        key = f"{label}={folder}"
-        summaries[key] = ExperimentResult.load(path, NAME).table
-    table = combine(summaries)
-    table["model"] = table["model"].str.partition("=")[0]
+        runs.append((label, ExperimentResult.load(path, NAME).table))
+    table = combine(runs)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "table.csv", index=False)
     fig = convergence_figure(table)
     (out / "figure.json").write_text(fig.to_json())
-    fig.write_html(out / "figure.html", include_plotlyjs=True)
+    fig.write_html(out / "figure.html")
     print(markdown(table))
     return 0
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,16 +251,18 @@ def convergence_figure(summary: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def combine(summaries: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """Stack the summary tables of several runs (e.g. one per model, or per track run apart),
-    keyed by a label that becomes the leading ``model`` column; draw with :func:`convergence_figure`."""
-    if not summaries:
+def combine(runs: Iterable[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+    """Stack the summary tables of several runs, each as ``(label, summary)``; the label (e.g. the
+    model, shared by its runs of different tracks) becomes the leading ``model`` column. Draw with
+    :func:`convergence_figure`."""
+    runs = list(runs)
+    if not runs:
         raise ValueError("combine needs at least one summary table")
-    for label, summary in summaries.items():
+    for label, summary in runs:
         missing = [c for c in SUMMARY_COLUMNS if c not in summary]
         if missing:
             raise ValueError(f"summary {label!r} is not a convergence summary: it lacks {missing}")
-    parts = [summary[SUMMARY_COLUMNS].assign(model=label) for label, summary in summaries.items()]
+    parts = [summary[SUMMARY_COLUMNS].assign(model=label) for label, summary in runs]
     out = pd.concat(parts, ignore_index=True)[["model", *SUMMARY_COLUMNS]]
     twice = out[out.duplicated(["model", "dataset", "method", "n_per_half"], keep=False)]
     if len(twice):

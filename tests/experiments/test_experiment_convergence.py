@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -112,18 +111,20 @@ def _summary(tiny, data):
 
 def test_runs_combine_into_one_table_and_one_line_per_model_dataset_method(tiny):
     a, b = _summary(tiny, {"s": SUMS[:8]}), _summary(tiny, {"s": SUMS[4:], "t": SUMS[:8]})
-    both = combine({"m1": a, "m2": b})
+    both = combine([("m1", a), ("m2", b)])
     assert list(both.columns[:3]) == ["model", "dataset", "method"] and len(both) == len(a) + len(b)
     assert both[both["model"] == "m2"].drop(columns="model").reset_index(drop=True).equals(b)
     names = [t.name for t in convergence_figure(both).data]
     assert names == ["m1 / s / DCSN", "m2 / s / DCSN", "m2 / t / DCSN"]
+    # one label over runs of different tracks (how a model's tracks are run apart)
+    assert len(combine([("m", a), ("m", a.assign(dataset="t"))])) == 2 * len(a)
     assert [t.name for t in convergence_figure(a).data] == ["s / DCSN"]  # one run: no model in the name
     with pytest.raises(ValueError, match="more than one run"):
-        combine({"m1": pd.concat([a, a], ignore_index=True)})
+        combine([("m1", a), ("m1", a)])  # one model, the same track twice
     with pytest.raises(ValueError, match="lacks"):
-        combine({"m1": a.drop(columns="iou_mean")})
+        combine([("m1", a.drop(columns="iou_mean"))])
     with pytest.raises(ValueError, match="at least one"):
-        combine({})
+        combine([])
 
 
 def test_the_script_combines_finished_runs(tiny, tmp_path):
