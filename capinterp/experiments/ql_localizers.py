@@ -87,7 +87,7 @@ def run(ctx: Context) -> ExperimentResult:
     fits, seconds = {}, {}
     for name in LOCALIZERS:
         t0 = time.perf_counter()
-        ql = QueryLocalization(ctx.model, localizer=name, steps=steps, progress=False, **extra.get(name, {}))
+        ql = QueryLocalization(ctx.model, localizer=name, steps=steps, progress=ctx.progress, **extra.get(name, {}))
         fits[name] = ql.fit(bags)
         seconds[name] = round(time.perf_counter() - t0, 1)
     table = inconsistency_table(fits)

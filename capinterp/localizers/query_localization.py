@@ -187,7 +187,8 @@ class QueryLocalization:
         mine = dist.shard(list(range(len(groups))))
         done: list[tuple[int, torch.Tensor]] = []
         show = self.progress and dist.is_main()
-        bar = tqdm(total=sum(len(groups[k]) for k in mine), desc="query localization", disable=not show)
+        desc = f"query localization ({self.localizer_.name})"
+        bar = tqdm(total=sum(len(groups[k]) for k in mine), desc=desc, disable=not show)
         for k in mine:
             self.localizer_.fit(groups[k])
             done.append((k, self.localizer_.prompt_scores_.detach().float().cpu()))

@@ -237,3 +237,12 @@ def ci_edit(model, fact, ql, unrelated):
     edit = edit_knowledge(model, fact, "union", "erase", ql=ql, unrelated=unrelated)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items() if "mlp" in k)
     return edit
+
+
+def test_progress_bar_names_the_localizer_and_counts_queries(tiny, capsys):
+    fact = [Example("The Eiffel Tower is in the city of", " Paris")] * 2
+    QueryLocalization(tiny, localizer="kn", steps=2, progress=True).fit([fact, fact])
+    err = capsys.readouterr().err
+    assert "query localization (kn)" in err and "4/4" in err
+    QueryLocalization(tiny, localizer="kn", steps=2, progress=False).fit([fact, fact])
+    assert "query localization" not in capsys.readouterr().err
