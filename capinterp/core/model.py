@@ -88,7 +88,7 @@ def load_model(
         max_memory: per-device limits for ``device_map`` (``{0: "20GiB", "cpu": "60GiB"}``).
         offload_folder: where accelerate keeps the weights of modules mapped to ``"disk"``. Offloaded
             weights live on the meta device between calls: forward-only methods (IG, tracing,
-            circuits) work; methods that read weights directly (DCSN's projection, editing) do not.
+            circuits) and DCSN (which reads its weights through accelerate's hook) work; editing does not.
         threads: torch intra-op threads (``None`` keeps the current setting or ``$CAPINTERP_THREADS``).
         cache: folder for dequantized packaged weights (see :func:`cache_dir`).
         tiny_kwargs: sizes for ``"tiny"`` models (``n_layers``, ``d_model``, ``d_mlp``, ``seed``, ...).

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.core.offload import weights_readable
 from capinterp.core.tokens import Encoded, collate, pad_id
 from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
@@ -78,8 +79,9 @@ def last_token_activations(
 def rms_gain(norm: torch.nn.Module, d_model: int) -> Float[Tensor, " d_model"]:
     """The elementwise gain ``g`` of an RMSNorm (``x / rms(x) * g``), read off the module itself:
     an all-ones input has RMS 1, so ``norm(1) = g / sqrt(1 + eps)`` (relative error ~eps / 2)."""
-    p = next(norm.parameters())
-    return norm(torch.ones(1, 1, d_model, device=p.device, dtype=p.dtype))[0, 0].float()
+    with weights_readable(norm):
+        p = next(norm.parameters())
+        return norm(torch.ones(1, 1, d_model, device=p.device, dtype=p.dtype))[0, 0].float()
 
 
 def folded_norms(model) -> tuple[list[torch.Tensor | None], torch.Tensor, list[str]]:
@@ -102,8 +104,10 @@ def fold_for(model, norms: str) -> tuple | None:
 
 def projection(model, layer: int, token_ids: Int[Tensor, " n"]) -> Float[Tensor, "d_mlp n"]:
     """``(W_out[layer] @ W_U)[:, token_ids]`` -> ``[d_mlp, len(token_ids)]``, only the needed columns."""
-    w_out = model.blocks[layer].mlp.W_out  # [d_mlp, d_model], raw weights
-    return (w_out @ model.W_U[:, token_ids]).float()
+    with weights_readable(model.blocks[layer].mlp, model.unembed):
+        w_u = model.W_U[:, token_ids]
+        w_out = model.blocks[layer].mlp.W_out.to(w_u.device)  # [d_mlp, d_model], raw weights
+        return (w_out @ w_u).float()
 
 
 @torch.no_grad()
@@ -127,7 +131,7 @@ def per_sample_scores(
     out = torch.empty_like(acts)
     for l in range(acts.shape[1]):
         proj = projection(model, l, tok).T if fold is None else folded_projection(model, l, tok, fold, scales)
-        out[:, l] = acts[:, l] * proj
+        out[:, l] = acts[:, l] * proj.to(acts.device)
     return out, tok, logits.argmax(-1)
 
 
@@ -136,12 +140,14 @@ def folded_projection(
 ) -> Float[Tensor, "n d_mlp"]:
     """``[n, d_mlp]``: each neuron's direct effect on ``tok`` per unit activation, norms folded (scales frozen)."""
     post, g_final, _ = fold
-    w = model.blocks[layer].mlp.W_out.float() * g_final  # [d_mlp, d_model]
-    s = scales["ln_final.hook_scale"][:, 0]
+    with weights_readable(model.blocks[layer].mlp, model.unembed):
+        w_u = model.W_U[:, tok].float()
+        w = model.blocks[layer].mlp.W_out.to(w_u.device).float() * g_final.to(w_u.device)  # [d_mlp, d_model]
+    s = scales["ln_final.hook_scale"][:, 0].to(w_u.device)
     if post[layer] is not None:
-        w = w * post[layer]
-        s = s * scales[f"blocks.{layer}.ln2_post.hook_scale"][:, 0]
-    return (w @ model.W_U[:, tok].float()).T / s[:, None]
+        w = w * post[layer].to(w_u.device)
+        s = s * scales[f"blocks.{layer}.ln2_post.hook_scale"][:, 0].to(w_u.device)
+    return (w @ w_u).T / s[:, None]
 
 
 @register("dcsn")

@@ -55,6 +55,26 @@ def test_dispatched_model_with_disk_offload(folder, ds, tmp_path):
     torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("norms", ["raw", "fold"])
+def test_dcsn_reads_weights_offloaded_to_disk(folder, ds, tmp_path, norms):
+    """DCSN reads W_out, W_U and the norm gains directly; offloaded, they are meta between calls."""
+    plain = load_model(folder, threads=1)
+    dm = {
+        "model.embed_tokens": "cpu",
+        **{f"model.layers.{i}": "cpu" for i in range(3)},
+        "model.layers.3": "disk",
+        "model.norm": "disk",
+        "model.rotary_emb": "cpu",
+        "lm_head": "disk",
+    }
+    placed = load_model(folder, device_map=dm, offload_folder=tmp_path, threads=1)
+    a = DCSN(plain, norms=norms, progress=False).fit(ds).scores_[:]
+    b = DCSN(placed, norms=norms, progress=False).fit(ds).scores_[:]
+    assert a.abs().max() > 0
+    torch.testing.assert_close(a, b)
+    assert placed.blocks[3].mlp.original_component.down_proj.weight.device.type == "meta"  # put back
+
+
 def test_device_map_arguments_are_checked_first(folder):
     with pytest.raises(ValueError, match="not 'tiny'"):
         load_model("tiny", device_map="auto")
