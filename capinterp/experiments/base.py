@@ -77,7 +77,8 @@ class Context:
 
     def ig(self, quick: int, full: int) -> dict[str, Any]:
         """IG ``{"rule", "steps"}`` for this run: ``ig_rule="papers"`` (right Riemann sum with
-        ``size(quick, full)`` points) or ``"accurate"`` (Gauss-Legendre, at most 5 points)."""
+        ``size(quick, full)`` points) or ``"accurate"`` (Gauss-Legendre, at most
+        :data:`~capinterp.kernels.quadrature.ACCURATE_STEPS` points)."""
         from capinterp.kernels.quadrature import ig_preset
 
         return ig_preset(self.ig_rule, self.size(quick, full))

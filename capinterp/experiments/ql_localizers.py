@@ -77,7 +77,7 @@ def run(ctx: Context) -> ExperimentResult:
     bags = known_paraphrases(
         ctx.model, builtin_paraphrases(ctx.size(3, None)), per_fact=ctx.size(2, 4), max_facts=ctx.size(2, 12)
     )
-    steps = ctx.size(2, 10)
+    ig = ctx.ig(2, 10)  # the papers' right sum, or Gauss-Legendre with --ig-rule accurate
     texts = (
         local_texts(n=32, seed=ctx.seed)
         if shared_data_dir() is not None
@@ -87,7 +87,7 @@ def run(ctx: Context) -> ExperimentResult:
     fits, seconds = {}, {}
     for name in LOCALIZERS:
         t0 = time.perf_counter()
-        ql = QueryLocalization(ctx.model, localizer=name, steps=steps, progress=ctx.progress, **extra.get(name, {}))
+        ql = QueryLocalization(ctx.model, localizer=name, **ig, progress=ctx.progress, **extra.get(name, {}))
         fits[name] = ql.fit(bags)
         seconds[name] = round(time.perf_counter() - t0, 1)
     table = inconsistency_table(fits)
@@ -101,7 +101,8 @@ def run(ctx: Context) -> ExperimentResult:
     info = {
         "paper": PAPER,
         "fit_seconds": seconds,
-        "steps": steps,
+        "steps": ig["steps"],
+        "ig_rule": ig["rule"],
         "n_facts": len(bags),
         "queries_per_fact": ctx.size(2, 4),
         "notes": "AMIG's baseline: mean activation over 32 texts of the local data folder (or the facts' own text without one).",

@@ -5,10 +5,11 @@ jointly. SIG scales **one token position at a time**: for layer ``l`` and each p
 ``positions``, only ``hook_post[l][t]`` (all neurons at t) moves along ``b + alpha_k (a_t - b)``
 while every other position keeps its clean activation, and
 
-    SIG_l = sum_t (a_t - b) * (1/m) sum_k dF/da_t(alpha_k)                    -> [d_mlp]
+    SIG_l = sum_t (a_t - b) * sum_k w_k dF/da_t(alpha_k)                      -> [d_mlp]
 
 with F the probability (or log-probability) of the first answer token at the last prompt
-position, as in KN. Rows = (layer, position, step) triples, ``batch_size`` per forward and
+position, as in KN, and (alpha_k, w_k) any rule of :mod:`capinterp.kernels.quadrature` (the papers'
+right sum: w_k = 1/m). Rows = (layer, position, step) triples, ``batch_size`` per forward and
 backward, unembedded at the last prompt position only; the model's parameters get no ``.grad``.
 Sums in float64; returned float32 on the CPU.
 
@@ -31,11 +32,11 @@ from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
-from capinterp.kernels.ig import frozen_params, ig_alphas, objective_from_logits
+from capinterp.kernels.ig import frozen_params, objective_from_logits
+from capinterp.kernels.quadrature import RULES, check_rule, quadrature
 
 __all__ = ["METHODS", "RULES", "sig_scores"]
 
-RULES = ("right", "left", "linspace")
 METHODS = ("fast", "loop")
 
 
@@ -62,8 +63,7 @@ def sig_scores(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if rule not in RULES:  # equal-weight rules only: every point is weighted 1/m below
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    check_rule(steps, rule)
     n_layers, d_mlp = neuron_shape(model)
     dev = torch.device(model.cfg.device)
     last = enc.last_prompt_pos
@@ -78,7 +78,7 @@ def sig_scores(
     lay = list(range(n_layers)) if layers is None else sorted(set(int(l) for l in layers))
     if baseline is not None and tuple(baseline.shape) != (n_layers, d_mlp):
         raise ValueError(f"baseline must be [n_layers, d_mlp]=({n_layers}, {d_mlp}), got {tuple(baseline.shape)}")
-    alphas = ig_alphas(steps, rule)
+    alphas, weights = quadrature(steps, rule)
     tokens = torch.tensor([enc.ids[: last + 1]], device=dev)
     target = torch.tensor([enc.target_ids[0]], device=dev)
     base = (
@@ -86,23 +86,25 @@ def sig_scores(
     )
     with frozen_params(model), torch.enable_grad():
         if method == "fast":
-            scores = _fast(model, tokens, pos, lay, alphas, base, target, objective, batch_size)
+            scores = _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size)
             if scores is not None:
                 return scores
-        return _loop(model, tokens, pos, lay, alphas, base, target, objective, batch_size)
+        return _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size)
 
 
-def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, torch.Tensor], base, m: int):
+def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, torch.Tensor], base):
+    """``out[l] = sum_t (a_t - b) * gsum_t``, gsum already weighted by the rule."""
     for l, g in gsum.items():
-        out[l] = ((acts[l] - base[l]) * g / m).sum(0).float().cpu()
+        out[l] = ((acts[l] - base[l]) * g).sum(0).float().cpu()
     return out
 
 
-def _fast(model, tokens, pos, lay, alphas, base, target, objective, batch_size) -> torch.Tensor | None:
+def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size) -> torch.Tensor | None:
     """Staircase route, one clean run per scaled position t split at t (the tokens before t never
     change); rows of every layer enter at their own block. None where the model cannot take it."""
     last = tokens.shape[1] - 1
     n_layers, d_mlp = neuron_shape(model)
+    alphas, weights = alphas.to(tokens.device), weights.to(tokens.device)
     acts = {l: torch.zeros(len(pos), d_mlp, device=tokens.device, dtype=torch.float64) for l in lay}
     gsum = {l: torch.zeros(len(pos), d_mlp, device=tokens.device, dtype=torch.float64) for l in lay}
     for ti, t in enumerate(pos):
@@ -124,21 +126,23 @@ def _fast(model, tokens, pos, lay, alphas, base, target, objective, batch_size) 
         mine = [(l, k) for l in lay for k in range(len(alphas))]  # this position's rows, layer-major
         for c0 in range(0, len(mine), batch_size):
             chunk = mine[c0 : c0 + batch_size]
-            groups = []
+            groups, row_weights = [], []
             for l in sorted({l for l, _ in chunk}):
-                al = alphas.to(tokens.device).double()[[k for lj, k in chunk if lj == l]]
+                ks = [k for lj, k in chunk if lj == l]
+                al = alphas[ks]
+                row_weights.append(weights[ks])
                 z = run.acts[l][None].repeat(len(al), 1, 1)  # [c, S, d_mlp]: clean, except ...
                 z[:, 0] = (base[l] + al[:, None] * (acts[l][ti] - base[l])).to(z.dtype)  # ... at t
                 groups.append((l, z.requires_grad_(True)))
             logits = _prefix.stair_logits(model, run, groups, at=last - t)
             F = objective_from_logits(logits, target, objective)
             grads = torch.autograd.grad(F.sum(), [z for _, z in groups])
-            for (l, _), g in zip(groups, grads):
-                gsum[l][ti] += g[:, 0].double().sum(0)
-    return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base, len(alphas))
+            for (l, _), g, w in zip(groups, grads, row_weights):
+                gsum[l][ti] += w @ g[:, 0].double()
+    return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base)
 
 
-def _loop(model, tokens, pos, lay, alphas, base, target, objective, batch_size) -> torch.Tensor:
+def _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size) -> torch.Tensor:
     """Full forward per row, from the first block; rows of one layer per batch."""
     n_layers, d_mlp = neuron_shape(model)
     dev, last = tokens.device, tokens.shape[1] - 1
@@ -152,12 +156,14 @@ def _loop(model, tokens, pos, lay, alphas, base, target, objective, batch_size) 
     acts = {l: clean[l].double()[pos] for l in lay}
     gsum = {l: torch.zeros(len(pos), d_mlp, device=dev, dtype=torch.float64) for l in lay}
     pos_t = torch.tensor(pos, device=dev)
+    alphas, weights = alphas.to(dev), weights.to(dev)
     for l in lay:
         mine = [(t, k) for t in range(len(pos)) for k in range(len(alphas))]  # this layer's rows
         for c0 in range(0, len(mine), batch_size):
             tk = mine[c0 : c0 + batch_size]
             ti = torch.tensor([t for t, _ in tk], device=dev)
-            ra = alphas.to(dev).double()[[k for _, k in tk]]
+            ks = [k for _, k in tk]
+            ra = alphas[ks]
             z = (
                 (base[l] + ra[:, None] * (acts[l][ti] - base[l])).to(clean[l].dtype).detach().requires_grad_(True)
             )  # [R, d_mlp]
@@ -169,5 +175,5 @@ def _loop(model, tokens, pos, lay, alphas, base, target, objective, batch_size) 
             resid = capture(model, tokens.expand(len(tk), -1), "ln_final.hook_in", [(neuron_hook(l), put)])
             F = objective_from_logits(unembed(model, resid[:, last : last + 1]), target, objective)
             (g,) = torch.autograd.grad(F.sum(), z)
-            gsum[l].index_add_(0, ti, g.double())
-    return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base, len(alphas))
+            gsum[l].index_add_(0, ti, g.double() * weights[ks][:, None])
+    return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base)

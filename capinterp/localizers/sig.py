@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from capinterp.kernels.sequential import RULES, sig_scores
+from capinterp.kernels.quadrature import check_rule
+from capinterp.kernels.sequential import sig_scores
 from capinterp.localizers.base import register
 from capinterp.localizers.kn import KN
 
@@ -27,7 +28,8 @@ class SIG(KN):
         steps: interpolation points per position (20).
         positions: ``"prompt"`` (every prompt token after the BOS, default) or ``"last_prompt"``
             (the last prompt token only: then SIG equals KN's IG).
-        rule: ``"right"``, ``"left"`` or ``"linspace"``.
+        rule: any rule of :mod:`capinterp.kernels.quadrature` (``"right"``, the papers', or
+            ``"gauss"`` for an accurate integral at few points).
         kernel: ``"loop"`` only (the sequential kernel; KN's fast kernels scale all positions at once).
 
     ``threshold``, ``share``, ``refine`` and ``objective`` are :class:`capinterp.KN`'s.
@@ -56,8 +58,7 @@ class SIG(KN):
             raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
         if invariance != "off":  # its path scales one token at a time: no closed form
             raise ValueError(f"SIG integrates node by node: invariance must be 'off', got {invariance!r}")
-        if rule not in RULES:
-            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        check_rule(steps, rule)
         if positions not in ("prompt", "last_prompt"):
             raise ValueError(f"positions must be 'prompt' or 'last_prompt', got {positions!r}")
         super().__init__(

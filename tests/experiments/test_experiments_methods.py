@@ -37,6 +37,9 @@ def test_ql_localizers_run_on_tiny(tmp_path):
     assert set(res.info["fit_seconds"]) == {"kn", "sig", "amig"} and "paper" in res.info
     back = ExperimentResult.load(res.save(tmp_path).parent, res.name)
     assert back.table.shape == res.table.shape
+    assert res.info["ig_rule"] == "right"
+    accurate = run(Context(m, quick=True, ig_rule="accurate"))  # every localizer, SIG included, on Gauss nodes
+    assert accurate.info["ig_rule"] == "gauss" and len(accurate.table) == len(res.table)
 
 
 def test_rome_layer_frame_and_summary(planted):

@@ -8,6 +8,7 @@ import capinterp as ci
 from capinterp.core.model import neuron_hook
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
+from capinterp.kernels.quadrature import quadrature
 from capinterp.kernels.sequential import sig_scores
 from capinterp.localizers.amig import mean_activations
 
@@ -24,8 +25,9 @@ def planted():
     return m
 
 
-def _sig_reference(model, enc, layer, steps, positions):
-    """SIG the obvious way: one forward per (position, step), one position scaled, baseline 0."""
+def _sig_reference(model, enc, layer, steps, positions, rule="right"):
+    """SIG the obvious way: one forward per (position, node), one position scaled, baseline 0."""
+    nodes, weights = quadrature(steps, rule)
     last = enc.last_prompt_pos
     tokens = torch.tensor([enc.ids[: last + 1]])
     acts = {}
@@ -34,8 +36,8 @@ def _sig_reference(model, enc, layer, steps, positions):
     out = torch.zeros(a.shape[-1])
     for t in positions:
         g_sum = torch.zeros(a.shape[-1])
-        for k in range(1, steps + 1):
-            z = (k / steps * a[t]).clone().requires_grad_(True)
+        for alpha, w in zip(nodes.tolist(), weights.tolist()):
+            z = (alpha * a[t]).clone().requires_grad_(True)
 
             def put(act, hook, z=z, t=t):
                 act = act.clone()
@@ -45,8 +47,8 @@ def _sig_reference(model, enc, layer, steps, positions):
             logits = model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(layer), put)])
             p = logits[0, last].float().softmax(-1)[enc.target_ids[0]]
             (g,) = torch.autograd.grad(p, z)
-            g_sum += g
-        out += a[t] * g_sum / steps
+            g_sum += w * g
+        out += a[t] * g_sum
     return out
 
 
@@ -66,6 +68,30 @@ def test_sig_matches_one_position_at_a_time_reference(planted):
     assert sig[0].abs().sum() == 0  # layers not asked for stay 0
     # it differs from KN's last-token IG: earlier tokens are credited too
     assert not torch.allclose(sig[1], sig_scores(planted, enc, steps=4, layers=[1], positions=[enc.last_prompt_pos])[1])
+
+
+@pytest.mark.parametrize("rule", ["gauss", "trapezoid"])
+def test_sig_weighted_rules_match_the_reference(planted, rule):
+    enc = encode(planted, FACT_A[:1], max_target_tokens=1)[0]
+    pos = list(range(enc.last_prompt_pos + 1))
+    ref = _sig_reference(planted, enc, 1, 3, pos, rule=rule)
+    for method in ("fast", "loop"):
+        sig = sig_scores(planted, enc, steps=3, rule=rule, layers=[1], batch_size=5, method=method)
+        assert torch.allclose(sig[1], ref, rtol=1e-3, atol=1e-5 * float(ref.abs().max()))
+
+
+def test_sig_gauss_converges_with_few_points(tiny):
+    """On a smooth path (the unplanted tiny model) Gauss-Legendre's error against a 24-point Gauss
+    integral falls fast with points (2.3e-5, 1.9e-6, 1.4e-9 at 2, 4, 8 of a 1.1e-3 maximum), and 8
+    points beat the papers' 20-point right sum (2.4e-5) by four orders of magnitude."""
+    enc = encode(tiny, FACT_A[:1], max_target_tokens=1)[0]
+    ref = sig_scores(tiny, enc, steps=24, rule="gauss", layers=[1])[1]
+    err = {
+        (rule, m): float((sig_scores(tiny, enc, steps=m, rule=rule, layers=[1])[1] - ref).abs().max())
+        for rule, m in [("gauss", 2), ("gauss", 4), ("gauss", 8), ("right", 20)]
+    }
+    assert err[("gauss", 8)] < err[("gauss", 4)] / 100 < err[("gauss", 2)] / 100
+    assert err[("gauss", 8)] < err[("right", 20)] / 1000
 
 
 def test_sig_finds_the_planted_neurons(planted):
