@@ -222,8 +222,6 @@ def score_edges(
     ``rule``/``steps``: the quadrature of the path integral from the corrupted to the clean input
     (:mod:`capinterp.kernels.quadrature`; Hanna et al. 2024 use the right Riemann sum).
     """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
     check_rule(steps, rule)
     if metric not in LOSSES:
         raise ValueError(f"metric must be one of {LOSSES}, got {metric!r}")

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 import torch
 
 from capinterp._version import __version__
+from capinterp.core import validate
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.units.base import KeySet
 
@@ -233,8 +234,7 @@ def select_edges(
     if min_score is not None:
         keep &= s >= float(min_score)
     if top_n is not None:
-        if top_n < 0:
-            raise ValueError(f"top_n must be >= 0, got {top_n}")
+        top_n = validate.nonneg_int("top_n", top_n)
         flat = s.masked_fill(~keep, float("-inf")).flatten()
         k = min(int(top_n), int(keep.sum()))
         idx = torch.sort(flat, descending=True, stable=True).indices[:k]

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from capinterp.core import validate
 from capinterp.core.example import Example
 
 
@@ -163,7 +164,6 @@ def pad_id(tokenizer) -> int:
 
 def batches(items: Sequence[Any], batch_size: int):
     """Consecutive chunks of ``batch_size`` (the last may be shorter)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = validate.positive_int("batch_size", batch_size)
     for s in range(0, len(items), batch_size):
         yield items[s : s + batch_size]

@@ -25,6 +25,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from capinterp.core import validate
 from capinterp.core.example import Example
 
 from .parsing import join_expression as _join
@@ -112,8 +113,7 @@ def _validate(
     ops: Any, n: Any, fmt: Any, lang: Any, n_ops: Any, digits: Any, style: Any, shots: Any, tf_labels: Any
 ) -> tuple[list[str], str, str, int, int]:
     """Check every argument; return (ops, fmt, lang, lo digits, hi digits)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    validate.positive_int("n", n)
     if not isinstance(ops, (str, list, tuple)):
         raise ValueError(f"ops must be a string like '+-*/' or a list of operators, got {ops!r}")
     if len(ops) == 0:
@@ -143,8 +143,7 @@ def _validate(
             f"compact DG prompts ('3+4=') have no words, so lang={lang!r} would give the same "
             "prompts as 'en'; pass style='fewshot' or 'zeroshot' for a translated prompt"
         )
-    if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
-        raise ValueError(f"shots must be an int >= 0, got {shots!r}")
+    validate.nonneg_int("shots", shots)
     if (
         len(tf_labels) != 2
         or tf_labels[0] == tf_labels[1]

@@ -40,6 +40,7 @@ import hashlib
 import random
 from collections.abc import Callable
 
+from capinterp.core import validate
 from capinterp.core.example import Example
 
 from . import capability_sources as src
@@ -160,8 +161,7 @@ def load_capability(
     _check_name(name)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    validate.positive_int("n", n)
     source = default_source(name) if source is None else source
     if source not in SOURCES[name]:
         raise ValueError(f"unknown source {source!r} for {name!r}; choose one of {', '.join(SOURCES[name])}")

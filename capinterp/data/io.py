@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from capinterp.core import validate
+
 __all__ = ["PathLike", "limit_records", "need_keys", "nonempty", "read_json_any", "records_of"]
 
 PathLike = str | os.PathLike
@@ -94,6 +96,5 @@ def limit_records(records: list, limit: int | None) -> list:
     """The first ``limit`` records (all when ``limit`` is None); ValueError for a limit below 1."""
     if limit is None:
         return records
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
+    limit = validate.positive_int("limit", limit)
     return records[:limit]

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -104,8 +105,7 @@ def erase_table(
             (default :data:`~capinterp.experiments.capability_data.DEFAULT_METRIC`).
         n_random: random draws R per set (>= 1).
     """
-    if n_random < 1:
-        raise ValueError(f"n_random must be >= 1 (IPP needs a random control), got {n_random}")
+    n_random = validate.positive_int("n_random (IPP needs a random control)", n_random)
     cd.on_device(model, device)
     rows = []
     for name, sc in scores.items():

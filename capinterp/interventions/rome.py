@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from capinterp.core import validate
 from capinterp.core.example import Example
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import model_fingerprint, neuron_hook
@@ -202,8 +203,7 @@ def rome_edit(
     if not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
     for name, v in (("steps", steps), ("n_prefixes", n_prefixes), ("prefix_tokens", prefix_tokens)):
-        if not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+        validate.nonneg_int(name, v)
     for name, v in (("lr", lr), ("clamp", clamp)):
         if not v > 0:
             raise ValueError(f"{name} must be > 0, got {v!r}")

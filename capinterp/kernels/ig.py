@@ -68,6 +68,7 @@ import torch
 from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
+from capinterp.core import validate
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
@@ -261,8 +262,7 @@ def ig_scores(
     (examples summed in closed form / integrated node by node; forward-backward rows run).
     """
     _check(positions, objective, method)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = validate.positive_int("batch_size", batch_size)
     items = _items(encoded)
     n_layers, d_mlp = neuron_shape(model)
     device = torch.device(model.cfg.device)

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 import torch
 
+from capinterp.core import validate
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
@@ -61,8 +62,7 @@ def sig_scores(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = validate.positive_int("batch_size", batch_size)
     check_rule(steps, rule)
     n_layers, d_mlp = neuron_shape(model)
     dev = torch.device(model.cfg.device)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from capinterp.core import validate
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
@@ -121,8 +122,7 @@ class AMIG(KN):
         )
         if not 1 <= min_neurons <= max_neurons:
             raise ValueError(f"need 1 <= min_neurons <= max_neurons, got {min_neurons}, {max_neurons}")
-        if adapt_steps < 0:
-            raise ValueError(f"adapt_steps must be >= 0, got {adapt_steps}")
+        validate.nonneg_int("adapt_steps", adapt_steps)
         n_layers, d_mlp = neuron_shape(model)
         if baseline is None:
             baseline = mean_activations(

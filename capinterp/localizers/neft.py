@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.core import validate
 from capinterp.core.example import as_examples
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_shape
@@ -96,8 +97,7 @@ class NeFT(Localizer):
         progress: bool = True,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        validate.positive_int("steps", steps)
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr!r}")
         if optimizer not in OPTIMIZERS:

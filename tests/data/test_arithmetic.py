@@ -178,8 +178,8 @@ def test_shots_follow_the_op_distribution() -> None:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(n=0), "n must be a positive int"),
-        (dict(n=2.5), "n must be a positive int"),
+        (dict(n=0), "n must be an integer >= 1"),
+        (dict(n=2.5), "n must be an integer >= 1"),
         (dict(ops="+x"), "unknown op"),
         (dict(ops=""), "ops is empty"),
         (dict(ops=[]), "ops is empty"),
@@ -190,7 +190,7 @@ def test_shots_follow_the_op_distribution() -> None:
         (dict(digits=0), "digits must be"),
         (dict(digits=(2, 1)), "digits must be"),
         (dict(style="chat"), "unknown style 'chat'"),
-        (dict(shots=-1), "shots must be an int >= 0"),
+        (dict(shots=-1), "shots must be an integer >= 0"),
         (dict(tf_labels=("Yes", "Yes")), "tf_labels"),
         (dict(lang="zh"), "compact DG prompts .* have no words"),  # would silently equal lang="en"
     ],

@@ -45,7 +45,7 @@ def test_names_and_errors():
         load_capability("add", 3, source="gsm8k")
     with pytest.raises(ValueError, match="split"):
         load_capability("add", 3, split="validation")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="n must be an integer >= 1"):
         load_capability("add", 0)
     for name in CAPABILITIES:
         assert name in describe_capability(name)
