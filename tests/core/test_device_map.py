@@ -27,6 +27,18 @@ def ds():
     return arithmetic(ops="+", n=3, seed=0)
 
 
+def _map_with_disk(*on_disk: str) -> dict:
+    """The tiny Llama's modules on the CPU, except ``on_disk``."""
+    modules = [
+        "model.embed_tokens",
+        *(f"model.layers.{i}" for i in range(4)),
+        "model.norm",
+        "model.rotary_emb",
+        "lm_head",
+    ]
+    return {m: "disk" if m in on_disk else "cpu" for m in modules}
+
+
 def test_device_map_auto_on_cpu_gives_the_same_scores(folder, ds):
     plain = load_model(folder, threads=1)
     placed = load_model(folder, device_map="auto", max_memory={"cpu": "2GiB"}, threads=1)
@@ -40,15 +52,7 @@ def test_device_map_auto_on_cpu_gives_the_same_scores(folder, ds):
 
 def test_dispatched_model_with_disk_offload(folder, ds, tmp_path):
     plain = load_model(folder, threads=1)
-    dm = {
-        "model.embed_tokens": "cpu",
-        **{f"model.layers.{i}": "cpu" for i in range(3)},
-        "model.layers.3": "disk",
-        "model.norm": "cpu",
-        "model.rotary_emb": "cpu",
-        "lm_head": "cpu",
-    }
-    placed = load_model(folder, device_map=dm, offload_folder=tmp_path, threads=1)
+    placed = load_model(folder, device_map=_map_with_disk("model.layers.3"), offload_folder=tmp_path, threads=1)
     assert placed.original_model.hf_device_map["model.layers.3"] == "disk"
     a = CNL(plain, steps=4, progress=False).fit(ds).scores_[:]
     b = CNL(placed, steps=4, progress=False).fit(ds).scores_[:]
@@ -59,14 +63,7 @@ def test_dispatched_model_with_disk_offload(folder, ds, tmp_path):
 def test_dcsn_reads_weights_offloaded_to_disk(folder, ds, tmp_path, norms):
     """DCSN reads W_out, W_U and the norm gains directly; offloaded, they are meta between calls."""
     plain = load_model(folder, threads=1)
-    dm = {
-        "model.embed_tokens": "cpu",
-        **{f"model.layers.{i}": "cpu" for i in range(3)},
-        "model.layers.3": "disk",
-        "model.norm": "disk",
-        "model.rotary_emb": "cpu",
-        "lm_head": "disk",
-    }
+    dm = _map_with_disk("model.layers.3", "model.norm", "lm_head")
     placed = load_model(folder, device_map=dm, offload_folder=tmp_path, threads=1)
     a = DCSN(plain, norms=norms, progress=False).fit(ds).scores_[:]
     b = DCSN(placed, norms=norms, progress=False).fit(ds).scores_[:]
