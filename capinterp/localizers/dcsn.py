@@ -102,10 +102,16 @@ def fold_for(model, norms: str) -> tuple | None:
     return folded_norms(model) if norms == "fold" else None
 
 
-def projection(model, layer: int, token_ids: Int[Tensor, " n"]) -> Float[Tensor, "d_mlp n"]:
-    """``(W_out[layer] @ W_U)[:, token_ids]`` -> ``[d_mlp, len(token_ids)]``, only the needed columns."""
-    with weights_readable(model.blocks[layer].mlp, model.unembed):
-        w_u = model.W_U[:, token_ids]
+def unembed_columns(model, token_ids: Int[Tensor, " n"]) -> Float[Tensor, "d_model n"]:
+    """``W_U[:, token_ids]``: the scored tokens' columns, read once and shared by every layer."""
+    with weights_readable(model.unembed):
+        w_u = model.W_U
+        return w_u[:, token_ids.to(w_u.device)]
+
+
+def projection(model, layer: int, w_u: Float[Tensor, "d_model n"]) -> Float[Tensor, "d_mlp n"]:
+    """``W_out[layer] @ w_u`` -> ``[d_mlp, n]``, with ``w_u`` from :func:`unembed_columns`."""
+    with weights_readable(model.blocks[layer].mlp):
         w_out = model.blocks[layer].mlp.W_out.to(w_u.device)  # [d_mlp, d_model], raw weights
         return (w_out @ w_u).float()
 
@@ -128,20 +134,22 @@ def per_sample_scores(
         tok = torch.tensor([it.target_ids[0] for it in items], device=acts.device)
     else:
         tok = logits.argmax(-1)
+    w_u = unembed_columns(model, tok)
     out = torch.empty_like(acts)
     for l in range(acts.shape[1]):
-        proj = projection(model, l, tok).T if fold is None else folded_projection(model, l, tok, fold, scales)
+        proj = projection(model, l, w_u).T if fold is None else folded_projection(model, l, w_u, fold, scales)
         out[:, l] = acts[:, l] * proj.to(acts.device)
     return out, tok, logits.argmax(-1)
 
 
 def folded_projection(
-    model, layer: int, tok: Int[Tensor, " n"], fold: tuple, scales: dict[str, Float[Tensor, "n 1"]]
+    model, layer: int, w_u: Float[Tensor, "d_model n"], fold: tuple, scales: dict[str, Float[Tensor, "n 1"]]
 ) -> Float[Tensor, "n d_mlp"]:
-    """``[n, d_mlp]``: each neuron's direct effect on ``tok`` per unit activation, norms folded (scales frozen)."""
+    """``[n, d_mlp]``: each neuron's direct effect on the tokens of ``w_u`` (:func:`unembed_columns`)
+    per unit activation, norms folded (scales frozen)."""
     post, g_final, _ = fold
-    with weights_readable(model.blocks[layer].mlp, model.unembed):
-        w_u = model.W_U[:, tok].float()
+    w_u = w_u.float()
+    with weights_readable(model.blocks[layer].mlp):
         w = model.blocks[layer].mlp.W_out.to(w_u.device).float() * g_final.to(w_u.device)  # [d_mlp, d_model]
     s = scales["ln_final.hook_scale"][:, 0].to(w_u.device)
     if post[layer] is not None:
