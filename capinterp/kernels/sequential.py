@@ -78,7 +78,7 @@ def sig_scores(
     lay = list(range(n_layers)) if layers is None else sorted(set(int(l) for l in layers))
     if baseline is not None and tuple(baseline.shape) != (n_layers, d_mlp):
         raise ValueError(f"baseline must be [n_layers, d_mlp]=({n_layers}, {d_mlp}), got {tuple(baseline.shape)}")
-    alphas, weights = quadrature(steps, rule)
+    alphas, weights = (x.to(dev) for x in quadrature(steps, rule))  # float64 nodes and weights
     tokens = torch.tensor([enc.ids[: last + 1]], device=dev)
     target = torch.tensor([enc.target_ids[0]], device=dev)
     base = (
@@ -104,7 +104,6 @@ def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, bat
     change); rows of every layer enter at their own block. None where the model cannot take it."""
     last = tokens.shape[1] - 1
     n_layers, d_mlp = neuron_shape(model)
-    alphas, weights = alphas.to(tokens.device), weights.to(tokens.device)
     acts = {l: torch.zeros(len(pos), d_mlp, device=tokens.device, dtype=torch.float64) for l in lay}
     gsum = {l: torch.zeros(len(pos), d_mlp, device=tokens.device, dtype=torch.float64) for l in lay}
     for ti, t in enumerate(pos):
@@ -156,7 +155,6 @@ def _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, bat
     acts = {l: clean[l].double()[pos] for l in lay}
     gsum = {l: torch.zeros(len(pos), d_mlp, device=dev, dtype=torch.float64) for l in lay}
     pos_t = torch.tensor(pos, device=dev)
-    alphas, weights = alphas.to(dev), weights.to(dev)
     for l in lay:
         mine = [(t, k) for t in range(len(pos)) for k in range(len(alphas))]  # this layer's rows
         for c0 in range(0, len(mine), batch_size):
