@@ -10,7 +10,6 @@ ft = ci.finetune(model, ds, neurons=cnl.neurons_, arms=("located", "random"))   
 """
 
 from capinterp import circuits, data, experiments, interventions, kernels, localizers, plots, results, units
-from capinterp import plots as plotting
 from capinterp._version import __version__
 from capinterp.app.reproduce import reproduce
 from capinterp.core.example import Example
@@ -73,7 +72,6 @@ __all__ = [
     "metrics",
     "model_meta",
     "plots",
-    "plotting",
     "reproduce",
     "results",
     "rome_edit",

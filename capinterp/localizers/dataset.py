@@ -133,6 +133,7 @@ class DatasetNeuronLocalizer(Localizer):
         """Mean per-example scores over ``data`` (Examples, dicts or pairs): ``scores_``
         ``[n_layers, d_mlp]``, ``neurons_`` (the sigma mask), ``sums_`` (the running sums)."""
         examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
+        self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
         encoded = self._encode(examples)  # every tokenization problem surfaces here, before work
         if not encoded:

@@ -106,6 +106,7 @@ class KN(Localizer):
         examples = validate.examples(data, "KN.fit(data)", min_count=0)
         if not examples:
             raise ValueError("KN.fit got no prompts")
+        self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
         items = encode(self.model, examples, max_target_tokens=1)
         per = torch.stack([self._prompt_scores(it) for it in tqdm(items, desc=self.name, disable=not self.progress)])

@@ -43,7 +43,7 @@ __all__ = ["KnowledgeCircuit"]
 ALGORITHMS = {"eap": "eap", "eap-ig": "eap-ig", "eap_ig": "eap-ig", "acdc": "acdc"}
 
 
-@register("knowledge_circuit", aliases=("kc",))
+@register("knowledge_circuit")
 class KnowledgeCircuit(Localizer):
     """Locate a knowledge circuit by edge attribution (EAP / EAP-IG) or greedy ablation (ACDC).
 
@@ -161,6 +161,7 @@ class KnowledgeCircuit(Localizer):
         facts = validate.examples(data, "KnowledgeCircuit.fit(data)", min_count=0)
         if not facts:
             raise ValueError("KnowledgeCircuit.fit needs at least one fact")
+        self._begin_fit()
         t0 = time.perf_counter()
         graph = Graph.from_model(self.model, self.granularity)
         check_additive(self.model, graph)

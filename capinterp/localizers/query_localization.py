@@ -181,8 +181,10 @@ class QueryLocalization:
         All facts are validated and tokenized before the first attribution runs.
         """
         names, groups = as_facts(data, min_queries=self.min_queries)
+        validate.model(self.model)
         for g in groups:
             encode(self.model, g, max_target_tokens=1)  # TokenizationError (a ValueError) before work
+        self.localizer_._begin_fit()  # the model moved to the localizer's device before dist.init reads it
         dist.init(self.model.cfg.device)  # under torchrun: each rank localizes every world_size-th fact
         mine = dist.shard(list(range(len(groups))))
         done: list[tuple[int, torch.Tensor]] = []

@@ -249,3 +249,8 @@ def otsu_threshold(values: Sequence[float] | np.ndarray | Float[Tensor, ...], bi
     while end + 1 < between.size and between[end + 1] >= best * (1 - 1e-9):
         end += 1
     return float((edges[k + 1] + edges[end + 1]) / 2)
+
+
+def __dir__() -> list[str]:
+    """``dir(ci.metrics)`` lists the metrics (``__all__``), not the modules they are built with."""
+    return sorted(__all__)

@@ -414,7 +414,9 @@ def test_acdc_greedy_pruning():
 
 
 def test_knowledge_circuit_localizer(tiny):
-    assert get("kc") is get("knowledge_circuit") is KnowledgeCircuit and "kc" not in available()
+    assert get("knowledge_circuit") is KnowledgeCircuit and "kc" not in available()
+    with pytest.raises(ValueError, match="unknown localizer 'kc'"):  # the former alias is gone
+        get("kc")
     with warnings.catch_warnings():  # 30 of 343 edges may not keep a random model's behaviour
         warnings.simplefilter("ignore", RuntimeWarning)
         kc = KnowledgeCircuit(tiny, algorithm="acdc", candidates=30, steps=2, progress=False).fit(FACTS[:2])
