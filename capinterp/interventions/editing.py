@@ -40,7 +40,7 @@ from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
-from capinterp.core.tokens import encode
+from capinterp.core.tokens import Encoded, encode
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.base import former_name
@@ -201,6 +201,64 @@ def _spaced(new_target: str, old_target: str) -> str:
     return new_target if new_target[:1].isspace() or not lead else lead + new_target
 
 
+def _the_fact(fact: Sequence[Any], query_index: int, min_queries: int) -> tuple[list[Example], int]:
+    """The fact's queries (at least ``min_queries``) and ``query_index`` made non-negative."""
+    _, (queries,) = as_facts([fact], min_queries=min_queries)
+    if not -len(queries) <= query_index < len(queries):
+        raise ValueError(f"query_index {query_index} out of range for a fact with {len(queries)} queries")
+    return queries, query_index % len(queries)
+
+
+def _new_answer(mode: str, new_target: str | None, old: str) -> str | None:
+    """``new_target`` checked against ``mode`` and spaced like the old answer (update only)."""
+    if mode == "update":
+        if not isinstance(new_target, str) or not new_target.strip():
+            raise ValueError("mode='update' needs new_target, the new answer (e.g. ' Rome')")
+        return _spaced(new_target, old)
+    if new_target is not None:
+        raise ValueError("new_target is only used with mode='update'")
+    return new_target
+
+
+def _answer_ids(
+    model, queries: list[Example], query_index: int, mode: str, new_target: str | None
+) -> tuple[list[Encoded], list[int] | None]:
+    """The queries encoded with their old answer, and the new answer's first token per query
+    (update only; refused when it is the old answer's first token)."""
+    enc = encode(model, queries, max_target_tokens=1)
+    new_ids = (
+        [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries], max_target_tokens=1)]
+        if mode == "update"
+        else None
+    )
+    if new_ids is not None and new_ids[query_index] == enc[query_index].target_ids[0]:
+        raise ValueError(
+            f"new_target {new_target!r} starts with the same token as the old answer {queries[0].target!r}"
+        )
+    return enc, new_ids
+
+
+def _fact_neurons(
+    model,
+    queries: list[Example],
+    query_index: int,
+    selection: str,
+    neurons: NeuronSet | None,
+    ql: QueryLocalization | None,
+    ql_params: dict[str, Any],
+) -> NeuronSet:
+    """The edited neurons: ``neurons`` (checked against the model), ``ql``'s selection for this fact,
+    or those of a fresh QueryLocalization on the fact (on the edited query alone for ``"query"``)."""
+    if neurons is not None:
+        check_neurons(model, neurons)
+        return neurons
+    if ql is not None:
+        return ql.neurons(ql.index_of(queries), selection, query_index)
+    qs = [queries[query_index]] if selection == "query" else queries
+    loc = QueryLocalization(model, min_queries=1, progress=False, **ql_params).fit([qs])
+    return loc.neurons(0, selection, 0 if selection == "query" else query_index)
+
+
 def edit_knowledge(
     model,
     fact: Sequence[Any],
@@ -263,36 +321,14 @@ def edit_knowledge(
     if ql_params and (neurons is not None or ql is not None):
         raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
     need = 2 if neurons is None and ql is None and selection != "query" else 1
-    _, (queries,) = as_facts([fact], min_queries=need)
-    if not -len(queries) <= query_index < len(queries):
-        raise ValueError(f"query_index {query_index} out of range for a fact with {len(queries)} queries")
-    query_index %= len(queries)
+    queries, query_index = _the_fact(fact, query_index, need)
     old = queries[0].target
-    if mode == "update":
-        if not isinstance(new_target, str) or not new_target.strip():
-            raise ValueError("mode='update' needs new_target, the new answer (e.g. ' Rome')")
-        new_target = _spaced(new_target, old)
-    elif new_target is not None:
-        raise ValueError("new_target is only used with mode='update'")
-    enc = encode(model, queries, max_target_tokens=1)
-    new_ids = (
-        [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries], max_target_tokens=1)]
-        if mode == "update"
-        else None
-    )
-    if new_ids is not None and new_ids[query_index] == enc[query_index].target_ids[0]:
-        raise ValueError(f"new_target {new_target!r} starts with the same token as the old answer {old!r}")
+    new_target = _new_answer(mode, new_target, old)
+    enc, new_ids = _answer_ids(model, queries, query_index, mode, new_target)
     others = as_examples(unrelated or [])
     texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
 
-    if neurons is not None:
-        check_neurons(model, neurons)
-    elif ql is not None:
-        neurons = ql.neurons(ql.index_of(queries), selection, query_index)
-    else:
-        qs = [queries[query_index]] if selection == "query" else queries
-        loc = QueryLocalization(model, min_queries=1, progress=False, **ql_params).fit([qs])
-        neurons = loc.neurons(0, selection, 0 if selection == "query" else query_index)
+    neurons = _fact_neurons(model, queries, query_index, selection, neurons, ql, ql_params)
     signs = None
     if mode == "update" and signed:
         acts = last_activations(model, enc[query_index].prompt_ids, neurons)
