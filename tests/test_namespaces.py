@@ -62,3 +62,18 @@ def test_every_package_declares_all():
         if info.ispkg and not hasattr(importlib.import_module(info.name), "__all__")
     ]
     assert not lacking, lacking
+
+
+def test_every_public_module_declares_all():
+    """Every module not named with a leading underscore lists its public names, and they exist."""
+    lacking, missing = [], []
+    for info in pkgutil.walk_packages(ci.__path__, "capinterp."):
+        if any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        mod = importlib.import_module(info.name)
+        if not hasattr(mod, "__all__"):
+            lacking.append(info.name)
+        else:
+            missing += [f"{info.name}.{n}" for n in mod.__all__ if not hasattr(mod, n)]
+    assert not lacking, f"modules without __all__: {lacking}"
+    assert not missing, f"__all__ names what the module lacks: {missing}"

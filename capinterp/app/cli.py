@@ -11,6 +11,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+__all__ = [
+    "build_parser",
+    "check_args",
+    "cmd_evaluate",
+    "cmd_info",
+    "cmd_localize",
+    "cmd_main",
+    "cmd_reproduce",
+    "main",
+]
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="gemma3 (default), smollm2, tiny, a folder, or a TL name")

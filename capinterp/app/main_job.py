@@ -14,6 +14,8 @@ from capinterp.interventions.hooks import erase
 from capinterp.kernels.evaluate import evaluate
 from capinterp.localizers.cnl import CNL
 
+__all__ = ["run_main"]
+
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)

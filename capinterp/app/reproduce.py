@@ -36,6 +36,8 @@ from capinterp.core.model import model_fingerprint, model_meta
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
 from capinterp.kernels.quadrature import IG_RULES
 
+__all__ = ["report_html", "reproduce"]
+
 
 def _config(model: Any, quick: bool, seed: int, ig_rule: str = "papers") -> dict[str, Any]:
     return {

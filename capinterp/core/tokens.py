@@ -23,6 +23,18 @@ import torch
 from capinterp.core import validate
 from capinterp.core.example import Example
 
+__all__ = [
+    "Encoded",
+    "EncodedBatch",
+    "TokenizationError",
+    "batches",
+    "collate",
+    "encode",
+    "model_bos",
+    "pad_id",
+    "pad_right",
+]
+
 
 class TokenizationError(ValueError):
     """An example's target does not tokenize as expected after its prompt."""

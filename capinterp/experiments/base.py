@@ -22,6 +22,8 @@ from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
+__all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "Runner", "experiment", "get"]
+
 
 @dataclass
 class ExperimentResult:

@@ -21,6 +21,8 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.units import metrics
 
+__all__ = ["COLUMNS", "PAPER_TABLE1", "commonality_figure", "commonality_table", "run", "split_stats"]
+
 NAME, TITLE = "commonality", "Split-half consistency of capability neurons (Huang et al. 2025, Table 1)"
 
 #: Huang et al. 2025, Table 1 (percent): overlap, IoU and ratio per dataset, CNL on 7B-13B models with

@@ -26,6 +26,8 @@ from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics
 
+__all__ = ["COLUMNS", "cross_figure", "cross_matrix", "cross_table", "run"]
+
 NAME, TITLE = (
     "cross_capability",
     "Erasing one capability's neurons, measured on every capability (Huang et al. 2025, Fig. 5)",

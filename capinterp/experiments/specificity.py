@@ -42,6 +42,28 @@ from capinterp.experiments.dcsn_common import (
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units import metrics
 
+__all__ = [
+    "CONDITIONS",
+    "NEFT",
+    "PAIRS",
+    "PAPER",
+    "PAPER_SEP_PAIRS",
+    "POOLS",
+    "QUICK_CONDITIONS",
+    "QUICK_PAIRS",
+    "TITLE",
+    "Key",
+    "build_datasets",
+    "compare_sets",
+    "like_sized",
+    "locate_all",
+    "neft_scores",
+    "pool_scores",
+    "run",
+    "specificity_table",
+    "summarize",
+]
+
 Key = tuple[str, str]  # (operator, condition)
 
 CONDITIONS: dict[str, dict[str, Any]] = {

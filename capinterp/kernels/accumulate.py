@@ -23,6 +23,8 @@ from torch import Tensor
 from capinterp.core import distributed as dist
 from capinterp.core.example import Example
 
+__all__ = ["ScoreSum", "dataset_fingerprint"]
+
 
 def dataset_fingerprint(examples: Iterable[Example]) -> str:
     """Hash of the prompts and targets, in order (meta ignored)."""

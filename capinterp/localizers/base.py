@@ -23,6 +23,19 @@ from typing import Any, ClassVar, TypeVar
 from capinterp.core import validate
 from capinterp.core.model import model_meta, move_model
 
+__all__ = [
+    "CAPABILITY_VALUES",
+    "ENTRY_POINT_GROUP",
+    "RUNTIME_PARAMS",
+    "SCOPES",
+    "UNIT_KINDS",
+    "Localizer",
+    "available",
+    "former_name",
+    "get",
+    "register",
+]
+
 _REGISTRY: dict[str, type[Localizer]] = {}
 L = TypeVar("L", bound=type["Localizer"])
 

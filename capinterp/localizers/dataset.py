@@ -24,6 +24,8 @@ from capinterp.localizers.base import Localizer
 from capinterp.results.neurons import NeuronScores
 from capinterp.units import metrics
 
+__all__ = ["DatasetNeuronLocalizer", "describe_data", "fill_greedy_targets"]
+
 
 def describe_data(examples: list[Example]) -> str:
     """Short description recorded in result metadata."""

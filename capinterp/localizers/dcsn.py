@@ -38,6 +38,19 @@ from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 
+__all__ = [
+    "DCSN",
+    "NORMS",
+    "fold_for",
+    "folded_norms",
+    "folded_projection",
+    "last_token_activations",
+    "per_sample_scores",
+    "projection",
+    "rms_gain",
+    "unembed_columns",
+]
+
 NORMS: tuple[str, ...] = ("raw", "fold")
 
 

@@ -23,6 +23,8 @@ from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
+__all__ = ["KN", "coarse_mask"]
+
 
 def coarse_mask(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """Neurons whose score is positive and above ``threshold * max`` (max over all neurons)."""
