@@ -41,6 +41,16 @@ def test_constructing_touches_no_model(name, tiny, monkeypatch):
     assert sentinel.touched == []
 
 
+def test_query_localization_construction_is_free_too():
+    from capinterp.localizers.query_localization import QueryLocalization
+
+    sentinel = untouchable_model()
+    for name in available(per_query=True):
+        ql = QueryLocalization(sentinel, name, device="cpu", progress=False)
+        assert ql.localizer_.model is sentinel
+    assert sentinel.touched == []
+
+
 def test_registry_lists_every_localizer_once():
     names = available()
     assert names == sorted(set(names)) and {"cnl", "dcsn", "kn", "causal_trace", "knowledge_circuit"} <= set(names)
