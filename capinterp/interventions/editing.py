@@ -43,7 +43,6 @@ from capinterp.core.model import neuron_hook
 from capinterp.core.tokens import Encoded, encode
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
-from capinterp.localizers.base import former_name
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
 from capinterp.results.neurons import NeuronSet
 
@@ -51,7 +50,6 @@ __all__ = ["EDIT_SELECTIONS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_
 
 #: The neuron selections :func:`edit_table` compares by default (``"intersection"`` is accepted too).
 EDIT_SELECTIONS = ("consistency-aware", "query", "union")
-EDIT_METHODS = EDIT_SELECTIONS  # former name
 MODES = ("erase", "update")
 DIRECTIONS = ("unembed", "embed")
 
@@ -99,11 +97,6 @@ class KnowledgeEdit:
     metrics: dict[str, float] = field(default_factory=dict)
     records: pd.DataFrame | None = None
     model: Any = None  # the edited model when inplace=True
-
-    @property
-    def method(self) -> str:
-        """Former name of :attr:`selection`."""
-        return self.selection
 
     @contextlib.contextmanager
     def apply(self, model) -> Iterator[Any]:
@@ -279,7 +272,6 @@ def edit_knowledge(
     ppl_before: float | None = None,
     before_probs: torch.Tensor | None = None,
     batch_size: int = 16,
-    method: str | None = None,
     **ql_params: Any,
 ) -> KnowledgeEdit:
     """Erase or update one fact through its knowledge neurons and measure the edit.
@@ -307,7 +299,6 @@ def edit_knowledge(
         before_probs: the unedited model's next-token probabilities ``[n_queries + n_unrelated, d_vocab]``
             (queries, then unrelated prompts), if already measured (:func:`edit_table` reuses them).
         batch_size: prompts per forward pass when measuring.
-        method: former name of ``selection`` (still accepted).
         ql_params: QueryLocalization / KN parameters for a fresh localization (e.g. ``steps=20``).
 
     Metrics: ``reliability`` (erase: the edited query's top-1 is no longer the old answer; update:
@@ -316,7 +307,6 @@ def edit_knowledge(
     ``ppl_after``, ``delta_ppl``, ``rel_prob`` / ``gen_prob`` (erase: relative drop of p(old answer);
     update: p(new answer) after), ``n_neurons``. Every input error is raised before any attribution.
     """
-    selection = former_name(selection, method, "selection", "method", "consistency-aware")
     _check_args(selection, mode, direction, lambdas)
     if ql_params and (neurons is not None or ql is not None):
         raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
@@ -381,7 +371,6 @@ def edit_table(
     direction: str = "unembed",
     signed: bool = True,
     per_fact: bool = False,
-    methods: Sequence[str] | None = None,
     **ql_params: Any,
 ) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Edit every fact with every neuron selection and mode; mean metrics per (mode, selection).
@@ -405,14 +394,9 @@ def edit_table(
         direction: the answer direction of the update.
         signed: sign-corrected update (see :func:`edit_knowledge`).
         per_fact: also return the frame with one row per edit.
-        methods: former name of ``selections`` (still accepted).
         ql_params: parameters of the QueryLocalization fitted when ``ql`` is missing.
     """
-    selections = tuple(
-        former_name(
-            tuple(selections), None if methods is None else tuple(methods), "selections", "methods", EDIT_SELECTIONS
-        )
-    )
+    selections = tuple(selections)
     names, groups = as_facts(facts, min_queries=2)
     if not selections or not modes:
         raise ValueError("edit_table needs at least one selection and one mode")

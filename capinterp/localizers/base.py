@@ -3,7 +3,8 @@
 Conventions (scikit-learn's estimator style): the constructor takes the model and
 hyper-parameters only and validates them at once; ``fit(data)`` does the work and returns
 ``self``; learned results end in an underscore (``scores_``, ``neurons_``, ``units_``, ``meta_``).
-Every localizer accepts ``batch_size``, ``device`` (moves the model there) and ``progress``.
+Every localizer accepts ``batch_size``, ``device`` (``fit`` moves the model there) and ``progress``;
+the constructor never reads, runs or moves the model: ``fit`` starts with ``_begin_fit()``.
 
 What a localizer can do is declared as class attributes (:attr:`Localizer.unit_kind`,
 :attr:`Localizer.scope`, :attr:`Localizer.per_query`, :attr:`Localizer.checkpointable`); the
@@ -180,7 +181,7 @@ class Localizer:
     def fit(self, data: Any) -> Localizer:  # pragma: no cover - abstract
         """Localize on ``data`` (examples, or prompts of one fact) and return ``self``.
 
-        Implementations call :meth:`_begin_fit` first (before touching the model)."""
+        Implementations call ``_begin_fit()`` first (before touching the model)."""
         raise NotImplementedError
 
     def _begin_fit(self) -> None:
