@@ -130,18 +130,15 @@ def _plotlyjs_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser of every subcommand (``capinterp --help`` prints it)."""
-    from capinterp.app import cli
-
+    """The argument parser of every subcommand (``capinterp --help`` prints it); ``args.command`` names
+    the subcommand (:data:`capinterp.app.cli.COMMANDS` runs it)."""
     ap = argparse.ArgumentParser(prog="capinterp", description=description)
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="model facts: layers, d_mlp, hook names")
     _common(p)
-    p.set_defaults(func=cli.cmd_info)
     p = sub.add_parser("evaluate", help="accuracy and target probability on generated arithmetic")
     _common(p)
     data_args(p)
-    p.set_defaults(func=cli.cmd_evaluate)
     p = sub.add_parser("localize", help="run a localizer on generated arithmetic, save scores/neurons/heatmap")
     _common(p)
     data_args(p, auto_batch=True)
@@ -153,7 +150,6 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     _examples_arg(p)
     p.add_argument("--out", default="out")
     _plotlyjs_arg(p)
-    p.set_defaults(func=cli.cmd_localize)
     p = sub.add_parser("reproduce", help="run the papers' experiments, write DIR/report.html and results.json")
     _common(p)
     p.add_argument("--quick", action="store_true", help="small subsets (about 10 minutes on a 2-core CPU)")
@@ -172,14 +168,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="IG quadrature: the papers' right Riemann sum, or Gauss-Legendre (accurate)",
     )
     _plotlyjs_arg(p)
-    p.set_defaults(func=cli.cmd_reproduce)
     p = sub.add_parser("main", help="the README job on the embedded default model")
     _common(p)
     data_args(p, n=40)
     _examples_arg(p)
     p.add_argument("--out", default="out")
     _plotlyjs_arg(p)
-    p.set_defaults(func=cli.cmd_main)
     return ap
 
 

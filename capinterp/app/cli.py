@@ -194,6 +194,16 @@ def cmd_reproduce(args) -> int:
     return 1 if failed else 0
 
 
+#: The function that runs each subcommand.
+COMMANDS = {
+    "info": cmd_info,
+    "evaluate": cmd_evaluate,
+    "localize": cmd_localize,
+    "reproduce": cmd_reproduce,
+    "main": cmd_main,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv``; returns the exit status (2 with a one-line message on bad input
     or an output folder in use)."""
@@ -201,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not getattr(args, "list", False):
             check_args(args)
-        return int(args.func(args) or 0)
+        return int(COMMANDS[args.command](args) or 0)
     except (ValueError, TypeError, FileNotFoundError, FolderInUse) as err:
         print(f"capinterp: error: {err}", file=sys.stderr)
         return 2
