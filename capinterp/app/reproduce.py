@@ -138,7 +138,7 @@ def reproduce(
     if not dist.is_main():
         log = _quiet
     if fresh and out.exists() and dist.is_main():
-        shutil.rmtree(out)
+        _clear(out)
     dist.barrier()
     config = _config(model, quick, seed, ig_rule)
     _check_run(out, config)
@@ -185,6 +185,19 @@ def reproduce(
         if dist.is_main():
             _write(out, results, done, plotlyjs)
     return results
+
+
+def _clear(out: Path) -> None:
+    """Delete everything in ``out`` but the command line's folder lock (held by this very run)."""
+    from capinterp.app.outdir import LOCK_NAME, OWNER_NAME
+
+    for child in out.iterdir():
+        if child.name in (LOCK_NAME, OWNER_NAME):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def _quiet(msg: str) -> None:

@@ -119,6 +119,10 @@ def test_cli(tmp_path, toy_experiments, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["experiments"]["toy_ok"]["status"] == "loaded" and res["failed"] == ["toy_fail"]
     assert "boom" in res["experiments"]["toy_fail"]["error"]
+    argv = ["reproduce", "--quick", "--only", "toy_ok", "--model", "tiny", "--out", str(tmp_path), "--fresh"]
+    assert cli(argv) == 0  # --fresh clears the folder but keeps the lock this run holds
+    res = json.loads(capsys.readouterr().out)
+    assert res["experiments"]["toy_ok"]["status"] == "ran" and (tmp_path / ".capinterp.lock").exists()
 
 
 def test_report_can_share_one_plotlyjs(tiny, tmp_path, toy_experiments):
