@@ -18,7 +18,7 @@ from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_fingerprint, neuron_shape
 from capinterp.core.tokens import Encoded, batches, encode
-from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
+from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
 from capinterp.localizers.base import Localizer
 from capinterp.results.neurons import NeuronScores
@@ -60,7 +60,9 @@ class DatasetNeuronLocalizer(Localizer):
 
     Subclasses implement :meth:`_score_chunk` (``list[Encoded] -> [n, n_layers, d_mlp]``).
     ``checkpoint=path`` saves the running sums after every chunk; a later ``fit`` with the same
-    path, model, data and hyper-parameters resumes where it stopped.
+    path, model, data and hyper-parameters resumes where it stopped. A ``{key}`` in the path is
+    replaced by a hash of those (:func:`capinterp.kernels.accumulate.keyed_path`; the file used is
+    ``checkpoint_path_``), so other settings get a checkpoint of their own instead of a refusal.
 
     Under ``torchrun`` each rank scores every ``world_size``-th chunk of ``chunk_examples``
     examples (the chunks a single process would score, so per-example scores are bitwise the
@@ -154,7 +156,8 @@ class DatasetNeuronLocalizer(Localizer):
             else auto_batch_size(self.model.cfg.device, self._row_bytes(encoded))
         )
         self.oom_retries_ = 0
-        ckpt = dist.rank_path(self.checkpoint)
+        ckpt = dist.rank_path(keyed_path(self.checkpoint, key))
+        self.checkpoint_path_ = ckpt
         acc = ScoreSum.resume(ckpt, shape, key)
         stray = sorted(i for i in acc.done if not 0 <= i < len(encoded))
         if stray:
