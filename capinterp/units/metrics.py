@@ -17,6 +17,9 @@ For sets A, B:
                   min_r m(random_r) - m(located)        (higher_is_better=False); positive = better.
                   For erasure either pass the accuracy *drops* with higher_is_better=True, or the
                   accuracies after erasure with higher_is_better=False.
+- ``chance``      the exact expected overlap / IoU / cohesion / separability of two random sets of
+                  the same sizes (hypergeometric) and the p-value of the observed intersection;
+                  ``bootstrap_ci`` a percentile interval (:mod:`capinterp.units.chance`).
 - ``otsu_threshold`` Otsu's split of a 1-D sample (e.g. consistency scores into K_I / K_II).
 
 Empty-set conventions:
@@ -44,6 +47,9 @@ from capinterp.units.base import UnitSet, check_comparable
 
 __all__ = [
     "SET_METRICS",
+    "Chance",
+    "bootstrap_ci",
+    "chance",
     "cohesion",
     "consistency",
     "intersection_size",
@@ -249,3 +255,7 @@ def otsu_threshold(values: Sequence[float] | np.ndarray | Float[Tensor, ...], bi
     while end + 1 < between.size and between[end + 1] >= best * (1 - 1e-9):
         end += 1
     return float((edges[k + 1] + edges[end + 1]) / 2)
+
+
+# Chance levels live in their own module, which builds on the counts above.
+from capinterp.units.chance import Chance, bootstrap_ci, chance  # noqa: E402
