@@ -28,7 +28,7 @@ import numpy as np
 
 from capinterp.core import validate
 from capinterp.units.base import UnitSet
-from capinterp.units.metrics import SetLike, _counts
+from capinterp.units.counts import SetLike, set_counts
 
 __all__ = ["CHANCE_METRICS", "Chance", "bootstrap_ci", "chance", "hypergeom_pmf"]
 
@@ -109,7 +109,7 @@ def chance(
     ``KeySet``: n_layers); plain python sets need it.
     """
     validate.choice("metric", metric, CHANCE_METRICS)
-    inter, na, nb = _counts(a, b, across_models)
+    inter, na, nb = set_counts(a, b, across_models)
     n = _universe(a, b, n_units)
     if max(na, nb) > n:
         raise ValueError(f"a set has more units ({max(na, nb)}) than the universe (n_units={n})")
