@@ -30,7 +30,7 @@ from capinterp.core import validate
 from capinterp.units.base import UnitSet
 from capinterp.units.counts import SetLike, set_counts
 
-__all__ = ["CHANCE_METRICS", "Chance", "bootstrap_ci", "chance", "hypergeom_pmf"]
+__all__ = ["CHANCE_METRICS", "Chance", "bootstrap_ci", "chance", "chance_stats", "hypergeom_pmf"]
 
 #: f(k, a, b) per metric, for a + b > 0 (two empty sets score 1 by convention, see metrics).
 CHANCE_METRICS: dict[str, Callable[[np.ndarray, int, int], np.ndarray]] = {
@@ -121,6 +121,17 @@ def chance(
     expected = float((p * f(k.astype(float), na, nb)).sum())
     p_value = float(min(1.0, p[k >= inter].sum()))
     return Chance(metric, observed, expected, p_value, inter, na * nb / n, (na, nb), n)
+
+
+def chance_stats(a: SetLike, b: SetLike, names: tuple[str, ...] = ("overlap", "iou"), **kw) -> dict[str, float]:
+    """``{"<metric>_chance": expected, ..., "p_value": P(intersection >= observed)}``: the columns
+    an experiment reports beside its observed metrics (``kw`` as :func:`chance`)."""
+    out: dict[str, float] = {}
+    for name in names:
+        c = chance(a, b, name, **kw)
+        out[f"{name}_chance"] = c.expected
+    out["p_value"] = c.p_value
+    return out
 
 
 def bootstrap_ci(

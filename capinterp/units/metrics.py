@@ -44,7 +44,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from capinterp.units.base import UnitSet
-from capinterp.units.chance import Chance, bootstrap_ci, chance
+from capinterp.units.chance import Chance, bootstrap_ci, chance, chance_stats
 from capinterp.units.counts import SetLike, keys_of, neuron_mask, set_counts
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "Chance",
     "bootstrap_ci",
     "chance",
+    "chance_stats",
     "cohesion",
     "consistency",
     "intersection_size",

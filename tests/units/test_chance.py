@@ -104,3 +104,12 @@ def test_bootstrap_ci_covers_the_mean_and_narrows_with_data():
     assert np.isnan(M.bootstrap_ci([0.3])[0])
     with pytest.raises(ValueError, match="level"):
         M.bootstrap_ci(small, level=1.5)
+
+
+def test_chance_stats_are_the_columns_experiments_report():
+    a, b = set(range(10)), set(range(5, 30))
+    row = M.chance_stats(a, b, ("overlap", "iou", "cohesion"), n_units=100)
+    assert set(row) == {"overlap_chance", "iou_chance", "cohesion_chance", "p_value"}
+    for name in ("overlap", "iou", "cohesion"):
+        assert row[f"{name}_chance"] == M.chance(a, b, name, n_units=100).expected
+    assert row["p_value"] == M.chance(a, b, n_units=100).p_value
