@@ -72,7 +72,7 @@ def faithfulness_table(ctx: Context, tasks: dict[str, tuple[list, list, tuple[st
     examples, measure examples, methods)."""
     ig = ctx.ig(3, 10)
     ks = QUICK_FRACTIONS if ctx.quick else MIB_FRACTIONS
-    rows = []
+    rows: list[dict[str, Any]] = []
     for task, (locate, measure, methods) in tasks.items():
         for method in methods:
             if method in NOT_MEASURED:

@@ -46,7 +46,7 @@ from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units.base import KeySet
 
-__all__ = ["ABLATIONS", "FAITHFULNESS_METRICS", "MIB_FRACTIONS", "Faithfulness", "faithfulness"]
+__all__ = ["ABLATIONS", "FAITHFULNESS_METRICS", "MIB_FRACTIONS", "Faithfulness", "ablated_metric", "faithfulness"]
 
 ABLATIONS = ("mean", "zero", "corrupt")
 FAITHFULNESS_METRICS = ("prob", "logprob", "logit_diff")
@@ -217,6 +217,34 @@ def _run(model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T:
     return out / len(items)
 
 
+def ablated_metric(
+    model: Any,
+    data: Any,
+    keep: torch.Tensor,
+    *,
+    ablation: str = "mean",
+    metric: str = "prob",
+    reference: Any = None,
+    corrupt: Any = "auto",
+    batch_size: int = 16,
+) -> np.ndarray:
+    """``[n_configs]``: the metric averaged over ``data`` with every neuron outside ``keep`` (bool
+    ``[n_configs, n_layers, d_mlp]``, True = runs) ablated; all configurations share the batches.
+    ``data``: examples, or already encoded items."""
+    ablation = validate.choice("ablation", ablation, ABLATIONS)
+    metric = validate.choice("metric", metric, FAITHFULNESS_METRICS)
+    bs = validate.positive_int("batch_size", batch_size)
+    if keep.dim() != 3 or tuple(keep.shape[1:]) != neuron_shape(model):
+        raise ValueError(
+            f"keep must be [n_configs, {', '.join(map(str, neuron_shape(model)))}], got {tuple(keep.shape)}"
+        )
+    items = data if data and isinstance(data[0], Encoded) else encode(model, validate.examples(data, need_target=True))
+    T = max(len(it.ids) for it in items)
+    ref, pairs = _references(model, items, ablation, reference, corrupt, T, bs)
+    ref_rows, ref = (ref, None) if ablation == "corrupt" else (None, ref)
+    return _run(model, keep.bool(), items, ref, ref_rows, pairs, metric, T, bs).numpy()
+
+
 def _band(v: np.ndarray) -> tuple[float, float, float]:
     """(mean, 5th, 95th percentile), NaN without draws."""
     if not v.size:
@@ -264,9 +292,6 @@ def faithfulness(
     n_units = L * d if kind == "neuron" else L
     sizes = _sizes(ks, n_units, given)
     items = encode(model, validate.examples(data, need_target=True))
-    T = max(len(it.ids) for it in items)
-    ref, pairs = _references(model, items, ablation, reference, corrupt, T, bs)
-    ref_rows, ref = (ref, None) if ablation == "corrupt" else (None, ref)
 
     gen = torch.Generator().manual_seed(int(seed))
     unit_masks = [torch.ones(n_units, dtype=torch.bool), torch.zeros(n_units, dtype=torch.bool)]
@@ -278,7 +303,9 @@ def faithfulness(
             unit_masks += [m, ~m]  # kept, ablated
     masks = torch.stack(unit_masks)
     keep = masks.view(-1, L, d) if kind == "neuron" else masks[:, :, None].expand(-1, L, d)
-    vals = _run(model, keep, items, ref, ref_rows, pairs, metric, T, bs).numpy()
+    vals = ablated_metric(
+        model, items, keep, ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs
+    )
 
     full, empty = float(vals[0]), float(vals[1])
     span = full - empty
