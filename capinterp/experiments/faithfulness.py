@@ -58,7 +58,7 @@ def _ranking(ctx: Context, method: str, task: str, locate: list, ig: dict[str, A
     if method in ("cnl", "dcsn"):
         params = {"steps": ig["steps"], "rule": ig["rule"]} if method == "cnl" else {}
         return ctx.localize(method, f"faith_{task}", locate, **params)
-    cls = localizers.get(method)
+    cls: Any = localizers.get(method)
     if method == "causal_trace":
         return cls(ctx.model, samples=ctx.size(1, 3), progress=False).fit(locate).layer_scores_
     key = f"faith_{method}_{task}_n{len(locate)}_{ig['rule']}{ig['steps']}"

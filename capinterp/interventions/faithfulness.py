@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -112,7 +112,7 @@ def _ranking(model: Any, units: Any, by: str = "score") -> tuple[str, torch.Tens
         units.check_compatible((L, d), model_fingerprint(model), model_name=name)
         return "neuron", units.mask.flatten().nonzero().flatten(), len(units)
     if isinstance(units, KeySet) and units.kind == "layer":
-        layers = sorted(int(k) for k in units)
+        layers = sorted(int(cast(int, k)) for k in units)
         if units.n_units not in (None, L) or any(not 0 <= k < L for k in layers):
             raise ValueError(f"the layer set {layers} (of {units.n_units} layers) does not fit this model's {L} layers")
         return "layer", torch.tensor(layers, dtype=torch.long), len(layers)
