@@ -16,6 +16,7 @@ from capinterp.core.example import Example
 from capinterp.core.model import DEFAULT_MODEL, load_model, model_meta
 from capinterp.core.settings import set_threads
 from capinterp.interventions import (
+    Faithfulness,
     FinetuneResult,
     KnowledgeEdit,
     RomeEdit,
@@ -24,6 +25,7 @@ from capinterp.interventions import (
     edit_knowledge,
     edit_table,
     erase,
+    faithfulness,
     finetune,
     rome_edit,
     scale,
@@ -44,6 +46,7 @@ __all__ = [
     "CausalTrace",
     "EvalResult",
     "Example",
+    "Faithfulness",
     "FinetuneResult",
     "KeySet",
     "KnowledgeCircuit",
@@ -64,6 +67,7 @@ __all__ = [
     "erase",
     "evaluate",
     "experiments",
+    "faithfulness",
     "finetune",
     "interventions",
     "kernels",

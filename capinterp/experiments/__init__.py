@@ -9,7 +9,8 @@ Huang et al. (ICLR 2025): fidelity (3.1), reliability (3.2), rome_layers (3.2, F
 (split-half, Table 1), convergence (App. E, Fig. 6), enhance (Table 2), erase (Table 3 sigma sweep, Table 4 IPP), cross_capability (Fig. 5), method_comparison (Table 4);
 the DCSN paper ("Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025):
 specificity (cohesion/separability, Table 3), forward_reasoning (Table 4), operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6);
-Chen et al. (2025): ql_localizers (inconsistent facts per localizer KN / SIG / AMIG, Table 1).
+Chen et al. (2025): ql_localizers (inconsistent facts per localizer KN / SIG / AMIG, Table 1);
+localization quality (MIB, Mueller et al. 2025): faithfulness (CPR / CMD of every localizer against random units).
 """
 
 from capinterp.experiments import (  # noqa: F401  (registration; the order is ORDER's)
@@ -20,6 +21,7 @@ from capinterp.experiments import (  # noqa: F401  (registration; the order is O
     decoupling,
     enhance,
     erase,
+    faithfulness,
     fidelity,
     forward_reasoning,
     method_comparison,

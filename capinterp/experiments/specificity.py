@@ -151,8 +151,10 @@ def _row(metric: str, kind: str, comparison: str, op_a: str, op_b: str, a: Neuro
         "n_b": len(b),
         "intersection": metrics.intersection_size(a, b),
         "value": metrics.cohesion(a, b),
+        "value_chance": metrics.chance(a, b, "cohesion").expected,
         "iou": metrics.iou(a, b),
         "overlap": metrics.overlap(a, b),
+        **metrics.chance_stats(a, b),
         "paper_pair": metric == "cohesion" or (op_a, op_b) in PAPER_SEP_PAIRS,
     }
 

@@ -192,7 +192,9 @@ class DatasetNeuronLocalizer(Localizer):
         return type(self)(self.model, **params)
 
     def split_half(self, data: Any, seed: int = 0) -> dict[str, float]:
-        """Localize on two disjoint random halves; overlap, IoU and ratio (Huang et al. 2025, Table 1)."""
+        """Localize on two disjoint random halves; overlap, IoU and ratio (Huang et al. 2025, Table 1),
+        with the chance levels of overlap and IoU and the p-value of the intersection
+        (:func:`capinterp.units.metrics.chance`)."""
         examples = as_examples(data)
         if len(examples) < 2:
             raise ValueError("split_half needs at least 2 examples")
@@ -204,6 +206,7 @@ class DatasetNeuronLocalizer(Localizer):
         return {
             "overlap": metrics.overlap(a, b),
             "iou": metrics.iou(a, b),
+            **metrics.chance_stats(a, b),
             "ratio": (a.ratio + b.ratio) / 2,
             "n_a": len(a),
             "n_b": len(b),
