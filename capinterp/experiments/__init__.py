@@ -10,7 +10,8 @@ Huang et al. (ICLR 2025): fidelity (3.1), reliability (3.2), rome_layers (3.2, F
 the DCSN paper ("Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025):
 specificity (cohesion/separability, Table 3), forward_reasoning (Table 4), operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6);
 Chen et al. (2025): ql_localizers (inconsistent facts per localizer KN / SIG / AMIG, Table 1);
-localization quality (MIB, Mueller et al. 2025): faithfulness (CPR / CMD of every localizer against random units).
+localization quality (MIB, Mueller et al. 2025): faithfulness (CPR / CMD of every localizer against random units), patching_agreement (attribution
+against exact activation patching).
 """
 
 from capinterp.experiments import (  # noqa: F401  (registration; the order is ORDER's)
@@ -26,6 +27,7 @@ from capinterp.experiments import (  # noqa: F401  (registration; the order is O
     forward_reasoning,
     method_comparison,
     operator_ablation,
+    patching_agreement,
     ql_localizers,
     reliability,
     rome_layers,
@@ -51,6 +53,7 @@ ORDER: tuple[str, ...] = (
     "rome_layers",
     "specificity",
     "faithfulness",
+    "patching_agreement",
 )
 
 

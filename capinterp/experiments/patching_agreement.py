@@ -1,0 +1,167 @@
+"""Do attribution scores agree with exact activation patching? (the RelP / AtP* question)
+
+For a set of units, the exact effect of unit u is the drop of the metric (mean p(target's first
+token) over the data) when u alone is ablated (zero, the IG baseline; or mean) at every position:
+``effect(u) = m(N) - m(N without u)``. An attribution method predicts it with its score. Per
+component type, this reports the Pearson and Spearman correlation between the two over:
+
+* FFN **neurons**: the top ``n_top`` neurons of each method by |score| plus ``n_random``
+  uniformly random neurons (seeded), each ablated alone;
+* FFN **layers**: every layer's neurons ablated together, against the sum of the layer's scores.
+
+Methods: KN's IG (summed over the task's prompts; CNL's IG is the same quantity on one-token
+answers) and DCSN (activation x unembedding projection). Attention heads and circuit edges
+(EAP, EAP-IG) and the AtP* / RelP corrections are not measured here yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from capinterp.core.model import neuron_shape
+from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
+from capinterp.experiments import capability_data as cd
+from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.interventions.faithfulness import ablated_metric
+from capinterp.results.neurons import NeuronScores
+
+__all__ = ["COLUMNS", "agreement_table", "correlations", "run", "unit_effects"]
+
+NAME, TITLE = "patching_agreement", "Attribution scores against exact activation patching (neurons, FFN layers)"
+COLUMNS = ["task", "component", "method", "pearson", "spearman", "n_units", "ablation"]
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Average ranks (ties share their mean rank), as Spearman's coefficient needs."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=float)
+    for v in np.unique(x):
+        tie = x == v
+        ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def correlations(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(Pearson, Spearman) of two samples; NaN where either is constant."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or a.std() == 0 or b.std() == 0:
+        return float("nan"), float("nan")
+    ra, rb = _ranks(a), _ranks(b)
+    spearman = float(np.corrcoef(ra, rb)[0, 1]) if ra.std() and rb.std() else float("nan")
+    return float(np.corrcoef(a, b)[0, 1]), spearman
+
+
+def unit_effects(model: Any, data: Any, groups: list[torch.Tensor], ablation: str = "zero", batch_size: int = 16):
+    """``[len(groups)]`` exact effects: m(full) - m(the group's neurons ablated), a group being a
+    bool ``[n_layers, d_mlp]`` mask; all groups run as rows of the same batches."""
+    L, d = neuron_shape(model)
+    keep = torch.ones(len(groups) + 1, L, d, dtype=torch.bool)
+    for i, g in enumerate(groups):
+        keep[i + 1] = ~g
+    vals = ablated_metric(model, data, keep, ablation=ablation, batch_size=batch_size)
+    return vals[0] - vals[1:]
+
+
+def agreement_table(
+    model: Any,
+    task: str,
+    data: list,
+    scores: dict[str, NeuronScores],
+    *,
+    n_top: int = 16,
+    n_random: int = 16,
+    ablation: str = "zero",
+    seed: int = 0,
+    batch_size: int = 16,
+) -> pd.DataFrame:
+    """Rows per (component, method) for one task; ``scores``: method -> NeuronScores on ``data``."""
+    L, d = neuron_shape(model)
+    gen = torch.Generator().manual_seed(int(seed))
+    picked = set(torch.randperm(L * d, generator=gen)[:n_random].tolist())
+    for s in scores.values():
+        picked |= set(torch.sort(s.scores.flatten().abs(), descending=True).indices[:n_top].tolist())
+    neurons = sorted(picked)
+    groups = []
+    for u in neurons:
+        g = torch.zeros(L * d, dtype=torch.bool)
+        g[u] = True
+        groups.append(g.view(L, d))
+    layer_groups = [torch.zeros(L, d, dtype=torch.bool).index_fill_(0, torch.tensor([l]), True) for l in range(L)]
+    effects = unit_effects(model, data, groups + layer_groups, ablation, batch_size)
+    neuron_effect, layer_effect = effects[: len(groups)], effects[len(groups) :]
+    rows = []
+    for method, s in scores.items():
+        flat = s.scores.flatten().double().numpy()
+        for component, effect, predicted in (
+            ("FFN neuron", neuron_effect, flat[neurons]),
+            ("FFN layer", layer_effect, s.scores.double().sum(1).numpy()),
+        ):
+            pearson, spearman = correlations(predicted, effect)
+            rows.append(
+                {
+                    "task": task,
+                    "component": component,
+                    "method": method,
+                    "pearson": pearson,
+                    "spearman": spearman,
+                    "n_units": len(effect),
+                    "ablation": ablation,
+                }
+            )
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _figure(table: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    for method, g in table.groupby("method", sort=False):
+        fig.add_bar(x=g["task"] + " / " + g["component"], y=g["pearson"], name=f"{method} (Pearson)")
+    fig.update_layout(
+        title="Attribution against exact activation patching (Pearson r)", yaxis_range=[-1, 1], template="plotly_white"
+    )
+    return fig
+
+
+@experiment(NAME, TITLE)
+def run(ctx: Context) -> ExperimentResult:
+    """KN's IG and DCSN against single-unit zero ablation on arithmetic (``sub``) and known facts."""
+    from capinterp.localizers.dcsn import DCSN
+    from capinterp.localizers.kn import KN
+
+    s = cd.settings(ctx)
+    sub = cd.prepared(ctx, {**s, "capabilities": ("sub",)})["sub"]
+    bags = known_paraphrases(ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 12))
+    tasks = {"arithmetic (sub)": sub.locate[: ctx.size(4, 16)]}
+    if bags:
+        tasks["facts"] = [bag[0] for bag in bags]
+    ig = ctx.ig(4, 10)
+    parts = []
+    for task, data in tasks.items():
+        key = f"patch_{task.split()[0]}_n{len(data)}"
+        scores = {
+            "kn (IG)": ctx.scores(
+                f"{key}_kn_{ig['rule']}{ig['steps']}",
+                lambda data=data: KN(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False).fit(data).scores_,
+            ),
+            "dcsn": ctx.scores(f"{key}_dcsn", lambda data=data: DCSN(ctx.model, progress=False).fit(data).scores_),
+        }
+        parts.append(
+            agreement_table(
+                ctx.model, task, data, scores, n_top=ctx.size(8, 32), n_random=ctx.size(8, 32), seed=ctx.seed
+            )
+        )
+    table = pd.concat(parts, ignore_index=True)
+    info = {
+        "notes": (
+            "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
+            "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
+            "the sum of its scores. RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
+            "(Pearson against activation patching)."
+        )
+    }
+    return ExperimentResult(NAME, TITLE, table, _figure(table), info)
