@@ -27,6 +27,6 @@ from capinterp.experiments import (  # noqa: F401  (registration, in report orde
     rome_layers,
     specificity,
 )
-from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, experiment, get
+from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped, experiment, get
 
-__all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "experiment", "get"]
+__all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "ExperimentSkipped", "experiment", "get"]
