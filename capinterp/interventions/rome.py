@@ -86,12 +86,12 @@ class RomeEdit:
         (nesting would apply the update twice, and the inner exit would undo the outer block's edit).
         """
         model = self.model if model is None else model
-        self._check(model)
-        if any(m is model for m in self._active):
+        if any(m is model for m in self._active):  # before the fingerprint check, which the edit itself fails
             raise RuntimeError(
                 f"this ROME edit (layer {self.layer}, new target {self.new_target!r}) is already applied to "
                 "this model by an enclosing 'with'; an edit is not re-entrant: use the outer block"
             )
+        self._check(model)
         old = self._add(model)
         self._active.append(model)
         try:

@@ -94,3 +94,13 @@ def test_subject_must_sit_on_token_boundaries(tiny):
         assert "' Tower'*" in str(err.value) or "' Eiff'*" in str(err.value)  # the tokens are shown
     with pytest.raises(ValueError, match="not found"):
         subject_span(tok, text, "Louvre")
+
+
+def test_packaged_tokenizers_absorb_a_space_before_a_word_not_before_a_digit(smollm2):
+    """The rule on a real BPE: SmolLM2 splits " 7" into " " + "7" but " Paris" is one token."""
+    tok = smollm2.tokenizer
+    assert absorbed_whitespace(tok, "3+4= ", "7") is None
+    assert absorbed_whitespace(tok, "The city of ", " Paris") == " "
+    assert absorbed_whitespace(tok, "The city of ", "Paris") == " "
+    with pytest.raises(TokenizationError, match="empty target"):
+        encode(smollm2, [Example("3+4=", " ")])
