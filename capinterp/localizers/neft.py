@@ -22,7 +22,6 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core import validate
-from capinterp.core.example import as_examples
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_shape
 from capinterp.core.tokens import batches, collate, encode, pad_id
@@ -108,10 +107,8 @@ class NeFT(Localizer):
         self.steps, self.lr, self.optimizer, self.top_k = steps, float(lr), optimizer, top_k
 
     def fit(self, data: Any) -> NeFT:
-        examples = as_examples(data)
-        if not examples or any(not e.target for e in examples):
-            raise ValueError("NeFT.fit needs a non-empty list of examples with targets")
-        items = encode(self.model, examples)
+        examples = validate.examples(data, "NeFT.fit(data)")  # the shared rules; an empty list is refused
+        items = encode(self.model, examples)  # a bare prompt: TokenizationError (NeFT trains on the answer)
         n_layers, d_mlp = neuron_shape(self.model)
         before = [neuron_weights(self.model, l) for l in range(n_layers)]
         params = [p for p in self.model.parameters()]

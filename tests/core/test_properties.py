@@ -319,3 +319,30 @@ def test_a_target_is_refused_exactly_when_it_is_blank(target):
         assert not target.strip() and "empty target" in str(err)
     else:
         assert target.strip() and ex.target == target
+
+
+#: The entry points that fill a bare prompt's target with the model's greedy next token.
+FILL_GREEDY = {"amig.fit", "causal_trace.fit", "cnl.fit", "dcsn.fit", "kn.fit", "sig.fit"}
+
+
+def test_a_bare_prompt_is_the_greedy_token_or_the_same_error(tiny, forwards):
+    """A bare prompt (no target) is the one documented exception: the neuron localizers fill in the
+    greedy token; every entry point that needs the answer refuses it with the same TokenizationError."""
+    bare = [{k: v for k, v in q.items() if k != "target"} for q in _facts()]
+    refused = {}
+    for name, call in _entry_points(tiny).items():
+        if name in FILL_GREEDY or name == "rome_edit":  # rome_edit's target is new_target
+            continue
+        before = forwards.n
+        with pytest.raises(TokenizationError, match="empty target") as err:
+            call(bare)
+        refused[name] = type(err.value)
+        assert forwards.n == before, name
+    assert set(refused) == {f"{n}.fit" for n in ci.localizers.available()} - FILL_GREEDY | {
+        "QueryLocalization.fit",
+        "evaluate",
+        "finetune",
+        "edit_knowledge",
+    }
+    loc = ci.DCSN(tiny, progress=False).fit(bare)  # and a filler really uses the greedy token
+    assert loc.scores_.meta["n_samples"] == 2

@@ -57,5 +57,7 @@ def test_bad_parameters(planted):
     ):
         with pytest.raises(ValueError, match=match):
             ci.NeFT(planted, **kw)
-    with pytest.raises(ValueError, match="examples"):
+    with pytest.raises(ValueError, match="empty dataset"):
         ci.NeFT(planted).fit([])
+    with pytest.raises(ValueError, match="empty target"):  # a bare prompt: NeFT trains on the answer
+        ci.NeFT(planted).fit(["3+4="])
