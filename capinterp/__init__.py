@@ -10,13 +10,13 @@ ft = ci.finetune(model, ds, neurons=cnl.neurons_, arms=("located", "random"))   
 """
 
 from capinterp import circuits, data, experiments, interventions, kernels, localizers, plots, results, units
-from capinterp import plots as plotting
 from capinterp._version import __version__
 from capinterp.app.reproduce import reproduce
 from capinterp.core.example import Example
 from capinterp.core.model import DEFAULT_MODEL, load_model, model_meta
 from capinterp.core.settings import set_threads
 from capinterp.interventions import (
+    Faithfulness,
     FinetuneResult,
     KnowledgeEdit,
     RomeEdit,
@@ -25,6 +25,7 @@ from capinterp.interventions import (
     edit_knowledge,
     edit_table,
     erase,
+    faithfulness,
     finetune,
     rome_edit,
     scale,
@@ -45,6 +46,7 @@ __all__ = [
     "CausalTrace",
     "EvalResult",
     "Example",
+    "Faithfulness",
     "FinetuneResult",
     "KeySet",
     "KnowledgeCircuit",
@@ -65,6 +67,7 @@ __all__ = [
     "erase",
     "evaluate",
     "experiments",
+    "faithfulness",
     "finetune",
     "interventions",
     "kernels",
@@ -73,7 +76,6 @@ __all__ = [
     "metrics",
     "model_meta",
     "plots",
-    "plotting",
     "reproduce",
     "results",
     "rome_edit",

@@ -26,6 +26,7 @@ LAYERS = [
     "interventions",
     "experiments",
     "app",
+    "testing",  # check_localizer: tools for authors of localizers; nothing in the package imports it
 ]
 TOP = len(LAYERS)  # the package root's __init__ / __main__: the public API, may import everything
 

@@ -7,21 +7,49 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from capinterp import data
+from capinterp.app.args import data_kwargs
 from capinterp.core.model import load_model
 from capinterp.interventions.hooks import erase
-from capinterp.kernels.evaluate import evaluate
+from capinterp.kernels.evaluate import EvalResult, evaluate
 from capinterp.localizers.cnl import CNL
+from capinterp.plots.html import write_html
+
+EXAMPLES = ("correct", "all")
+
+__all__ = ["run_main"]
 
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def choose_examples(
+    model: Any, ds: list, mode: str, batch_size: int, base: EvalResult | None = None
+) -> tuple[list, dict[str, Any]]:
+    """The examples to localize on and how many were used: ``mode="correct"`` keeps those the model
+    answers correctly (evaluating them unless ``base`` is given), ``"all"`` keeps every one.
+    ValueError when ``"correct"`` leaves none."""
+    if mode not in EXAMPLES:
+        raise ValueError(f"examples must be one of {EXAMPLES}, got {mode!r}")
+    if mode == "all":
+        kept = list(ds)
+    else:
+        base = base if base is not None else evaluate(model, ds, batch_size=batch_size)
+        kept = [e for e, r in zip(ds, base.records) if r["correct"]]
+        if not kept:
+            raise ValueError(
+                f"the model answers none of the {len(ds)} examples correctly, so '--examples correct' leaves "
+                "nothing to localize on; pass '--examples all', or easier data (--ops, --digits, --style)"
+            )
+    return kept, {"mode": mode, "total": len(ds), "used": len(kept), "dropped": len(ds) - len(kept)}
+
+
 def run_main(args) -> int:
-    """The README job (``capinterp main``): evaluate, localize CNL neurons, write the heatmap, erase them and
-    evaluate again; returns the exit status."""
+    """The README job (``capinterp main``): evaluate, localize CNL neurons (on the examples chosen by
+    ``args.examples``), write the heatmap, erase them and evaluate again; returns the exit status."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -30,21 +58,24 @@ def run_main(args) -> int:
         f"[1/5] loaded {model.capinterp_name}: {model.cfg.n_layers} layers x {model.cfg.d_mlp} neurons ({time.time() - t0:.0f}s)"
     )
 
-    ds = data.arithmetic(ops=args.ops, n=args.n, fmt=args.fmt, lang=args.lang, digits=args.digits, seed=args.seed)
+    ds = getattr(args, "dataset", None) or data.arithmetic(**data_kwargs(args))
     _say(f"[2/5] data: {data.describe(ds)}; example: {ds[0].prompt!r} -> {ds[0].target!r}")
 
     base = evaluate(model, ds, batch_size=args.batch_size)
     _say(f"[3/5] evaluate: {base}")
 
-    # Localize on the examples the model gets right: the capability it actually has.
-    right = [e for e, r in zip(ds, base.records) if r["correct"]] or ds
-    cnl = CNL(model, batch_size=args.batch_size * 4, checkpoint=out / "cnl.ckpt").fit(right)
+    # By default localize on the examples the model gets right: the capability it actually has.
+    used, counts = choose_examples(model, ds, args.examples, args.batch_size, base)
+    cnl = CNL(model, batch_size=args.batch_size * 4, checkpoint=out / "cnl-{key}.ckpt").fit(used)
     neurons = cnl.neurons_
     cnl.scores_.save(out / "cnl_scores.capi")
     neurons.save(out / "cnl_neurons.capi")
     title = f"CNL scores, ops {args.ops!r}, {model.capinterp_name} ({len(neurons)} neurons at sigma={cnl.sigma:g})"
-    cnl.scores_.plot(title=title).write_html(out / "cnl_heatmap.html")
-    _say(f"[4/5] CNL: {len(neurons)} neurons ({100 * neurons.ratio:.3f}% of FFN neurons) -> {out / 'cnl_heatmap.html'}")
+    heatmap = write_html(cnl.scores_.plot(title=title), out / "cnl_heatmap.html", plotlyjs=args.plotlyjs)
+    _say(
+        f"[4/5] CNL on {counts['used']} of {counts['total']} examples ({args.examples}): {len(neurons)} neurons "
+        f"({100 * neurons.ratio:.3f}% of FFN neurons) -> {heatmap}"
+    )
 
     with erase(model, neurons):
         erased = evaluate(model, ds, batch_size=args.batch_size)
@@ -57,12 +88,14 @@ def run_main(args) -> int:
         "data": data.describe(ds),
         "accuracy": base.accuracy,
         "mean_prob": base.mean_prob,
+        "examples": counts,
         "cnl_neurons": len(neurons),
         "cnl_ratio": neurons.ratio,
         "erase_located": erased.to_dict(),
         "erase_random": random.to_dict(),
         "seconds": round(time.time() - t0, 1),
-        "heatmap": str(out / "cnl_heatmap.html"),
+        "heatmap": str(heatmap),
+        "checkpoint": cnl.checkpoint_path_,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))

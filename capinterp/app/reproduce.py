@@ -6,7 +6,8 @@ Layout of ``DIR``::
     experiments/NAME/        table.csv, figure.json, info.json, neurons/*.capi  (one per experiment)
     cache/                   fitted scores and localizer checkpoints shared between experiments
     results.json             every table (as records), info and timing, rewritten after each step
-    report.html              tables and interactive figures, self-contained (plotly.js inlined once)
+    report.html              tables and interactive figures, self-contained (plotly.js inlined once;
+                             with plotlyjs="directory" loaded from plotly.min.js beside it)
 
 Resuming: an experiment whose folder is complete is loaded, not rerun; one interrupted midway
 restarts, but its localizer fits resume from ``cache/``. A finished experiment's folder holds a
@@ -26,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import os
 import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -37,6 +40,9 @@ from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint, model_meta
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped
 from capinterp.kernels.quadrature import IG_RULES
+from capinterp.plots.html import check_plotlyjs, include_option, write_plotlyjs
+
+__all__ = ["report_html", "reproduce"]
 
 
 def _config(model: Any, quick: bool, seed: int, ig_rule: str = "papers") -> dict[str, Any]:
@@ -115,12 +121,16 @@ def reproduce(
     progress: bool = False,
     log: Any = print,
     ig_rule: str = "papers",
+    plotlyjs: str = "embed",
 ) -> dict[str, Any]:
     """Run the experiments (all, or ``only``), resuming from ``out``; return the results dict.
 
     ``ig_rule``: ``"papers"`` (right Riemann sum, the papers' rule) or ``"accurate"``
     (Gauss-Legendre, :func:`capinterp.kernels.quadrature.ig_preset`) for every IG-based fit.
+    ``plotlyjs``: ``"embed"`` plotly.js in report.html, or ``"directory"``: write ``plotly.min.js``
+    beside it once and load it from there (:mod:`capinterp.plots.html`).
     """
+    check_plotlyjs(plotlyjs)
     if ig_rule not in IG_RULES:
         raise ValueError(f"ig_rule must be one of {tuple(IG_RULES)}, got {ig_rule!r}")
     names = list(EXPERIMENTS) if only is None else list(only)
@@ -132,7 +142,7 @@ def reproduce(
     if not dist.is_main():
         log = _quiet
     if fresh and out.exists() and dist.is_main():
-        shutil.rmtree(out)
+        _clear(out)
     dist.barrier()
     config = _config(model, quick, seed, ig_rule)
     _check_run(out, config)
@@ -180,8 +190,21 @@ def reproduce(
             entry["title"] = title
         results["experiments"][name] = entry
         if dist.is_main():
-            _write(out, results, done)
+            _write(out, results, done, plotlyjs)
     return results
+
+
+def _clear(out: Path) -> None:
+    """Delete everything in ``out`` but the command line's folder lock (held by this very run)."""
+    from capinterp.app.outdir import LOCK_NAME, OWNER_NAME
+
+    for child in out.iterdir():
+        if child.name in (LOCK_NAME, OWNER_NAME):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def _quiet(msg: str) -> None:
@@ -195,15 +218,19 @@ def _read_results(out: Path) -> dict[str, Any]:
         return {}
 
 
-def _write(out: Path, results: dict[str, Any], done: dict[str, ExperimentResult]) -> None:
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, default=str))
-    tmp.replace(out / "results.json")
-    (out / "report.html").write_text(report_html(results, done))
+def _write(out: Path, results: dict[str, Any], done: dict[str, ExperimentResult], plotlyjs: str = "embed") -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".results.json.", suffix=".tmp", dir=out)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(results, indent=2, default=str))
+    os.replace(tmp, out / "results.json")
+    if plotlyjs == "directory":
+        write_plotlyjs(out)
+    (out / "report.html").write_text(report_html(results, done, plotlyjs))
 
 
-def report_html(results: dict[str, Any], done: dict[str, ExperimentResult]) -> str:
-    """A self-contained HTML page: per experiment its table, figure, paper numbers and timing."""
+def report_html(results: dict[str, Any], done: dict[str, ExperimentResult], plotlyjs: str = "embed") -> str:
+    """An HTML page: per experiment its table, figure, paper numbers and timing; self-contained with
+    ``plotlyjs="embed"``, loading ``plotly.min.js`` from its folder with ``"directory"``."""
     cfg = results["config"]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>capinterp reproduction</title>",
@@ -219,7 +246,7 @@ def report_html(results: dict[str, Any], done: dict[str, ExperimentResult]) -> s
         status = "failed" if "error" in e else "skipped" if "skipped" in e else f"{e.get('seconds')} s"
         parts.append(f"<li><a href='#{name}'>{html.escape(e.get('title', name))}</a> ({status})</li>")
     parts.append("</ul>")
-    plotly_js: Any = True
+    plotly_js: Any = include_option(plotlyjs)
     for name, e in results["experiments"].items():
         parts.append(f"<h2 id='{name}'>{html.escape(e.get('title', name))}</h2>")
         if "error" in e:

@@ -51,7 +51,6 @@ __all__ = ["LOSSES", "Pair", "corrupt_embeddings", "make_pairs", "noise_std", "s
 
 #: EAP losses (the ``metric=`` argument): ``"auto"`` picks ``"logit_diff"`` when a corrupted answer exists.
 LOSSES = ("auto", "logit_diff", "nll")
-METRICS = LOSSES  # former name
 _MAX_TRIES = 20  # subject-swap candidates (of matching subject width) tried per fact
 
 

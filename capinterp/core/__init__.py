@@ -2,3 +2,5 @@
 
 Nothing here imports any other capinterp package.
 """
+
+__all__: list[str] = []  # a layer of modules: import them by name

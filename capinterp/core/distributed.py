@@ -18,6 +18,22 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+__all__ = [
+    "active",
+    "all_reduce_sum",
+    "barrier",
+    "finish",
+    "gather",
+    "gather_indexed",
+    "init",
+    "is_main",
+    "launched",
+    "rank",
+    "rank_path",
+    "shard",
+    "world_size",
+]
+
 T = TypeVar("T")
 
 

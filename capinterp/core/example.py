@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["Example", "TokenizationError", "as_examples", "check_target"]
+
 
 @dataclass(frozen=True)
 class Example:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["capture", "logits_at", "unembed"]
+
 
 class _Stop(Exception):
     """Raised by a capture hook to end the forward pass once its value is in hand."""

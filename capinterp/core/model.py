@@ -27,8 +27,23 @@ from typing import Any
 
 import torch
 
-from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint, refresh_fingerprint  # noqa: F401
+from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint, refresh_fingerprint
 from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "architecture_fingerprint",
+    "cache_dir",
+    "check_neuron_hooks",
+    "load_model",
+    "model_fingerprint",
+    "model_meta",
+    "move_model",
+    "neuron_hook",
+    "neuron_param_info",
+    "neuron_shape",
+    "refresh_fingerprint",
+]
 
 DEFAULT_MODEL = "gemma3"
 

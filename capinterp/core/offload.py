@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+__all__ = ["weights_readable"]
+
 
 @contextlib.contextmanager
 def weights_readable(*modules: torch.nn.Module) -> Iterator[None]:

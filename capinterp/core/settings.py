@@ -6,6 +6,8 @@ import os
 
 import torch
 
+__all__ = ["DTYPES", "resolve_device", "resolve_dtype", "set_threads"]
+
 
 def set_threads(n: int | None) -> int:
     """Set torch's intra-op thread count and return the value in force.

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["tiny_llama_hf", "tiny_native_config", "tiny_tokenizer"]
+
 _SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 

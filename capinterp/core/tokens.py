@@ -143,6 +143,7 @@ def encode(
     on_mismatch: str = "error",
     max_target_tokens: int | None = None,
     n_ctx: int | None = None,
+    bare: str = "error",
 ) -> list[Encoded]:
     """Tokenize examples with targets in context; validate everything before returning.
 
@@ -152,10 +153,13 @@ def encode(
     ``on_mismatch="skip"``), or a sequence longer than the context ``n_ctx``
     (taken from the model when a model is passed). ``prepend_bos=None`` follows the
     tokenizer's own default (see :func:`_bos`). ``max_target_tokens`` truncates targets
-    (e.g. 1 to score only the first answer token).
+    (e.g. 1 to score only the first answer token). ``bare="skip"`` leaves out bare prompts (whose
+    greedy target is not filled in yet) after checking their length: localizers check their data
+    with it before any model work, then fill the greedy targets and encode everything.
     """
     if on_mismatch not in ("error", "skip"):
         raise ValueError(f"on_mismatch must be 'error' or 'skip', got {on_mismatch!r}")
+    validate.choice("bare", bare, ("error", "skip"))
     tok = getattr(model_or_tokenizer, "tokenizer", model_or_tokenizer)
     if n_ctx is None and hasattr(model_or_tokenizer, "cfg"):
         n_ctx = int(model_or_tokenizer.cfg.n_ctx)
@@ -163,6 +167,11 @@ def encode(
     out: list[Encoded] = []
     for i, ex in enumerate(examples):
         check_target(ex, i)
+        if not ex.target and bare == "skip":
+            n = len(bos) + len(_ids(tok, ex.prompt))
+            if n_ctx is not None and n >= n_ctx:  # the greedy token must fit after it
+                raise TokenizationError(f"example {i} has {n} prompt tokens; the model's context is {n_ctx}")
+            continue
         if not ex.target:
             raise TokenizationError(
                 f"example {i} has an empty target (bare prompt {ex.prompt[-40:]!r}): this entry point needs "

@@ -1,7 +1,5 @@
 """Datasets: the shared ``Example`` record, the arithmetic generator, answer parsing, fact loaders."""
 
-from __future__ import annotations
-
 from capinterp.core.example import Example, as_examples
 
 from .arithmetic import arithmetic, arithmetic_suite, describe

@@ -32,6 +32,8 @@ from .parsing import join_expression as _join
 from .parsing import value_of as _value
 from .templates import COMPACT_SEPARATOR, FORMATS, LANGS, SHOT_SEPARATOR, balanced, fewshot, render
 
+__all__ = ["MAX_N_OPS", "OPERATORS", "STYLES", "arithmetic", "arithmetic_suite", "describe"]
+
 OPERATORS = "+-*/"
 STYLES: tuple[str, ...] = ("compact", "fewshot", "zeroshot")
 MAX_N_OPS = 5

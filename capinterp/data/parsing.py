@@ -13,6 +13,8 @@ from fractions import Fraction
 
 from capinterp.core.example import Example
 
+__all__ = ["evaluate", "is_correct", "join_expression", "parse_answer", "value_of"]
+
 _TOKEN = re.compile(r"\d+|[-+*/]")
 
 _DG = re.compile(r"\s*([-−]?)\s*(\d+)")

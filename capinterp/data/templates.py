@@ -26,6 +26,19 @@ from typing import Any
 
 from .parsing import join_expression, value_of
 
+__all__ = [
+    "COMPACT_SEPARATOR",
+    "FORMATS",
+    "LANGS",
+    "LETTERS",
+    "SHOT_SEPARATOR",
+    "balanced",
+    "fewshot",
+    "format_options",
+    "question",
+    "render",
+]
+
 FORMATS: tuple[str, ...] = ("DG", "MQ", "TF")
 LANGS: tuple[str, ...] = ("en", "zh")
 LETTERS: tuple[str, ...] = ("A", "B", "C", "D")

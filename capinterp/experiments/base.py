@@ -24,6 +24,8 @@ from capinterp.core.model import model_fingerprint
 from capinterp.data.paraphrases import NoKnownFacts
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
+__all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "ExperimentSkipped", "Runner", "experiment", "get"]
+
 
 @dataclass
 class ExperimentResult:

@@ -29,6 +29,27 @@ from capinterp.experiments.scoring import TASK_METRICS, greedy_correct, target_s
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.results.neurons import NeuronScores
 
+__all__ = [
+    "DEFAULT_METRIC",
+    "MAX_TARGET_TOKENS",
+    "QUICK_CAPABILITIES",
+    "CapabilityData",
+    "Localize",
+    "cut_targets",
+    "data_hash",
+    "default_localize",
+    "half_scores",
+    "halves",
+    "located_scores",
+    "metric_for",
+    "on_device",
+    "pooled",
+    "prepare",
+    "prepared",
+    "settings",
+    "solved_first",
+]
+
 #: Metric per capability (see :mod:`capinterp.experiments.scoring`). Gemma 3 270M solves none of
 #: the word problems (GSM8K and the builtin ones: 0 %) and no HumanEval first line exactly, so
 #: those two use the mean target probability; arithmetic and sentiment use greedy accuracy.

@@ -21,6 +21,8 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.units import metrics
 
+__all__ = ["COLUMNS", "PAPER_TABLE1", "commonality_figure", "commonality_table", "run", "split_stats"]
+
 NAME, TITLE = "commonality", "Split-half consistency of capability neurons (Huang et al. 2025, Table 1)"
 
 #: Huang et al. 2025, Table 1 (percent): overlap, IoU and ratio per dataset, CNL on 7B-13B models with
@@ -42,14 +44,30 @@ PAPER_TABLE1: dict[str, dict[str, dict[str, float]]] = {
         "ratio": {"GSM8K": 0.28, "Emotion": 0.19, "Code25K": 0.11, "Meta_Math": 0.27, "Imdb": 0.26},
     },
 }
-COLUMNS = ["capability", "method", "n_per_half", "sigma", "overlap", "iou", "ratio_pct", "n_a", "n_b", "n_common"]
+COLUMNS = [
+    "capability",
+    "method",
+    "n_per_half",
+    "sigma",
+    "overlap",
+    "overlap_chance",
+    "iou",
+    "iou_chance",
+    "p_value",
+    "ratio_pct",
+    "n_a",
+    "n_b",
+    "n_common",
+]
 
 
 def split_stats(a: Any, b: Any) -> dict[str, float]:
-    """Overlap, IoU, mean ratio (%) and sizes of two halves' located sets."""
+    """Overlap, IoU (each beside its chance level for random sets of the same sizes, and the
+    p-value of the intersection), mean ratio (%) and sizes of two halves' located sets."""
     return {
         "overlap": metrics.overlap(a, b),
         "iou": metrics.iou(a, b),
+        **metrics.chance_stats(a, b),
         "ratio_pct": 100 * (a.ratio + b.ratio) / 2,
         "n_a": len(a),
         "n_b": len(b),

@@ -60,7 +60,21 @@ __all__ = [
 ]
 
 NAME, TITLE = "convergence", "Split-half consistency against data size (Huang et al. 2025, App. E, Fig. 6)"
-COLUMNS = ["dataset", "method", "n_per_half", "split", "overlap", "iou", "ratio_pct", "n_a", "n_b", "n_common"]
+COLUMNS = [
+    "dataset",
+    "method",
+    "n_per_half",
+    "split",
+    "overlap",
+    "overlap_chance",
+    "iou",
+    "iou_chance",
+    "p_value",
+    "ratio_pct",
+    "n_a",
+    "n_b",
+    "n_common",
+]
 SUMMARY_COLUMNS = [
     "dataset",
     "method",

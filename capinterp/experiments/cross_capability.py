@@ -26,6 +26,8 @@ from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics
 
+__all__ = ["COLUMNS", "cross_figure", "cross_matrix", "cross_table", "run"]
+
 NAME, TITLE = (
     "cross_capability",
     "Erasing one capability's neurons, measured on every capability (Huang et al. 2025, Fig. 5)",
@@ -36,6 +38,7 @@ COLUMNS = [
     "metric",
     "n_neurons",
     "set_overlap",
+    "set_overlap_chance",
     "base",
     "after",
     "rel_drop",
@@ -84,6 +87,7 @@ def cross_table(
                 with erase(model, rnd):
                     after_r = measure(model, exs[t], metric[t], batch_size)["value"]
             ov = metrics.overlap(ns, neurons[t]) if t in neurons else float("nan")
+            ov_chance = metrics.chance(ns, neurons[t]).expected if t in neurons else float("nan")
             rows.append(
                 {
                     "erased": src,
@@ -91,6 +95,7 @@ def cross_table(
                     "metric": metric[t],
                     "n_neurons": len(ns),
                     "set_overlap": ov,
+                    "set_overlap_chance": ov_chance,
                     "base": base[t],
                     "after": after,
                     "rel_drop": _rel(base[t], after),

@@ -28,6 +28,22 @@ from capinterp.localizers.dataset import describe_data
 from capinterp.localizers.dcsn import fold_for, per_sample_scores
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
+__all__ = [
+    "FILTERS",
+    "OPS",
+    "OP_NAMES",
+    "Scorer",
+    "context_scorer",
+    "correct_scores",
+    "direct_scorer",
+    "one_op_data",
+    "one_op_name",
+    "operator_neurons",
+    "sample_scores",
+    "top_fraction",
+    "union",
+]
+
 OPS: tuple[str, ...] = ("+", "-", "*", "/")
 OP_NAMES: dict[str, str] = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
 FILTERS: tuple[str, ...] = ("first_token", "greedy", "none")

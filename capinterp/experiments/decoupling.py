@@ -97,7 +97,9 @@ def decoupling_table(sub1: Sequence[NeuronSet], sub2: Sequence[NeuronSet]) -> pd
             "comparison": name,
             "n_comparisons": len(p),
             "iou": round(100 * _mean(p, metrics.iou), 2),
+            "iou_chance": round(100 * _mean(p, lambda a, b: metrics.chance(a, b, "iou").expected), 2),
             "overlap": round(100 * _mean(p, metrics.overlap), 2),
+            "overlap_chance": round(100 * _mean(p, lambda a, b: metrics.chance(a, b, "overlap").expected), 2),
             "paper": PAPER.get(name, np.nan),
         }
         for name, p in groups.items()

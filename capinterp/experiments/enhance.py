@@ -29,6 +29,8 @@ from capinterp.experiments.scoring import measure
 from capinterp.interventions.finetune import finetune
 from capinterp.results.neurons import NeuronSet
 
+__all__ = ["ARMS", "CAPABILITIES", "LR", "PAPER_TABLE2", "columns", "enhance_figure", "enhance_table", "run"]
+
 NAME, TITLE = "enhance", "Fine-tuning capability neurons vs random neurons and the rest (Huang et al. 2025, Table 2)"
 ARMS: tuple[str, ...] = ("located", "random", "without_located")
 LR: dict[str, float] = {"located": 3e-5, "random": 3e-5, "without_located": 1e-5}

@@ -27,6 +27,8 @@ from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units import metrics
 
+__all__ = ["COLUMNS", "PAPER_TABLE3", "PAPER_TABLE4", "erase_figure", "erase_table", "random_sets", "run"]
+
 NAME, TITLE = "erase", "Erasing capability neurons vs random neurons (Huang et al. 2025, Tables 3-4)"
 
 #: Huang et al. 2025, Table 3, accuracy in %: columns GSM8K, Emotion, Code25K, average. The sigma label of

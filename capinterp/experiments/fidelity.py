@@ -44,7 +44,9 @@ COLUMNS = [
     "subject",
     "n_paraphrases",
     "mean_overlap",
+    "mean_overlap_chance",
     "mean_iou",
+    "mean_iou_chance",
     "identical_pairs",
     "mean_units",
     "unit",
@@ -85,10 +87,15 @@ def locate_paraphrases(
 def _pair_stats(sets: list[UnitSet]) -> dict[str, float]:
     pairs = list(itertools.combinations(sets, 2))
     if not pairs:
-        return {"mean_overlap": np.nan, "mean_iou": np.nan, "identical_pairs": np.nan}
+        return dict.fromkeys(
+            ("mean_overlap", "mean_overlap_chance", "mean_iou", "mean_iou_chance", "identical_pairs"), np.nan
+        )
+    chance = [metrics.chance_stats(a, b) for a, b in pairs]
     return {
         "mean_overlap": float(np.mean([metrics.overlap(a, b) for a, b in pairs])),
+        "mean_overlap_chance": float(np.mean([c["overlap_chance"] for c in chance])),
         "mean_iou": float(np.mean([metrics.iou(a, b) for a, b in pairs])),
+        "mean_iou_chance": float(np.mean([c["iou_chance"] for c in chance])),
         "identical_pairs": float(np.mean([a.keys() == b.keys() for a, b in pairs])),
     }
 
@@ -131,9 +138,15 @@ def fidelity_table(
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """Per method: mean over facts of the overlap / IoU / identical share (in %), with the paper's overlap."""
+    """Per method: mean over facts of the overlap / IoU / identical share (in %), the chance levels
+    of overlap and IoU for random sets of the same sizes, a 95 % bootstrap interval of the mean
+    overlap over facts, and the paper's overlap."""
     g = table.groupby("method", sort=False)
-    out = g[["mean_overlap", "mean_iou", "identical_pairs"]].mean().mul(100).round(1)
+    cols = ["mean_overlap", "mean_overlap_chance", "mean_iou", "mean_iou_chance", "identical_pairs"]
+    out = g[cols].mean().mul(100).round(1)
+    ci = {m: metrics.bootstrap_ci(v.to_numpy()) for m, v in g["mean_overlap"]}
+    out["overlap_ci_low"] = [round(100 * ci[m][0], 1) for m in out.index]
+    out["overlap_ci_high"] = [round(100 * ci[m][1], 1) for m in out.index]
     out["mean_units"] = g["mean_units"].mean().round(1)
     out["n_facts"] = g.size()
     out["paper_overlap"] = [PAPER_OVERLAP.get(m, np.nan) for m in out.index]

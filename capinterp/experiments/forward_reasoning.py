@@ -40,6 +40,17 @@ from capinterp.interventions.hooks import erase
 from capinterp.kernels.evaluate import evaluate
 from capinterp.results.neurons import NeuronSet
 
+__all__ = [
+    "PAPER",
+    "TITLE",
+    "activation_mask",
+    "activation_ratio",
+    "forward_reasoning_table",
+    "operator_ratio",
+    "reverse_validation",
+    "run",
+]
+
 TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): forward reasoning and reverse validation"
 PAPER = {  # Table 4, LLaMA-2-7B, DG rows, percent
     "forward_R_DG": {"2-OP": 94.37, "3-OP": 89.67, "4-OP": 87.43, "5-OP": 86.66, "avg": 89.53},

@@ -53,6 +53,7 @@ COLUMNS = [
     "method",
     "unit",
     "overlap",
+    "overlap_chance",
     "neuron_pct",
     "ipp",
     "ipp_metric",
@@ -134,8 +135,8 @@ def _fact_rows(
         [KnowledgeCircuit(model, algorithm="eap", top_n=kc_top_n, progress=False).fit([e]) for e in bag] for bag in bags
     ]
 
-    def overlap(per_bag: list[list[Any]]) -> float:
-        vals = [F._pair_stats([s for s in sets if s is not None])["mean_overlap"] for sets in per_bag]
+    def overlap(per_bag: list[list[Any]], key: str = "mean_overlap") -> float:
+        vals = [F._pair_stats([s for s in sets if s is not None])[key] for sets in per_bag]
         return 100 * float(np.nanmean(vals)) if vals else np.nan
 
     exs = [e for bag in bags for e in bag]
@@ -153,6 +154,7 @@ def _fact_rows(
             "method": "KN",
             "unit": "neuron",
             "overlap": overlap(kn),
+            "overlap_chance": overlap(kn, "mean_overlap_chance"),
             "neuron_pct": mean([s.param_share for s in kn_sets]),
             "ipp": mean(kn_ipp),
             "ipp_metric": "target prob (pp)",
@@ -162,6 +164,7 @@ def _fact_rows(
             "method": "ROME",
             "unit": "layer",
             "overlap": overlap(rome),
+            "overlap_chance": overlap(rome, "mean_overlap_chance"),
             "neuron_pct": mean([s.param_share for _, s in traced]),
             "ipp": mean([rome_ipp(model, e, sorted(s.keys()), n_random, seed) for e, s in traced]),
             "ipp_metric": "target prob (pp)",
@@ -171,6 +174,7 @@ def _fact_rows(
             "method": "KC",
             "unit": "edge",
             "overlap": overlap([[f.units_ for f in row] for row in kc]),
+            "overlap_chance": overlap([[f.units_ for f in row] for row in kc], "mean_overlap_chance"),
             "neuron_pct": mean([f.units_.param_share for _, f in fits]),
             "ipp": mean([kc_ipp(model, f.circuit_, [e], n_random, seed) for e, f in fits]),
             "ipp_metric": "Hit@10 (pp)",
@@ -226,6 +230,7 @@ def table4(
             "method": "CNL",
             "unit": "neuron",
             "overlap": 100 * float(common["overlap"].iloc[0]),
+            "overlap_chance": 100 * float(common["overlap_chance"].iloc[0]),
             "neuron_pct": 100 * scores.select(sigma=6.0).param_share,
             "ipp": 100 * float(erased["ipp"].iloc[0]),
             "ipp_metric": f"{capability.metric} (pp)",

@@ -30,6 +30,8 @@ from capinterp.experiments.scoring import greedy_correct, target_scores
 from capinterp.interventions.hooks import erase
 from capinterp.results.neurons import NeuronSet
 
+__all__ = ["PAPER", "TITLE", "ablation_matrix", "drop_matrix", "per_op", "run"]
+
 TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): cross-operator ablation"
 PAPER = {  # Table 5, LLaMA-3-8B: accuracy drop (points), rows = test items, columns = erased operator
     "1-OP (+)": {"+": 23.9, "-": 6.3, "*": 0.1, "/": 0.2},

@@ -32,6 +32,8 @@ from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.data.parsing import is_correct, parse_answer
 from capinterp.kernels.evaluate import evaluate
 
+__all__ = ["TASK_METRICS", "greedy_accuracy", "greedy_correct", "measure", "surely_wrong", "target_scores"]
+
 TASK_METRICS: tuple[str, ...] = ("accuracy", "target_prob")
 
 

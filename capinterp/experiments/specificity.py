@@ -42,6 +42,28 @@ from capinterp.experiments.dcsn_common import (
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units import metrics
 
+__all__ = [
+    "CONDITIONS",
+    "NEFT",
+    "PAIRS",
+    "PAPER",
+    "PAPER_SEP_PAIRS",
+    "POOLS",
+    "QUICK_CONDITIONS",
+    "QUICK_PAIRS",
+    "TITLE",
+    "Key",
+    "build_datasets",
+    "compare_sets",
+    "like_sized",
+    "locate_all",
+    "neft_scores",
+    "pool_scores",
+    "run",
+    "specificity_table",
+    "summarize",
+]
+
 Key = tuple[str, str]  # (operator, condition)
 
 CONDITIONS: dict[str, dict[str, Any]] = {
@@ -129,8 +151,10 @@ def _row(metric: str, kind: str, comparison: str, op_a: str, op_b: str, a: Neuro
         "n_b": len(b),
         "intersection": metrics.intersection_size(a, b),
         "value": metrics.cohesion(a, b),
+        "value_chance": metrics.chance(a, b, "cohesion").expected,
         "iou": metrics.iou(a, b),
         "overlap": metrics.overlap(a, b),
+        **metrics.chance_stats(a, b),
         "paper_pair": metric == "cohesion" or (op_a, op_b) in PAPER_SEP_PAIRS,
     }
 

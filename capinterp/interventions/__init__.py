@@ -1,8 +1,10 @@
 """Acting on located units: erase / scale / amplify hooks, neuron-level fine-tuning, knowledge
-editing through value vectors, ROME rank-one editing, attention scaling."""
+editing through value vectors, ROME rank-one editing, attention scaling, and faithfulness
+curves of a localization (kept / ablated top-k against random sets: CPR, CMD)."""
 
 from capinterp.interventions.attention_scaling import attention_scaling, scale_attention
 from capinterp.interventions.editing import KnowledgeEdit, edit_knowledge, edit_table
+from capinterp.interventions.faithfulness import Faithfulness, faithfulness
 from capinterp.interventions.finetune import FinetuneResult, finetune
 from capinterp.interventions.hooks import amplify, erase, scale
 from capinterp.interventions.rome import RomeEdit, rome_edit
@@ -10,6 +12,7 @@ from capinterp.interventions.rome_eval import counterfact_scores, rome_counterfa
 from capinterp.interventions.second_moment import second_moment
 
 __all__ = [
+    "Faithfulness",
     "FinetuneResult",
     "KnowledgeEdit",
     "RomeEdit",
@@ -19,6 +22,7 @@ __all__ = [
     "edit_knowledge",
     "edit_table",
     "erase",
+    "faithfulness",
     "finetune",
     "rome_counterfact",
     "rome_edit",

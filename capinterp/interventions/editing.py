@@ -40,10 +40,9 @@ from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
-from capinterp.core.tokens import encode
+from capinterp.core.tokens import Encoded, encode
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
-from capinterp.localizers.base import former_name
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
 from capinterp.results.neurons import NeuronSet
 
@@ -51,7 +50,6 @@ __all__ = ["EDIT_SELECTIONS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_
 
 #: The neuron selections :func:`edit_table` compares by default (``"intersection"`` is accepted too).
 EDIT_SELECTIONS = ("consistency-aware", "query", "union")
-EDIT_METHODS = EDIT_SELECTIONS  # former name
 MODES = ("erase", "update")
 DIRECTIONS = ("unembed", "embed")
 
@@ -99,11 +97,6 @@ class KnowledgeEdit:
     metrics: dict[str, float] = field(default_factory=dict)
     records: pd.DataFrame | None = None
     model: Any = None  # the edited model when inplace=True
-
-    @property
-    def method(self) -> str:
-        """Former name of :attr:`selection`."""
-        return self.selection
 
     @contextlib.contextmanager
     def apply(self, model) -> Iterator[Any]:
@@ -201,6 +194,68 @@ def _spaced(new_target: str, old_target: str) -> str:
     return new_target if new_target[:1].isspace() or not lead else lead + new_target
 
 
+def _the_fact(fact: Sequence[Any], query_index: int, min_queries: int) -> tuple[list[Example], int]:
+    """The fact's queries (at least ``min_queries``) and ``query_index`` made non-negative."""
+    _, (queries,) = as_facts([fact], min_queries=min_queries)
+    if not -len(queries) <= query_index < len(queries):
+        raise ValueError(f"query_index {query_index} out of range for a fact with {len(queries)} queries")
+    return queries, query_index % len(queries)
+
+
+def _new_answer(mode: str, new_target: str | None, old: str) -> str | None:
+    """``new_target`` checked against ``mode`` and spaced like the old answer (update only)."""
+    if mode == "update":
+        if not isinstance(new_target, str):
+            raise ValueError("mode='update' needs new_target, the new answer (e.g. ' Rome')")
+        if not new_target.strip():
+            raise TokenizationError(
+                f"new_target is an empty target ({new_target!r}); give the new answer (e.g. ' Rome')"
+            )
+        return _spaced(new_target, old)
+    if new_target is not None:
+        raise ValueError("new_target is only used with mode='update'")
+    return new_target
+
+
+def _answer_ids(
+    model, queries: list[Example], query_index: int, mode: str, new_target: str | None
+) -> tuple[list[Encoded], list[int] | None]:
+    """The queries encoded with their old answer, and the new answer's first token per query
+    (update only; refused when it is the old answer's first token)."""
+    enc = encode(model, queries, max_target_tokens=1)
+    new_ids = (
+        [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries], max_target_tokens=1)]
+        if mode == "update"
+        else None
+    )
+    if new_ids is not None and new_ids[query_index] == enc[query_index].target_ids[0]:
+        raise ValueError(
+            f"new_target {new_target!r} starts with the same token as the old answer {queries[0].target!r}"
+        )
+    return enc, new_ids
+
+
+def _fact_neurons(
+    model,
+    queries: list[Example],
+    query_index: int,
+    selection: str,
+    neurons: NeuronSet | None,
+    ql: QueryLocalization | None,
+    ql_params: dict[str, Any],
+) -> NeuronSet:
+    """The edited neurons: ``neurons`` (checked against the model), ``ql``'s selection for this fact,
+    or those of a fresh QueryLocalization on the fact (on the edited query alone for ``"query"``)."""
+    if neurons is not None:
+        check_neurons(model, neurons)
+        return neurons
+    if ql is not None:
+        return ql.neurons(ql.index_of(queries), selection, query_index)
+    qs = [queries[query_index]] if selection == "query" else queries
+    loc = QueryLocalization(model, min_queries=1, progress=False, **ql_params).fit([qs])
+    return loc.neurons(0, selection, 0 if selection == "query" else query_index)
+
+
 def edit_knowledge(
     model,
     fact: Sequence[Any],
@@ -221,7 +276,6 @@ def edit_knowledge(
     ppl_before: float | None = None,
     before_probs: torch.Tensor | None = None,
     batch_size: int = 16,
-    method: str | None = None,
     **ql_params: Any,
 ) -> KnowledgeEdit:
     """Erase or update one fact through its knowledge neurons and measure the edit.
@@ -249,7 +303,6 @@ def edit_knowledge(
         before_probs: the unedited model's next-token probabilities ``[n_queries + n_unrelated, d_vocab]``
             (queries, then unrelated prompts), if already measured (:func:`edit_table` reuses them).
         batch_size: prompts per forward pass when measuring.
-        method: former name of ``selection`` (still accepted).
         ql_params: QueryLocalization / KN parameters for a fresh localization (e.g. ``steps=20``).
 
     Metrics: ``reliability`` (erase: the edited query's top-1 is no longer the old answer; update:
@@ -258,7 +311,6 @@ def edit_knowledge(
     ``ppl_after``, ``delta_ppl``, ``rel_prob`` / ``gen_prob`` (erase: relative drop of p(old answer);
     update: p(new answer) after), ``n_neurons``. Every input error is raised before any attribution.
     """
-    selection = former_name(selection, method, "selection", "method", "consistency-aware")
     _check_args(selection, mode, direction, lambdas)
     validate.model(model)
     query_index = validate.integer("query_index", query_index)
@@ -270,40 +322,14 @@ def edit_knowledge(
     if ql_params and (neurons is not None or ql is not None):
         raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
     need = 2 if neurons is None and ql is None and selection != "query" else 1
-    _, (queries,) = as_facts([fact], min_queries=need)
-    if not -len(queries) <= query_index < len(queries):
-        raise ValueError(f"query_index {query_index} out of range for a fact with {len(queries)} queries")
-    query_index %= len(queries)
+    queries, query_index = _the_fact(fact, query_index, need)
     old = queries[0].target
-    if mode == "update":
-        if not isinstance(new_target, str):
-            raise ValueError("mode='update' needs new_target, the new answer (e.g. ' Rome')")
-        if not new_target.strip():
-            raise TokenizationError(
-                f"new_target is an empty target ({new_target!r}); give the new answer (e.g. ' Rome')"
-            )
-        new_target = _spaced(new_target, old)
-    elif new_target is not None:
-        raise ValueError("new_target is only used with mode='update'")
-    enc = encode(model, queries, max_target_tokens=1)
-    new_ids = (
-        [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries], max_target_tokens=1)]
-        if mode == "update"
-        else None
-    )
-    if new_ids is not None and new_ids[query_index] == enc[query_index].target_ids[0]:
-        raise ValueError(f"new_target {new_target!r} starts with the same token as the old answer {old!r}")
+    new_target = _new_answer(mode, new_target, old)
+    enc, new_ids = _answer_ids(model, queries, query_index, mode, new_target)
     others = as_examples(unrelated or [])
     texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
 
-    if neurons is not None:
-        check_neurons(model, neurons)
-    elif ql is not None:
-        neurons = ql.neurons(ql.index_of(queries), selection, query_index)
-    else:
-        qs = [queries[query_index]] if selection == "query" else queries
-        loc = QueryLocalization(model, min_queries=1, progress=False, **ql_params).fit([qs])
-        neurons = loc.neurons(0, selection, 0 if selection == "query" else query_index)
+    neurons = _fact_neurons(model, queries, query_index, selection, neurons, ql, ql_params)
     signs = None
     if mode == "update" and signed:
         acts = last_activations(model, enc[query_index].prompt_ids, neurons)
@@ -356,7 +382,6 @@ def edit_table(
     direction: str = "unembed",
     signed: bool = True,
     per_fact: bool = False,
-    methods: Sequence[str] | None = None,
     **ql_params: Any,
 ) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Edit every fact with every neuron selection and mode; mean metrics per (mode, selection).
@@ -380,14 +405,9 @@ def edit_table(
         direction: the answer direction of the update.
         signed: sign-corrected update (see :func:`edit_knowledge`).
         per_fact: also return the frame with one row per edit.
-        methods: former name of ``selections`` (still accepted).
         ql_params: parameters of the QueryLocalization fitted when ``ql`` is missing.
     """
-    selections = tuple(
-        former_name(
-            tuple(selections), None if methods is None else tuple(methods), "selections", "methods", EDIT_SELECTIONS
-        )
-    )
+    selections = tuple(selections)
     names, groups = as_facts(facts, min_queries=2)
     if not selections or not modes:
         raise ValueError("edit_table needs at least one selection and one mode")

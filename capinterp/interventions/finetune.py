@@ -203,6 +203,89 @@ def _measure(model, items: list[Encoded], sets: dict[str, list[Example]], batch_
     return out
 
 
+def _arm_neuron_sets(
+    model, arms: Sequence[str], neurons: NeuronSet | None, random_neurons: NeuronSet | None, seed: int
+) -> dict[str, NeuronSet]:
+    """The neuron set each neuron arm trains: ``located`` the given one, ``random`` a random draw of
+    the same size (``random_neurons``, or ``neurons.random_like(seed)``), checked against the model."""
+    sets_neurons: dict[str, NeuronSet] = {}
+    if neurons is not None and "located" in arms:
+        sets_neurons["located"] = neurons
+    if "random" in arms:
+        assert neurons is not None  # _check_args: every arm but "full" needs neurons
+        rnd = random_neurons if random_neurons is not None else neurons.random_like(seed)
+        check_neurons(model, rnd)
+        if len(rnd) != len(neurons):
+            raise ValueError(f"random_neurons has {len(rnd)} neurons, neurons has {len(neurons)}")
+        sets_neurons["random"] = rnd
+    return sets_neurons
+
+
+def _neuron_counts(model, neurons: NeuronSet | None) -> dict[str, int]:
+    """Neurons each arm trains (the table's ``n_neurons``)."""
+    all_neurons = int(model.cfg.n_layers) * int(model.cfg.d_mlp)
+    n_located = len(neurons) if neurons is not None else 0
+    return {
+        "located": n_located,
+        "random": n_located,
+        "without_located": all_neurons - n_located,
+        "full": all_neurons,
+    }
+
+
+def _arm_model(model, arm: str, spare, inplace: bool, dev: torch.device, neurons: NeuronSet | None):
+    """The model an arm trains: the caller's (``inplace``) or a fresh copy, on ``dev``; the
+    ``without_located`` arm starts with the located neurons zeroed."""
+    work = model if inplace else _fresh_copy(model, spare)
+    if torch.device(work.cfg.device) != dev:
+        work.to(dev, print_details=False)
+    if arm == "without_located":
+        zero_neurons(work, neurons)
+    return work
+
+
+def _train_then_restore_flags(
+    work, items: list[Encoded], trainable: dict[str, torch.Tensor | None], flags: dict[str, bool], **train_kw: Any
+) -> list[dict[str, Any]]:
+    """:func:`_train`, then every parameter's ``requires_grad`` put back as it was (also on error)."""
+    try:
+        return _train(work, items, trainable, **train_kw)
+    finally:
+        for name, p in work.named_parameters():
+            p.requires_grad_(flags.get(name, True))
+
+
+def _arm_row(
+    arm: str,
+    lr: float,
+    n_neurons: int,
+    n_train: int,
+    n_total: int,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    sets: dict[str, list[Example]],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One arm's table row (losses, accuracies before / after) and its long-form evaluations."""
+    row: dict[str, Any] = {
+        "arm": arm,
+        "lr": lr,
+        "n_neurons": n_neurons,
+        "n_trainable_params": n_train,
+        "param_share": n_train / n_total,
+        "train_loss_before": before["train_loss"],
+        "train_loss_after": after["train_loss"],
+    }
+    evals: list[dict[str, Any]] = []
+    for name in sets:
+        row[f"{name}_acc_before"] = before[name].accuracy
+        row[f"{name}_acc_after"] = after[name].accuracy
+        evals += [
+            {"arm": arm, "dataset": name, "stage": stage, **res.to_dict()}
+            for stage, res in (("before", before[name]), ("after", after[name]))
+        ]
+    return row, evals
+
+
 def finetune(
     model,
     train: Sequence[Any],
@@ -261,26 +344,11 @@ def finetune(
     items = encode(model, train_ex)
     for exs in sets.values():
         encode(model, exs)  # tokenization problems surface before any training
-    sets_neurons: dict[str, NeuronSet] = {}
-    if neurons is not None and "located" in arms:
-        sets_neurons["located"] = neurons
-    if "random" in arms:
-        rnd = random_neurons if random_neurons is not None else neurons.random_like(seed)
-        check_neurons(model, rnd)
-        if len(rnd) != len(neurons):
-            raise ValueError(f"random_neurons has {len(rnd)} neurons, neurons has {len(neurons)}")
-        sets_neurons["random"] = rnd
+    sets_neurons = _arm_neuron_sets(model, arms, neurons, random_neurons, seed)
     dev = resolve_device(device) if device is not None else torch.device(model.cfg.device)
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     n_total = count_params(model)
-    all_neurons = int(model.cfg.n_layers) * int(model.cfg.d_mlp)
-    n_located = len(neurons) if neurons is not None else 0
-    counts = {
-        "located": n_located,
-        "random": n_located,
-        "without_located": all_neurons - n_located,
-        "full": all_neurons,
-    }
+    counts = _neuron_counts(model, neurons)
     before: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
@@ -288,11 +356,7 @@ def finetune(
     models: dict[str, Any] = {}
     spare = None  # a finished arm's copy, reset and reused by the next arm (unless kept)
     for arm in arms:
-        work = model if inplace else _fresh_copy(model, spare)
-        if torch.device(work.cfg.device) != dev:
-            work.to(dev, print_details=False)
-        if arm == "without_located":
-            zero_neurons(work, neurons)
+        work = _arm_model(model, arm, spare, inplace, dev, neurons)
         trainable = _trainable(work, arm, sets_neurons.get(arm, neurons))
         sizes = {n: p.numel() for n, p in work.named_parameters()}
         n_train = sum(sizes[n] if m is None else int(m.sum()) for n, m in trainable.items())
@@ -300,39 +364,22 @@ def finetune(
         if start not in before:
             before[start] = _measure(work, items, sets, eval_batch_size)
         t0 = time.perf_counter()
-        try:
-            history += _train(
-                work,
-                items,
-                trainable,
-                lr=lrs[arm],
-                epochs=epochs,
-                batch_size=batch_size,
-                seed=seed,
-                arm=arm,
-                progress=progress,
-            )
-        finally:
-            for name, p in work.named_parameters():
-                p.requires_grad_(flags.get(name, True))
+        history += _train_then_restore_flags(
+            work,
+            items,
+            trainable,
+            flags,
+            lr=lrs[arm],
+            epochs=epochs,
+            batch_size=batch_size,
+            seed=seed,
+            arm=arm,
+            progress=progress,
+        )
         secs = time.perf_counter() - t0
         after = _measure(work, items, sets, eval_batch_size)
-        row: dict[str, Any] = {
-            "arm": arm,
-            "lr": lrs[arm],
-            "n_neurons": counts[arm],
-            "n_trainable_params": n_train,
-            "param_share": n_train / n_total,
-            "train_loss_before": before[start]["train_loss"],
-            "train_loss_after": after["train_loss"],
-        }
-        for name in sets:
-            row[f"{name}_acc_before"] = before[start][name].accuracy
-            row[f"{name}_acc_after"] = after[name].accuracy
-            evals += [
-                {"arm": arm, "dataset": name, "stage": stage, **res.to_dict()}
-                for stage, res in (("before", before[start][name]), ("after", after[name]))
-            ]
+        row, arm_evals = _arm_row(arm, lrs[arm], counts[arm], n_train, n_total, before[start], after, sets)
+        evals += arm_evals
         rows.append({**row, "train_s": secs, "s_per_epoch": secs / epochs})
         if keep_models or inplace:
             models[arm] = work

@@ -10,6 +10,8 @@ import pandas as pd
 from capinterp.plots.finetune import finetune_figure
 from capinterp.results.neurons import NeuronSet
 
+__all__ = ["FinetuneResult"]
+
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 

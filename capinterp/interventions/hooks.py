@@ -21,6 +21,8 @@ from capinterp.core import validate
 from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape
 from capinterp.results.neurons import NeuronSet
 
+__all__ = ["amplify", "check_neurons", "erase", "neuron_hooks", "scale"]
+
 
 def check_neurons(model, neurons: NeuronSet, across_models: bool = False) -> None:
     """Raise a clear ValueError if ``neurons`` was made for another model (other weights or config).

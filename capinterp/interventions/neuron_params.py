@@ -23,6 +23,8 @@ from torch import Tensor
 from capinterp.core.model import neuron_shape
 from capinterp.results.neurons import NeuronSet
 
+__all__ = ["NeuronSlice", "count_params", "neuron_masks", "neuron_slices", "zero_neurons"]
+
 # TransformerLens property -> the axis that indexes neurons, in TL's own layout.
 _TL_NEURON_AXIS = {"W_in": 1, "W_gate": 1, "b_in": 0, "W_out": 0}
 

@@ -6,3 +6,5 @@
 - :mod:`~capinterp.kernels.accumulate`: mergeable float64 score sums, checkpoints, resume;
 - :mod:`~capinterp.kernels.evaluate`: greedy accuracy and target probability.
 """
+
+__all__: list[str] = []  # a layer of modules: import them by name

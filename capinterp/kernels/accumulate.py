@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from torch import Tensor
 from capinterp.core import distributed as dist
 from capinterp.core.example import Example
 
+__all__ = ["ScoreSum", "dataset_fingerprint"]
+
 
 def dataset_fingerprint(examples: Iterable[Example]) -> str:
     """Hash of the prompts and targets, in order (meta ignored)."""
@@ -33,6 +36,44 @@ def dataset_fingerprint(examples: Iterable[Example]) -> str:
         h.update(ex.target.encode())
         h.update(b"\x01")
     return h.hexdigest()[:16]
+
+
+def key_digest(key: dict) -> str:
+    """A short hash of a computation's key (method, hyper-parameters, model, data): equal keys, equal
+    digests, whatever the dict order or tuple-vs-list spelling."""
+    text = json.dumps(json.loads(json.dumps(key)), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+KEY_FIELD = "{key}"
+
+
+def keyed_path(path: str | os.PathLike | None, key: dict) -> str | None:
+    """``path`` with every ``{key}`` replaced by :func:`key_digest` of ``key`` (``path`` unchanged
+    without one): ``"out/cnl-{key}.ckpt"`` gives each computation its own checkpoint, so a run
+    with other settings starts fresh beside an older one and the same settings resume."""
+    if path is None:
+        return None
+    return str(path).replace(KEY_FIELD, key_digest(key))
+
+
+def _key_diff(old: dict, new: dict) -> str:
+    """The fields in which two keys differ, briefly: ``params.steps (20 -> 50), data``."""
+    new = json.loads(json.dumps(new))
+    parts = []
+    for field in sorted(set(old) | set(new)):
+        a, b = old.get(field), new.get(field)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            parts += [
+                f"{field}.{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+            ]
+        elif field in ("model", "data"):
+            parts.append(f"{field} (another {'model' if field == 'model' else 'dataset'})")
+        else:
+            parts.append(f"{field} ({a!r} -> {b!r})")
+    return ", ".join(parts) or "nothing visible"
 
 
 class ScoreSum:
@@ -95,13 +136,19 @@ class ScoreSum:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> None:
-        """Atomic write (temp file + rename): an interruption never leaves a half file."""
+        """Atomic write (a temp file of its own in the same folder, then a rename): an interruption
+        never leaves a half file, and concurrent writers never share a temp name."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"capinterp_scoresum": json.dumps({"done": sorted(self.done), "key": self.key})}
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({"sum": self.sum.contiguous()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            save_file({"sum": self.sum.contiguous()}, tmp, metadata=meta)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike, key: dict | None = None) -> ScoreSum:
@@ -109,6 +156,10 @@ class ScoreSum:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no checkpoint at {path}")
+        if path.is_dir():
+            raise ValueError(
+                f"checkpoint {path} is a directory; give the path of a checkpoint file (e.g. {path / 'cnl.ckpt'})"
+            )
         try:
             from safetensors import safe_open
 
@@ -122,8 +173,8 @@ class ScoreSum:
         out.done = set(int(i) for i in info["done"])
         if key is not None and json.loads(json.dumps(key)) != out.key:
             raise ValueError(
-                f"checkpoint {path} was made by a different computation ({out.key}); "
-                f"this run is {key}: use another checkpoint path or delete it"
+                f"checkpoint {path} was made by a different computation (differs in {_key_diff(out.key, key)}); "
+                "use another checkpoint path (a '{key}' in it names the file by the settings) or delete it"
             )
         return out
 

@@ -19,6 +19,8 @@ from capinterp.core import validate
 from capinterp.core.forward import logits_at
 from capinterp.core.tokens import batches, encode, pad_id, pad_right
 
+__all__ = ["EvalResult", "evaluate", "greedy_continuations"]
+
 
 @dataclass
 class EvalResult:

@@ -75,6 +75,21 @@ from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.invariant import N_NODES, check_tolerance, scale_invariant, substitute_nodes
 from capinterp.kernels.quadrature import quadrature
 
+__all__ = [
+    "INVARIANCE",
+    "METHODS",
+    "OBJECTIVES",
+    "POSITIONS",
+    "SHARE_CLEAN_ROW",
+    "Site",
+    "frozen_params",
+    "grad_x_act",
+    "ig_alphas",
+    "ig_scores",
+    "objective_from_logits",
+    "site",
+]
+
 POSITIONS = ("answer", "last_prompt")
 OBJECTIVES = ("prob", "logprob")
 METHODS = ("fast", "prefix", "loop")

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["auto_batch_size", "forward_row_bytes", "free_bytes", "ig_row_bytes", "is_oom", "peak_bytes", "release"]
+
 
 def free_bytes(device: Any) -> int:
     """Bytes free for new tensors on ``device`` (CUDA: driver's free memory; CPU: available RAM)."""

@@ -39,6 +39,8 @@ from jaxtyping import Float, Int
 from capinterp.core.forward import unembed as _unembed
 from capinterp.core.model import neuron_hook
 
+__all__ = ["CleanSuffix", "NoCache", "Unsupported", "bridge_logits", "clean_suffix", "stair_logits", "stair_supported"]
+
 
 @dataclass
 class CleanSuffix:

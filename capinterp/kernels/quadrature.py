@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from jaxtyping import Float64
 
+__all__ = ["ACCURATE_STEPS", "IG_RULES", "RULES", "check_rule", "ig_preset", "quadrature"]
+
 RULES = ("right", "left", "linspace", "midpoint", "trapezoid", "gauss")
 _MIN_STEPS = {"linspace": 2, "trapezoid": 2}
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from capinterp.core import validate
-from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
 from capinterp.localizers.base import register
@@ -83,6 +83,9 @@ class AMIG(KN):
     """
 
     per_query = True
+    check_params: ClassVar[dict[str, Any]] = {
+        "baseline_texts": ["The weather was mild all week.", "She read the letter twice."]
+    }
 
     def __init__(
         self,
@@ -123,20 +126,36 @@ class AMIG(KN):
         if not 1 <= min_neurons <= max_neurons:
             raise ValueError(f"need 1 <= min_neurons <= max_neurons, got {min_neurons}, {max_neurons}")
         validate.nonneg_int("adapt_steps", adapt_steps)
-        n_layers, d_mlp = neuron_shape(model)
+        if baseline is not None:
+            baseline = torch.as_tensor(baseline, dtype=torch.float32)
+            if baseline.dim() not in (1, 2):
+                raise ValueError(f"baseline must be [n_layers, d_mlp] or [d_mlp], got {tuple(baseline.shape)}")
+        if isinstance(baseline_texts, str):
+            raise ValueError("baseline_texts must be a list of strings, not one string")
+        # The baseline tensor is not a listed hyper-parameter (get_params / meta_ keep plain values).
+        self._baseline = baseline
+        self.baseline_texts = None if baseline_texts is None else list(baseline_texts)
+        self.data_dir = None if data_dir is None else str(data_dir)
+        self.min_neurons, self.max_neurons, self.adapt_steps = int(min_neurons), int(max_neurons), int(adapt_steps)
+
+    def _begin_fit(self) -> None:
+        """The baseline activation ``baseline_`` ``[n_layers, d_mlp]``: the given tensor, checked against
+        the model, or the mean activation over the baseline texts (forward passes: fit's work)."""
+        super()._begin_fit()
+        n_layers, d_mlp = neuron_shape(self.model)
+        baseline = self._baseline
         if baseline is None:
-            baseline = mean_activations(
-                model, list(baseline_texts) if baseline_texts is not None else local_texts(data_dir, n=32)
-            )
-        baseline = torch.as_tensor(baseline, dtype=torch.float32)
+            key = model_fingerprint(self.model)  # refits on unchanged weights reuse it (QueryLocalization)
+            if getattr(self, "_baseline_key", None) == key:
+                return
+            texts = self.baseline_texts if self.baseline_texts is not None else local_texts(self.data_dir, n=32)
+            baseline = mean_activations(self.model, texts)
+            self._baseline_key = key
         if baseline.shape == (d_mlp,):
             baseline = baseline.expand(n_layers, d_mlp).clone()
         if tuple(baseline.shape) != (n_layers, d_mlp):
             raise ValueError(f"baseline must be [{n_layers}, {d_mlp}] or [{d_mlp}], got {tuple(baseline.shape)}")
-        self.baseline_ = baseline
-        self.baseline_texts = None if baseline_texts is None else list(baseline_texts)
-        self.data_dir = None if data_dir is None else str(data_dir)
-        self.min_neurons, self.max_neurons, self.adapt_steps = int(min_neurons), int(max_neurons), int(adapt_steps)
+        self.baseline_ = baseline.to(torch.float32)
 
     def _path_kwargs(self) -> dict:
         return {"baseline": self.baseline_}

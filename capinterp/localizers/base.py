@@ -3,7 +3,8 @@
 Conventions (scikit-learn's estimator style): the constructor takes the model and
 hyper-parameters only and validates them at once; ``fit(data)`` does the work and returns
 ``self``; learned results end in an underscore (``scores_``, ``neurons_``, ``units_``, ``meta_``).
-Every localizer accepts ``batch_size``, ``device`` (moves the model there) and ``progress``.
+Every localizer accepts ``batch_size``, ``device`` (``fit`` moves the model there) and ``progress``;
+the constructor never reads, runs or moves the model: ``fit`` starts with ``_begin_fit()``.
 
 What a localizer can do is declared as class attributes (:attr:`Localizer.unit_kind`,
 :attr:`Localizer.scope`, :attr:`Localizer.per_query`, :attr:`Localizer.checkpointable`); the
@@ -14,64 +15,117 @@ docs page (docs/extending.md).
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from capinterp.core import validate
 from capinterp.core.model import model_meta, move_model
 
+__all__ = [
+    "CAPABILITY_VALUES",
+    "ENTRY_POINT_GROUP",
+    "RUNTIME_PARAMS",
+    "SCOPES",
+    "UNIT_KINDS",
+    "Localizer",
+    "available",
+    "former_name",
+    "get",
+    "register",
+]
+
 _REGISTRY: dict[str, type[Localizer]] = {}
-_ALIASES: dict[str, str] = {}
 L = TypeVar("L", bound=type["Localizer"])
+
+#: The entry-point group through which another installed package adds localizers: in its
+#: ``pyproject.toml``, ``[project.entry-points."capinterp.localizers"]`` ``mine = "pkg.module:MyLocalizer"``.
+#: They are loaded on the first :func:`get` / :func:`available`, not at import.
+ENTRY_POINT_GROUP = "capinterp.localizers"
+_entry_points_loaded = False
 
 #: Values of :attr:`Localizer.unit_kind`: FFN neurons, whole layers, or circuit edges.
 UNIT_KINDS: tuple[str, ...] = ("neuron", "layer", "edge")
 #: Values of :attr:`Localizer.scope`: one result for a whole dataset, or per fact (a bag of prompts).
 SCOPES: tuple[str, ...] = ("dataset", "fact")
+#: The values each capability attribute may take (checked by :func:`register`).
+CAPABILITY_VALUES: dict[str, tuple[Any, ...]] = {
+    "unit_kind": UNIT_KINDS,
+    "scope": SCOPES,
+    "per_query": (True, False),
+    "checkpointable": (True, False),
+}
 #: Constructor arguments that change how a fit runs, not what it computes (left out of ``meta_["params"]``).
 RUNTIME_PARAMS: tuple[str, ...] = ("batch_size", "checkpoint", "device", "progress")
 
 
-def register(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[L], L]:
+def register(name: str) -> Callable[[L], L]:
     """Class decorator: make a localizer available as ``capinterp.localizers.get(name)``.
 
-    ``aliases`` are older names that still resolve to the class but are not listed by
-    :func:`available`. The class's declared capabilities are checked here, at import time.
+    The name is lower-cased; the class's declared capabilities are checked here, at import time.
+    A second class under a taken name is refused.
     """
 
     def deco(cls: L) -> L:
         key = name.lower()
-        for k in (key, *map(str.lower, aliases)):
-            owner = _REGISTRY.get(k) or _REGISTRY.get(_ALIASES.get(k, ""))
-            if owner is not None and owner is not cls:
-                raise ValueError(f"a localizer named {k!r} is already registered")
-        if cls.unit_kind not in UNIT_KINDS:
-            raise ValueError(f"{cls.__name__}.unit_kind must be one of {UNIT_KINDS}, got {cls.unit_kind!r}")
-        if cls.scope not in SCOPES:
-            raise ValueError(f"{cls.__name__}.scope must be one of {SCOPES}, got {cls.scope!r}")
+        owner = _REGISTRY.get(key)
+        if owner is not None and owner is not cls:
+            raise ValueError(f"a localizer named {key!r} is already registered ({owner.__module__}.{owner.__name__})")
+        if not (isinstance(cls, type) and issubclass(cls, Localizer)):
+            raise TypeError(f"register({name!r}) needs a Localizer subclass, got {cls!r}")
+        for cap, values in CAPABILITY_VALUES.items():
+            value = getattr(cls, cap)
+            if not any(value is v or (isinstance(v, str) and value == v) for v in values):
+                raise ValueError(f"{cls.__name__}.{cap} must be one of {values}, got {value!r}")
         cls.name = key
         _REGISTRY[key] = cls
-        _ALIASES.update({a.lower(): key for a in aliases})
         return cls
 
     return deco
 
 
+def _load_entry_points() -> None:
+    """Import the localizers other packages declare in :data:`ENTRY_POINT_GROUP` (once).
+
+    An entry point names a Localizer subclass; importing its module usually registers it (the
+    ``@register`` decorator), otherwise it is registered under the entry point's name. One that
+    fails to load is skipped with a warning naming it, so a broken plugin cannot hide the others.
+    """
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True  # first: a plugin that imports capinterp.localizers must not recurse
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+            if cls not in _REGISTRY.values():
+                register(ep.name)(cls)
+        except Exception as err:
+            warnings.warn(
+                f"localizer entry point {ep.name!r} ({ep.value}) was not loaded: {type(err).__name__}: {err}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
 def get(name: str) -> type[Localizer]:
-    """The localizer class registered under ``name`` or one of its aliases (case-insensitive)."""
+    """The localizer class registered under ``name`` (case-insensitive), entry points included."""
+    _load_entry_points()
     try:
-        key = name.lower()
-        return _REGISTRY[_ALIASES.get(key, key)]
+        return _REGISTRY[name.lower()]
     except (KeyError, AttributeError):
         raise ValueError(f"unknown localizer {name!r}; available: {', '.join(available())}") from None
 
 
 def available(**capabilities: Any) -> list[str]:
-    """Registered localizer names, sorted; keyword filters keep those whose class attributes match.
+    """Registered localizer names (entry points included), sorted; keyword filters keep those whose
+    class attributes match.
 
-    >>> available(unit_kind="neuron", scope="dataset")   # ['cnl', 'dcsn']
+    >>> available(unit_kind="neuron", scope="dataset")   # ['cnl', 'dcsn', 'neft']
     """
+    _load_entry_points()
     bad = [k for k in capabilities if k not in Localizer.CAPABILITIES]
     if bad:
         raise ValueError(f"unknown capability {bad[0]!r}; choose among {', '.join(Localizer.CAPABILITIES)}")
@@ -110,19 +164,32 @@ class Localizer:
     #: True when the constructor takes ``checkpoint=path`` and ``fit`` resumes from it.
     checkpointable: ClassVar[bool] = False
     #: The capability attributes, in the order the docs list them.
-    CAPABILITIES: ClassVar[tuple[str, ...]] = ("unit_kind", "scope", "per_query", "checkpointable")
+    CAPABILITIES: ClassVar[tuple[str, ...]] = tuple(CAPABILITY_VALUES)
+    #: Hyper-parameters that keep :func:`capinterp.testing.check_localizer`'s run small and
+    #: self-contained (e.g. AMIG's baseline texts); never used otherwise.
+    check_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, model: Any, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
-        validate.model(model)
+        # Store and check hyper-parameters only: nothing here reads, runs or moves the model
+        # (scikit-learn's rule), so constructing never fails on the model; ``fit`` does that work.
         batch_size = validate.positive_int("batch_size", batch_size)
-        move_model(model, device)  # checked first: a bad device leaves the model untouched
         self.model = model
         self.batch_size = int(batch_size)
+        self.device = validate.device("device", device)
         self.progress = bool(progress)
 
     def fit(self, data: Any) -> Localizer:  # pragma: no cover - abstract
-        """Localize on ``data`` (examples, or prompts of one fact) and return ``self``."""
+        """Localize on ``data`` (examples, or prompts of one fact) and return ``self``.
+
+        Implementations call ``_begin_fit()`` first (before touching the model)."""
         raise NotImplementedError
+
+    def _begin_fit(self) -> None:
+        """The model work a constructor must not do, at the start of ``fit``: check the model, move
+        it to ``device``; subclasses extend it with what they derive from the model (DCSN's folded
+        norms, AMIG's baseline, bounds that depend on the model's shape)."""
+        validate.model(self.model)
+        move_model(self.model, self.device)  # the device is checked first: a bad one leaves the model untouched
 
     @classmethod
     def capabilities(cls) -> dict[str, Any]:

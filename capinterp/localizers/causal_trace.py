@@ -135,8 +135,7 @@ class CausalTrace(Localizer):
         if bad or not kinds or len(set(kinds)) != len(kinds):
             raise ValueError(f"kinds must be distinct values among {KINDS}, got {kinds}")
         self.kinds = kinds
-        n_layers = int(model.cfg.n_layers)
-        self.top_k = validate.integer("top_k", top_k, low=1, high=n_layers)
+        self.top_k = validate.integer("top_k", top_k, low=1)  # at most n_layers: checked in fit
         if token not in TOKEN_GROUPS and token != "any":
             raise ValueError(f"token must be one of {TOKEN_GROUPS + ('any',)}, got {token!r}")
         self.token = token
@@ -151,12 +150,17 @@ class CausalTrace(Localizer):
 
     # ------------------------------------------------------------------------------------ fit
 
+    def _begin_fit(self) -> None:
+        super()._begin_fit()
+        validate.integer("top_k", self.top_k, low=1, high=int(self.model.cfg.n_layers))
+
     @torch.no_grad()
     def fit(self, data: Iterable[Any]) -> CausalTrace:
         """Trace every fact in ``data`` (Examples, or dicts / pairs, with ``meta["subject"]``)."""
         facts = validate.examples(data, "CausalTrace.fit(data)", min_count=0)
         if not facts:
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
+        self._begin_fit()
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
         self.noise_std_ = (
             self.noise_std if self.noise_std is not None else self._noise_mult * self._subject_std(prepared)

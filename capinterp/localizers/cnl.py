@@ -23,6 +23,8 @@ from capinterp.kernels.quadrature import check_rule
 from capinterp.localizers.base import former_name, register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 
+__all__ = ["CNL", "check_ig_args"]
+
 
 def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel: str) -> None:
     """Validate IG hyper-parameters at construction, before any work (``kernel``: one of the IG

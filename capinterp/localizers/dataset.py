@@ -18,11 +18,13 @@ from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_fingerprint, neuron_shape
 from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
-from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint
+from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
 from capinterp.localizers.base import Localizer
 from capinterp.results.neurons import NeuronScores
 from capinterp.units import metrics
+
+__all__ = ["DatasetNeuronLocalizer", "describe_data", "fill_greedy_targets"]
 
 
 def describe_data(examples: list[Example]) -> str:
@@ -62,7 +64,9 @@ class DatasetNeuronLocalizer(Localizer):
 
     Subclasses implement :meth:`_score_chunk` (``list[Encoded] -> [n, n_layers, d_mlp]``).
     ``checkpoint=path`` saves the running sums after every chunk; a later ``fit`` with the same
-    path, model, data and hyper-parameters resumes where it stopped.
+    path, model, data and hyper-parameters resumes where it stopped. A ``{key}`` in the path is
+    replaced by a hash of those (:func:`capinterp.kernels.accumulate.keyed_path`; the file used is
+    ``checkpoint_path_``), so other settings get a checkpoint of their own instead of a refusal.
 
     Under ``torchrun`` each rank scores every ``world_size``-th chunk of ``chunk_examples``
     examples (the chunks a single process would score, so per-example scores are bitwise the
@@ -137,6 +141,8 @@ class DatasetNeuronLocalizer(Localizer):
         """Mean per-example scores over ``data`` (Examples, dicts or pairs): ``scores_``
         ``[n_layers, d_mlp]``, ``neurons_`` (the sigma mask), ``sums_`` (the running sums)."""
         examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
+        encode(self.model, examples, bare="skip")  # TokenizationError before any model work
+        self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
         encoded = self._encode(examples)  # every tokenization problem surfaces here, before work
         if not encoded:
@@ -155,7 +161,8 @@ class DatasetNeuronLocalizer(Localizer):
             else auto_batch_size(self.model.cfg.device, self._row_bytes(encoded))
         )
         self.oom_retries_ = 0
-        ckpt = dist.rank_path(self.checkpoint)
+        ckpt = dist.rank_path(keyed_path(self.checkpoint, key))
+        self.checkpoint_path_ = ckpt
         acc = ScoreSum.resume(ckpt, shape, key)
         stray = sorted(i for i in acc.done if not 0 <= i < len(encoded))
         if stray:
@@ -190,7 +197,9 @@ class DatasetNeuronLocalizer(Localizer):
         return type(self)(self.model, **params)
 
     def split_half(self, data: Any, seed: int = 0) -> dict[str, float]:
-        """Localize on two disjoint random halves; overlap, IoU and ratio (Huang et al. 2025, Table 1)."""
+        """Localize on two disjoint random halves; overlap, IoU and ratio (Huang et al. 2025, Table 1),
+        with the chance levels of overlap and IoU and the p-value of the intersection
+        (:func:`capinterp.units.metrics.chance`)."""
         examples = as_examples(data)
         if len(examples) < 2:
             raise ValueError("split_half needs at least 2 examples")
@@ -202,6 +211,7 @@ class DatasetNeuronLocalizer(Localizer):
         return {
             "overlap": metrics.overlap(a, b),
             "iou": metrics.iou(a, b),
+            **metrics.chance_stats(a, b),
             "ratio": (a.ratio + b.ratio) / 2,
             "n_a": len(a),
             "n_b": len(b),

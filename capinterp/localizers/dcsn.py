@@ -38,6 +38,19 @@ from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 
+__all__ = [
+    "DCSN",
+    "NORMS",
+    "fold_for",
+    "folded_norms",
+    "folded_projection",
+    "last_token_activations",
+    "per_sample_scores",
+    "projection",
+    "rms_gain",
+    "unembed_columns",
+]
+
 NORMS: tuple[str, ...] = ("raw", "fold")
 
 
@@ -175,11 +188,15 @@ class DCSN(DatasetNeuronLocalizer):
     ) -> None:
         if target not in ("gold", "pred"):
             raise ValueError(f"target must be 'gold' or 'pred', got {target!r}")
-        fold = fold_for(model, norms)
+        if norms not in NORMS:
+            raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
         super().__init__(model, sigma=sigma, **kwargs)
         self.target = target
         self.norms = norms
-        self._fold = fold
+
+    def _begin_fit(self) -> None:
+        super()._begin_fit()
+        self._fold = fold_for(self.model, self.norms)  # reads the norms' weights: fit's work
 
     def _chunk_size(self) -> int:
         return self.batch_size_

@@ -23,6 +23,8 @@ from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
+__all__ = ["KN", "coarse_mask"]
+
 
 def coarse_mask(scores: torch.Tensor, threshold: float) -> torch.Tensor:
     """Neurons whose score is positive and above ``threshold * max`` (max over all neurons)."""
@@ -106,6 +108,8 @@ class KN(Localizer):
         examples = validate.examples(data, "KN.fit(data)", min_count=0)
         if not examples:
             raise ValueError("KN.fit got no prompts")
+        encode(self.model, examples, max_target_tokens=1, bare="skip")  # TokenizationError before any work
+        self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
         items = encode(self.model, examples, max_target_tokens=1)
         per = torch.stack([self._prompt_scores(it) for it in tqdm(items, desc=self.name, disable=not self.progress)])

@@ -37,14 +37,14 @@ from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, 
 from capinterp.core import validate
 from capinterp.core.tokens import encode
 from capinterp.kernels.quadrature import check_rule
-from capinterp.localizers.base import Localizer, former_name, register
+from capinterp.localizers.base import Localizer, register
 
 __all__ = ["KnowledgeCircuit"]
 
 ALGORITHMS = {"eap": "eap", "eap-ig": "eap-ig", "eap_ig": "eap-ig", "acdc": "acdc"}
 
 
-@register("knowledge_circuit", aliases=("kc",))
+@register("knowledge_circuit")
 class KnowledgeCircuit(Localizer):
     """Locate a knowledge circuit by edge attribution (EAP / EAP-IG) or greedy ablation (ACDC).
 
@@ -67,8 +67,6 @@ class KnowledgeCircuit(Localizer):
         prune: drop edges on no input -> logits path.
         candidates: ACDC only: visit only the top N edges of an EAP-IG pass with ``steps`` steps.
         seed: corruption choice and noise.
-        method: former name of ``algorithm`` (still accepted).
-        tau: former name of ``min_score`` (EAP) or ``acdc_threshold`` (ACDC), still accepted.
     """
 
     unit_kind = "edge"
@@ -92,19 +90,11 @@ class KnowledgeCircuit(Localizer):
         device: Any = None,
         progress: bool = True,
         acdc_threshold: float = 0.01,
-        method: str | None = None,
-        tau: float | None = None,
         rule: str = "right",
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        algorithm = former_name(algorithm, method, "algorithm", "method", "eap-ig")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(set(ALGORITHMS))}, got {algorithm!r}")
-        if tau is not None:  # former name of both thresholds
-            if ALGORITHMS[algorithm] == "acdc":
-                acdc_threshold = tau
-            elif min_score is None:
-                min_score = tau
         if ALGORITHMS[algorithm] != "acdc" and top_n is None and min_score is None:
             raise ValueError("EAP needs top_n or min_score to select edges")
         if not acdc_threshold >= 0:
@@ -162,6 +152,7 @@ class KnowledgeCircuit(Localizer):
         facts = validate.examples(data, "KnowledgeCircuit.fit(data)", min_count=0)
         if not facts:
             raise ValueError("KnowledgeCircuit.fit needs at least one fact")
+        self._begin_fit()
         encode(self.model, facts)  # tokenization problems (TokenizationError) surface before any forward pass
         t0 = time.perf_counter()
         graph = Graph.from_model(self.model, self.granularity)

@@ -101,13 +101,19 @@ class NeFT(Localizer):
             raise ValueError(f"lr must be > 0, got {lr!r}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-        n_layers, d_mlp = neuron_shape(model)
-        if top_k is not None and not 1 <= top_k <= n_layers * d_mlp:
-            raise ValueError(f"top_k must be in [1, {n_layers * d_mlp}], got {top_k}")
+        if top_k is not None:
+            validate.positive_int("top_k", top_k)
         self.steps, self.lr, self.optimizer, self.top_k = steps, float(lr), optimizer, top_k
+
+    def _begin_fit(self) -> None:
+        super()._begin_fit()
+        n_layers, d_mlp = neuron_shape(self.model)
+        if self.top_k is not None and not 1 <= self.top_k <= n_layers * d_mlp:
+            raise ValueError(f"top_k must be in [1, {n_layers * d_mlp}], got {self.top_k}")
 
     def fit(self, data: Any) -> NeFT:
         examples = validate.examples(data, "NeFT.fit(data)")  # the shared rules; an empty list is refused
+        self._begin_fit()
         items = encode(self.model, examples)  # a bare prompt: TokenizationError (NeFT trains on the answer)
         n_layers, d_mlp = neuron_shape(self.model)
         before = [neuron_weights(self.model, l) for l in range(n_layers)]

@@ -36,7 +36,7 @@ from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.model import model_meta, neuron_shape
 from capinterp.core.tokens import encode
-from capinterp.localizers.base import Localizer, available, former_name, get
+from capinterp.localizers.base import Localizer, available, get
 from capinterp.localizers.kn import coarse_mask
 from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units.metrics import consistency, otsu_threshold
@@ -45,7 +45,6 @@ __all__ = ["NEURON_SELECTIONS", "QueryLocalization", "as_facts", "consistency_aw
 
 #: Rules that pick a fact's neurons in :meth:`QueryLocalization.neurons` (its ``selection``).
 NEURON_SELECTIONS = ("consistency-aware", "query", "union", "intersection")
-NEURON_METHODS = NEURON_SELECTIONS  # former name
 SCORES = ("cs1", "cs2")
 
 
@@ -122,7 +121,7 @@ class QueryLocalization:
         cas_threshold: CAS neurons = CAS > cas_threshold * max CAS (0.2, KN's coarse ratio).
         normalize: divide each query's scores by its max before CAS (True).
         min_queries: queries a fact needs (2: consistency compares paraphrases).
-        device: moves the model there (as for every localizer).
+        device: ``fit`` moves the model there (as for every localizer).
         batch_size: IG rows per chunk, passed to the localizer.
         progress: a progress bar over queries during :meth:`fit`.
         localizer_params: passed to the localizer (KN: ``steps=20``, ``threshold=0.2`` for the
@@ -183,8 +182,10 @@ class QueryLocalization:
         All facts are validated and tokenized before the first attribution runs.
         """
         names, groups = as_facts(data, min_queries=self.min_queries)
+        validate.model(self.model)
         for g in groups:
             encode(self.model, g, max_target_tokens=1)  # TokenizationError (a ValueError) before work
+        self.localizer_._begin_fit()  # the model moved to the localizer's device before dist.init reads it
         dist.init(self.model.cfg.device)  # under torchrun: each rank localizes every world_size-th fact
         mine = dist.shard(list(range(len(groups))))
         done: list[tuple[int, torch.Tensor]] = []
@@ -357,13 +358,10 @@ class QueryLocalization:
         cas = consistency_aware_scores(self.query_scores_[k], self.beta1, self.beta2, self.normalize)
         return NeuronScores(cas, meta={**self.meta_, "fact": str(self.names_[k]), "rule": "cas"})
 
-    def neurons(
-        self, fact: Any, selection: str = "consistency-aware", query: int = 0, *, method: str | None = None
-    ) -> NeuronSet:
+    def neurons(self, fact: Any, selection: str = "consistency-aware", query: int = 0) -> NeuronSet:
         """Neurons of one fact: ``"consistency-aware"`` (CAS rule), ``"query"`` (N_query, the coarse
         set of query ``query``), ``"union"`` (N_g, union over queries) or ``"intersection"``
-        (Chen et al. 2025, Sec. 4). ``method`` is the former name of ``selection``."""
-        selection = former_name(selection, method, "selection", "method", "consistency-aware")
+        (Chen et al. 2025, Sec. 4)."""
         if selection not in NEURON_SELECTIONS:
             raise ValueError(f"unknown selection {selection!r}; choose one of {', '.join(NEURON_SELECTIONS)}")
         k = self.index_of(fact)

@@ -19,6 +19,8 @@ from capinterp.kernels.sequential import sig_scores
 from capinterp.localizers.base import register
 from capinterp.localizers.kn import KN
 
+__all__ = ["SIG"]
+
 
 @register("sig")
 class SIG(KN):

@@ -24,6 +24,8 @@ from torch import Tensor
 
 from capinterp.core.tokens import model_bos
 
+__all__ = ["attention_pattern", "attention_view", "neuron_activations", "neuron_activations_view", "prompt_tokens"]
+
 
 def prompt_tokens(model, prompt: str) -> tuple[Tensor, list[str]]:
     """Token ids ``[1, T]`` of ``prompt`` (the model's BOS convention) and their ``T`` decoded strings."""

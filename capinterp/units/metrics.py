@@ -17,6 +17,9 @@ For sets A, B:
                   min_r m(random_r) - m(located)        (higher_is_better=False); positive = better.
                   For erasure either pass the accuracy *drops* with higher_is_better=True, or the
                   accuracies after erasure with higher_is_better=False.
+- ``chance``      the exact expected overlap / IoU / cohesion / separability of two random sets of
+                  the same sizes (hypergeometric) and the p-value of the observed intersection;
+                  ``bootstrap_ci`` a percentile interval (:mod:`capinterp.units.chance`).
 - ``otsu_threshold`` Otsu's split of a 1-D sample (e.g. consistency scores into K_I / K_II).
 
 Empty-set conventions:
@@ -37,13 +40,19 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
-from capinterp.units.base import UnitSet, check_comparable
+from capinterp.units.base import UnitSet
+from capinterp.units.chance import Chance, bootstrap_ci, chance, chance_stats
+from capinterp.units.counts import SetLike, keys_of, neuron_mask, set_counts
 
 __all__ = [
     "SET_METRICS",
+    "Chance",
+    "bootstrap_ci",
+    "chance",
+    "chance_stats",
     "cohesion",
     "consistency",
     "intersection_size",
@@ -58,38 +67,10 @@ __all__ = [
     "separability",
 ]
 
-SetLike = UnitSet | set | frozenset
-
-
-def _mask(a: object) -> Bool[Tensor, "n_layers d_mlp"] | None:
-    """The bool ``[n_layers, d_mlp]`` mask of a neuron set (the tensor fast path), else None."""
-    mask = getattr(a, "mask", None)
-    return mask if getattr(a, "kind", None) == "neuron" and isinstance(mask, torch.Tensor) else None
-
-
-def _keys(a: SetLike) -> frozenset:
-    if isinstance(a, UnitSet):
-        return a.keys()
-    if isinstance(a, (set, frozenset)):
-        return frozenset(a)
-    raise TypeError(f"expected a UnitSet or a set of unit keys, got {type(a).__name__}")
-
-
-def _counts(a: SetLike, b: SetLike, across_models: bool = False) -> tuple[int, int, int]:
-    """(|A ∩ B|, |A|, |B|), after checking that the two sets are comparable (see
-    :func:`capinterp.units.base.check_comparable` for ``across_models``)."""
-    if isinstance(a, UnitSet) and isinstance(b, UnitSet):
-        check_comparable(a, b, across_models=across_models)
-        ma, mb = _mask(a), _mask(b)
-        if ma is not None and mb is not None:
-            return int((ma & mb).sum()), len(a), len(b)
-    ka, kb = _keys(a), _keys(b)
-    return len(ka & kb), len(ka), len(kb)
-
 
 def intersection_size(a: SetLike, b: SetLike, *, across_models: bool = False) -> int:
     """|A ∩ B|."""
-    return _counts(a, b, across_models)[0]
+    return set_counts(a, b, across_models)[0]
 
 
 def _ratio_of(inter: int, denom: int, na: int, nb: int) -> float:
@@ -100,19 +81,19 @@ def _ratio_of(inter: int, denom: int, na: int, nb: int) -> float:
 
 def overlap(a: SetLike, b: SetLike, *, across_models: bool = False) -> float:
     """Overlap coefficient |A ∩ B| / min(|A|, |B|)."""
-    i, na, nb = _counts(a, b, across_models)
+    i, na, nb = set_counts(a, b, across_models)
     return _ratio_of(i, min(na, nb), na, nb)
 
 
 def iou(a: SetLike, b: SetLike, *, across_models: bool = False) -> float:
     """Jaccard index |A ∩ B| / |A ∪ B|."""
-    i, na, nb = _counts(a, b, across_models)
+    i, na, nb = set_counts(a, b, across_models)
     return _ratio_of(i, na + nb - i, na, nb)
 
 
 def cohesion(a: SetLike, b: SetLike, *, across_models: bool = False) -> float:
     """|A ∩ B| / max(|A|, |B|) for one capability located from two datasets (e.g. EN vs CH)."""
-    i, na, nb = _counts(a, b, across_models)
+    i, na, nb = set_counts(a, b, across_models)
     return _ratio_of(i, max(na, nb), na, nb)
 
 
@@ -192,15 +173,15 @@ def consistency(
     if not items:
         raise ValueError("consistency needs at least one set")
     for s in items[1:]:
-        _counts(items[0], s, across_models)  # raises on mismatched kinds / spaces
+        set_counts(items[0], s, across_models)  # raises on mismatched kinds / spaces
     if len(items) == 1:
         return 1.0, 1.0
-    masks = [_mask(s) for s in items]
+    masks = [neuron_mask(s) for s in items]
     if all(m is not None for m in masks):
         stack = torch.stack(masks)  # type: ignore[arg-type]
         n_inter, n_union = int(stack.all(dim=0).sum()), int(stack.any(dim=0).sum())
     else:
-        keys = [_keys(s) for s in items]
+        keys = [keys_of(s) for s in items]
         n_inter, n_union = len(frozenset.intersection(*keys)), len(frozenset.union(*keys))
     cs1 = n_inter / n_union if n_union else 1.0
     return cs1, mean_pairwise(items, "iou", across_models=across_models)
@@ -249,3 +230,8 @@ def otsu_threshold(values: Sequence[float] | np.ndarray | Float[Tensor, ...], bi
     while end + 1 < between.size and between[end + 1] >= best * (1 - 1e-9):
         end += 1
     return float((edges[k + 1] + edges[end + 1]) / 2)
+
+
+def __dir__() -> list[str]:
+    """``dir(ci.metrics)`` lists the metrics (``__all__``), not the modules they are built with."""
+    return sorted(__all__)

@@ -125,11 +125,33 @@ def test_mismatched_folder_and_unknown_names(tiny, tmp_path, toy_experiments):
 
 def test_cli(tmp_path, toy_experiments, capsys):
     assert cli(["reproduce", "--list"]) == 0
-    assert "toy_ok" in capsys.readouterr().out
+    assert json.loads(capsys.readouterr().out)["toy_ok"] == "Toy experiment"
     assert cli(["reproduce", "--only", "nope", "--model", "tiny"]) == 2
     assert cli(["reproduce", "--quick", "--only", "toy_ok", "--model", "tiny", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "report.html").exists()
-    assert cli(["reproduce", "--quick", "--only", "toy_fail", "--model", "tiny", "--out", str(tmp_path)]) == 1
+    res = json.loads(capsys.readouterr().out)  # stdout is one JSON document
+    assert res["experiments"]["toy_ok"]["status"] == "ran" and res["failed"] == []
+    assert res["report"] == str(tmp_path / "report.html")
+    argv = ["reproduce", "--quick", "--only", "toy_ok,toy_fail", "--model", "tiny", "--out", str(tmp_path)]
+    assert cli(argv) == 1
+    res = json.loads(capsys.readouterr().out)
+    assert res["experiments"]["toy_ok"]["status"] == "loaded" and res["failed"] == ["toy_fail"]
+    assert "boom" in res["experiments"]["toy_fail"]["error"]
+    argv = ["reproduce", "--quick", "--only", "toy_ok", "--model", "tiny", "--out", str(tmp_path), "--fresh"]
+    assert cli(argv) == 0  # --fresh clears the folder but keeps the lock this run holds
+    res = json.loads(capsys.readouterr().out)
+    assert res["experiments"]["toy_ok"]["status"] == "ran" and (tmp_path / ".capinterp.lock").exists()
+
+
+def test_report_can_share_one_plotlyjs(tiny, tmp_path, toy_experiments):
+    reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None, plotlyjs="directory")
+    page = (tmp_path / "report.html").read_text()
+    assert 'src="plotly.min.js"' in page and len(page) < 200_000
+    assert (tmp_path / "plotly.min.js").stat().st_size > 1_000_000
+    reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)  # default: embedded again
+    assert (tmp_path / "report.html").stat().st_size > 1_000_000
+    with pytest.raises(ValueError, match="plotlyjs"):
+        reproduce(tiny, tmp_path, only=["toy_ok"], log=lambda m: None, plotlyjs="cdn")
 
 
 def test_damaged_cached_scores_are_refitted(tiny, tmp_path, toy_experiments):

@@ -414,7 +414,9 @@ def test_acdc_greedy_pruning():
 
 
 def test_knowledge_circuit_localizer(tiny):
-    assert get("kc") is get("knowledge_circuit") is KnowledgeCircuit and "kc" not in available()
+    assert get("knowledge_circuit") is KnowledgeCircuit and "kc" not in available()
+    with pytest.raises(ValueError, match="unknown localizer 'kc'"):  # the former alias is gone
+        get("kc")
     with warnings.catch_warnings():  # 30 of 343 edges may not keep a random model's behaviour
         warnings.simplefilter("ignore", RuntimeWarning)
         kc = KnowledgeCircuit(tiny, algorithm="acdc", candidates=30, steps=2, progress=False).fit(FACTS[:2])
@@ -426,8 +428,6 @@ def test_knowledge_circuit_localizer(tiny):
     assert eap.info_["corruption"] == {"noise": 1, "swap": 2}
     for bad in (
         dict(algorithm="ig"),
-        dict(method="ig"),
-        dict(algorithm="eap", method="acdc"),
         dict(steps=0),
         dict(corrupt="zeros"),
         dict(top_n=None),
@@ -437,10 +437,9 @@ def test_knowledge_circuit_localizer(tiny):
         with pytest.raises(ValueError):
             KnowledgeCircuit(tiny, **bad)
     pytest.raises(RuntimeError, KnowledgeCircuit(tiny)._check_fitted)
-    old = KnowledgeCircuit(tiny, method="eap", tau=0.5, top_n=None)  # former names still resolve
-    assert (old.algorithm, old.min_score, old.top_n) == ("eap", 0.5, None)
-    assert KnowledgeCircuit(tiny, method="acdc", tau=0.2).acdc_threshold == 0.2
-    assert "tau" not in old.get_params() and "method" not in old.get_params()
+    for former in ({"method": "eap"}, {"tau": 0.5}):  # the former names are gone: one word each
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            KnowledgeCircuit(tiny, **former)
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def test_device_map_auto_on_cpu_gives_the_same_scores(folder, ds):
         DCSN(placed, progress=False).fit(ds).scores_[:], DCSN(plain, progress=False).fit(ds).scores_[:]
     )
     with pytest.raises(ValueError, match="device_map"):
-        DCSN(placed, device="cpu")  # moving would undo the placement: refused, nothing moved
+        DCSN(placed, device="cpu", progress=False).fit(ds)  # moving would undo the placement: refused in fit
 
 
 def test_dispatched_model_with_disk_offload(folder, ds, tmp_path):

@@ -83,12 +83,13 @@ def test_two_ranks_equal_one_process(runs):
 @pytest.mark.slow  # two more launches (~45 s on a loaded 2-core CPU)
 def test_cli_under_torchrun_writes_the_single_process_scores(tmp_path):
     args = ["localize", "--method", "cnl", "--model", "tiny", "--ops", "+", "--n-examples", "6", "--threads", "1"]
+    args += ["--examples", "all"]  # the random tiny model answers none correctly
     _run(_torchrun(2) + ["-m", "capinterp", *args, "--out", str(tmp_path / "two")], tmp_path)
     _run([sys.executable, "-m", "capinterp", *args, "--out", str(tmp_path / "one")], tmp_path)
     a = NeuronScores.load(tmp_path / "one" / "cnl_scores.capi")[:]
     b = NeuronScores.load(tmp_path / "two" / "cnl_scores.capi")[:]
     assert float((a - b).abs().max() / a.abs().max()) < 1e-6  # saved as float32 means
-    assert (tmp_path / "two" / "cnl.ckpt.rank1-of-2").exists()
+    assert len(list((tmp_path / "two").glob("cnl-*.ckpt.rank1-of-2"))) == 1  # named by the computation's key
 
 
 @pytest.mark.slow  # two more launches (~35 s on a loaded 2-core CPU)

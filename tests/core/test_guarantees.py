@@ -257,11 +257,11 @@ def test_cli_errors_are_one_line_before_loading(argv, match, tmp_path, monkeypat
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: ci.CNL("smollm2"),
-        lambda: ci.DCSN(None),
+        lambda: ci.CNL("smollm2").fit(PROMPTS),  # constructors store; fit checks the model before work
+        lambda: ci.DCSN(None).fit(PROMPTS),
         lambda: ci.evaluate("tiny", PROMPTS),
         lambda: ci.finetune(object(), PROMPTS),
-        lambda: ci.QueryLocalization(42),
+        lambda: ci.QueryLocalization(42).fit([[("1+1=", "2"), ("0+2=", "2")]]),
     ],
 )
 def test_a_non_model_is_a_type_error_naming_it(call):

@@ -125,7 +125,7 @@ LOCALIZERS = {
     "cnl": (lambda m, v: ci.CNL(m, progress=False, **v), ["steps", "sigma", "batch_size"]),
     "dcsn": (lambda m, v: ci.DCSN(m, progress=False, **v), ["sigma", "batch_size"]),
     "kn": (lambda m, v: ci.KN(m, progress=False, **v), ["steps", "threshold", "share", "refine"]),
-    "kc": (lambda m, v: ci.KnowledgeCircuit(m, progress=False, **v), ["top_n", "tau", "steps", "noise", "seed"]),
+    "kc": (lambda m, v: ci.KnowledgeCircuit(m, progress=False, **v), ["top_n", "min_score", "steps", "noise", "seed"]),
     "trace": (lambda m, v: ci.CausalTrace(m, progress=False, **v), ["samples", "window", "top_k", "noise_std"]),
     "ql": (lambda m, v: ci.QueryLocalization(m, progress=False, **v), ["tau", "beta1", "cas_threshold", "min_queries"]),
 }
@@ -143,7 +143,7 @@ def test_constructors_refuse_bad_hyper_parameters_before_work(tiny, forwards, na
     except (ValueError, TypeError) as err:
         assert key in str(err) or "must" in str(err)
     else:  # accepted: the value must be a sane one, stored as given
-        assert value is not None or key in ("tau", "top_n", "noise_std")
+        assert value is not None or key in ("tau", "min_score", "top_n", "noise_std")
         if isinstance(value, float):
             assert math.isfinite(value)
         assert not isinstance(value, str) and not isinstance(value, list)

@@ -98,6 +98,9 @@ def test_identical_halves_overlap_fully(tiny):
     assert t["method"].tolist() == ["cnl", "dcsn"]
     assert (t["n_a"] > 0).all() and (t["n_a"] == t["n_b"]).all() and (t["n_common"] == t["n_a"]).all()
     assert t["overlap"].tolist() == [1.0, 1.0] and t["iou"].tolist() == [1.0, 1.0]
+    # beside it, what two random sets of the same sizes would score, and the p-value of the overlap
+    assert (t["overlap_chance"] < 0.5).all() and (t["iou_chance"] <= t["overlap_chance"]).all()
+    assert (t["p_value"] < 1e-3).all()
 
 
 def test_split_halves_are_cached_and_reused(tiny, tmp_path):

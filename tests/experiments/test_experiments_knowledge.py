@@ -84,8 +84,12 @@ def test_fidelity_identical_paraphrases_overlap_one(tiny, bags):
     assert (same["mean_overlap"] == 1.0).all() and (same["identical_pairs"] == 1.0).all()
     assert ((table["mean_overlap"] >= 0) & (table["mean_overlap"] <= 1)).all()
     assert (table[table["method"] == "rome"]["mean_units"] == 2).all()
+    # identical sets far beat chance: random sets of the same sizes overlap less than fully
+    assert (same["mean_overlap_chance"] < same["mean_overlap"]).all()
+    assert ((table["mean_iou_chance"] >= 0) & (table["mean_iou_chance"] <= table["mean_overlap_chance"])).all()
     s = F.summarize(table)
     assert list(s["method"]) == list(F.METHODS) and list(s["paper_overlap"]) == [37.3, 32.7, 7.2]
+    assert ((s["overlap_ci_low"] <= s["mean_overlap"]) & (s["mean_overlap"] <= s["overlap_ci_high"])).all()
     with pytest.raises(ValueError, match="unknown method"):
         F.fidelity_table(tiny, bags, methods=["acdc"])
 

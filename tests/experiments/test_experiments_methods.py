@@ -86,3 +86,25 @@ def test_rome_layers_resume_per_layer(planted, tmp_path, monkeypatch):
     files[0].write_text("{not json")
     layer_frame(planted, BUILTIN[:1], [0, 2], ctx, **kw)
     assert len(calls) == 1
+
+
+def test_hase_regression_separates_layer_from_tracing_effect():
+    import pandas as pd
+
+    from capinterp.experiments.rome_layers import edit_regression, r_squared
+    from capinterp.interventions.rome_eval import SCORES
+
+    x = np.arange(10.0)
+    assert r_squared(2 * x + 1, x[:, None]) == pytest.approx(1.0)
+    assert np.isnan(r_squared(np.ones(10), x[:, None]))
+    rng = np.random.default_rng(0)
+    rows, effects = [], {}
+    for case in range(12):
+        for layer in range(4):
+            success = 1.0 if layer < 2 else 0.0  # edit success decided by the layer alone
+            rows.append({"case_id": case, "layer": layer, **{f"{s}_after": success for s in SCORES}})
+            effects[case, layer] = float(rng.normal())  # tracing effect unrelated to success
+    table = edit_regression(pd.DataFrame(rows), effects)
+    r2 = table[table["score"] == "efficacy"].set_index("predictors")["r2"]
+    assert r2["layer"] == pytest.approx(1.0) and r2["tracing effect"] < 0.2
+    assert r2["layer + tracing effect"] == pytest.approx(1.0) and (table["n"] == 48).all()

@@ -131,7 +131,7 @@ def test_edit_table(planted, ql):
     with pytest.raises(ValueError, match="other facts"):
         edit_table(planted, [FACT_B, FACT_A], ql=ql)
     fixed, raw_fixed = edit_table(
-        planted, [FACT_A, FACT_B], ql=ql, modes=("erase",), methods=("union",), unrelated=[FACT_A[0]], per_fact=True
+        planted, [FACT_A, FACT_B], ql=ql, modes=("erase",), selections=("union",), unrelated=[FACT_A[0]], per_fact=True
     )
     assert list(raw_fixed["locality"]) == [0.0, 1.0]  # erasing A changes A's own prompt, erasing B does not
 
@@ -183,7 +183,7 @@ def test_edit_table_bad_input(planted, monkeypatch):
     with pytest.raises(ValueError, match="no facts"):
         edit_table(planted, [])
     with pytest.raises(ValueError, match="unknown selection"):
-        edit_table(planted, [FACT_A, FACT_B], methods=["random"])  # the former name still reaches the check
+        edit_table(planted, [FACT_A, FACT_B], selections=["random"])
     with pytest.raises(ValueError, match="two different answers"):
         edit_table(planted, [FACT_A, [Example("The Eiffel Tower stands in the city of", " Paris")] * 2])
 

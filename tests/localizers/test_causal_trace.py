@@ -235,8 +235,12 @@ def test_errors(model, facts):
     with pytest.raises(ValueError, match="layer_kind"):
         CausalTrace(model, kinds=("attn",), layer_kind="mlp")
     assert CausalTrace(model, kinds=("attn", "resid")).layer_kind == "attn"
+    with pytest.raises(ValueError, match="top_k"):  # at most n_layers: the model is read in fit
+        CausalTrace(model, top_k=99, progress=False).fit(
+            [Example("Rome is the capital of", " Italy", {"subject": "Rome"})]
+        )
     with pytest.raises(ValueError, match="top_k"):
-        CausalTrace(model, top_k=99)
+        CausalTrace(model, top_k=0)
     with pytest.raises(ValueError, match="token"):
         CausalTrace(model, token="middle")
     with pytest.raises(ValueError, match="noise"):

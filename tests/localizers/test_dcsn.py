@@ -113,7 +113,7 @@ def test_folded_norms_equal_the_direct_effect_through_the_final_norm():
     with pytest.raises(ValueError, match="norms must be one of raw, fold"):
         ci.DCSN(m, norms="post")
     with pytest.raises(ValueError, match="needs an RMSNorm model"):
-        ci.DCSN(ci.load_model("tiny-native"), norms="fold")
+        ci.DCSN(ci.load_model("tiny-native"), norms="fold", progress=False).fit(EXAMPLES[:1])
 
 
 @pytest.mark.slow

@@ -1,56 +1,54 @@
-"""The localizer contract, checked for every registered localizer (``localizers.available()``).
-
-Each one: declares its capabilities as valid class attributes; validates ``batch_size`` before
-work; ``fit(data)`` returns ``self`` with ``units_`` of the declared kind and one ``meta_`` of the
-shared shape (JSON-serializable); its saved results load back equal; ``repr`` shows its
-parameters; rebuilding it from ``get_params()`` gives the same parameters and the same result.
-"""
+"""The localizer contract, checked for every registered localizer by :func:`capinterp.testing.check_localizer`,
+and the registry itself: decorator registration, entry points of other packages, capability filters."""
 
 from __future__ import annotations
 
-import inspect
-import json
+import importlib.metadata
 
 import pytest
 import torch
 
-from capinterp.core.example import Example
-from capinterp.core.tokens import TokenizationError, encode
-from capinterp.localizers import available, get
-from capinterp.localizers.base import SCOPES, UNIT_KINDS, Localizer
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.localizers import available, base, get
+from capinterp.localizers.base import Localizer, register
+from capinterp.testing import check_facts, check_localizer, untouchable_model
 from capinterp.units.base import KeySet
-
-PROMPTS = [
-    ("Rome is the capital of", "Rome"),
-    ("Berlin is the capital of", "Berlin"),
-    ("The Eiffel Tower is in the city of", "The Eiffel Tower"),
-    ("Madrid is the capital of", "Madrid"),
-]
-UNIT_TYPES = {"neuron": NeuronSet, "layer": KeySet, "edge": KeySet}
 
 
 @pytest.fixture(scope="module")
 def facts(tiny):
-    """Facts whose target is the tiny model's greedy answer: every localizer accepts them."""
-    out = []
-    for prompt, subject in PROMPTS:
-        ids = encode(tiny, [Example(prompt, " x")])[0].prompt_ids
-        with torch.no_grad():
-            o = int(tiny(torch.tensor([ids]))[0, -1].argmax())
-        ex = Example(prompt, tiny.tokenizer.decode([o]), {"subject": subject})
-        try:
-            if encode(tiny, [ex], max_target_tokens=1)[0].target_ids[0] == o:
-                out.append(ex)
-        except TokenizationError:
-            continue
-    assert len(out) >= 2
-    return out
+    return check_facts(tiny)
 
 
-@pytest.fixture(scope="module")
-def fitted(tiny, facts):
-    return {name: get(name)(tiny, progress=False).fit(facts) for name in available()}
+@pytest.mark.parametrize("name", available())
+def test_check_localizer(name, tiny, facts):
+    check_localizer(get(name), model=tiny, facts=facts)
+
+
+@pytest.mark.parametrize("name", available())
+def test_constructing_touches_no_model(name, tiny, monkeypatch):
+    """Constructors store: no forward, no .to(), nothing read, even with device= given."""
+
+    def refuse(*a, **k):
+        raise AssertionError("the constructor ran or moved the model")
+
+    monkeypatch.setattr(tiny, "forward", refuse)
+    monkeypatch.setattr(tiny, "to", refuse)
+    monkeypatch.setattr(tiny, "run_with_hooks", refuse)
+    cls = get(name)
+    cls(tiny, device="cpu", progress=False)
+    sentinel = untouchable_model()
+    cls(sentinel, device="cpu", progress=False)
+    assert sentinel.touched == []
+
+
+def test_query_localization_construction_is_free_too():
+    from capinterp.localizers.query_localization import QueryLocalization
+
+    sentinel = untouchable_model()
+    for name in available(per_query=True):
+        ql = QueryLocalization(sentinel, name, device="cpu", progress=False)
+        assert ql.localizer_.model is sentinel
+    assert sentinel.touched == []
 
 
 def test_registry_lists_every_localizer_once():
@@ -62,64 +60,75 @@ def test_registry_lists_every_localizer_once():
         available(kind="neuron")
     with pytest.raises(ValueError, match="unknown localizer 'nope'"):
         get("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register("kn")(type("Other", (Localizer,), {}))
+    with pytest.raises(ValueError, match="unit_kind"):
+        register("bogus_kind")(type("Bogus", (Localizer,), {"unit_kind": "head"}))
+    with pytest.raises(ValueError, match="per_query"):
+        register("bogus_flag")(type("Bogus", (Localizer,), {"per_query": 1}))
+    assert "bogus_kind" not in available() and "bogus_flag" not in available()
 
 
-@pytest.mark.parametrize("name", available())
-def test_declared_capabilities(name, tiny, tmp_path):
-    cls = get(name)
-    assert issubclass(cls, Localizer) and cls.name == name
-    caps = cls.capabilities()
-    assert caps["unit_kind"] in UNIT_KINDS and caps["scope"] in SCOPES
-    assert isinstance(caps["per_query"], bool) and isinstance(caps["checkpointable"], bool)
-    assert list(inspect.signature(cls.fit).parameters) == ["self", "data"]
-    if cls.checkpointable:
-        cls(tiny, checkpoint=tmp_path / "c.ckpt", progress=False)
-    for bad in (0, -1, 2.5):
-        with pytest.raises(ValueError, match="batch_size"):
-            cls(tiny, batch_size=bad)
+class _Layers(Localizer):
+    """A plugin localizer defined outside the package: the first layer, always (scope "fact")."""
+
+    unit_kind = "layer"
+    scope = "fact"
+
+    def fit(self, data):
+        from capinterp.core import validate
+
+        examples = validate.examples(data, "Layers.fit(data)")
+        self._begin_fit()
+        n_layers = int(self.model.cfg.n_layers)
+        self.units_ = KeySet.layers([0], n_layers)
+        self.scores_ = torch.zeros(n_layers)
+        self._set_meta(n_samples=len(examples))
+        return self
 
 
-@pytest.mark.parametrize("name", available())
-def test_fit_results_follow_the_contract(name, fitted, tiny, tmp_path):
-    loc = fitted[name]
-    cls = type(loc)
-    assert isinstance(loc.units_, UNIT_TYPES[cls.unit_kind])
-    if cls.unit_kind == "neuron":
-        assert isinstance(loc.scores_, NeuronScores) and loc.neurons_ is loc.units_
-        assert loc.scores_.meta["method"] == name
-    if cls.per_query:
-        n = loc.meta_["n_samples"]
-        assert loc.prompt_scores_.shape[0] == n and loc.prompt_scores_.shape[1:] == loc.scores_.shape
-    meta = loc.meta_
-    assert meta["method"] == name and meta["params"] == loc.hyper_params() and meta["model"] == "tiny"
-    assert {"model_fingerprint", "shape", "n_params"} <= set(meta)
-    json.dumps(meta)  # results record it in their files
-    for attr in ("scores_", "neurons_", "circuit_"):
-        res = getattr(loc, attr, None)
-        if not hasattr(res, "save"):
-            continue
-        back = type(res).load(res.save(tmp_path / f"{attr}.out"))
-        assert (
-            torch.equal(back.scores, res.scores) if isinstance(res, NeuronScores) else torch.equal(back.mask, res.mask)
-        )
-        assert back.meta["method"] == name
+class _FakeEntryPoint:
+    def __init__(self, name, obj=None, error=None):
+        self.name, self.value, self._obj, self._error = name, f"plugin:{name}", obj, error
+
+    def load(self):
+        if self._error:
+            raise self._error
+        return self._obj
 
 
-@pytest.mark.parametrize("name", available())
-def test_params_round_trip_and_repr(name, fitted, tiny, facts):
-    loc = fitted[name]
-    params = loc.get_params()
-    assert "progress" not in params and "model" not in params
-    assert repr(loc).startswith(f"{type(loc).__name__}(") and all(f"{k}=" in repr(loc) for k in params)
-    again = get(name)(tiny, **params, progress=False)
-    assert again.get_params() == params and repr(again) == repr(loc)
-    again.fit(facts)
-    assert again.units_ == loc.units_
-    if isinstance(getattr(loc, "scores_", None), NeuronScores):
-        torch.testing.assert_close(again.scores_.scores, loc.scores_.scores)
+def test_entry_points_add_localizers_lazily(monkeypatch, tiny, facts):
+    calls = []
+
+    def fake(group=None, **kw):
+        calls.append(group)
+        if group != base.ENTRY_POINT_GROUP:
+            return []
+        return [_FakeEntryPoint("plugin_layers", _Layers), _FakeEntryPoint("broken", error=ImportError("no module"))]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+    monkeypatch.setattr(base, "_entry_points_loaded", False)
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    assert calls == []  # nothing is loaded before someone asks
+    with pytest.warns(RuntimeWarning, match="'broken'.*ImportError: no module"):
+        names = available()
+    assert "plugin_layers" in names and "broken" not in names
+    assert get("plugin_layers") is _Layers and _Layers.name == "plugin_layers"
+    assert available(unit_kind="layer") == ["causal_trace", "plugin_layers"]
+    assert calls == [base.ENTRY_POINT_GROUP]  # loaded once
+    get("kn")
+    assert len(calls) == 1
+    check_localizer(_Layers, model=tiny, facts=facts)
 
 
-def test_query_localization_takes_data_too():
-    from capinterp.localizers.query_localization import QueryLocalization
+def test_check_localizer_catches_a_constructor_that_reads_the_model(tiny, facts, monkeypatch):
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
 
-    assert list(inspect.signature(QueryLocalization.fit).parameters) == ["self", "data"]
+    @register("eager")
+    class Eager(_Layers):
+        def __init__(self, model, *, batch_size=8, device=None, progress=True):
+            super().__init__(model, batch_size=batch_size, device=device, progress=progress)
+            self.n_layers = model.cfg.n_layers  # model work in the constructor
+
+    with pytest.raises(AssertionError, match="check_construction_is_free.*read model.cfg"):
+        check_localizer(Eager, model=tiny, facts=facts)

@@ -53,10 +53,12 @@ def test_bad_parameters(planted):
         ({"steps": 0}, "steps"),
         ({"lr": 0}, "lr"),
         ({"optimizer": "rmsprop"}, "optimizer"),
-        ({"top_k": 10**6}, "top_k"),
+        ({"top_k": 0}, "top_k"),
     ):
         with pytest.raises(ValueError, match=match):
             ci.NeFT(planted, **kw)
+    with pytest.raises(ValueError, match="top_k"):  # above the model's neuron count: checked in fit
+        ci.NeFT(planted, top_k=10**6, progress=False).fit(RETEACH[:1])
     with pytest.raises(ValueError, match="empty dataset"):
         ci.NeFT(planted).fit([])
     with pytest.raises(ValueError, match="empty target"):  # a bare prompt: NeFT trains on the answer

@@ -160,7 +160,8 @@ def test_unfitted_and_unknown_fact(tiny):
         ql.neurons(5)
     with pytest.raises(ValueError, match="unknown selection"):
         ql.neurons(0, "all")
-    assert ql.neurons(0, method="union") == ql.neurons(0, "union")  # former name
+    with pytest.raises(TypeError):  # the former name of selection is gone
+        ql.neurons(0, method="union")
     assert ql.neurons(0, "union").meta["selection"] == {"rule": "union"}
 
 

@@ -171,8 +171,8 @@ def test_bad_parameters(planted):
         ci.SIG(planted, positions="all")
     with pytest.raises(ValueError, match="rule"):
         ci.SIG(planted, rule="gauss-x")
-    with pytest.raises(ValueError, match="baseline"):
-        ci.AMIG(planted, baseline=torch.zeros(7))
+    with pytest.raises(ValueError, match="baseline"):  # its width is checked against the model in fit
+        ci.AMIG(planted, baseline=torch.zeros(7), progress=False).fit(FACT_A)
     with pytest.raises(ValueError, match="min_neurons"):
         ci.AMIG(planted, baseline=torch.zeros(128), min_neurons=5, max_neurons=2)
     assert ci.localizers.get("sig") is ci.SIG and ci.localizers.get("amig") is ci.AMIG

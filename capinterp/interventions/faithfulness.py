@@ -1,0 +1,341 @@
+"""How good is a localization? Faithfulness curves against chance (MIB's CPR and CMD).
+
+For a ranking of units (neurons, or whole layers' neurons) and a size k, two runs of the data:
+
+* **kept**: only the top-k units run; every other unit is ablated;
+* **ablated**: the top-k units are ablated; every other unit runs.
+
+A unit's ablated value is its mean activation over reference data (``ablation="mean"``, the
+default; the data itself unless ``reference=`` is given), zero (``"zero"``), or its activation on
+the example's corrupted prompt at the same position (``"corrupt"``: subject swaps from
+:func:`capinterp.circuits.eap.make_pairs`, or ``corrupt=`` a callable). Ablation applies at every
+position, as :func:`capinterp.interventions.hooks.erase` does.
+
+With ``m`` the metric averaged over the data (``"prob"``: p(target's first token), ``"logprob"``,
+or ``"logit_diff"``: logit(target) - logit(corrupted answer)), ``m(N)`` the full model and
+``m(∅)`` everything ablated, the faithfulness of a kept set C is (Mueller et al. 2025, MIB)
+
+    f(C) = (m(C) - m(∅)) / (m(N) - m(∅)),
+
+and over the sizes k_1 < ... < k_n, as fractions x = k / n_units with f = 0 at x = 0 and f = 1 at
+x = 1 (both measured, not assumed), trapezoid areas give
+
+    CPR = ∫ f(x) dx   (higher is better),      CMD = ∫ |1 - f(x)| dx   (lower is better).
+
+The random band: ``random_sets`` uniformly random unit sets of each size (seeded), run the same
+way; the table gives their mean and 5th / 95th percentiles, and ``random_cpr`` / ``random_cmd``
+the same statistics of the areas (draw r at every size is one random curve).
+All configurations of one call are rows of the same batched forward passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import pandas as pd
+import torch
+
+from capinterp.circuits.eap import make_pairs
+from capinterp.core import validate
+from capinterp.core.forward import logits_at
+from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
+from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.base import KeySet
+
+__all__ = ["ABLATIONS", "FAITHFULNESS_METRICS", "MIB_FRACTIONS", "Faithfulness", "ablated_metric", "faithfulness"]
+
+ABLATIONS = ("mean", "zero", "corrupt")
+FAITHFULNESS_METRICS = ("prob", "logprob", "logit_diff")
+#: MIB's circuit sizes, as fractions of all units.
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass
+class Faithfulness:
+    """Faithfulness curves of one ranking of units; see the module docstring."""
+
+    table: pd.DataFrame
+    full: float
+    empty: float
+    cpr: float
+    cmd: float
+    random_cpr: tuple[float, float, float]  # mean, 5th, 95th percentile over random curves
+    random_cmd: tuple[float, float, float]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        rc, rd = self.random_cpr, self.random_cmd
+        return (
+            f"{self.meta.get('unit', 'unit')} faithfulness ({self.meta.get('metric')}, {self.meta.get('ablation')} "
+            f"ablation, n={self.meta.get('n_examples')}): CPR {self.cpr:.3f} (random {rc[0]:.3f}, 90% {rc[1]:.3f}-"
+            f"{rc[2]:.3f}), CMD {self.cmd:.3f} (random {rd[0]:.3f}, 90% {rd[1]:.3f}-{rd[2]:.3f}); "
+            f"full model {self.full:.4g}, all ablated {self.empty:.4g}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpr": self.cpr,
+            "cmd": self.cmd,
+            "random_cpr": list(self.random_cpr),
+            "random_cmd": list(self.random_cmd),
+            "full": self.full,
+            "empty": self.empty,
+            "meta": self.meta,
+        }
+
+    def plot(self, title: str | None = None):
+        """Plotly figure: faithfulness of the kept top-k against k, random band shaded."""
+        from capinterp.plots.faithfulness import faithfulness_curve
+
+        return faithfulness_curve(self.table, title or self.summary())
+
+
+def _order(scores: torch.Tensor, by: str) -> torch.Tensor:
+    return torch.sort(scores.abs() if by == "abs" else scores, descending=True, stable=True).indices
+
+
+def _ranking(model: Any, units: Any, by: str = "score") -> tuple[str, torch.Tensor, int | None]:
+    """(unit kind, unit order best first, size of a given set or None for a full ranking)."""
+    units = getattr(units, "scores_", None) if isinstance(getattr(units, "scores_", None), NeuronScores) else units
+    if hasattr(units, "units_") and not isinstance(units, (NeuronScores, NeuronSet, KeySet)):
+        units = units.units_
+    L, d = neuron_shape(model)
+    name = getattr(model, "capinterp_name", None)
+    if isinstance(units, NeuronScores):
+        units.check_compatible((L, d), model_fingerprint(model), model_name=name)
+        return "neuron", _order(units.scores.flatten(), by), None
+    if isinstance(units, NeuronSet):
+        units.check_compatible((L, d), model_fingerprint(model), model_name=name)
+        return "neuron", units.mask.flatten().nonzero().flatten(), len(units)
+    if isinstance(units, KeySet) and units.kind == "layer":
+        layers = sorted(int(cast(int, k)) for k in units)
+        if units.n_units not in (None, L) or any(not 0 <= k < L for k in layers):
+            raise ValueError(f"the layer set {layers} (of {units.n_units} layers) does not fit this model's {L} layers")
+        return "layer", torch.tensor(layers, dtype=torch.long), len(layers)
+    if isinstance(units, (torch.Tensor, np.ndarray)) and np.ndim(units) == 1:
+        s = torch.as_tensor(units, dtype=torch.float64)
+        if s.numel() != L:
+            raise ValueError(f"per-layer scores need {L} values (one per layer), got {s.numel()}")
+        return "layer", _order(s, by), None
+    raise TypeError(
+        "faithfulness takes NeuronScores, a NeuronSet, a layer KeySet, per-layer scores [n_layers], or a fitted "
+        f"localizer with one of them; got {type(units).__name__} (edge sets are not supported yet)"
+    )
+
+
+def _sizes(ks: Any, n_units: int, given: int | None) -> list[int]:
+    if given is not None and ks is None:
+        return [given] if given else []
+    if ks is None:
+        ks = MIB_FRACTIONS
+    out = set()
+    for k in ks:
+        if isinstance(k, float) and not isinstance(k, bool):
+            frac = validate.finite_float("ks (fraction)", k, low=0.0, high=1.0, low_open=True)
+            out.add(max(1, round(frac * n_units)))
+        else:
+            out.add(validate.integer("ks", k, low=1, high=n_units))
+    if given is not None and max(out) > given:
+        raise ValueError(f"ks go up to {max(out)} but the given set has only {given} units (pass scores to rank all)")
+    return sorted(out)
+
+
+def _references(model: Any, items: list[Encoded], ablation: str, reference: Any, corrupt: Any, T: int, bs: int):
+    """The value each ablated neuron takes: ``[L, d]`` (mean / zero) or ``[n, T, L, d]`` (corrupt)."""
+    L, d = neuron_shape(model)
+    dev = model.cfg.device
+    if ablation == "zero":
+        return torch.zeros(L, d, device=dev), None
+    if ablation == "mean":
+        ref_items = items if reference is None else encode(model, validate.examples(reference, "reference"))
+        total, count = torch.zeros(L, d, dtype=torch.float64, device=dev), 0
+        for chunk in batches(ref_items, bs):
+            tokens, lengths = pad_right([it.ids for it in chunk], pad_id(model.tokenizer))
+            real = (torch.arange(tokens.shape[1])[None] < lengths[:, None]).to(dev)
+            _, cache = model.run_with_cache(tokens.to(dev), names_filter=lambda n: n.endswith("mlp.hook_post"))
+            for l in range(L):
+                total[l] += (cache[neuron_hook(l)].double() * real[..., None]).sum((0, 1))
+            count += int(real.sum())
+        return (total / count).float(), None
+    pairs = make_pairs(model, [it.example for it in items], corrupt=corrupt)
+    noise = [i for i, p in enumerate(pairs) if p.mode == "noise"]
+    if noise:
+        raise ValueError(
+            f"ablation='corrupt' needs a corrupted prompt for every example; {len(noise)} of {len(pairs)} have none "
+            "(no subject swap fits: pass corrupt= a callable, or use ablation='mean')"
+        )
+    acts = torch.zeros(len(items), T, L, d, device=dev)
+    for s in range(0, len(pairs), bs):
+        chunk = pairs[s : s + bs]
+        tokens, _ = pad_right([p.corrupt_ids for p in chunk], pad_id(model.tokenizer))
+        _, cache = model.run_with_cache(tokens.to(dev), names_filter=lambda n: n.endswith("mlp.hook_post"))
+        for l in range(L):
+            acts[s : s + len(chunk), : tokens.shape[1], l] = cache[neuron_hook(l)].float()
+    return acts, pairs
+
+
+def _metric_rows(logits: torch.Tensor, rows: Sequence[int], items, pairs, metric: str) -> torch.Tensor:
+    target = torch.tensor([items[i].target_ids[0] for i in rows], device=logits.device)
+    r = torch.arange(len(rows), device=logits.device)
+    if metric == "prob":
+        return logits.softmax(-1)[r, target]
+    if metric == "logprob":
+        return logits.log_softmax(-1)[r, target]
+    other = torch.tensor([pairs[i].corrupt_label for i in rows], device=logits.device)
+    return logits[r, target] - logits[r, other]
+
+
+@torch.no_grad()
+def _run(model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T: int, bs: int) -> torch.Tensor:
+    """``[n_configs]`` mean metric; ``keep`` is bool ``[n_configs, L, d]`` (True = the neuron runs)."""
+    L = keep.shape[1]
+    dev = model.cfg.device
+    ids = pad_right([it.ids for it in items], pad_id(model.tokenizer))[0]
+    last = torch.tensor([it.last_prompt_pos for it in items])
+    jobs = [(c, i) for c in range(keep.shape[0]) for i in range(len(items))]
+    out = torch.zeros(keep.shape[0], dtype=torch.float64)
+    keep = keep.to(dev)
+    for chunk in batches(jobs, bs):
+        cfg = torch.tensor([c for c, _ in chunk], device=dev)
+        ex = torch.tensor([i for _, i in chunk])
+
+        def ablate(l: int):
+            def hook(act: torch.Tensor, hook: Any) -> torch.Tensor:
+                r = ref[l] if ref_rows is None else ref_rows[ex.to(act.device), : act.shape[1], l]
+                return torch.where(keep[cfg, l][:, None, :], act, r.to(act.dtype))
+
+            return hook
+
+        hooks = [(neuron_hook(l), ablate(l)) for l in range(L)]
+        logits = logits_at(model, ids[ex].to(dev), last[ex].to(dev), fwd_hooks=hooks)
+        vals = _metric_rows(logits, ex.tolist(), items, pairs, metric).double().cpu()
+        out.index_add_(0, cfg.cpu(), vals)
+    return out / len(items)
+
+
+def ablated_metric(
+    model: Any,
+    data: Any,
+    keep: torch.Tensor,
+    *,
+    ablation: str = "mean",
+    metric: str = "prob",
+    reference: Any = None,
+    corrupt: Any = "auto",
+    batch_size: int = 16,
+) -> np.ndarray:
+    """``[n_configs]``: the metric averaged over ``data`` with every neuron outside ``keep`` (bool
+    ``[n_configs, n_layers, d_mlp]``, True = runs) ablated; all configurations share the batches.
+    ``data``: examples, or already encoded items."""
+    ablation = validate.choice("ablation", ablation, ABLATIONS)
+    metric = validate.choice("metric", metric, FAITHFULNESS_METRICS)
+    bs = validate.positive_int("batch_size", batch_size)
+    if keep.dim() != 3 or tuple(keep.shape[1:]) != neuron_shape(model):
+        raise ValueError(
+            f"keep must be [n_configs, {', '.join(map(str, neuron_shape(model)))}], got {tuple(keep.shape)}"
+        )
+    items = data if data and isinstance(data[0], Encoded) else encode(model, validate.examples(data, need_target=True))
+    T = max(len(it.ids) for it in items)
+    ref, pairs = _references(model, items, ablation, reference, corrupt, T, bs)
+    ref_rows, ref = (ref, None) if ablation == "corrupt" else (None, ref)
+    return _run(model, keep.bool(), items, ref, ref_rows, pairs, metric, T, bs).numpy()
+
+
+def _band(v: np.ndarray) -> tuple[float, float, float]:
+    """(mean, 5th, 95th percentile), NaN without draws."""
+    if not v.size:
+        return (float("nan"),) * 3
+    return float(v.mean()), float(np.quantile(v, 0.05)), float(np.quantile(v, 0.95))
+
+
+def _area(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
+
+
+def faithfulness(
+    model: Any,
+    units: Any,
+    data: Any,
+    *,
+    ks: Sequence[int | float] | None = None,
+    ablation: str = "mean",
+    metric: str = "prob",
+    reference: Any = None,
+    corrupt: Any = "auto",
+    by: str = "score",
+    random_sets: int = 20,
+    seed: int = 0,
+    batch_size: int = 16,
+) -> Faithfulness:
+    """Faithfulness of the top-k units of ``units`` on ``data``, beside random sets of each size.
+
+    ``units``: NeuronScores (ranked by score), a NeuronSet or a layer KeySet (its own size, or
+    ``ks`` up to it), per-layer scores ``[n_layers]``, or a fitted localizer. ``ks``: sizes as
+    counts or fractions of all units (default MIB's fractions; for a set, the set's size).
+    ``by``: rank scores by their value (``"score"``, units that raise the metric first) or by
+    ``"abs"`` (any strong effect first, as for CMD-style questions).
+    """
+    validate.model(model)
+    ablation = validate.choice("ablation", ablation, ABLATIONS)
+    metric = validate.choice("metric", metric, FAITHFULNESS_METRICS)
+    random_sets = validate.nonneg_int("random_sets", random_sets)
+    bs = validate.positive_int("batch_size", batch_size)
+    if metric == "logit_diff" and ablation != "corrupt":
+        raise ValueError("metric='logit_diff' needs corrupted answers: use it with ablation='corrupt'")
+    by = validate.choice("by", by, ("score", "abs"))
+    kind, order, given = _ranking(model, units, by)
+    L, d = neuron_shape(model)
+    n_units = L * d if kind == "neuron" else L
+    sizes = _sizes(ks, n_units, given)
+    items = encode(model, validate.examples(data, need_target=True))
+
+    gen = torch.Generator().manual_seed(int(seed))
+    unit_masks = [torch.ones(n_units, dtype=torch.bool), torch.zeros(n_units, dtype=torch.bool)]
+    for k in sizes:
+        sets = [order[:k]] + [torch.randperm(n_units, generator=gen)[:k] for _ in range(random_sets)]
+        for idx in sets:
+            m = torch.zeros(n_units, dtype=torch.bool)
+            m[idx] = True
+            unit_masks += [m, ~m]  # kept, ablated
+    masks = torch.stack(unit_masks)
+    keep = masks.view(-1, L, d) if kind == "neuron" else masks[:, :, None].expand(-1, L, d)
+    vals = ablated_metric(
+        model, items, keep, ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs
+    )
+
+    full, empty = float(vals[0]), float(vals[1])
+    span = full - empty
+    norm = (lambda v: (v - empty) / span) if abs(span) > 1e-12 else (lambda v: np.full_like(v, np.nan))
+    per_k = vals[2:].reshape(len(sizes), 1 + random_sets, 2)  # [k, (located, random...), (kept, ablated)]
+    kept_r, abl_r = per_k[:, 1:, 0], per_k[:, 1:, 1]
+    table = pd.DataFrame(
+        {
+            "k": sizes,
+            "fraction": [k / n_units for k in sizes],
+            "kept": per_k[:, 0, 0],
+            "ablated": per_k[:, 0, 1],
+            "faithfulness": norm(per_k[:, 0, 0]),
+            "ablated_faithfulness": norm(per_k[:, 0, 1]),
+        }
+    )
+    if random_sets:
+        for name, arr in (("random_kept", kept_r), ("random_ablated", abl_r), ("random_faithfulness", norm(kept_r))):
+            table[f"{name}_mean"] = arr.mean(-1)
+            table[f"{name}_p05"], table[f"{name}_p95"] = np.quantile(arr, 0.05, -1), np.quantile(arr, 0.95, -1)
+
+    x = np.concatenate([[0.0], table["fraction"].to_numpy(), [1.0]])
+    x, pick = np.unique(x, return_index=True)
+
+    def areas(f: np.ndarray) -> tuple[float, float]:
+        y = np.concatenate([[0.0], f, [1.0]])[pick]
+        return _area(x, y), _area(x, np.abs(1 - y))
+
+    cpr, cmd = areas(table["faithfulness"].to_numpy())
+    rand = np.array([areas(norm(kept_r[:, r])) for r in range(random_sets)]).reshape(-1, 2)
+    meta = {"unit": kind, "n_units": n_units, "ablation": ablation, "metric": metric, "n_examples": len(items)}
+    meta.update({"random_sets": random_sets, "seed": int(seed), "ks": sizes, "by": by})
+    return Faithfulness(table, full, empty, cpr, cmd, _band(rand[:, 0]), _band(rand[:, 1]), meta)

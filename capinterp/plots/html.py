@@ -1,0 +1,56 @@
+"""Writing figures as HTML, offline: plotly.js embedded in each page, or one shared copy beside them.
+
+plotly.js is about 4.6 MB; embedded (``plotlyjs="embed"``, plotly's default) every page carries
+its own copy and opens anywhere on its own. ``plotlyjs="directory"`` writes plotly's bundled
+``plotly.min.js`` once into the page's folder and the page loads it from there (a relative
+``<script src="plotly.min.js">``): pages of a few kB, still no network, but the folder must be
+kept (or copied) whole.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUNDLE", "PLOTLYJS", "check_plotlyjs", "include_option", "write_html", "write_plotlyjs"]
+
+PLOTLYJS = ("embed", "directory")
+BUNDLE = "plotly.min.js"
+
+
+def check_plotlyjs(plotlyjs: str) -> str:
+    """``plotlyjs`` itself when it is one of :data:`PLOTLYJS`, else ValueError."""
+    if plotlyjs not in PLOTLYJS:
+        raise ValueError(f"plotlyjs must be one of {PLOTLYJS}, got {plotlyjs!r}")
+    return plotlyjs
+
+
+def write_plotlyjs(folder: str | os.PathLike) -> Path:
+    """Write plotly's bundled ``plotly.min.js`` into ``folder`` (once: an existing copy of the same
+    size is kept) and return its path."""
+    from plotly.offline import get_plotlyjs
+
+    path = Path(folder) / BUNDLE
+    js = get_plotlyjs().encode()
+    if not (path.is_file() and path.stat().st_size == len(js)):
+        tmp = path.with_name(f".{BUNDLE}.{os.getpid()}.tmp")
+        tmp.write_bytes(js)
+        os.replace(tmp, path)
+    return path
+
+
+def include_option(plotlyjs: str) -> Any:
+    """plotly's ``include_plotlyjs`` value for ``plotlyjs``: True (embed) or ``"directory"``."""
+    return True if check_plotlyjs(plotlyjs) == "embed" else "directory"
+
+
+def write_html(fig: Any, path: str | os.PathLike, *, plotlyjs: str = "embed") -> Path:
+    """Write plotly figure ``fig`` to ``path`` as a full HTML page; ``plotlyjs="directory"`` also
+    writes the shared ``plotly.min.js`` beside it (see the module docstring)."""
+    path = Path(path)
+    option = include_option(plotlyjs)
+    if option == "directory":
+        write_plotlyjs(path.parent)
+    fig.write_html(path, include_plotlyjs=option)
+    return path

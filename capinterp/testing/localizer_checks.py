@@ -1,0 +1,284 @@
+"""``check_localizer(cls)``: the localizer contract (docs/architecture.md), checked on a tiny model.
+
+As scikit-learn's ``check_estimator``: a new localizer passes these checks or is not done. The
+test suite runs them on every registered localizer (entry points included). Each check is a
+function of ``(cls, model, facts, params, tmp)``; :data:`CHECKS` lists them in the order they run,
+and :func:`check_localizer` names the failing one.
+
+The run is kept small: the tiny random model, a few facts whose target is the model's own greedy
+answer (so every localizer accepts them), ``steps=2`` / ``samples=2`` where the constructor takes
+them, and the class's own :attr:`~capinterp.localizers.base.Localizer.check_params`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from capinterp.core.example import Example
+from capinterp.core.model import load_model
+from capinterp.core.tokens import TokenizationError, encode
+from capinterp.localizers.base import CAPABILITY_VALUES, Localizer, get
+from capinterp.units.base import UnitSet
+
+__all__ = ["CHECKS", "check_facts", "check_localizer", "untouchable_model"]
+
+#: Small settings applied when the constructor takes them (fewer IG steps, fewer noise samples).
+FAST_PARAMS: dict[str, Any] = {"steps": 2, "samples": 2}
+#: The meta_ fields every result records (besides ``method`` and ``params``): the model's identity.
+MODEL_FIELDS: tuple[str, ...] = ("model", "model_fingerprint", "shape", "n_params")
+#: The result objects a fit leaves that save to one file and load back.
+RESULT_ATTRS: tuple[str, ...] = ("scores_", "neurons_", "units_", "circuit_")
+_PROMPTS = [
+    ("Rome is the capital of", "Rome"),
+    ("Berlin is the capital of", "Berlin"),
+    ("The Eiffel Tower is in the city of", "The Eiffel Tower"),
+    ("Madrid is the capital of", "Madrid"),
+]
+
+
+class _Untouchable:
+    """A stand-in model that records every attribute read: a constructor must read none."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "touched", [])
+
+    def __getattr__(self, name: str) -> Any:
+        self.touched.append(name)
+        raise AttributeError(f"constructor read model.{name}: constructors store, fit works")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.touched.append("__call__")
+        raise AssertionError("constructor ran the model")
+
+
+def untouchable_model() -> Any:
+    """A sentinel model; its ``touched`` list names every attribute anything read from it."""
+    return _Untouchable()
+
+
+def check_facts(model: Any, n: int = 3) -> list[Example]:
+    """Up to ``n`` facts (with ``meta["subject"]``) whose target is ``model``'s greedy next token."""
+    out = []
+    for prompt, subject in _PROMPTS:
+        ids = encode(model, [Example(prompt, " x")])[0].prompt_ids
+        with torch.no_grad():
+            o = int(model(torch.tensor([ids], device=model.cfg.device))[0, -1].argmax())
+        ex = Example(prompt, model.tokenizer.decode([o]), {"subject": subject})
+        try:
+            if encode(model, [ex], max_target_tokens=1)[0].target_ids[0] == o:
+                out.append(ex)
+        except TokenizationError:
+            continue
+    if len(out) < 2:
+        raise RuntimeError("check_facts: the model answers too few of the check prompts in one token")
+    return out[:n]
+
+
+def _params_for(cls: type[Localizer], params: dict[str, Any] | None) -> dict[str, Any]:
+    accepted = {n for k in cls.__mro__ if k is not object for n in inspect.signature(k.__init__).parameters}
+    fast = {k: v for k, v in FAST_PARAMS.items() if k in accepted}
+    return {**fast, **cls.check_params, **(params or {}), "progress": False}
+
+
+def _results(loc: Localizer) -> dict[str, Any]:
+    """The public attributes ``fit`` added (``scores_``, ``units_``, ...)."""
+    return {k: v for k, v in vars(loc).items() if not k.startswith("_")}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, UnitSet):
+        return bool(a == b)
+    if hasattr(a, "scores") and isinstance(a.scores, torch.Tensor):
+        return bool(torch.equal(a.scores, b.scores))
+    return True
+
+
+# ------------------------------------------------------------------------------------- checks
+def check_declared(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """Registered under its name, capabilities valid, ``fit(self, data)``, constructor keyword-only."""
+    assert isinstance(cls, type) and issubclass(cls, Localizer), f"{cls!r} does not subclass Localizer"
+    assert get(cls.name) is cls, f"{cls.__name__} is not registered under its name {cls.name!r}"
+    for cap, values in CAPABILITY_VALUES.items():
+        assert getattr(cls, cap) in values, f"{cls.__name__}.{cap} = {getattr(cls, cap)!r}, not one of {values}"
+    assert list(inspect.signature(cls.fit).parameters) == ["self", "data"], "fit must take (self, data)"
+    sig = inspect.signature(cls.__init__).parameters
+    assert list(sig)[:2] == ["self", "model"], "the constructor's first argument is the model"
+    for p in list(sig.values())[2:]:
+        assert p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD), f"hyper-parameter {p.name} must be keyword-only"
+    takes = {n for k in cls.__mro__ if k is not object for n in inspect.signature(k.__init__).parameters}
+    assert ("checkpoint" in takes) == cls.checkpointable, "checkpointable says whether __init__ takes checkpoint="
+
+
+def check_construction_is_free(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """The constructor stores: it reads nothing from the model, runs nothing, moves nothing; ``fit``
+    on something that is not a model is a TypeError naming it."""
+    sentinel = untouchable_model()
+    extra = {"checkpoint": tmp / "free.ckpt"} if cls.checkpointable else {}
+    try:
+        loc = cls(sentinel, **params, **extra)
+    except Exception as err:
+        touched = f"it read model.{sentinel.touched[0]}" if sentinel.touched else f"{type(err).__name__}: {err}"
+        raise AssertionError(f"constructing on a model stand-in failed ({touched}): constructors store") from err
+    assert not sentinel.touched, f"{cls.__name__}(model) read model.{sentinel.touched[0]} in its constructor"
+    assert loc.model is sentinel
+    try:
+        loc.fit(facts)
+    except TypeError as err:
+        assert "model" in str(err), f"fit on a non-model raised an unclear TypeError: {err}"
+    else:
+        raise AssertionError("fit on a non-model did not raise TypeError")
+
+
+def check_stores_params(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """``get_params()`` gives back what was passed; rebuilding from it gives the same parameters and repr."""
+    loc = cls(model, **params)
+    got = loc.get_params()
+    assert "model" not in got and "progress" not in got
+    for k, v in params.items():
+        if k in got and isinstance(v, (int, float, str, bool, type(None))):
+            assert got[k] == v, f"{k}={v!r} stored as {got[k]!r}"
+    again = cls(model, **got, progress=False)
+    assert again.get_params() == got and repr(again) == repr(loc)
+    assert repr(loc).startswith(f"{cls.__name__}(") and all(f"{k}=" in repr(loc) for k in got)
+
+
+def check_bad_params(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """Bad hyper-parameters are refused by the constructor, naming the argument."""
+    for bad in (0, -1, 2.5):
+        try:
+            cls(model, **{**params, "batch_size": bad})
+        except (ValueError, TypeError) as err:
+            assert "batch_size" in str(err), f"batch_size={bad!r} refused without naming it: {err}"
+        else:
+            raise AssertionError(f"batch_size={bad!r} was accepted")
+    try:
+        make: Callable[..., Localizer] = cls  # any keywords: the point is that they are refused
+        make(model, **params, no_such_parameter=1)
+    except (TypeError, ValueError):
+        pass
+    else:
+        raise AssertionError("an unknown keyword argument was accepted")
+
+
+def check_bad_data(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """``fit`` refuses empty data and a bare string with a ValueError / TypeError, and leaves no result."""
+    for bad in ([], "Rome is the capital of"):
+        loc = cls(model, **params)
+        try:
+            loc.fit(bad)
+        except (ValueError, TypeError):
+            pass
+        else:
+            raise AssertionError(f"fit({bad!r}) was accepted")
+        assert not hasattr(loc, "units_"), f"fit({bad!r}) failed but left units_"
+
+
+def check_fit(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """``fit`` returns self; results end in ``_``; hyper-parameters unchanged; ``units_`` and ``meta_``
+    as declared; per-query scores when ``per_query``; a second fit and a fresh instance agree."""
+    loc = cls(model, **params)
+    before = loc.get_params()
+    attrs = set(vars(loc))
+    assert loc.fit(facts) is loc, "fit must return self"
+    assert loc.get_params() == before, "fit changed a hyper-parameter"
+    new = [k for k in set(vars(loc)) - attrs if not k.startswith("_")]
+    assert all(k.endswith("_") for k in new), f"fit set attributes not ending in '_': {sorted(new)}"
+    units = loc.units_
+    assert isinstance(units, UnitSet) and units.kind == cls.unit_kind, (
+        f"units_ is a {type(units).__name__} of kind {getattr(units, 'kind', None)!r}, declared {cls.unit_kind!r}"
+    )
+    if cls.unit_kind == "neuron":
+        assert loc.neurons_ is units and hasattr(loc, "scores_"), "neuron localizers leave scores_ and neurons_"
+        assert loc.scores_.meta["method"] == cls.name
+    meta = loc.meta_
+    assert meta["method"] == cls.name and meta["params"] == loc.hyper_params(), "meta_ method / params"
+    missing = [f for f in MODEL_FIELDS if f not in meta]
+    assert not missing, f"meta_ lacks the model fields {missing}: build it with _set_meta"
+    json.dumps(meta)  # results record it in their files
+    has_prompt_scores = hasattr(loc, "prompt_scores_")
+    assert has_prompt_scores == cls.per_query, f"per_query={cls.per_query} but prompt_scores_ set: {has_prompt_scores}"
+    if cls.per_query:
+        assert loc.prompt_scores_.shape == (len(facts), *loc.scores_.shape), "prompt_scores_ is [n, n_layers, d_mlp]"
+    first = _results(loc)
+    loc.fit(facts)  # refit: the same result (fixed seeds, no state carried over)
+    fresh = cls(model, **params).fit(facts)
+    for name, value in first.items():
+        for other in (getattr(loc, name), getattr(fresh, name)):
+            assert _same(value, other), f"{name} differs between two fits with the same seed"
+
+
+def check_save_load(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """Every result object (``scores_``, ``neurons_`` / ``units_``, ``circuit_``) with ``save`` loads back
+    equal, with the same ``method``."""
+    loc = cls(model, **params).fit(facts)
+    saved = 0
+    for name in RESULT_ATTRS:
+        res = getattr(loc, name, None)
+        if not (hasattr(res, "save") and hasattr(type(res), "load")):
+            continue
+        back = type(res).load(res.save(tmp / f"{name}.out"))
+        assert _same(res, back), f"{name} changed through save / load"
+        if hasattr(res, "mask"):
+            assert torch.equal(back.mask, res.mask), f"{name}.mask changed through save / load"
+        assert back.meta["method"] == cls.name
+        saved += 1
+    if cls.unit_kind == "neuron":
+        assert saved >= 2, "a neuron localizer's scores_ and neurons_ save and load"
+
+
+def check_checkpoint(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+    """``checkpointable``: a fit with ``checkpoint=`` writes it, and a second fit resumes to the same result."""
+    if not cls.checkpointable:
+        return
+    path = tmp / f"{cls.name}.ckpt"
+    make: Callable[..., Localizer] = cls  # checkpointable classes take checkpoint=
+    first = make(model, **params, checkpoint=path).fit(facts)
+    assert path.exists(), "a checkpointable fit wrote no checkpoint"
+    again = make(model, **params, checkpoint=path).fit(facts)
+    assert again.units_ == first.units_
+
+
+#: Every check, in the order :func:`check_localizer` runs them.
+CHECKS: tuple[Callable[..., None], ...] = (
+    check_declared,
+    check_construction_is_free,
+    check_stores_params,
+    check_bad_params,
+    check_bad_data,
+    check_fit,
+    check_save_load,
+    check_checkpoint,
+)
+
+
+def check_localizer(
+    cls: type[Localizer] | str, *, model: Any = None, params: dict[str, Any] | None = None, facts: list | None = None
+) -> None:
+    """Check a localizer class (or a registered name) against the contract; AssertionError names the check.
+
+    Args:
+        cls: the class, or its registry name.
+        model: the model to fit on (default: ``load_model("tiny")``).
+        params: hyper-parameters to construct it with, over ``steps=2`` / ``samples=2`` and the
+            class's :attr:`~capinterp.localizers.base.Localizer.check_params`.
+        facts: what to fit on (default: :func:`check_facts` of the model).
+    """
+    cls = get(cls) if isinstance(cls, str) else cls
+    model = load_model("tiny") if model is None else model
+    facts = check_facts(model) if facts is None else facts
+    kw = _params_for(cls, params)
+    with tempfile.TemporaryDirectory() as d:
+        for i, check in enumerate(CHECKS):
+            tmp = Path(d) / str(i)
+            tmp.mkdir()
+            try:
+                check(cls, model, facts, kw, tmp)
+            except AssertionError as err:
+                raise AssertionError(f"{cls.__name__}: {check.__name__}: {err}") from err
