@@ -141,6 +141,7 @@ class DatasetNeuronLocalizer(Localizer):
         """Mean per-example scores over ``data`` (Examples, dicts or pairs): ``scores_``
         ``[n_layers, d_mlp]``, ``neurons_`` (the sigma mask), ``sums_`` (the running sums)."""
         examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
+        validate.model(self.model)  # before the tokenizer is read
         encode(self.model, examples, bare="skip")  # TokenizationError before any model work
         self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
