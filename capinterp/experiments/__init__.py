@@ -50,6 +50,7 @@ ORDER: tuple[str, ...] = (
     "ql_localizers",
     "rome_layers",
     "specificity",
+    "faithfulness",
 )
 
 

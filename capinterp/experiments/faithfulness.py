@@ -24,6 +24,8 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.interventions.faithfulness import MIB_FRACTIONS, faithfulness
 
+__all__ = ["COLUMNS", "NOT_MEASURED", "QUICK_FRACTIONS", "cpr_figure", "faithfulness_table", "run"]
+
 NAME, TITLE = "faithfulness", "How good is a localization? CPR / CMD of every localizer against chance"
 QUICK_FRACTIONS = (0.01, 0.1, 0.5)
 NOT_MEASURED = {
