@@ -178,10 +178,15 @@ def cmd_reproduce(args) -> int:
     _say(f"report: {out / 'report.html'}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     experiments = {
         n: {
-            "status": "failed" if "error" in e else ("loaded" if e.get("resumed") else "ran"),
+            "status": "failed"
+            if "error" in e
+            else "skipped"
+            if "skipped" in e
+            else ("loaded" if e.get("resumed") else "ran"),
             "seconds": e.get("seconds"),
         }
         | ({"error": e["error"]} if "error" in e else {})
+        | ({"skipped": e["skipped"]} if "skipped" in e else {})
         for n, e in res["experiments"].items()
     }
     _emit(

@@ -13,7 +13,9 @@ Resuming: an experiment whose folder is complete is loaded, not rerun; one inter
 restarts, but its localizer fits resume from ``cache/``. A finished experiment's folder holds a
 ``CHECKSUM`` (SHA-256 of its files): a folder whose files no longer match (edited, truncated,
 deleted) is reported and rerun, never loaded as done. An experiment that raises is recorded
-(error and traceback in results.json and the report) and the others still run.
+(error and traceback in results.json and the report) and the others still run; one that cannot
+run on this model (:class:`~capinterp.experiments.ExperimentSkipped`, e.g. the tiny test model
+knows none of the facts) is recorded as skipped, with the reason, and is not a failure.
 
 Under ``torchrun`` every rank runs every experiment (the localizer fits, evaluations, tracing,
 circuits and Query Localization inside shard their work over the ranks,
@@ -36,7 +38,7 @@ from typing import Any
 
 from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint, model_meta
-from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult
+from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped
 from capinterp.kernels.quadrature import IG_RULES
 from capinterp.plots.html import check_plotlyjs, include_option, write_plotlyjs
 
@@ -171,6 +173,9 @@ def reproduce(
                 done[name] = res
                 entry = {"seconds": round(time.time() - t0, 1)}
                 log(f"      {name} done in {entry['seconds']} s")
+            except ExperimentSkipped as err:  # cannot run on this model (e.g. it knows no fact): said, not failed
+                entry = {"seconds": round(time.time() - t0, 1), "skipped": str(err)}
+                log(f"      {name} SKIPPED: {err}")
             except Exception as err:
                 entry = {
                     "seconds": round(time.time() - t0, 1),
@@ -238,7 +243,7 @@ def report_html(results: dict[str, Any], done: dict[str, ExperimentResult], plot
         f"({html.escape(IG_RULES.get(cfg.get('ig_rule', 'papers'), '?'))})</p><ul>",
     ]
     for name, e in results["experiments"].items():
-        status = "failed" if "error" in e else f"{e.get('seconds')} s"
+        status = "failed" if "error" in e else "skipped" if "skipped" in e else f"{e.get('seconds')} s"
         parts.append(f"<li><a href='#{name}'>{html.escape(e.get('title', name))}</a> ({status})</li>")
     parts.append("</ul>")
     plotly_js: Any = include_option(plotlyjs)
@@ -246,6 +251,9 @@ def report_html(results: dict[str, Any], done: dict[str, ExperimentResult], plot
         parts.append(f"<h2 id='{name}'>{html.escape(e.get('title', name))}</h2>")
         if "error" in e:
             parts.append(f"<p class='err'>{html.escape(e['error'])}\n{html.escape(e.get('traceback', ''))}</p>")
+            continue
+        if "skipped" in e:
+            parts.append(f"<p>skipped: {html.escape(e['skipped'])}</p>")
             continue
         r = done[name]
         parts.append(r.table.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0))

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Example", "as_examples"]
+__all__ = ["Example", "TokenizationError", "as_examples", "check_target"]
 
 
 @dataclass(frozen=True)
@@ -26,15 +26,46 @@ class Example:
         if not isinstance(self.prompt, str) or not isinstance(self.target, str):
             raise TypeError("Example.prompt and Example.target must be strings")
 
+    @property
+    def wants_greedy(self) -> bool:
+        """True for a bare prompt (no target given): the model's greedy next token becomes the target."""
+        return not self.target and self.meta.get("target_from") == "greedy"
+
+
+class TokenizationError(ValueError):
+    """An example cannot be scored as written: an empty or whitespace-only target, a target that
+    does not tokenize as separate tokens after its prompt, a prompt ending in whitespace that the
+    target's first token would absorb, a subject off the token boundaries, or a text longer than
+    the model's context."""
+
+
+def check_target(ex: Example, index: int) -> None:
+    """The one rule for targets: an explicit target must hold more than whitespace.
+
+    Only a bare prompt (a plain string, a dict without ``target``, or an Example whose
+    ``meta["target_from"] == "greedy"``) may have an empty target: it asks for the model's greedy
+    next token. Anything else with an empty or whitespace-only target (``("3+4=", "")``,
+    ``("3+4=", " ")``) is a :class:`TokenizationError` naming the example.
+    """
+    if ex.target.strip() or ex.meta.get("target_from") == "greedy":  # greedy: requested or filled in
+        return
+    what = "an empty target" if not ex.target else f"an empty target (whitespace only: {ex.target!r})"
+    raise TokenizationError(
+        f"example {index} has {what} after prompt {ex.prompt[-40:]!r}; give the answer text (only a bare "
+        "prompt string, where a localizer takes one, means the model's greedy next token)"
+    )
+
 
 def as_examples(items: Iterable[Any]) -> list[Example]:
     """Accept Examples, ``(prompt, target)`` pairs, dicts with prompt/target keys, or a DataFrame.
 
     A DataFrame needs a ``prompt`` column; ``target`` is optional (empty when missing) and every
-    other column goes to ``meta``. Plain strings are returned as Examples with an empty target;
-    callers that allow them (e.g. KN, whose target is then the model's greedy next token) fill it
-    in. A bare string, bytes, a mapping or a single Example is refused (it would be iterated as
-    characters / keys), and so is an empty prompt; errors name the item's index.
+    other column goes to ``meta``. Plain strings (and dicts without ``target``) are returned as
+    Examples with an empty target and ``meta["target_from"] = "greedy"``; callers that allow them
+    (the localizers) fill in the model's greedy next token. A bare string, bytes, a mapping or a
+    single Example is refused (it would be iterated as characters / keys), and so is an empty
+    prompt; an explicit empty or whitespace-only target is a :class:`TokenizationError`
+    (:func:`check_target`); errors name the item's index.
     """
     if isinstance(items, (str, bytes, bytearray, Example, Mapping)):
         raise TypeError(
@@ -71,5 +102,6 @@ def as_examples(items: Iterable[Any]) -> list[Example]:
             )
         if not ex.prompt:
             raise ValueError(f"item {i} has an empty prompt (target {ex.target!r:.40}); every example needs a prompt")
+        check_target(ex, i)
         out.append(ex)
     return out

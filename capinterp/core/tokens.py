@@ -6,7 +6,13 @@ can be its own token or merge into the next word). :func:`encode` checks that th
 tokens are a prefix of the full text's tokens; when a merge crosses the prompt/target boundary
 (e.g. the prompt ends in a space and the target starts with a word), the example cannot be
 scored as written and :class:`TokenizationError` says which example and why, before any
-long computation starts. ``on_mismatch="skip"`` drops such examples instead (and counts them).
+long computation starts. The same error refuses a prompt that ends in whitespace the
+tokenizer would attach to the target's first word (:func:`absorbed_whitespace`: ``"... of "`` +
+``" Paris"`` tokenizes cleanly but feeds the model a lone space no real text has), and an empty
+or whitespace-only target (:func:`capinterp.core.example.check_target`).
+``on_mismatch="skip"`` drops boundary problems instead (and counts them).
+:func:`subject_span` is the one rule for where a subject string sits among a prompt's tokens
+(causal tracing, ROME, attention scaling): it must start and end on token boundaries.
 
 Sequences are right-padded: with causal attention, padding after the real tokens changes
 nothing at the real positions, and positions stay aligned from the start (rotary-safe).
@@ -21,23 +27,22 @@ from typing import Any
 import torch
 
 from capinterp.core import validate
-from capinterp.core.example import Example
+from capinterp.core.example import Example, TokenizationError, check_target
 
 __all__ = [
     "Encoded",
     "EncodedBatch",
     "TokenizationError",
+    "absorbed_whitespace",
     "batches",
     "collate",
     "encode",
+    "encode_prompt",
     "model_bos",
     "pad_id",
     "pad_right",
+    "subject_span",
 ]
-
-
-class TokenizationError(ValueError):
-    """An example's target does not tokenize as expected after its prompt."""
 
 
 @dataclass
@@ -102,6 +107,34 @@ def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def absorbed_whitespace(tokenizer: Any, prompt: str, target: str) -> str | None:
+    """The whitespace the prompt ends in, when the tokenizer would attach it to the target's first word.
+
+    ``prompt`` ends in whitespace ``ws`` (``"... of "``), and ``ws`` followed by the target's first
+    word does not keep ``ws``'s own tokens (``" " + "Paris"`` is one token ``" Paris"``): in real
+    text the whitespace belongs to the answer's token, so a prompt cut after it is one the model
+    never sees. Returns ``ws`` then, else None: no trailing whitespace, or a tokenizer that keeps
+    it as its own token anyway (SmolLM2 and the tiny model before a digit, any tokenizer before
+    a newline-led line of code).
+    """
+    body = prompt.rstrip()
+    ws, word = prompt[len(body) :], target.lstrip()
+    if not ws or not word:
+        return None
+    alone = _ids(tokenizer, ws)
+    return ws if _ids(tokenizer, ws + word)[: len(alone)] != alone else None
+
+
+def _shown(tokenizer: Any, ids: Sequence[int]) -> str:
+    return "[" + ", ".join(repr(tokenizer.decode([t])) for t in ids) + "]"
+
+
+def encode_prompt(model_or_tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a bare prompt (BOS as the model's convention, :func:`model_bos`), for greedy decoding."""
+    tok = getattr(model_or_tokenizer, "tokenizer", model_or_tokenizer)
+    return model_bos(model_or_tokenizer) + _ids(tok, prompt)
+
+
 def encode(
     model_or_tokenizer: Any,
     examples: Sequence[Example],
@@ -110,27 +143,54 @@ def encode(
     on_mismatch: str = "error",
     max_target_tokens: int | None = None,
     n_ctx: int | None = None,
+    bare: str = "error",
 ) -> list[Encoded]:
     """Tokenize examples with targets in context; validate everything before returning.
 
-    Raises :class:`TokenizationError` for an empty target, a prompt/target boundary merge
-    (unless ``on_mismatch="skip"``), or a sequence longer than the context ``n_ctx``
+    Raises :class:`TokenizationError` for an empty or whitespace-only target (also a bare
+    prompt's, not yet filled with the greedy token), a prompt/target boundary merge or a prompt
+    ending in whitespace the target would absorb (:func:`absorbed_whitespace`; both skipped with
+    ``on_mismatch="skip"``), or a sequence longer than the context ``n_ctx``
     (taken from the model when a model is passed). ``prepend_bos=None`` follows the
     tokenizer's own default (see :func:`_bos`). ``max_target_tokens`` truncates targets
-    (e.g. 1 to score only the first answer token).
+    (e.g. 1 to score only the first answer token). ``bare="skip"`` leaves out bare prompts (whose
+    greedy target is not filled in yet) after checking their length: localizers check their data
+    with it before any model work, then fill the greedy targets and encode everything.
     """
     if on_mismatch not in ("error", "skip"):
         raise ValueError(f"on_mismatch must be 'error' or 'skip', got {on_mismatch!r}")
+    validate.choice("bare", bare, ("error", "skip"))
     tok = getattr(model_or_tokenizer, "tokenizer", model_or_tokenizer)
     if n_ctx is None and hasattr(model_or_tokenizer, "cfg"):
         n_ctx = int(model_or_tokenizer.cfg.n_ctx)
     bos = model_bos(model_or_tokenizer) if prepend_bos is None else ([int(tok.bos_token_id)] if prepend_bos else [])
     out: list[Encoded] = []
     for i, ex in enumerate(examples):
+        check_target(ex, i)
+        if not ex.target and bare == "skip":
+            n = len(bos) + len(_ids(tok, ex.prompt))
+            if n_ctx is not None and n >= n_ctx:  # the greedy token must fit after it
+                raise TokenizationError(f"example {i} has {n} prompt tokens; the model's context is {n_ctx}")
+            continue
         if not ex.target:
-            raise TokenizationError(f"example {i} has an empty target (prompt {ex.prompt[-40:]!r})")
+            raise TokenizationError(
+                f"example {i} has an empty target (bare prompt {ex.prompt[-40:]!r}): this entry point needs "
+                "the answer text (the neuron localizers fill in the model's greedy next token for bare prompts)"
+            )
         p = _ids(tok, ex.prompt)
         full = _ids(tok, ex.prompt + ex.target)
+        ws = absorbed_whitespace(tok, ex.prompt, ex.target)
+        if ws is not None:
+            if on_mismatch == "skip":
+                continue
+            word = ex.target.lstrip()
+            raise TokenizationError(
+                f"example {i}: the prompt {ex.prompt[-30:]!r} ends in whitespace {ws!r}, which the tokenizer "
+                f"attaches to the word that follows ({ws + word[:12]!r} -> "
+                f"{_shown(tok, _ids(tok, ws + word[:12]))}), so the model would see a prompt no real text "
+                f"has. End the prompt before the whitespace and start the target with it: prompt "
+                f"{ex.prompt.rstrip()[-30:]!r}, target {ws[-1:] + word!r}."
+            )
         if full[: len(p)] != p or len(full) == len(p):
             if on_mismatch == "skip":
                 continue
@@ -148,6 +208,57 @@ def encode(
             raise TokenizationError(f"example {i} has {len(enc.ids)} tokens; the model's context is {n_ctx}")
         out.append(enc)
     return out
+
+
+def subject_span(
+    tokenizer: Any, text: str, subject: str, ids: Sequence[int] | None = None, *, offset: int = 0, start: int = 0
+) -> tuple[int, int]:
+    """Token positions ``[s0, s1)`` of ``subject``'s first occurrence in ``text`` at or after character ``start``.
+
+    The one rule for subjects (causal tracing corrupts these positions, ROME edits at ``s1 - 1``,
+    attention scaling scales them): the subject must start and end on token boundaries. A token
+    that holds both subject characters and other non-whitespace characters (``"Eiffel Tow"`` in
+    ``"... Eiffel Tower ..."``, ``"iffel"``) is a :class:`TokenizationError` showing the tokens;
+    whitespace that a tokenizer glues to the subject's first token (``" Eiffel"``) is fine.
+    ``ids`` are ``text``'s tokens without special tokens (computed when None); ``offset`` is added
+    to the positions (the number of BOS tokens in front).
+    """
+    if not isinstance(subject, str) or not subject:
+        raise ValueError(f"empty subject for prompt {text!r}")
+    c0 = text.find(subject, start)
+    if c0 < 0:
+        raise ValueError(f"subject {subject!r} not found in prompt {text!r}")
+    c1 = c0 + len(subject)
+    ids = _ids(tokenizer, text) if ids is None else list(ids)
+    spans = _char_spans(tokenizer, text, ids)
+    hit = [i for i, (a, b) in enumerate(spans) if b > a and a < c1 and b > c0]
+    if not hit:
+        raise ValueError(f"subject {subject!r} maps to no token of prompt {text!r}")
+    (a0, _), (_, b1) = spans[hit[0]], spans[hit[-1]]
+    if text[a0:c0].strip() or text[c1:b1].strip():
+        shown = ", ".join(repr(tokenizer.decode([ids[i]])) + ("*" if i in hit else "") for i in range(len(ids)))
+        raise TokenizationError(
+            f"subject {subject!r} does not {'start' if text[a0:c0].strip() else 'end'} on a token boundary in "
+            f"{text!r}: its tokens (*) are [{shown}], which cover {text[a0:b1]!r}. Give the subject as whole "
+            "tokens (e.g. the full word)."
+        )
+    return hit[0] + offset, hit[-1] + 1 + offset
+
+
+def _char_spans(tokenizer: Any, text: str, ids: list[int]) -> list[tuple[int, int]]:
+    """Character span of each token of ``text``: the offset mapping, or (slow tokenizers) decoded prefix lengths."""
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == ids:
+            return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        pass
+    spans, prev = [], 0
+    for i in range(len(ids)):
+        end = len(tokenizer.decode(ids[: i + 1]))
+        spans.append((prev, end))
+        prev = end
+    return spans
 
 
 def collate(items: Sequence[Encoded], pad_id: int, *, with_target: bool = True, device=None) -> EncodedBatch:

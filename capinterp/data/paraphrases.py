@@ -18,7 +18,7 @@ from capinterp.core.example import Example
 
 from .builtin import builtin_facts, facts_known_by
 
-__all__ = ["builtin_paraphrases", "known_paraphrases", "pararel_paraphrases"]
+__all__ = ["NoKnownFacts", "builtin_paraphrases", "known_paraphrases", "pararel_paraphrases"]
 
 _LANDMARK = (
     "{s} is located in the city of",
@@ -153,6 +153,10 @@ def pararel_paraphrases(n_facts: int, *, path: Any = None, per_fact: int = 5) ->
     return out
 
 
+class NoKnownFacts(ValueError):
+    """:func:`known_paraphrases` removed every fact; the message gives the counts at each filter step."""
+
+
 def known_paraphrases(
     model: Any,
     bags: Sequence[Sequence[Example]],
@@ -160,16 +164,22 @@ def known_paraphrases(
     per_fact: int = 5,
     min_prompts: int = 2,
     max_facts: int | None = None,
+    allow_empty: bool = False,
 ) -> list[list[Example]]:
     """Per bag, the first ``per_fact`` prompts the model answers; bags with fewer than ``min_prompts`` are dropped.
 
     One batched pass over all prompts (:func:`~capinterp.data.facts_known_by`); prompts whose target
-    does not tokenize after them are dropped too. Stops after ``max_facts`` bags.
+    does not tokenize after them are dropped too. Stops after ``max_facts`` bags. When no bag is
+    left (e.g. a tiny random model knows no fact), :class:`NoKnownFacts` says how many bags and
+    prompts there were and how many each filter removed; ``allow_empty=True`` returns ``[]`` instead.
     """
     flat = [e for bag in bags for e in bag]
     if not flat:
-        return []
-    known = {id(e) for e in facts_known_by(model, flat, on_mismatch="skip")}
+        if allow_empty:
+            return []
+        raise NoKnownFacts("known_paraphrases: no fact given (0 bags or only empty bags)")
+    kept_facts, preds = facts_known_by(model, flat, on_mismatch="skip", return_predictions=True)
+    known = {id(e) for e in kept_facts}
     out = []
     for bag in bags:
         kept = [e for e in bag if id(e) in known][:per_fact]
@@ -177,4 +187,14 @@ def known_paraphrases(
             out.append(kept)
         if max_facts is not None and len(out) >= max_facts:
             break
+    if not out and not allow_empty:
+        some = sum(any(id(e) in known for e in bag) for bag in bags)
+        raise NoKnownFacts(
+            f"known_paraphrases removed every fact: of {len(bags)} fact(s) ({len(flat)} prompts), "
+            f"{len(flat) - len(preds)} prompt(s) have a target that does not tokenize after them, the model answers "
+            f"{len(known)} of the other {len(preds)} (filter facts_known_by: greedy next token = the target's "
+            f"first token), and {some} fact(s) keep at least one answered prompt where {min_prompts} are "
+            "needed (min_prompts). The model does not know these facts (a tiny random test model knows "
+            "none): use a trained model (smollm2, gemma3)."
+        )
     return out

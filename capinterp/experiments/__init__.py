@@ -33,7 +33,7 @@ from capinterp.experiments import (  # noqa: F401  (registration; the order is O
     rome_layers,
     specificity,
 )
-from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, experiment, get
+from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped, experiment, get
 
 #: The report order of the experiments (``capinterp reproduce``, ``results.json``, ``report.html``).
 ORDER: tuple[str, ...] = (
@@ -68,4 +68,4 @@ def _put_in_order() -> None:
 
 _put_in_order()
 
-__all__ = ["EXPERIMENTS", "ORDER", "Context", "ExperimentResult", "experiment", "get"]
+__all__ = ["EXPERIMENTS", "ORDER", "Context", "ExperimentResult", "ExperimentSkipped", "experiment", "get"]

@@ -9,6 +9,7 @@ an interrupted reproduction resumes without refitting (see :meth:`Context.scores
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -20,9 +21,10 @@ import pandas as pd
 
 from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint
+from capinterp.data.paraphrases import NoKnownFacts
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
-__all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "Runner", "experiment", "get"]
+__all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "ExperimentSkipped", "Runner", "experiment", "get"]
 
 
 @dataclass
@@ -174,14 +176,32 @@ Runner = Callable[[Context], ExperimentResult]
 EXPERIMENTS: dict[str, tuple[str, Runner]] = {}
 
 
+class ExperimentSkipped(RuntimeError):
+    """The experiment cannot run on this model (e.g. it knows none of the facts the experiment
+    needs); the message says why and with how many inputs. ``capinterp reproduce`` reports it as
+    skipped, not failed."""
+
+
 def experiment(name: str, title: str) -> Callable[[Runner], Runner]:
-    """Decorator registering ``run(ctx)`` under ``name`` (order of registration = report order)."""
+    """Decorator registering ``run(ctx)`` under ``name`` (order of registration = report order).
+
+    A :class:`~capinterp.data.paraphrases.NoKnownFacts` from the run (its fact filter removed every
+    fact) becomes :class:`ExperimentSkipped` with the filter's counts.
+    """
 
     def deco(fn: Runner) -> Runner:
         if name in EXPERIMENTS:
             raise ValueError(f"experiment {name!r} is registered twice")
-        EXPERIMENTS[name] = (title, fn)
-        return fn
+
+        @functools.wraps(fn)
+        def run(ctx: Context) -> ExperimentResult:
+            try:
+                return fn(ctx)
+            except NoKnownFacts as err:
+                raise ExperimentSkipped(f"{name} needs facts the model knows: {err}") from err
+
+        EXPERIMENTS[name] = (title, run)
+        return run
 
     return deco
 

@@ -126,8 +126,10 @@ def solved_first(
 def cut_targets(model: Any, examples: Sequence[Example], max_tokens: int) -> list[Example]:
     """Targets shortened to their first ``max_tokens`` tokens (in context), where that round-trips.
 
-    An example whose shortened target would tokenize differently after its prompt keeps its
-    full target. Shortened examples record ``meta["target_full"]``.
+    An example whose shortened target would tokenize differently after its prompt, or be only
+    whitespace (refused as a target everywhere, :func:`capinterp.core.example.check_target`),
+    keeps its full target (none of the packaged code sets' 5-token cuts is whitespace only on
+    SmolLM2 or Gemma 3). Shortened examples record ``meta["target_full"]``.
     """
     from capinterp.core.tokens import TokenizationError, encode
 

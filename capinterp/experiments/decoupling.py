@@ -55,7 +55,9 @@ def decoupling_pairs(n: int, seed: int = 0, ops: str = "+-*") -> list[tuple[Exam
                 Example(
                     f"Provide the correct answer for {x}=?\n{x}=", str(e.meta["answer"]), {**meta, "task": "compute"}
                 ),
-                Example(f"Write Python code for {x}=?\n```python\n", "", {**meta, "task": "code"}),
+                Example(
+                    f"Write Python code for {x}=?\n```python\n", "", {**meta, "task": "code", "target_from": "greedy"}
+                ),
             )
         )
     return pairs

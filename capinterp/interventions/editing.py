@@ -37,7 +37,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from capinterp.core import validate
-from capinterp.core.example import Example, as_examples
+from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
 from capinterp.core.tokens import Encoded, encode
@@ -205,8 +205,12 @@ def _the_fact(fact: Sequence[Any], query_index: int, min_queries: int) -> tuple[
 def _new_answer(mode: str, new_target: str | None, old: str) -> str | None:
     """``new_target`` checked against ``mode`` and spaced like the old answer (update only)."""
     if mode == "update":
-        if not isinstance(new_target, str) or not new_target.strip():
+        if not isinstance(new_target, str):
             raise ValueError("mode='update' needs new_target, the new answer (e.g. ' Rome')")
+        if not new_target.strip():
+            raise TokenizationError(
+                f"new_target is an empty target ({new_target!r}); give the new answer (e.g. ' Rome')"
+            )
         return _spaced(new_target, old)
     if new_target is not None:
         raise ValueError("new_target is only used with mode='update'")
@@ -308,6 +312,13 @@ def edit_knowledge(
     update: p(new answer) after), ``n_neurons``. Every input error is raised before any attribution.
     """
     _check_args(selection, mode, direction, lambdas)
+    validate.model(model)
+    query_index = validate.integer("query_index", query_index)
+    batch_size = validate.positive_int("batch_size", batch_size)
+    for flag, value in (("signed", signed), ("inplace", inplace), ("evaluate", evaluate)):
+        validate.boolean(flag, value)
+    if ppl_before is not None:
+        validate.finite_float("ppl_before", ppl_before, low=1.0)
     if ql_params and (neurons is not None or ql is not None):
         raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
     need = 2 if neurons is None and ql is None and selection != "query" else 1

@@ -16,7 +16,9 @@ Layer ``l``'s down projection W maps a key k (``blocks.{l}.mlp.hook_post``, ``[d
 
 :func:`rome_edit` returns a :class:`RomeEdit`; ``with edit:`` (or ``with edit.apply(model):``)
 writes W' and restores the exact old W on exit, ``edit.apply_permanently(model)`` or
-``inplace=True`` keeps it.
+``inplace=True`` keeps it. An edit is not re-entrant: applying it to a model it is already
+applied to (``with edit:`` inside ``with edit:``) is a RuntimeError, because the inner exit would
+restore W while the outer block still expects W'.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from typing import Any
 import torch
 
 from capinterp.core import validate
-from capinterp.core.example import Example
+from capinterp.core.example import Example, TokenizationError, check_target
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import model_fingerprint, neuron_hook
-from capinterp.core.tokens import encode, model_bos, pad_id, pad_right
+from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.second_moment import second_moment
 
@@ -56,6 +58,8 @@ class RomeEdit:
     params: dict[str, Any] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
     model: Any = field(default=None, repr=False, compare=False)
+    _active: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _cms: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def update(self) -> torch.Tensor:
@@ -76,23 +80,35 @@ class RomeEdit:
 
     @contextlib.contextmanager
     def apply(self, model=None) -> Iterator[Any]:
-        """Write W' into ``model`` (default: the model it was computed on); restore W exactly on exit."""
+        """Write W' into ``model`` (default: the model it was computed on); restore W exactly on exit.
+
+        RuntimeError when this edit is already applied to ``model`` by an enclosing ``with``
+        (nesting would apply the update twice, and the inner exit would undo the outer block's edit).
+        """
         model = self.model if model is None else model
+        if any(m is model for m in self._active):  # before the fingerprint check, which the edit itself fails
+            raise RuntimeError(
+                f"this ROME edit (layer {self.layer}, new target {self.new_target!r}) is already applied to "
+                "this model by an enclosing 'with'; an edit is not re-entrant: use the outer block"
+            )
         self._check(model)
         old = self._add(model)
+        self._active.append(model)
         try:
             yield model
         finally:
+            self._active.remove(model)
             with torch.no_grad():
                 value_weight(model, self.layer)[0].copy_(old)
 
     def __enter__(self):
-        self._cm = self.apply()
-        return self._cm.__enter__()
+        cm = self.apply()
+        model = cm.__enter__()  # raises (nothing applied, nothing recorded) when already applied
+        self._cms.append(cm)
+        return model
 
     def __exit__(self, *exc):
-        cm, self._cm = self._cm, None
-        return cm.__exit__(*exc)
+        return self._cms.pop().__exit__(*exc)
 
     def apply_permanently(self, model=None) -> Any:
         """Write the edit into ``model`` for good; returns the model."""
@@ -107,16 +123,13 @@ class RomeEdit:
 
 
 def subject_last_position(model, text: str, subject: str, start: int = 0) -> int:
-    """Index, in ``model_bos + tokens(text)``, of the last token of ``subject``'s first occurrence at or after ``start``."""
-    at = text.find(subject, start)
-    if not subject or at < 0:
-        raise ValueError(f"subject {subject!r} does not occur in prompt {text!r}")
-    tok = model.tokenizer
-    head = list(tok(text[: at + len(subject)], add_special_tokens=False)["input_ids"])
-    full = list(tok(text, add_special_tokens=False)["input_ids"])
-    if full[: len(head)] != head:
-        raise ValueError(f"subject {subject!r} does not end on a token boundary in {text!r}")
-    return len(model_bos(model)) + len(head) - 1
+    """Index, in ``model_bos + tokens(text)``, of the last token of ``subject``'s first occurrence at or after ``start``.
+
+    The subject must start and end on token boundaries (:func:`capinterp.core.tokens.subject_span`,
+    the rule causal tracing uses too): otherwise a :class:`~capinterp.core.tokens.TokenizationError`
+    shows the tokens.
+    """
+    return subject_span(model.tokenizer, text, subject, offset=len(model_bos(model)), start=start)[1] - 1
 
 
 @torch.no_grad()
@@ -139,17 +152,20 @@ def sample_prefixes(model, n: int, n_tokens: int, seed: int = 0, top_k: int = 5)
 
 def _fact(fact: Any, subject: str | None, new_target: str | None) -> tuple[Example, str, str]:
     if isinstance(fact, str):
-        fact = Example(fact, "", {})
+        fact = Example(fact, "", {"target_from": "greedy"})
     if not isinstance(fact, Example):
         raise TypeError(f"fact must be an Example or a prompt string, got {type(fact).__name__}")
+    check_target(fact, 0)  # an explicit empty target is refused as everywhere else
     subject = subject if subject is not None else fact.meta.get("subject")
     if not subject or subject not in fact.prompt:
         raise ValueError(
             f"subject={subject!r} must be given (or in fact.meta['subject']) and occur in the prompt {fact.prompt!r}"
         )
     new_target = new_target if new_target is not None else fact.meta.get("target_new")
-    if not isinstance(new_target, str) or not new_target.strip():
-        raise ValueError(f"new_target must be a non-empty string (or fact.meta['target_new']), got {new_target!r}")
+    if not isinstance(new_target, str):
+        raise ValueError(f"new_target must be given as a string (or fact.meta['target_new']), got {new_target!r}")
+    if not new_target.strip():
+        raise TokenizationError(f"new_target is an empty target ({new_target!r}); give the new answer text")
     if fact.target and new_target.strip() == fact.target.strip():
         raise ValueError(f"new_target {new_target!r} equals the fact's current target")
     return fact, subject, new_target
@@ -199,17 +215,23 @@ def rome_edit(
         clamp: ||delta|| is kept <= clamp * ||v0||.
         ridge: C + ridge * mean(diag C) * I is inverted (a local corpus is small).
     """
+    validate.model(model)
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
-    if not isinstance(layer, int) or not 0 <= layer < n_layers:
-        raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
-    for name, v in (("steps", steps), ("n_prefixes", n_prefixes), ("prefix_tokens", prefix_tokens)):
-        validate.nonneg_int(name, v)
+    validate.integer("layer", layer, low=0, high=n_layers - 1)
+    validate.positive_int("steps", steps)
+    validate.nonneg_int("n_prefixes", n_prefixes)
+    validate.positive_int("prefix_tokens", prefix_tokens)
     for name, v in (("lr", lr), ("clamp", clamp)):
-        if not v > 0:
-            raise ValueError(f"{name} must be > 0, got {v!r}")
-    if kl_factor < 0 or weight_decay < 0 or ridge < 0:
-        raise ValueError(f"kl_factor, weight_decay and ridge must be >= 0, got {kl_factor}, {weight_decay}, {ridge}")
+        validate.finite_float(name, v, low=0.0, low_open=True)
+    for name, v in (("kl_factor", kl_factor), ("weight_decay", weight_decay), ("ridge", ridge)):
+        validate.finite_float(name, v, low=0.0)
+    validate.integer("seed", seed)
+    validate.boolean("inplace", inplace)
+    if subject is not None and not isinstance(subject, str):
+        raise TypeError(f"subject must be a string or None, got {type(subject).__name__}")
     fact, subject, new_target = _fact(fact, subject, new_target)
+    encode(model, [Example(fact.prompt, new_target)])  # tokenization problems surface before any work
+    subject_last_position(model, fact.prompt, subject)
     if second_moment_matrix is None:
         C, _ = second_moment(model, layer, texts=texts, data_dir=data_dir)
     else:

@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from capinterp.core.forward import capture
+from capinterp.core.tokens import subject_span
 
 __all__ = [
     "HOOK",
@@ -57,36 +58,11 @@ def subject_token_range(
     """Token positions ``[start, end)`` of the first occurrence of ``subject`` in ``prompt``.
 
     ``prompt_ids`` are the prompt's tokens (without special tokens); ``offset`` is added to the
-    positions (1 when a BOS token is prepended). A token belongs to the subject when its character
-    span overlaps the subject's; spans come from the tokenizer's offset mapping, or, for a slow
-    tokenizer, from decoding growing prefixes. ValueError when the subject is not in the prompt.
+    positions (1 when a BOS token is prepended). The rule is :func:`capinterp.core.tokens.subject_span`'s
+    (shared with ROME): ValueError when the subject is not in the prompt,
+    :class:`~capinterp.core.tokens.TokenizationError` when it does not start and end on token boundaries.
     """
-    if not subject:
-        raise ValueError(f"empty subject for prompt {prompt!r}")
-    c0 = prompt.find(subject)
-    if c0 < 0:
-        raise ValueError(f"subject {subject!r} not found in prompt {prompt!r}")
-    c1 = c0 + len(subject)
-    spans = _char_spans(tokenizer, prompt, list(prompt_ids))
-    hit = [i for i, (a, b) in enumerate(spans) if b > a and a < c1 and b > c0]
-    if not hit:
-        raise ValueError(f"subject {subject!r} maps to no token of prompt {prompt!r}")
-    return hit[0] + offset, hit[-1] + 1 + offset
-
-
-def _char_spans(tokenizer, prompt: str, ids: list[int]) -> list[tuple[int, int]]:
-    try:
-        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"]) == ids:
-            return [tuple(map(int, s)) for s in enc["offset_mapping"]]
-    except (NotImplementedError, TypeError, ValueError, KeyError):
-        pass
-    spans, prev = [], 0  # slow tokenizers: character length of decoded prefixes
-    for i in range(len(ids)):
-        end = len(tokenizer.decode(ids[: i + 1]))
-        spans.append((prev, end))
-        prev = end
-    return spans
+    return subject_span(tokenizer, prompt, subject, prompt_ids, offset=offset)
 
 
 def parse_noise(noise: float | str) -> float:

@@ -3,7 +3,7 @@
 For each fact (an Example with ``meta["subject"]``):
 
 1. **Clean run.** o = argmax of the next-token distribution after the prompt; p_clean = p(o).
-   When the Example has a target and o is not the target's first token (tokenized in context by
+   When the fact has a target and o is not the target's first token (tokenized in context by
    :func:`capinterp.core.tokens.encode`), the fact is skipped and counted in ``skipped_``.
 2. **Corrupted run.** ``samples`` copies of the prompt with Gaussian noise added to ``hook_embed``
    (token embeddings only) at the subject's token positions; p* = mean over copies of p(o).
@@ -87,7 +87,9 @@ class CausalTrace(Localizer):
         layer_kind: kind that ranks layers (default ``"mlp"`` when traced, else the first kind).
         seed: seed of the noise generator.
         require_correct: skip facts whose clean answer is not the target's first token
-            (facts with an empty target are always traced on the model's own answer).
+            (bare facts, without a target, are always traced on the model's own answer: a dict
+            with ``prompt`` and ``subject`` but no ``target``, or an Example with
+            ``meta["target_from"] = "greedy"``; an explicit empty target is refused).
         reuse_prefix: run restorations at token t only on positions t..T-1, over the KV cache of
             the corrupted copies' first t tokens (which a restoration at t cannot change). Same
             result, about half the work; used when the model returns a HF cache (falls back to
@@ -213,8 +215,8 @@ class CausalTrace(Localizer):
         n_bos = len(prompt_ids) - len(bare)  # BOS follows the tokenizer's convention (tokens.model_bos)
         try:
             s0, s1 = subject_token_range(tok, ex.prompt, subject, prompt_ids[n_bos:], offset=n_bos)
-        except ValueError as err:
-            raise ValueError(f"fact {i}: {err}") from None
+        except ValueError as err:  # TokenizationError (off the token boundaries) stays one
+            raise type(err)(f"fact {i}: {err}") from None
         return {"index": i, "example": ex, "ids": prompt_ids, "target_id": target_id, "subject_range": (s0, s1)}
 
     def _subject_std(self, prepared: list[dict[str, Any]]) -> float:

@@ -17,7 +17,7 @@ from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_fingerprint, neuron_shape
-from capinterp.core.tokens import Encoded, batches, encode
+from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
 from capinterp.localizers.base import Localizer
@@ -39,13 +39,17 @@ def describe_data(examples: list[Example]) -> str:
 
 @torch.no_grad()
 def fill_greedy_targets(model, examples: list[Example]) -> list[Example]:
-    """Give plain prompts (empty target) the model's greedy next token as target."""
+    """Give Examples with an empty target the model's greedy next token (``meta["target_from"] = "greedy"``).
+
+    Public entry points validate their data first (:func:`capinterp.core.validate.examples`), which
+    lets only bare prompts through with an empty target: an explicit empty target never gets here.
+    """
     todo = [i for i, e in enumerate(examples) if not e.target]
     if not todo:
         return examples
     from capinterp.kernels.evaluate import greedy_continuations
 
-    ids = [encode(model, [Example(examples[i].prompt, "x")])[0].prompt_ids for i in todo]
+    ids = [encode_prompt(model, examples[i].prompt) for i in todo]
     out = list(examples)
     for start in range(0, len(todo), 16):
         new, _ = greedy_continuations(model, ids[start : start + 16], 1)
@@ -137,6 +141,8 @@ class DatasetNeuronLocalizer(Localizer):
         """Mean per-example scores over ``data`` (Examples, dicts or pairs): ``scores_``
         ``[n_layers, d_mlp]``, ``neurons_`` (the sigma mask), ``sums_`` (the running sums)."""
         examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
+        validate.model(self.model)  # before the tokenizer is read
+        encode(self.model, examples, bare="skip")  # TokenizationError before any model work
         self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
         encoded = self._encode(examples)  # every tokenization problem surfaces here, before work

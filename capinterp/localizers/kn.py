@@ -108,6 +108,8 @@ class KN(Localizer):
         examples = validate.examples(data, "KN.fit(data)", min_count=0)
         if not examples:
             raise ValueError("KN.fit got no prompts")
+        validate.model(self.model)  # before the tokenizer is read
+        encode(self.model, examples, max_target_tokens=1, bare="skip")  # TokenizationError before any work
         self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
         items = encode(self.model, examples, max_target_tokens=1)

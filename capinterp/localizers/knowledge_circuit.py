@@ -35,6 +35,7 @@ from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core import validate
+from capinterp.core.tokens import encode
 from capinterp.kernels.quadrature import check_rule
 from capinterp.localizers.base import Localizer, register
 
@@ -152,6 +153,7 @@ class KnowledgeCircuit(Localizer):
         if not facts:
             raise ValueError("KnowledgeCircuit.fit needs at least one fact")
         self._begin_fit()
+        encode(self.model, facts)  # tokenization problems (TokenizationError) surface before any forward pass
         t0 = time.perf_counter()
         graph = Graph.from_model(self.model, self.granularity)
         check_additive(self.model, graph)

@@ -22,7 +22,6 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core import validate
-from capinterp.core.example import as_examples
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_shape
 from capinterp.core.tokens import batches, collate, encode, pad_id
@@ -113,11 +112,9 @@ class NeFT(Localizer):
             raise ValueError(f"top_k must be in [1, {n_layers * d_mlp}], got {self.top_k}")
 
     def fit(self, data: Any) -> NeFT:
-        examples = as_examples(data)
-        if not examples or any(not e.target for e in examples):
-            raise ValueError("NeFT.fit needs a non-empty list of examples with targets")
+        examples = validate.examples(data, "NeFT.fit(data)")  # the shared rules; an empty list is refused
         self._begin_fit()
-        items = encode(self.model, examples)
+        items = encode(self.model, examples)  # a bare prompt: TokenizationError (NeFT trains on the answer)
         n_layers, d_mlp = neuron_shape(self.model)
         before = [neuron_weights(self.model, l) for l in range(n_layers)]
         params = [p for p in self.model.parameters()]

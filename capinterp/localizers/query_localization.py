@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from capinterp.core import distributed as dist
 from capinterp.core import validate
-from capinterp.core.example import Example, as_examples
+from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.model import model_meta, neuron_shape
 from capinterp.core.tokens import encode
 from capinterp.localizers.base import Localizer, available, get
@@ -78,7 +78,9 @@ def as_facts(facts: Any, *, min_queries: int = 1) -> tuple[list[Hashable], list[
             )
         answers = {q.target.strip() for q in queries}
         if "" in answers:
-            raise ValueError(f"fact {name!r} has a query without a target answer")
+            raise TokenizationError(  # a bare prompt: the greedy token is no fact's answer
+                f"fact {name!r} has a query with an empty target (a bare prompt); every query needs the answer"
+            )
         if len(answers) != 1:
             raise ValueError(f"fact {name!r} mixes answers {sorted(answers)}; a fact has one answer")
         out.append(queries)

@@ -10,6 +10,8 @@ import pytest
 
 from capinterp.app.cli import main as cli
 from capinterp.app.reproduce import reproduce
+from capinterp.data import Example
+from capinterp.data.paraphrases import known_paraphrases
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, experiment
 from capinterp.results.neurons import NeuronScores
 
@@ -34,6 +36,12 @@ def toy_experiments():
     def fail(ctx: Context) -> ExperimentResult:
         CALLS.append("fail")
         raise RuntimeError("boom")
+
+    @experiment("toy_unknown", "Needs known facts")
+    def unknown(ctx: Context) -> ExperimentResult:
+        CALLS.append("unknown")
+        known_paraphrases(ctx.model, [[Example("The Eiffel Tower is in the city of", " zzqx")] * 2])
+        raise AssertionError("not reached: the tiny model does not answer ' zzqx'")
 
     CALLS.clear()
     yield
@@ -72,6 +80,16 @@ def test_runs_resumes_and_reports(tiny, tmp_path, toy_experiments):
     shutil.rmtree(tmp_path / "experiments" / "toy_ok")
     reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
     assert CALLS == ["ok"]
+
+
+def test_an_experiment_whose_fact_filter_removes_everything_is_skipped_with_the_counts(tiny, tmp_path, toy_experiments):
+    """Issue 31 item 12: ql_localizers on tiny said only "no facts given"."""
+    logs: list[str] = []
+    res = reproduce(tiny, tmp_path, quick=True, only=["toy_unknown"], log=logs.append)
+    entry = res["experiments"]["toy_unknown"]
+    assert "error" not in entry and "known_paraphrases removed every fact: of 1 fact(s) (2 prompts)" in entry["skipped"]
+    assert any("toy_unknown SKIPPED: toy_unknown needs facts the model knows" in m for m in logs)
+    assert "skipped: toy_unknown needs facts" in (tmp_path / "report.html").read_text()
 
 
 @pytest.mark.parametrize("damage", ["table", "info", "neurons", "checksum"])

@@ -79,9 +79,9 @@ def _patch_effects(model, graph, pair, edges):
 
 
 PROMPTS = [
-    Example(f"{c} is the capital of", "", {"subject": c})
+    Example(f"{c} is the capital of", "", {"target_from": "greedy", "subject": c})
     for c in ("Rome", "Berlin", "Tokyo", "London", "Madrid", "Paris")
-] + [Example("The Eiffel Tower is in the city of", "", {"subject": "The Eiffel Tower"})]
+] + [Example("The Eiffel Tower is in the city of", "", {"target_from": "greedy", "subject": "The Eiffel Tower"})]
 
 
 def _greedy_facts(model, prompts=PROMPTS, n: int = 3):

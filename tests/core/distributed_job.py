@@ -53,7 +53,7 @@ def main(out: str, ckpt: str) -> None:
         again.fit(ds)
         assert torch.equal(again.sums_.sum, loc.sums_.sum) and again.sums_.done == loc.sums_.done
         res[name] = {"sum": loc.sums_.sum, "done": sorted(loc.sums_.done), "mask": loc.neurons_.mask}
-    facts = [Example(p, "", {"subject": s}) for p, s in SUBJECTS]
+    facts = [Example(p, "", {"target_from": "greedy", "subject": s}) for p, s in SUBJECTS]
     tr = CausalTrace(model, samples=3, kinds=("mlp",), progress=False).fit(facts)
     res["trace"] = {
         "grid": tr.grids_["mlp"],

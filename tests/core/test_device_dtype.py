@@ -86,8 +86,8 @@ def test_bfloat16_scores_are_float32_and_close_to_float32(tiny32, tiny16):
 
 def test_bfloat16_causal_trace_runs_and_agrees(tiny32, tiny16):
     facts = [
-        Example("The Eiffel Tower is in the city of", "", {"subject": "Eiffel Tower"}),
-        Example("Rome is the capital of", "", {"subject": "Rome"}),
+        Example("The Eiffel Tower is in the city of", "", {"target_from": "greedy", "subject": "Eiffel Tower"}),
+        Example("Rome is the capital of", "", {"target_from": "greedy", "subject": "Rome"}),
     ]
     a = CausalTrace(tiny32, samples=3, kinds=("mlp",), progress=False).fit(facts)
     b = CausalTrace(tiny16, samples=3, kinds=("mlp",), progress=False).fit(facts)

@@ -20,6 +20,7 @@ import capinterp as ci
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_meta
+from capinterp.core.tokens import TokenizationError
 from capinterp.results.neurons import NeuronScores, NeuronSet, load
 from capinterp.units import metrics
 
@@ -109,11 +110,14 @@ item = st.one_of(
 def test_as_examples_contract(data):
     try:
         out = as_examples(data)
+    except TokenizationError as err:  # an explicit empty or blank target
+        assert "empty target" in str(err)
     except (ValueError, TypeError) as err:
         assert "item" in str(err) or "expected" in str(err) or "wrap it" in str(err)
     else:
         assert isinstance(data, list) and len(out) == len(data)
         assert all(isinstance(e, Example) and e.prompt and isinstance(e.target, str) for e in out)
+        assert all(e.target.strip() or e.wants_greedy for e in out)  # blank only for a bare prompt
 
 
 # ----------------------------------------------------------------------------- the localizers
@@ -230,3 +234,115 @@ def test_metrics_are_bounded_and_symmetric(a, b):
         v = fn(A, B)
         assert 0.0 <= v <= 1.0 and v == fn(B, A)
     assert metrics.iou(A, A) == 1.0
+
+
+# ----------------------------------------------------------------------------- one validation layer
+# Issue 31: no localizer, intervention or editor may accept an input that another one refuses.
+FACT_PROMPT, PARAPHRASE, SUBJECT = (
+    "The Eiffel Tower is in the city of",
+    "The Eiffel Tower stands in the city of",
+    "Eiffel Tower",
+)
+
+
+def _facts(**change):
+    return [
+        {
+            "prompt": p,
+            "target": " Paris",
+            "subject": SUBJECT,
+            **{k: v(p) if callable(v) else v for k, v in change.items()},
+        }
+        for p in (FACT_PROMPT, PARAPHRASE)
+    ]
+
+
+BAD_INPUTS = {  # name -> (queries of one fact, or [] for no data; the exception every entry point raises)
+    "empty target": (_facts(target=""), TokenizationError),
+    "blank target": (_facts(target=" \n"), TokenizationError),
+    "prompt ending in absorbable whitespace": (_facts(prompt=lambda p: p + " "), TokenizationError),
+    "over-long prompt": (_facts(prompt=lambda p: "the city of " * 200 + p), TokenizationError),
+    "empty dataset": ([], ValueError),
+}
+ROME_TEXTS = [f"Story {i}: the river runs past the old mill near the bridge today." for i in range(8)]
+
+
+def _entry_points(model):
+    """name -> call(queries): every registered localizer's fit (constructed here: AMIG's constructor
+    runs the model for its baseline), QL, the interventions that take data, the editors."""
+    extra = {"amig": {"baseline_texts": ROME_TEXTS}}
+    out = {
+        f"{name}.fit": ci.localizers.get(name)(model, progress=False, **extra.get(name, {})).fit
+        for name in ci.localizers.available()
+    }
+    ql = ci.QueryLocalization(model, progress=False)
+    out["QueryLocalization.fit"] = lambda q: ql.fit([q] if q else [])
+    out["evaluate"] = lambda q: ci.evaluate(model, q)
+    out["finetune"] = lambda q: ci.finetune(model, q, arms=("full",), progress=False)
+    out["edit_knowledge"] = lambda q: ci.edit_knowledge(model, q, "union", "erase")
+    out["rome_edit"] = lambda q: ci.rome_edit(
+        model,
+        Example(q[0]["prompt"], q[0]["target"], {"subject": SUBJECT}),
+        " Rome",
+        layer=0,
+        texts=ROME_TEXTS,
+        steps=1,
+    )
+    return out
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+def test_every_entry_point_refuses_the_same_bad_input_alike_before_work(tiny, forwards, bad):
+    queries, expected = BAD_INPUTS[bad]
+    raised = {}
+    for name, call in _entry_points(tiny).items():
+        if name == "rome_edit" and not queries:
+            continue  # an editor of one fact has no dataset to be empty
+        before = forwards.n
+        try:
+            call(queries)
+        except (ValueError, TypeError) as err:
+            raised[name] = type(err)
+        else:
+            raised[name] = None
+        assert forwards.n == before, f"{name} ran the model before refusing {bad}"
+    assert {n: t for n, t in raised.items() if t is not expected} == {}, f"{bad}: expected {expected.__name__}"
+    assert len(raised) >= 12  # 8 registered localizers, QL, evaluate, finetune, the editors
+
+
+@FAST
+@given(st.text(alphabet=" \t\nab7", max_size=4))
+def test_a_target_is_refused_exactly_when_it_is_blank(target):
+    try:
+        (ex,) = as_examples([("3+4=", target)])
+    except TokenizationError as err:
+        assert not target.strip() and "empty target" in str(err)
+    else:
+        assert target.strip() and ex.target == target
+
+
+#: The entry points that fill a bare prompt's target with the model's greedy next token.
+FILL_GREEDY = {"amig.fit", "causal_trace.fit", "cnl.fit", "dcsn.fit", "kn.fit", "sig.fit"}
+
+
+def test_a_bare_prompt_is_the_greedy_token_or_the_same_error(tiny, forwards):
+    """A bare prompt (no target) is the one documented exception: the neuron localizers fill in the
+    greedy token; every entry point that needs the answer refuses it with the same TokenizationError."""
+    bare = [{k: v for k, v in q.items() if k != "target"} for q in _facts()]
+    refused = {}
+    for name, call in _entry_points(tiny).items():
+        if name in FILL_GREEDY or name == "rome_edit":  # rome_edit's target is new_target
+            continue
+        before = forwards.n
+        with pytest.raises(TokenizationError, match="empty target") as err:
+            call(bare)
+        refused[name] = type(err.value)
+        assert forwards.n == before, name
+    assert set(refused) == {f"{n}.fit" for n in ci.localizers.available()} - FILL_GREEDY | {
+        "QueryLocalization.fit",
+        "evaluate",
+        "finetune",
+        "edit_knowledge",
+    }
+    loc = ci.DCSN(tiny, progress=False).fit(bare)  # and a filler really uses the greedy token
+    assert loc.scores_.meta["n_samples"] == 2

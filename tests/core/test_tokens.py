@@ -1,7 +1,7 @@
 import pytest
 
 from capinterp.core.example import Example, as_examples
-from capinterp.core.tokens import TokenizationError, collate, encode, pad_id
+from capinterp.core.tokens import TokenizationError, absorbed_whitespace, collate, encode, pad_id, subject_span
 
 
 def test_target_tokens_are_taken_in_context(tiny):
@@ -19,8 +19,11 @@ def test_target_tokens_are_taken_in_context(tiny):
 
 def test_boundary_merge_is_an_error_or_skipped(tiny):
     bad = Example("The Eiffel Tower is in the city of ", "Paris")  # trailing space merges with the word
-    with pytest.raises(TokenizationError, match="does not tokenize"):
+    with pytest.raises(TokenizationError, match="ends in whitespace"):
         encode(tiny, [bad])
+    merge = Example("Th", "e")  # a merge without whitespace: "The" is one token
+    with pytest.raises(TokenizationError, match="does not tokenize"):
+        encode(tiny, [merge])
     assert encode(tiny, [bad, Example("3+4=", "7")], on_mismatch="skip")[0].example.target == "7"
 
 
@@ -45,3 +48,59 @@ def test_as_examples_accepts_pairs_dicts_strings():
     assert ex[1].meta == {"k": 1}
     with pytest.raises(TypeError, match="item 0"):
         as_examples([3])
+
+
+@pytest.mark.parametrize("target", ["", " ", "\n\t "])
+def test_explicit_empty_or_blank_target_is_refused_everywhere_alike(target):
+    """Issue 31 item 1: only a bare prompt means "the greedy token"; ("3+4=", "") is an error."""
+    for data in ([("3+4=", target)], [{"prompt": "3+4=", "target": target}], [Example("3+4=", target)]):
+        with pytest.raises(TokenizationError, match="empty target"):
+            as_examples(data)
+    bare = as_examples(["3+4=", {"prompt": "3+4="}])
+    assert all(e.target == "" and e.wants_greedy for e in bare)
+
+
+def test_trailing_whitespace_absorbed_by_the_target_is_refused(tiny):
+    """Issue 31 item 5: a prompt ending in whitespace that the target's first word would absorb."""
+    tok = tiny.tokenizer
+    # " Paris" is one pre-token: a trailing space before it is refused, also when the target
+    # brings its own space (the double space tokenizes cleanly, but no real text looks like it)
+    for prompt, target in [("The city of ", "Paris"), ("The city of ", " Paris"), ("The city of\n ", "Paris")]:
+        assert absorbed_whitespace(tok, prompt, target) is not None
+        with pytest.raises(TokenizationError, match="ends in whitespace") as err:
+            encode(tiny, [Example(prompt, target)])
+        assert "target ' Paris'" in str(err.value)  # the fix is spelled out
+        assert encode(tiny, [Example(prompt, target)], on_mismatch="skip") == []
+    # the tiny tokenizer splits digits from a leading space (as SmolLM2 does): nothing is absorbed
+    # and "3+4= " + "7" gives the same tokens as "3+4=" + " 7"
+    assert absorbed_whitespace(tok, "3+4= ", "7") is None
+    (a,) = encode(tiny, [Example("3+4= ", "7")])
+    (b,) = encode(tiny, [Example("3+4=", " 7")])
+    assert a.ids == b.ids
+    assert absorbed_whitespace(tok, "```python\n", "def f():") is None  # a newline stays its own token
+    assert absorbed_whitespace(tok, "The city of", " Paris") is None
+
+
+def test_subject_must_sit_on_token_boundaries(tiny):
+    """Issue 31 item 4: one rule (subject_span) for tracing and ROME; the message shows the tokens."""
+    tok, text = tiny.tokenizer, "The Eiffel Tower is in the city of"
+    s0, s1 = subject_span(tok, text, "Eiffel Tower")
+    pieces = [tok.decode([t]) for t in tok(text, add_special_tokens=False)["input_ids"]]
+    assert "".join(pieces[s0:s1]).strip() == "Eiffel Tower"
+    assert subject_span(tok, text, "Eiffel Tower", offset=1) == (s0 + 1, s1 + 1)
+    for part, where in [("Eiffel Tow", "end"), ("iffel Tower", "start")]:
+        with pytest.raises(TokenizationError, match=f"does not {where} on a token boundary") as err:
+            subject_span(tok, text, part)
+        assert "' Tower'*" in str(err.value) or "' Eiff'*" in str(err.value)  # the tokens are shown
+    with pytest.raises(ValueError, match="not found"):
+        subject_span(tok, text, "Louvre")
+
+
+def test_packaged_tokenizers_absorb_a_space_before_a_word_not_before_a_digit(smollm2):
+    """The rule on a real BPE: SmolLM2 splits " 7" into " " + "7" but " Paris" is one token."""
+    tok = smollm2.tokenizer
+    assert absorbed_whitespace(tok, "3+4= ", "7") is None
+    assert absorbed_whitespace(tok, "The city of ", " Paris") == " "
+    assert absorbed_whitespace(tok, "The city of ", "Paris") == " "
+    with pytest.raises(TokenizationError, match="empty target"):
+        encode(smollm2, [Example("3+4=", " ")])

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from planting import plant
 
 import capinterp as ci
 from capinterp.circuits.graph import Circuit, Graph
 from capinterp.data import Example
-from capinterp.experiments import EXPERIMENTS, Context
+from capinterp.experiments import EXPERIMENTS, Context, ExperimentSkipped
 from capinterp.experiments import method_comparison as MC
 
 SEVENS = [Example(f"{a}+{b}=", "7", {"subject": f"{a}+{b}"}) for a, b in [(3, 4), (5, 2), (1, 6), (2, 5)]]
@@ -52,13 +50,9 @@ def test_planted_knowledge_neurons_beat_random_ones(planted):
     assert 0 < rows["KN"]["neuron_pct"] < 5 and 0 <= rows["KN"]["overlap"] <= 100
 
 
-def test_quick_run_on_tiny(tiny, tmp_path):
+def test_quick_run_on_tiny_is_skipped_with_the_filter_counts(tiny, tmp_path):
+    """The tiny random model knows none of the builtin facts that KN, ROME and KC need: the run says
+    so with the counts (it used to return a table whose fact columns were empty)."""
     assert "method_comparison" in EXPERIMENTS
-    res = EXPERIMENTS["method_comparison"][1](Context(tiny, quick=True, workdir=tmp_path))
-    assert list(res.table.columns) == MC.COLUMNS and list(res.table["method"]) == list(MC.METHODS)
-    assert list(res.table["paper_ipp"]) == [11.4, 0.0, 10.5, 20.0]
-    for _, row in res.table.iterrows():
-        assert math.isnan(row["overlap"]) or 0 <= row["overlap"] <= 100
-        assert math.isnan(row["neuron_pct"]) or 0 <= row["neuron_pct"] <= 100
-        assert math.isnan(row["ipp"]) or -100 <= row["ipp"] <= 100
-    res.save(tmp_path / "out")
+    with pytest.raises(ExperimentSkipped, match=r"known_paraphrases removed every fact: of 3 fact\(s\) \(15 prompts\)"):
+        EXPERIMENTS["method_comparison"][1](Context(tiny, quick=True, workdir=tmp_path))

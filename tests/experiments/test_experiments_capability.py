@@ -200,10 +200,11 @@ def test_solved_first_orders_and_counts(planted):
 
 def test_cut_targets_keeps_the_first_tokens(tiny):
     long = [Example("def f(x):", "\n    return x + 1"), Example("1+1=", "2")]
-    cut = cd.cut_targets(tiny, long, 3)
+    cut = cd.cut_targets(tiny, long, 7)  # "\n", 4 spaces, "r", "e" on the tiny tokenizer
     ids = encode(tiny, long)[0].target_ids
-    assert encode(tiny, cut)[0].target_ids == ids[:3] and len(ids) > 3
+    assert encode(tiny, cut)[0].target_ids == ids[:7] and len(ids) > 7
     assert cut[0].meta["target_full"] == long[0].target and cut[1] == long[1]
+    assert cd.cut_targets(tiny, long, 3) == long  # "\n   " would be a whitespace-only target
 
 
 def test_prepare_is_memoized_and_held_out(tiny):

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from capinterp.core.example import Example
-from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
-from capinterp.experiments import EXPERIMENTS, Context
+from capinterp.data.paraphrases import NoKnownFacts, builtin_paraphrases, known_paraphrases
+from capinterp.experiments import EXPERIMENTS, Context, ExperimentSkipped
 from capinterp.experiments import decoupling as D
 from capinterp.experiments import fidelity as F
 from capinterp.experiments import reliability as R
@@ -52,7 +52,29 @@ def test_known_paraphrases_filters(tiny, bags):
     assert [len(b) for b in kept] == [2, 2]  # greedy targets: every prompt is "known"
     assert known_paraphrases(tiny, bags, max_facts=1) == [bags[0]]
     wrong = [[Example(e.prompt, " zzqx", e.meta) for e in bags[1]]]
-    assert known_paraphrases(tiny, wrong, min_prompts=1) == []
+    assert known_paraphrases(tiny, wrong, min_prompts=1, allow_empty=True) == []
+
+
+def test_known_paraphrases_says_which_filter_removed_everything(tiny, bags):
+    """Issue 31 item 12: ``reproduce --quick --model tiny`` failed with a bare "no facts given"."""
+    wrong = [[Example(e.prompt, " zzqx", e.meta) for e in bags[1]]]
+    with pytest.raises(NoKnownFacts, match=r"removed every fact: of 1 fact\(s\) \(3 prompts\)") as err:
+        known_paraphrases(tiny, wrong, min_prompts=1)
+    assert "facts_known_by" in str(err.value) and "answers 0 of the other 3" in str(err.value)
+    one = [[bags[1][0], Example(bags[1][1].prompt, " zzqx", bags[1][1].meta)]]  # 1 answered, 2 needed
+    with pytest.raises(NoKnownFacts, match="1 fact\\(s\\) keep at least one answered prompt where 2 are needed"):
+        known_paraphrases(tiny, one, min_prompts=2)
+    with pytest.raises(NoKnownFacts, match="no fact given"):
+        known_paraphrases(tiny, [])
+
+
+def test_ql_localizers_on_a_model_that_knows_nothing_names_the_filter(tiny):
+    from capinterp.experiments.base import Context
+    from capinterp.experiments.ql_localizers import run
+
+    with pytest.raises(ExperimentSkipped, match="known_paraphrases removed every fact: of 3 fact") as err:
+        run(Context(tiny, quick=True))
+    assert isinstance(err.value.__cause__, NoKnownFacts) and "(15 prompts)" in str(err.value)
 
 
 def test_fidelity_identical_paraphrases_overlap_one(tiny, bags):
@@ -143,7 +165,14 @@ def test_decoupling_pairs_and_table(tiny):
         D.decoupling_table(sub1, sub2[:2])
 
 
-@pytest.mark.parametrize("name", ["fidelity", "reliability", "decoupling"])
+@pytest.mark.parametrize("name", ["fidelity", "reliability"])
+def test_run_quick_on_tiny_skips_with_the_filter_counts(tiny, name, tmp_path):
+    """The tiny random model knows none of the builtin facts: said, with counts (not an empty table)."""
+    with pytest.raises(ExperimentSkipped, match=f"{name} needs facts the model knows: known_paraphrases removed"):
+        EXPERIMENTS[name][1](Context(tiny, quick=True, workdir=tmp_path))
+
+
+@pytest.mark.parametrize("name", ["decoupling"])
 def test_run_quick_on_tiny(tiny, name, tmp_path):
     res = EXPERIMENTS[name][1](Context(tiny, quick=True, workdir=tmp_path))
     assert res.name == name and isinstance(res.table, pd.DataFrame) and res.figure is not None

@@ -156,6 +156,12 @@ def test_perplexity_matches_the_loss(planted):
         (("query", "erase"), {"query_index": 7}, "out of range"),
         (("union", "erase"), {"direction": "sideways"}, "direction"),
         (("union", "update", " Rome"), {"lambdas": (1.0, -2.0)}, "lambdas"),
+        (("union", "update", "  "), {}, "empty target"),
+        (("query", "erase"), {"query_index": 1.0}, "query_index"),
+        (("query", "erase"), {"query_index": True}, "query_index"),
+        (("union", "erase"), {"batch_size": 0}, "batch_size"),
+        (("union", "erase"), {"ppl_before": float("nan")}, "ppl_before"),
+        (("union", "erase"), {"fact": [("a b c", ""), ("a b d", "")]}, "empty target"),
     ],
 )
 def test_bad_input_is_refused_before_work(planted, monkeypatch, args, kwargs, match):
@@ -163,6 +169,13 @@ def test_bad_input_is_refused_before_work(planted, monkeypatch, args, kwargs, ma
     fact = kwargs.pop("fact", FACT_A)
     with pytest.raises(ValueError, match=match):
         edit_knowledge(planted, fact, *args, **kwargs)
+
+
+@pytest.mark.parametrize("flag", ["signed", "inplace", "evaluate"])
+def test_flags_must_be_booleans(planted, monkeypatch, flag):
+    monkeypatch.setattr(KN, "fit", lambda *a, **k: pytest.fail("attribution ran before validation"))
+    with pytest.raises(TypeError, match=flag):
+        edit_knowledge(planted, FACT_A, "union", "erase", **{flag: 1})
 
 
 def test_edit_table_bad_input(planted, monkeypatch):

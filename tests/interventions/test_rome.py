@@ -190,3 +190,69 @@ def test_rome_edit_takes_on_smollm2_for_known_facts(smollm2):
     with edit:
         top = next_token_probs(smollm2, [prompt_ids(smollm2, FACT.prompt)])[0].argmax()
     assert int(top) == new
+
+
+def test_nested_with_is_refused_and_the_outer_block_stays_edited(tiny_model, edit):
+    """Issue 31 item 2: ``with e:`` inside ``with e:`` used to unedit the outer block, then crash."""
+    w = value_weight(tiny_model, 1)[0].detach().clone()
+    with edit:
+        edited = value_weight(tiny_model, 1)[0].detach().clone()
+        with pytest.raises(RuntimeError, match="not re-entrant"):
+            with edit:
+                pass
+        with pytest.raises(RuntimeError, match="already applied"):
+            with edit.apply(tiny_model):
+                pass
+        assert torch.equal(value_weight(tiny_model, 1)[0], edited)  # still edited, not applied twice
+    assert torch.equal(value_weight(tiny_model, 1)[0], w)
+    with edit:  # usable again after the refusal
+        assert torch.equal(value_weight(tiny_model, 1)[0], edited)
+    assert torch.equal(value_weight(tiny_model, 1)[0], w)
+
+
+@pytest.mark.parametrize(
+    "kwargs, err, match",
+    [
+        ({"steps": 0}, ValueError, "steps must be an integer >= 1"),
+        ({"steps": 2.0}, ValueError, "steps"),
+        ({"steps": True}, ValueError, "steps"),
+        ({"layer": -1}, ValueError, "layer"),
+        ({"layer": 1.0}, ValueError, "layer"),
+        ({"prefix_tokens": 0}, ValueError, "prefix_tokens"),
+        ({"n_prefixes": -1}, ValueError, "n_prefixes"),
+        ({"lr": 0.0}, ValueError, "lr"),
+        ({"lr": float("nan")}, ValueError, "lr"),
+        ({"clamp": float("inf")}, ValueError, "clamp"),
+        ({"kl_factor": -0.1}, ValueError, "kl_factor"),
+        ({"weight_decay": None}, TypeError, "weight_decay"),
+        ({"ridge": float("nan")}, ValueError, "ridge"),
+        ({"seed": 1.5}, ValueError, "seed"),
+        ({"inplace": 1}, TypeError, "inplace"),
+        ({"new_target": "  "}, ValueError, "empty target"),
+        ({"fact": Example(FACT.prompt, "", FACT.meta)}, ValueError, "empty target"),
+        ({"fact": Example(FACT.prompt + " ", " Paris", FACT.meta)}, ValueError, "ends in whitespace"),
+        ({"subject": "Eiffel Tow"}, ValueError, "token boundary"),
+    ],
+)
+def test_hyper_parameters_are_validated_before_work(tiny_model, monkeypatch, kwargs, err, match):
+    """Issue 31 item 3: steps=0 was accepted (a no-op edit); every argument goes through core.validate."""
+    import capinterp.interventions.rome as rome
+
+    monkeypatch.setattr(rome, "second_moment", lambda *a, **k: pytest.fail("work ran before validation"))
+    args = {"layer": 1, "texts": TEXTS, **kwargs}
+    fact = args.pop("fact", FACT)
+    with pytest.raises(err, match=match):
+        rome_edit(tiny_model, fact, **args)
+
+
+def test_causal_trace_and_rome_share_the_subject_rule(tiny_model):
+    """Issue 31 item 4: "Eiffel Tow" used to be traced as "Eiffel Tower" while ROME refused it."""
+    from capinterp.core.tokens import TokenizationError
+
+    bad = Example(FACT.prompt, FACT.target, {"subject": "Eiffel Tow"})
+    trace = ci.CausalTrace(tiny_model, samples=1, kinds=("mlp",), top_k=1, progress=False)
+    with pytest.raises(TokenizationError, match="does not end on a token boundary") as a:
+        trace.fit([bad])
+    with pytest.raises(TokenizationError, match="does not end on a token boundary") as b:
+        rome_edit(tiny_model, bad, " Rome", layer=1, texts=TEXTS, steps=1)
+    assert str(b.value) in str(a.value)  # the same message, from the same function

@@ -59,5 +59,7 @@ def test_bad_parameters(planted):
             ci.NeFT(planted, **kw)
     with pytest.raises(ValueError, match="top_k"):  # above the model's neuron count: checked in fit
         ci.NeFT(planted, top_k=10**6, progress=False).fit(RETEACH[:1])
-    with pytest.raises(ValueError, match="examples"):
+    with pytest.raises(ValueError, match="empty dataset"):
         ci.NeFT(planted).fit([])
+    with pytest.raises(ValueError, match="empty target"):  # a bare prompt: NeFT trains on the answer
+        ci.NeFT(planted).fit(["3+4="])
