@@ -137,7 +137,7 @@ def test_dataframe_is_read_by_columns(tiny):
         lambda m: ci.DCSN(m, sigma=float("nan")),
         lambda m: ci.KN(m, threshold=float("nan")),
         lambda m: ci.KnowledgeCircuit(m, noise=float("nan")),
-        lambda m: ci.KnowledgeCircuit(m, tau=float("nan")),
+        lambda m: ci.KnowledgeCircuit(m, acdc_threshold=float("nan")),
         lambda m: ci.KnowledgeCircuit(m, steps="30"),
         lambda m: ci.CausalTrace(m, samples=2.0),
         lambda m: ci.CausalTrace(m, noise_std=float("inf")),
