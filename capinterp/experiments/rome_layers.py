@@ -65,7 +65,7 @@ def known_counterfact(model: Any, n: int, pool: int = 60) -> list[Example]:
     """Up to ``n`` CounterFact facts (first ``pool`` records) on which ``model`` prefers the true object."""
     path = data_file(COUNTERFACT)
     facts = load_counterfact(path, limit=pool) if path is not None else BUILTIN
-    known = []
+    known: list[Example] = []
     for f in facts:
         if len(known) == n:
             break
