@@ -33,7 +33,7 @@ import operator
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -441,8 +441,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
 
     def __contains__(self, key: object) -> bool:
         try:
-            layer, idx = key  # type: ignore[misc]
-            layer, idx = operator.index(layer), operator.index(idx)
+            layer, idx = map(operator.index, cast("Iterable[Any]", key))  # ValueError unless two items
         except (TypeError, ValueError):
             return False
         return 0 <= layer < self.n_layers and 0 <= idx < self.d_mlp and bool(self.mask[layer, idx])
