@@ -287,7 +287,7 @@ def load(
         typ, version, shape, meta = header["type"], header["format_version"], header["shape"], header["meta"]
     except (ValueError, KeyError, TypeError) as e:
         raise _invalid(p, f"bad metadata ({type(e).__name__}: {e})") from e
-    classes = {"NeuronScores": NeuronScores, "NeuronSet": NeuronSet}
+    classes: dict[str, type[NeuronScores] | type[NeuronSet]] = {"NeuronScores": NeuronScores, "NeuronSet": NeuronSet}
     if typ not in classes:
         raise ValueError(f"{p} holds an unknown capinterp type {typ!r}")
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
