@@ -78,7 +78,7 @@ def _char_spans(tokenizer, prompt: str, ids: list[int]) -> list[tuple[int, int]]
     try:
         enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
         if list(enc["input_ids"]) == ids:
-            return [tuple(map(int, s)) for s in enc["offset_mapping"]]
+            return [(int(a), int(b)) for a, b in enc["offset_mapping"]]
     except (NotImplementedError, TypeError, ValueError, KeyError):
         pass
     spans, prev = [], 0  # slow tokenizers: character length of decoded prefixes

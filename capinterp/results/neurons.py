@@ -437,7 +437,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """(layer, index) pairs in sorted order."""
-        return (tuple(p) for p in self.mask.nonzero().tolist())  # type: ignore[misc]
+        return ((p[0], p[1]) for p in self.mask.nonzero().tolist())
 
     def __contains__(self, key: object) -> bool:
         try:
