@@ -263,8 +263,8 @@ def score_edges(
                     loss = pair_loss(run.logits, [gp[b] for b, _, _ in chunk], metric)
                     loss = (loss * weight.to(loss.dtype)).sum()  # rows are independent: w_k scales row k's gradient
                     g = torch.autograd.grad(loss, run.slot_inputs, allow_unused=True)
-                g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
-                grads.index_add_(0, idx, run.stack_slots(g).float())
+                filled = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
+                grads.index_add_(0, idx, run.stack_slots(filled).float())
             scores += torch.einsum("btud,btvd->uv", d_out, grads).double().cpu()
             bar.update(len(group))
     bar.close()

@@ -77,6 +77,7 @@ def _operands(ops_seq: Sequence[str], nums: _Numbers) -> list[int] | None:
             term *= xs[j + 1]
             factors.append(xs[j + 1])
         else:
+            d: int | None
             if j == 0 or ops_seq[j - 1] in "+-":  # left operand starts a term: a = d*q
                 d = nums.draw(nonzero=True)
                 a = nums.multiple_of(d)

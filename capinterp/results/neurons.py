@@ -246,7 +246,7 @@ def _stored_type(p: Path) -> str | None:
     """The type recorded in a saved capinterp file / folder, None when it is not one."""
     try:
         if p.is_dir():
-            blob = (p / _META_FILE).read_text()
+            blob: str | None = (p / _META_FILE).read_text()
         else:
             with safe_open(str(p), framework="pt") as f:
                 blob = (f.metadata() or {}).get("capinterp")
@@ -408,7 +408,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
 
     kind = "neuron"
     _tensor_name = "mask"
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable
 
     def __init__(self, mask: Bool[Tensor, "n_layers d_mlp"] | np.ndarray, meta: dict | None = None) -> None:
         t = self._as_2d(mask, "mask")
