@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -109,7 +110,7 @@ def cmd_localize(args) -> int:
     model = _load(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    extra = {"checkpoint": out / f"{cls.name}.ckpt"} if cls.checkpointable else {}
+    extra: dict[str, Any] = {"checkpoint": out / f"{cls.name}.ckpt"} if cls.checkpointable else {}
     loc = cls(model, batch_size=args.batch_size, **extra).fit(ds)
     from capinterp.core import distributed as dist
 

@@ -14,13 +14,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
 from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint
 from capinterp.results.neurons import NeuronScores, NeuronSet
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,7 +73,7 @@ class Context:
     progress: bool = False
     ig_rule: str = "papers"
 
-    def size(self, quick: int, full: int) -> int:
+    def size(self, quick: T, full: T) -> T:
         """``quick`` in quick mode, else ``full`` (sample sizes of an experiment)."""
         return quick if self.quick else full
 
@@ -120,7 +122,7 @@ class Context:
             )
 
         def fit() -> NeuronScores:
-            ckpt = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}
+            ckpt: dict[str, Any] = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}
             return cls(self.model, progress=self.progress, **ckpt, **params).fit(examples).scores_
 
         return self.scores(key, fit)
