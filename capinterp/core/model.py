@@ -326,11 +326,11 @@ def _tl_supported_names() -> set[str]:
 
 
 def _boot_native(kwargs: dict):
-    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.model_bridge.sources import boot_native  # = TransformerBridge.boot_native
 
     from capinterp.core.tiny import tiny_native_config, tiny_tokenizer
 
-    return TransformerBridge.boot_native(tiny_native_config(**kwargs), tokenizer=tiny_tokenizer())
+    return boot_native(tiny_native_config(**kwargs), tokenizer=tiny_tokenizer())
 
 
 # ----------------------------------------------------------------------------- neuron facts
