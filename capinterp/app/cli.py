@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from capinterp.app.args import build_parser, check_args
 from capinterp.app.outdir import FolderInUse, hold
@@ -105,7 +106,7 @@ def cmd_localize(args) -> int:
         eval_batch = args.batch_size if isinstance(args.batch_size, int) else 16
         examples, used = choose_examples(model, args.dataset, args.examples, eval_batch)
         _say(f"localizing on {used['used']} of {used['total']} examples ({args.examples}; {used['dropped']} dropped)")
-        extra = {"checkpoint": out / f"{cls.name}-{{key}}.ckpt"} if cls.checkpointable else {}
+        extra: dict[str, Any] = {"checkpoint": out / f"{cls.name}-{{key}}.ckpt"} if cls.checkpointable else {}
         loc = cls(model, batch_size=args.batch_size, **extra).fit(examples)
         from capinterp.core import distributed as dist
 

@@ -70,7 +70,7 @@ def _subject_positions(tok: Any, enc: Encoded, subject: str | None) -> list[int]
     offs = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     n_bos = len(enc.prompt_ids) - len(offs)
     start = prompt.find(subject) if subject else -1
-    if start < 0:
+    if not subject or start < 0:
         return list(range(n_bos, len(enc.prompt_ids)))
     end = start + len(subject)
     pos = [n_bos + i for i, (a, b) in enumerate(offs) if a < end and b > start]
@@ -85,7 +85,7 @@ def make_pairs(model: Any, facts: Any, corrupt: str | Callable = "auto", *, seed
     items = encode(model, examples)
     tok = model.tokenizer
     rng = random.Random(seed)
-    subjects = [it.example.meta.get("subject") for it in items]
+    subjects: list[str] = [it.example.meta.get("subject") or "" for it in items]  # "" when a fact has none
     n_tok: dict[tuple[str, bool], int] = {}
 
     def width(subj: str, lead: bool) -> int:  # tokens of the subject as it sits in a prompt
@@ -262,8 +262,8 @@ def score_edges(
                     loss = pair_loss(run.logits, [gp[b] for b, _, _ in chunk], metric)
                     loss = (loss * weight.to(loss.dtype)).sum()  # rows are independent: w_k scales row k's gradient
                     g = torch.autograd.grad(loss, run.slot_inputs, allow_unused=True)
-                g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
-                grads.index_add_(0, idx, run.stack_slots(g).float())
+                filled = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
+                grads.index_add_(0, idx, run.stack_slots(filled).float())
             scores += torch.einsum("btud,btvd->uv", d_out, grads).double().cpu()
             bar.update(len(group))
     bar.close()

@@ -145,7 +145,7 @@ def run_graph(
 
     def subtract(x: torch.Tensor, cols: slice) -> torch.Tensor:
         n_up = graph.n_upstream(cols.start)
-        r = rem[:n_up, cols]  # type: ignore[index]
+        r = rem[:n_up, cols]  # type: ignore[index]  # called only when rem is not None
         if not r.any():
             return x
         delta = outs[:n_up] if ref_n is None else outs[:n_up] - ref_n[:n_up]
@@ -249,7 +249,7 @@ def _post_attn_gains(model: Any, graph: Graph) -> list[tuple[torch.Tensor, float
         for l in range(graph.n_layers):
             mod = model.blocks[l].ln1_post
             raw = getattr(mod, "original_component", mod)
-            eps = float(getattr(raw, "eps", None) or getattr(raw, "variance_epsilon", 1e-6))
+            eps = float(getattr(raw, "eps", 0) or getattr(raw, "variance_epsilon", 1e-6))
             ones = torch.ones(1, int(model.cfg.d_model), device=next(model.parameters()).device)
             out.append(((raw(ones.to(next(model.parameters()).dtype)).float() * (1 + eps) ** 0.5)[0], eps))
     return out

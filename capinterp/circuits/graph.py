@@ -319,8 +319,10 @@ class EdgeSet(KeySet):
         return EdgeSet(
             keys,
             self.graph,
-            node_params=self.node_params if self.node_params is not None else (o and o.node_params),
-            n_params=self.n_params if self.n_params is not None else (o and o.n_params),
+            node_params=self.node_params
+            if self.node_params is not None
+            else (o.node_params if o is not None else None),
+            n_params=self.n_params if self.n_params is not None else (o.n_params if o is not None else None),
         )
 
 

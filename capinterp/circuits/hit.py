@@ -107,4 +107,6 @@ def _mean_outputs(model: Any, graph: Graph, batches_: list[EncodedBatch]) -> tor
         part = einsum(outs, real, "b t n d, b t -> n d")
         total = part if total is None else total + part
         count += int(real.sum())
+    if total is None:
+        raise ValueError("_mean_outputs needs at least one batch")
     return total / count

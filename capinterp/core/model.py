@@ -81,7 +81,7 @@ def load_model(
     name: Any = None,
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | torch.dtype | None = torch.float32,
     threads: int | None = None,
     cache: str | os.PathLike | None = None,
     tokenizer: Any = None,
@@ -212,7 +212,7 @@ def move_model(model, device) -> None:
         model.to(dev, print_details=False)
 
 
-def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype):
+def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype | None):
     if device is not None:
         bridge.to(device, print_details=False)
     else:  # placed by accelerate: inputs go where the embedding lives
@@ -258,7 +258,7 @@ def _gguf_path(name: str, cache: Path) -> Path:
         ) from err
 
 
-def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtype, placed: dict | None = None):
+def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtype | None, placed: dict | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = cache_dir(cache)
@@ -299,7 +299,7 @@ def _save_dequantized(hf, tok, folder: Path, architecture: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load_local(folder: Path, dtype: torch.dtype, placed: dict | None = None):
+def _load_local(folder: Path, dtype: torch.dtype | None, placed: dict | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -311,7 +311,7 @@ def _load_local(folder: Path, dtype: torch.dtype, placed: dict | None = None):
     return hf.eval(), tok
 
 
-def _load_hub_cached(name: str, dtype: torch.dtype, placed: dict | None = None):
+def _load_hub_cached(name: str, dtype: torch.dtype | None, placed: dict | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     known = _tl_supported_names()
@@ -341,11 +341,11 @@ def _tl_supported_names() -> set[str]:
 
 
 def _boot_native(kwargs: dict):
-    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.model_bridge.sources import boot_native  # = TransformerBridge.boot_native
 
     from capinterp.core.tiny import tiny_native_config, tiny_tokenizer
 
-    return TransformerBridge.boot_native(tiny_native_config(**kwargs), tokenizer=tiny_tokenizer())
+    return boot_native(tiny_native_config(**kwargs), tokenizer=tiny_tokenizer())
 
 
 # ----------------------------------------------------------------------------- neuron facts

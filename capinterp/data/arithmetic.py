@@ -79,6 +79,7 @@ def _operands(ops_seq: Sequence[str], nums: _Numbers) -> list[int] | None:
             term *= xs[j + 1]
             factors.append(xs[j + 1])
         else:
+            d: int | None
             if j == 0 or ops_seq[j - 1] in "+-":  # left operand starts a term: a = d*q
                 d = nums.draw(nonzero=True)
                 a = nums.multiple_of(d)
@@ -220,7 +221,8 @@ def arithmetic(
         expr, answer, seq, xs = build(draw, rng, nums, seen if unique else set())
         seen.add(expr)
         query, target, extra = render(fmt, tlang, seq, xs, answer, slots[i], frng, labels)
-        solved, shot_exprs = [], []
+        solved: list[tuple[str, str]] = []
+        shot_exprs: list[str] = []
         shot_slots = balanced(srng, n_shots, 4 if fmt == "MQ" else 2)
         for s in range(n_shots):
             sdraw = [srng.choice(ops_l)] if n_ops == 1 else _op_draws(ops_l, 1, n_ops, srng)[0]

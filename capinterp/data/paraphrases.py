@@ -178,7 +178,8 @@ def known_paraphrases(
         if allow_empty:
             return []
         raise NoKnownFacts("known_paraphrases: no fact given (0 bags or only empty bags)")
-    kept_facts, preds = facts_known_by(model, flat, on_mismatch="skip", return_predictions=True)
+    found: Any = facts_known_by(model, flat, on_mismatch="skip", return_predictions=True)
+    kept_facts, preds = found
     known = {id(e) for e in kept_facts}
     out = []
     for bag in bags:

@@ -84,7 +84,8 @@ def evaluate(expression: str, strict: bool = True) -> Fraction:
 def value_of(xs: Sequence[int], ops_seq: Sequence[str], strict: bool = True) -> int | Fraction:
     """Exact value of ``xs[0] ops[0] xs[1] ...`` (* and / first): an int, or a Fraction if inexact."""
     total: int | Fraction = 0
-    sign, term = 1, xs[0]  # term stays an int while every division is exact
+    sign = 1
+    term: int | Fraction = xs[0]  # term stays an int while every division is exact
     for op, x in zip(ops_seq, xs[1:]):
         if op in "+-":
             total, sign, term = total + sign * term, (1 if op == "+" else -1), x

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -25,6 +25,8 @@ from capinterp.data.paraphrases import NoKnownFacts
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
 __all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "ExperimentSkipped", "Runner", "experiment", "get"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -75,7 +77,7 @@ class Context:
     progress: bool = False
     ig_rule: str = "papers"
 
-    def size(self, quick: int, full: int) -> int:
+    def size(self, quick: T, full: T) -> T:
         """``quick`` in quick mode, else ``full`` (sample sizes of an experiment)."""
         return quick if self.quick else full
 
@@ -124,7 +126,7 @@ class Context:
             )
 
         def fit() -> NeuronScores:
-            ckpt = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}
+            ckpt: dict[str, Any] = {"checkpoint": self.checkpoint(key)} if cls.checkpointable else {}
             return cls(self.model, progress=self.progress, **ckpt, **params).fit(examples).scores_
 
         return self.scores(key, fit)

@@ -169,7 +169,9 @@ def prepare(
     Targets of the capabilities in :data:`MAX_TARGET_TOKENS` are shortened (:func:`cut_targets`).
     """
     if loader is None:
-        from capinterp.data.capabilities import load_capability as loader  # type: ignore[no-redef]
+        from capinterp.data.capabilities import load_capability
+
+        loader = load_capability
     out: dict[str, CapabilityData] = {}
     for name in names:
         metric = (metrics or {}).get(name, metric_for(name))

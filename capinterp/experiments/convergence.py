@@ -212,8 +212,9 @@ def convergence_table(
                         }
                     )
             spent = [cache[j].meta.get("fit_seconds") for j in cache]
-            if spent and None not in spent:
-                timing[f"{name}/{method}"] = sum(spent) / sum(len(chunks[j]) for j in cache)
+            known = [s for s in spent if s is not None]
+            if spent and len(known) == len(spent):
+                timing[f"{name}/{method}"] = sum(known) / sum(len(chunks[j]) for j in cache)
     return pd.DataFrame(rows, columns=COLUMNS), timing
 
 

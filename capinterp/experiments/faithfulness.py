@@ -14,6 +14,7 @@ NeFT (a fine-tune per task) and Query Localization's CAS neurons; their rows say
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -69,7 +70,7 @@ def _ranking(ctx: Context, method: str, task: str, locate: list, ig: dict[str, A
     )
 
 
-def faithfulness_table(ctx: Context, tasks: dict[str, tuple[list, list, tuple[str, ...]]]) -> pd.DataFrame:
+def faithfulness_table(ctx: Context, tasks: Mapping[str, tuple[list, list, tuple[str, ...]]]) -> pd.DataFrame:
     """One row per (task, method): CPR / CMD and the random band; ``tasks``: name -> (locate
     examples, measure examples, methods)."""
     ig = ctx.ig(3, 10)
@@ -142,12 +143,16 @@ def run(ctx: Context) -> ExperimentResult:
     sub = cd.prepared(ctx, {**s, "capabilities": ("sub",)})["sub"]
     bags = known_paraphrases(ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 16))
     facts = [bag[0] for bag in bags]
+    arithmetic: tuple[str, ...]
+    on_facts: tuple[str, ...]
     if ctx.quick:  # one ranking per kind of localizer: dataset IG, projection, per-prompt IG, layers
         arithmetic, on_facts = ("cnl", "dcsn"), ("kn", "causal_trace")
     else:
         arithmetic = ("cnl", "dcsn", "kn", "sig", "amig", "neft")
         on_facts = ("cnl", "dcsn", "kn", "sig", "amig", "causal_trace", "knowledge_circuit", "query_localization")
-    tasks = {"arithmetic (sub)": (sub.locate, sub.test[: ctx.size(6, 32)], arithmetic)}
+    tasks: dict[str, tuple[list, list, tuple[str, ...]]] = {
+        "arithmetic (sub)": (sub.locate, sub.test[: ctx.size(6, 32)], arithmetic)
+    }
     if facts:
         tasks["facts"] = (facts, facts, on_facts)
     table = faithfulness_table(ctx, tasks)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,7 @@ from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.commonality import commonality_table
 from capinterp.experiments.erase import PAPER_TABLE4, erase_table
 from capinterp.plots.paper import measured_vs_paper
+from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics
 
 __all__ = ["COLUMNS", "METHODS", "kc_ipp", "rome_ipp", "run", "table4"]
@@ -140,7 +141,7 @@ def _fact_rows(
         return 100 * float(np.nanmean(vals)) if vals else np.nan
 
     exs = [e for bag in bags for e in bag]
-    kn_sets = [s for sets in kn for s in sets]
+    kn_sets = [cast(NeuronSet, s) for sets in kn for s in sets]  # KN locates a NeuronSet per prompt
     frame = R.reliability_frame(model, exs, neuron_sets=kn_sets, factors=(0.0,), n_random=n_random, seed=seed)
     kn_ipp = []
     for _, g in frame[frame["n_neurons"] > 0].groupby("sample"):

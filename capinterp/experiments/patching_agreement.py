@@ -143,12 +143,16 @@ def run(ctx: Context) -> ExperimentResult:
     parts = []
     for task, data in tasks.items():
         key = f"patch_{task.split()[0]}_n{len(data)}"
+
+        def kn(data: list = data) -> NeuronScores:
+            return KN(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False).fit(data).scores_
+
+        def dcsn(data: list = data) -> NeuronScores:
+            return DCSN(ctx.model, progress=False).fit(data).scores_
+
         scores = {
-            "kn (IG)": ctx.scores(
-                f"{key}_kn_{ig['rule']}{ig['steps']}",
-                lambda data=data: KN(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False).fit(data).scores_,
-            ),
-            "dcsn": ctx.scores(f"{key}_dcsn", lambda data=data: DCSN(ctx.model, progress=False).fit(data).scores_),
+            "kn (IG)": ctx.scores(f"{key}_kn_{ig['rule']}{ig['steps']}", kn),
+            "dcsn": ctx.scores(f"{key}_dcsn", dcsn),
         }
         parts.append(
             agreement_table(

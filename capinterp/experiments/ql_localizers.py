@@ -11,6 +11,7 @@ bags the model answers, one :class:`capinterp.QueryLocalization` per localizer (
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -83,7 +84,7 @@ def run(ctx: Context) -> ExperimentResult:
         if shared_data_dir() is not None
         else [e.prompt + e.target for bag in bags for e in bag]
     )  # no local corpus: the facts' own text
-    extra = {"amig": {"baseline_texts": texts}}
+    extra: dict[str, dict[str, Any]] = {"amig": {"baseline_texts": texts}}
     fits, seconds = {}, {}
     for name in LOCALIZERS:
         t0 = time.perf_counter()

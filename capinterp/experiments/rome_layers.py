@@ -73,7 +73,7 @@ def known_counterfact(model: Any, n: int, pool: int = 60) -> list[Example]:
     """Up to ``n`` CounterFact facts (first ``pool`` records) on which ``model`` prefers the true object."""
     path = data_file(COUNTERFACT)
     facts = load_counterfact(path, limit=pool) if path is not None else BUILTIN
-    known = []
+    known: list[Example] = []
     for f in facts:
         if len(known) == n:
             break
@@ -187,7 +187,9 @@ def run(ctx: Context) -> ExperimentResult:
     other = next(l for l in [*range(n_layers // 2, n_layers), *range(n_layers // 2)] if l not in traced)
     layers = sorted({traced[0], other}) if ctx.quick else list(range(n_layers))
     texts = local_texts(n=ctx.size(24, 400), seed=ctx.seed) if data_file(COUNTERFACT) is not None else None
-    params = dict(steps=ctx.size(8, 20), n_prefixes=ctx.size(2, 5), prefix_tokens=ctx.size(5, 8), seed=ctx.seed)
+    params: dict[str, Any] = dict(
+        steps=ctx.size(8, 20), n_prefixes=ctx.size(2, 5), prefix_tokens=ctx.size(5, 8), seed=ctx.seed
+    )
     if texts is not None:
         params["texts"] = texts
     else:  # no local corpus: the facts' own prompts stand in (C is then a rough estimate)

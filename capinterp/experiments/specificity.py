@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
+import torch
 
 from capinterp.core.example import Example
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -97,7 +98,7 @@ PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
     "separability_pairs": ["+∩-", "+∩*", "+∩/", "*∩/"],
 }
 #: NeFT's fine-tune in the experiment (SGD; quick mode takes 2 steps): see :class:`capinterp.NeFT`.
-NEFT = {"steps": 10, "lr": 1e-3}
+NEFT: dict[str, Any] = {"steps": 10, "lr": 1e-3}
 
 
 def build_datasets(
@@ -134,7 +135,7 @@ def pool_scores(scores: Mapping[Key, NeuronScores], pools: Mapping[str, Sequence
             if not parts:
                 continue
             w = [float(p.meta.get("n_samples", 1)) for p in parts]
-            mean = sum(p.scores.double() * wi for p, wi in zip(parts, w)) / sum(w)
+            mean = cast(torch.Tensor, sum(p.scores.double() * wi for p, wi in zip(parts, w))) / sum(w)  # parts: >= 1
             meta = {**parts[0].meta, "dataset": f"pool {name}: {', '.join(conds)}", "n_samples": int(sum(w))}
             out[(op, name)] = NeuronScores(mean.float(), meta)
     return out
@@ -265,7 +266,7 @@ def run(ctx: Context) -> ExperimentResult:
         metric="cohesion",
         title=f"|A∩B|/max(|A|,|B|) of DCSN operator neurons (sigma={sigma:g}, n={n} per set)",
     )
-    per_layer = sum(s.per_layer() for s in sets.values()).tolist()
+    per_layer = torch.stack([s.per_layer() for s in sets.values()]).sum(0).tolist()
     info = {
         "paper": PAPER,
         "measured": summarize(table[table.method == "dcsn"]),

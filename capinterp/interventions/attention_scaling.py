@@ -191,7 +191,7 @@ def attention_scaling(
     for i, (it, pos) in enumerate(zip(enc, ks)):
         ids, target = it.prompt_ids, it.target_ids[0]
         pool = [p for p in range(0 if include_first else 1, len(ids) - 1) if p not in pos]
-        arms = {"ks": pos}
+        arms: dict[str, list[int] | None] = {"ks": pos}
         if control:
             arms["control"] = sorted(rng.sample(pool, len(pos))) if len(pool) >= len(pos) and pos else None
         p0 = float(next_token_probs(model, [ids])[0, target])

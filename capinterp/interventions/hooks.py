@@ -43,7 +43,7 @@ def check_neurons(model, neurons: NeuronSet, across_models: bool = False) -> Non
 def neuron_hooks(model, neurons: NeuronSet, factor: float, across_models: bool = False) -> list[tuple[str, object]]:
     """Forward hooks multiplying the located neurons' activations by ``factor`` at every position."""
     check_neurons(model, neurons, across_models)
-    hooks = []
+    hooks: list[tuple[str, object]] = []
     dev = model.cfg.device
     for layer in range(neurons.n_layers):
         idx = neurons.mask[layer].nonzero().flatten()

@@ -40,7 +40,7 @@ class NeuronSlice:
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
-    return t.untyped_storage().data_ptr(), t.storage_offset()
+    return t.untyped_storage().data_ptr(), int(t.storage_offset())
 
 
 def _axis(view: torch.Tensor, param: torch.Tensor, tl_axis: int, what: str) -> int:

@@ -83,7 +83,7 @@ class ScoreSum:
     or resuming with a different key is refused, so results never silently mix.
     """
 
-    def __init__(self, shape: tuple[int, int], key: dict | None = None) -> None:
+    def __init__(self, shape: tuple[int, ...], key: dict | None = None) -> None:  # [n_layers, d_mlp]
         self.sum = torch.zeros(shape, dtype=torch.float64)
         self.done: set[int] = set()
         self.key = dict(key or {})

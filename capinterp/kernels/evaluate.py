@@ -65,6 +65,8 @@ def greedy_continuations(model, prompt_ids: list[list[int]], n_new: int) -> tupl
         nxt = logits.argmax(-1).tolist()
         for s, t in zip(seqs, nxt):
             s.append(int(t))
+    if first_probs is None:
+        raise ValueError(f"greedy_continuations needs n_new >= 1, got {n_new}")
     new = [s[len(p) :] for s, p in zip(seqs, prompt_ids)]
     return new, first_probs
 

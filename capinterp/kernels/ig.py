@@ -61,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -383,7 +383,7 @@ def _ig_rows(
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + len(lay) * len(alphas)
         return _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)
-    forward = _prefix.stair_logits
+    forward: Callable[..., torch.Tensor] = _prefix.stair_logits  # or bridge_logits (no clean=)
     if method == "prefix":
         forward = _prefix.bridge_logits
     elif not _stair_ok(model, run, {} if checked is None else checked):

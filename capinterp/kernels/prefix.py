@@ -291,6 +291,8 @@ def stair_logits(
             args, kwargs = _folded_call(run, j, R)
             out = model.blocks[j](h, *args, **kwargs, past_key_values=cache)
             h = out[0] if isinstance(out, (tuple, list)) else out
+    if h is None:  # unreachable: block ``start`` is a joining or clean layer, which sets h
+        raise RuntimeError("stair_logits built no residual stream")
     h = rearrange(h, "1 (r s) d -> r s d", r=R)
     return _unembed(model, h if at is None else h[:, at : at + 1])
 

@@ -202,7 +202,7 @@ class Localizer:
         for klass in type(self).__mro__:
             if klass is object:
                 continue
-            for p in inspect.signature(klass.__init__).parameters.values():
+            for p in inspect.signature(klass.__init__).parameters.values():  # type: ignore[misc]  # klass is a class here
                 if p.name in ("self", "model") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
                     continue
                 if hasattr(self, p.name) and p.name not in params:

@@ -93,9 +93,9 @@ class DatasetNeuronLocalizer(Localizer):
     ) -> None:
         if batch_size == "auto":  # resolved at fit time, from the data and the free memory
             super().__init__(model, batch_size=1, device=device, progress=progress)
-            self.batch_size = "auto"
+            self.batch_size = "auto"  # type: ignore[assignment]  # fit resolves it into the int batch_size_
         else:  # the base checks it is an integer >= 1
-            super().__init__(model, batch_size=batch_size, device=device, progress=progress)
+            super().__init__(model, batch_size=batch_size, device=device, progress=progress)  # type: ignore[arg-type]
         self.sigma = validate.finite_float("sigma", sigma, low=0.0, low_open=True)
         validate.choice("spread", spread, ("std", "var"))
         if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):

@@ -24,7 +24,7 @@ over-weight some layers (layer 0: 73.5 % of the raw located neurons, docs/result
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -140,9 +140,9 @@ def per_sample_scores(
     ``fold``: :func:`folded_norms` of the model, or None for the raw projection.
     """
     if fold is None:
-        acts, logits = last_token_activations(model, items)
-    else:
-        acts, logits, scales = last_token_activations(model, items, tuple(fold[2]))
+        acts, logits = cast(tuple[Tensor, Tensor], last_token_activations(model, items))  # no extra: a pair
+    else:  # fold[2] is never empty (it ends with ln_final.hook_scale): the triple
+        acts, logits, scales = cast(tuple[Tensor, Tensor, dict], last_token_activations(model, items, tuple(fold[2])))
     if target == "gold":
         tok = torch.tensor([it.target_ids[0] for it in items], device=acts.device)
     else:

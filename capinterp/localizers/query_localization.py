@@ -215,7 +215,7 @@ class QueryLocalization:
                 raise ValueError(f"fact {k}: scores must be [n_queries, {shape[0]}, {shape[1]}], got {tuple(s.shape)}")
             if s.shape[0] < self.min_queries:
                 raise ValueError(f"fact {k} has {s.shape[0]} queries; at least {self.min_queries} are needed")
-        self.names_ = list(names) if names is not None else list(range(len(query_scores)))
+        self.names_: list[Hashable] = list(names) if names is not None else list(range(len(query_scores)))
         if len(self.names_) != len(query_scores) or (facts is not None and len(facts) != len(query_scores)):
             raise ValueError("names / facts must have one entry per fact")
         if facts is not None and any(len(f) != s.shape[0] for f, s in zip(facts, query_scores)):

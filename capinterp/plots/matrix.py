@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 
 import plotly.graph_objects as go
 
-from capinterp.units.metrics import SET_METRICS, SetLike, intersection_size, pairwise
+from capinterp.units.metrics import SET_METRICS, NamedSets, SetLike, intersection_size, pairwise
 
 __all__ = ["overlap_matrix"]
 
 
-def overlap_matrix(
-    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: str = "overlap", title: str | None = None
-) -> go.Figure:
+def overlap_matrix(sets: NamedSets, metric: str = "overlap", title: str | None = None) -> go.Figure:
     """Annotated square heatmap of ``metrics.pairwise(sets, metric)``; hover adds the set sizes."""
-    named = dict(sets) if isinstance(sets, Mapping) else dict(enumerate(sets))
+    named: dict[Hashable, SetLike] = dict(sets) if isinstance(sets, Mapping) else dict(enumerate(sets))
     df = pairwise(named, metric)
     keys = list(named)
     names = [str(k) for k in keys]

@@ -33,7 +33,7 @@ import operator
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -246,7 +246,7 @@ def _stored_type(p: Path) -> str | None:
     """The type recorded in a saved capinterp file / folder, None when it is not one."""
     try:
         if p.is_dir():
-            blob = (p / _META_FILE).read_text()
+            blob: str | None = (p / _META_FILE).read_text()
         else:
             with safe_open(str(p), framework="pt") as f:
                 blob = (f.metadata() or {}).get("capinterp")
@@ -287,7 +287,7 @@ def load(
         typ, version, shape, meta = header["type"], header["format_version"], header["shape"], header["meta"]
     except (ValueError, KeyError, TypeError) as e:
         raise _invalid(p, f"bad metadata ({type(e).__name__}: {e})") from e
-    classes = {"NeuronScores": NeuronScores, "NeuronSet": NeuronSet}
+    classes: dict[str, type[NeuronScores] | type[NeuronSet]] = {"NeuronScores": NeuronScores, "NeuronSet": NeuronSet}
     if typ not in classes:
         raise ValueError(f"{p} holds an unknown capinterp type {typ!r}")
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
@@ -408,7 +408,7 @@ class NeuronSet(_NeuronTensor, UnitSet):
 
     kind = "neuron"
     _tensor_name = "mask"
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable
 
     def __init__(self, mask: Bool[Tensor, "n_layers d_mlp"] | np.ndarray, meta: dict | None = None) -> None:
         t = self._as_2d(mask, "mask")
@@ -437,12 +437,11 @@ class NeuronSet(_NeuronTensor, UnitSet):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         """(layer, index) pairs in sorted order."""
-        return (tuple(p) for p in self.mask.nonzero().tolist())  # type: ignore[misc]
+        return ((p[0], p[1]) for p in self.mask.nonzero().tolist())
 
     def __contains__(self, key: object) -> bool:
         try:
-            layer, idx = key  # type: ignore[misc]
-            layer, idx = operator.index(layer), operator.index(idx)
+            layer, idx = map(operator.index, cast("Iterable[Any]", key))  # ValueError unless two items
         except (TypeError, ValueError):
             return False
         return 0 <= layer < self.n_layers and 0 <= idx < self.d_mlp and bool(self.mask[layer, idx])

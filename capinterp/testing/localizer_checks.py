@@ -82,7 +82,7 @@ def check_facts(model: Any, n: int = 3) -> list[Example]:
 
 
 def _params_for(cls: type[Localizer], params: dict[str, Any] | None) -> dict[str, Any]:
-    accepted = {n for k in cls.__mro__ if k is not object for n in inspect.signature(k.__init__).parameters}
+    accepted = {n for k in cls.__mro__ if k is not object for n in inspect.signature(k.__init__).parameters}  # type: ignore[misc]  # k: a class of the MRO
     fast = {k: v for k, v in FAST_PARAMS.items() if k in accepted}
     return {**fast, **cls.check_params, **(params or {}), "progress": False}
 
@@ -112,7 +112,7 @@ def check_declared(cls: type[Localizer], model: Any, facts: list, params: dict, 
     assert list(sig)[:2] == ["self", "model"], "the constructor's first argument is the model"
     for p in list(sig.values())[2:]:
         assert p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD), f"hyper-parameter {p.name} must be keyword-only"
-    takes = {n for k in cls.__mro__ if k is not object for n in inspect.signature(k.__init__).parameters}
+    takes = {n for k in cls.__mro__ if k is not object for n in inspect.signature(k.__init__).parameters}  # type: ignore[misc]  # k: a class of the MRO
     assert ("checkpoint" in takes) == cls.checkpointable, "checkpointable says whether __init__ takes checkpoint="
 
 
@@ -122,7 +122,8 @@ def check_construction_is_free(cls: type[Localizer], model: Any, facts: list, pa
     sentinel = untouchable_model()
     extra = {"checkpoint": tmp / "free.ckpt"} if cls.checkpointable else {}
     try:
-        loc = cls(sentinel, **params, **extra)
+        make: Any = cls
+        loc = make(sentinel, **params, **extra)
     except Exception as err:
         touched = f"it read model.{sentinel.touched[0]}" if sentinel.touched else f"{type(err).__name__}: {err}"
         raise AssertionError(f"constructing on a model stand-in failed ({touched}): constructors store") from err
@@ -169,7 +170,8 @@ def check_bad_params(cls: type[Localizer], model: Any, facts: list, params: dict
 
 def check_bad_data(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
     """``fit`` refuses empty data and a bare string with a ValueError / TypeError, and leaves no result."""
-    for bad in ([], "Rome is the capital of"):
+    bads: tuple[Any, ...] = ([], "Rome is the capital of")
+    for bad in bads:
         loc = cls(model, **params)
         try:
             loc.fit(bad)
@@ -183,7 +185,7 @@ def check_bad_data(cls: type[Localizer], model: Any, facts: list, params: dict, 
 def check_fit(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
     """``fit`` returns self; results end in ``_``; hyper-parameters unchanged; ``units_`` and ``meta_``
     as declared; per-query scores when ``per_query``; a second fit and a fresh instance agree."""
-    loc = cls(model, **params)
+    loc: Any = cls(model, **params)
     before = loc.get_params()
     attrs = set(vars(loc))
     assert loc.fit(facts) is loc, "fit must return self"
@@ -220,7 +222,7 @@ def check_save_load(cls: type[Localizer], model: Any, facts: list, params: dict,
     loc = cls(model, **params).fit(facts)
     saved = 0
     for name in RESULT_ATTRS:
-        res = getattr(loc, name, None)
+        res: Any = getattr(loc, name, None)
         if not (hasattr(res, "save") and hasattr(type(res), "load")):
             continue
         back = type(res).load(res.save(tmp / f"{name}.out"))
@@ -238,7 +240,7 @@ def check_checkpoint(cls: type[Localizer], model: Any, facts: list, params: dict
     if not cls.checkpointable:
         return
     path = tmp / f"{cls.name}.ckpt"
-    make: Callable[..., Localizer] = cls  # checkpointable classes take checkpoint=
+    make: Any = cls  # checkpointable classes take checkpoint=
     first = make(model, **params, checkpoint=path).fit(facts)
     assert path.exists(), "a checkpointable fit wrote no checkpoint"
     again = make(model, **params, checkpoint=path).fit(facts)

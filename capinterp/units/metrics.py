@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -66,6 +67,9 @@ __all__ = [
     "ratio",
     "separability",
 ]
+
+# Named sets: any hashable key (Mapping is invariant in its key type, so not Mapping[Hashable, ...]).
+NamedSets = Mapping[Any, SetLike] | Sequence[SetLike]
 
 
 def intersection_size(a: SetLike, b: SetLike, *, across_models: bool = False) -> int:
@@ -137,15 +141,13 @@ def _metric_fn(metric: Metric, across_models: bool = False) -> Callable[[SetLike
         raise ValueError(f"unknown metric {metric!r}; choose one of {sorted(SET_METRICS)} or pass a callable") from None
 
 
-def _named(sets: Mapping[Hashable, SetLike] | Sequence[SetLike]) -> dict[Hashable, SetLike]:
+def _named(sets: NamedSets) -> dict[Hashable, SetLike]:
     if isinstance(sets, Mapping):
         return dict(sets)
     return {i: s for i, s in enumerate(sets)}
 
 
-def pairwise(
-    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *, across_models: bool = False
-) -> pd.DataFrame:
+def pairwise(sets: NamedSets, metric: Metric = "overlap", *, across_models: bool = False) -> pd.DataFrame:
     """Square DataFrame M[i, j] = metric(set_i, set_j), indexed by the dict keys (or positions)."""
     named = _named(sets)
     fn = _metric_fn(metric, across_models)
@@ -154,9 +156,7 @@ def pairwise(
     return pd.DataFrame(vals, index=names, columns=names)
 
 
-def mean_pairwise(
-    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], metric: Metric = "overlap", *, across_models: bool = False
-) -> float:
+def mean_pairwise(sets: NamedSets, metric: Metric = "overlap", *, across_models: bool = False) -> float:
     """Mean of metric(set_i, set_j) over unordered pairs i < j (needs at least two sets)."""
     items = list(_named(sets).values())
     if len(items) < 2:
@@ -165,9 +165,7 @@ def mean_pairwise(
     return float(np.mean([fn(a, b) for a, b in itertools.combinations(items, 2)]))
 
 
-def consistency(
-    sets: Mapping[Hashable, SetLike] | Sequence[SetLike], *, across_models: bool = False
-) -> tuple[float, float]:
+def consistency(sets: NamedSets, *, across_models: bool = False) -> tuple[float, float]:
     """(CS1, CS2): CS1 = |∩_i N_i| / |∪_i N_i| (strict); CS2 = mean pairwise Jaccard (relaxed)."""
     items = list(_named(sets).values())
     if not items:
@@ -176,9 +174,9 @@ def consistency(
         set_counts(items[0], s, across_models)  # raises on mismatched kinds / spaces
     if len(items) == 1:
         return 1.0, 1.0
-    masks = [neuron_mask(s) for s in items]
-    if all(m is not None for m in masks):
-        stack = torch.stack(masks)  # type: ignore[arg-type]
+    masks = [m for m in map(neuron_mask, items) if m is not None]
+    if len(masks) == len(items):
+        stack = torch.stack(masks)
         n_inter, n_union = int(stack.all(dim=0).sum()), int(stack.any(dim=0).sum())
     else:
         keys = [keys_of(s) for s in items]
@@ -187,7 +185,7 @@ def consistency(
     return cs1, mean_pairwise(items, "iou", across_models=across_models)
 
 
-def ipp(located_metric: float, random_metrics: Sequence[float], higher_is_better: bool = True) -> float:
+def ipp(located_metric: float, random_metrics: Iterable[float], higher_is_better: bool = True) -> float:
     """Improvement over the best random control: m(located) - max_r m(random_r).
 
     With ``higher_is_better=False`` (e.g. accuracy after erasure): min_r m(random_r) - m(located).

@@ -487,3 +487,12 @@ def test_eap_ig_gauss_rule_converges_to_the_integral():
         score_edges(m, g, pairs, steps=3, rule="simpson")
     with pytest.raises(ValueError, match="rule"):
         KnowledgeCircuit(m, rule="simpson")
+
+
+def test_edgeset_union_with_an_empty_set_keeps_its_parameter_counts(tiny):
+    # an empty EdgeSet is falsy: its node_params / n_params must still be taken, not the set itself
+    g = Graph.from_model(tiny)
+    bare = Circuit.full(g).units()
+    empty = EdgeSet(frozenset(), g, node_params={"blocks.0.mlp": 3}, n_params=7)
+    both = bare | empty
+    assert both == bare and both.node_params == {"blocks.0.mlp": 3} and both.n_params == 7
