@@ -81,7 +81,7 @@ METHODS = ("fast", "prefix", "loop")
 INVARIANCE = ("auto", "off")
 
 
-def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, m]:
+def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, " m"]:
     """The ``m`` interpolation coefficients of a rule (float64, CPU); weights: :func:`quadrature`."""
     return quadrature(steps, rule)[0]
 
@@ -119,8 +119,8 @@ def _upcast(t: torch.Tensor) -> torch.Tensor:
 
 
 def objective_from_logits(
-    logits: Float[torch.Tensor, "rows S V"], targets: Int[torch.Tensor, S], objective: str = "prob"
-) -> Float[torch.Tensor, rows]:
+    logits: Float[torch.Tensor, "rows S V"], targets: Int[torch.Tensor, " S"], objective: str = "prob"
+) -> Float[torch.Tensor, " rows"]:
     """F per row: logits [R, S, V] at the read positions, targets [S] -> [R] (float32 at least).
 
     Written with ``logsumexp``, not ``softmax``: torch's CPU softmax uses a fast approximate exp

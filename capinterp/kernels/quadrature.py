@@ -35,7 +35,7 @@ def check_rule(steps: int, rule: str) -> None:
         raise ValueError(f"steps must be an integer >= {low} for rule {rule!r}, got {steps!r}")
 
 
-def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, m], Float64[torch.Tensor, m]]:
+def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, " m"], Float64[torch.Tensor, " m"]]:
     """(nodes alpha_k in [0, 1], weights w_k), float64 on the CPU; the weights sum to 1."""
     check_rule(steps, rule)
     m = steps
