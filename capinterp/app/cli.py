@@ -119,7 +119,11 @@ def cmd_localize(args) -> int:
     loc.scores_.save(out / f"{name}_scores.capi")
     loc.neurons_.save(out / f"{name}_neurons.capi")
     loc.scores_.plot(title=f"{name.upper()} scores, ops {args.ops}").write_html(out / f"{name}_heatmap.html")
-    print(json.dumps({"method": name, "neurons": len(loc.neurons_), "ratio": loc.neurons_.ratio, "out": str(out)}))
+    info = {"method": name, "neurons": len(loc.neurons_), "ratio": loc.neurons_.ratio, "out": str(out)}
+    check = getattr(loc, "meta_", {}).get("ig_check")
+    if check and check.get("completeness_max"):  # IG-based: per layer, max over examples
+        info["completeness_max"] = check["completeness_max"]
+    print(json.dumps(info))
     return 0
 
 

@@ -58,7 +58,7 @@ class SIG(KN):
             raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
         if invariance != "off":  # its path scales one token at a time: no closed form
             raise ValueError(f"SIG integrates node by node: invariance must be 'off', got {invariance!r}")
-        check_rule(steps, rule)
+        check_rule(steps, rule)  # a fixed rule: the sequential kernel has no adaptive one
         if positions not in ("prompt", "last_prompt"):
             raise ValueError(f"positions must be 'prompt' or 'last_prompt', got {positions!r}")
         super().__init__(
@@ -79,7 +79,8 @@ class SIG(KN):
 
     def _prompt_scores(self, item) -> torch.Tensor:
         pos = None if self.positions == "prompt" else [item.last_prompt_pos]
-        return sig_scores(
+        stats: dict = {}
+        scores = sig_scores(
             self.model,
             item,
             steps=self.steps,
@@ -87,4 +88,7 @@ class SIG(KN):
             objective=self.objective,
             positions=pos,
             batch_size=self.batch_size,
+            stats=stats,
         )
+        self._ig_add(stats)
+        return scores
