@@ -6,6 +6,7 @@ with the kernel's extra rows, so the recorded completeness error is checked inde
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 
@@ -142,7 +143,7 @@ def test_adaptive_runs_one_kernel_call_per_round(tiny, encs, monkeypatch):
     ig.ig_scores(tiny, encs[:1], rule="adaptive", tol=1e-4, stats=stats)
     # every round is one call, with only the layers not yet converged (a shrinking subset)
     assert calls[0] == list(range(tiny.cfg.n_layers))
-    assert all(set(b) <= set(a) for a, b in zip(calls, calls[1:]))
+    assert all(set(b) <= set(a) for a, b in itertools.pairwise(calls))
     assert len(calls) == int(stats["nodes"].max()).bit_length() - 2  # 4, 8, ..., max: one call each
 
 
