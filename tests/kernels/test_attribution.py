@@ -435,6 +435,9 @@ def test_fast_route_is_kept_in_bfloat16_on_smollm2():
     import capinterp as ci
 
     model = ci.load_model("smollm2", dtype=torch.bfloat16)
+    from capinterp.kernels.completeness import CompletenessWarning
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fallback warns
+        warnings.simplefilter("ignore", CompletenessWarning)  # 2 right-rule points are coarse, on purpose
         ci.CNL(model, steps=2, progress=False).fit([Example("3+4=", "7"), Example("5+2=", "7")])
