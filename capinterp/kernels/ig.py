@@ -38,6 +38,13 @@ sum is read off four nodes whatever ``steps``: three rows per layer plus the sha
 (``invariance="auto"``, the default; same scores to float32 noise, checked per example, see
 :mod:`capinterp.kernels.invariant`).
 
+Completeness, always: every rule gets one more node, alpha = 0 with weight 0 (the baseline; a
+rule with its own node there uses it), so ``F(baseline)`` per layer comes from the same batches
+and ``F(x)`` from the clean run; ``stats`` receives the per-layer completeness error
+(:mod:`capinterp.kernels.completeness`). ``rule="adaptive"`` doubles Gauss-Legendre nodes per
+layer until an error estimate is below ``tol``, one batched call per round with only the
+unconverged layers (:mod:`capinterp.kernels.adaptive`).
+
 Otherwise every rule costs the same per point: ``n_layers x m`` rows per example (one fewer per
 layer, plus one, with a node at alpha = 1), so the cost is linear in
 ``steps`` whatever the rule (Gauss-Legendre with 10 points = half the papers' 20 rows;
