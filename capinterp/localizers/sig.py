@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from capinterp.kernels.quadrature import check_rule
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL, check_rule
 from capinterp.kernels.sequential import sig_scores
 from capinterp.localizers.base import register
+from capinterp.localizers.ig_check import COMPLETENESS_TOL
 from capinterp.localizers.kn import KN
 
 
@@ -32,7 +33,8 @@ class SIG(KN):
             ``"gauss"`` for an accurate integral at few points).
         kernel: ``"loop"`` only (the sequential kernel; KN's fast kernels scale all positions at once).
 
-    ``threshold``, ``share``, ``refine`` and ``objective`` are :class:`capinterp.KN`'s.
+    ``threshold``, ``share``, ``refine``, ``objective`` and ``completeness_tol`` are
+    :class:`capinterp.KN`'s (``tol`` and ``max_steps`` too, unused: SIG has no adaptive rule).
     """
 
     per_query = True
@@ -53,6 +55,9 @@ class SIG(KN):
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
+        tol: float = ADAPTIVE_TOL,
+        max_steps: int = ADAPTIVE_MAX_STEPS,
+        completeness_tol: float = COMPLETENESS_TOL,
     ) -> None:
         if kernel != "loop":
             raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
@@ -74,6 +79,9 @@ class SIG(KN):
             batch_size=batch_size,
             device=device,
             progress=progress,
+            tol=tol,
+            max_steps=max_steps,
+            completeness_tol=completeness_tol,
         )
         self.positions = positions
 
