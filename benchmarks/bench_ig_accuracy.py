@@ -13,7 +13,8 @@ token scaled, F = p(first answer token), zero baseline, every neuron of every la
   the activation of one layer (:func:`bench_scale.captum_neuron_ig`), timed on ``--captum-layers``
   (default: first, middle, last) and scaled by ``n_layers / k`` to all layers;
 * ``captum-eq``: the same with, per layer, the node count the adaptive rule ended with on that
-  prompt (same rule, same nodes: the same accuracy, which the run checks).
+  prompt (same rule, same nodes: the same accuracy, which the run checks); and, since captum
+  takes one ``n_steps`` for every layer, its time with the most nodes any layer needed.
 
 Per layer it prints the relative L2 error of each method's scores against the reference (max
 over prompts) and the adaptive rule's nodes (mean, max); then the time per prompt and the
@@ -111,6 +112,14 @@ def report(name, L, args, err, nodes, t, cap_layers) -> None:
     print(
         f"ratio captum / adaptive: default GL-50 {c50 / ada:.1f}x, at equal accuracy (adaptive's nodes) "
         f"{ceq / ada:.1f}x ({torch.get_num_threads()} thread(s), {n} prompt(s))"
+    )
+    # captum has one n_steps for all layers: the same accuracy on every layer needs the worst layer's
+    # nodes everywhere (per step: the GL-50 runs' time / 50)
+    uni = int(torch.tensor(nodes).max())
+    cuni = t["captum-50"] / (50 * len(cap_layers) * n) * L * uni
+    print(
+        f"captum with one node count for all layers (the most any layer needed, GL-{uni}): {cuni:.1f}s, "
+        f"ratio {cuni / ada:.1f}x"
     )
     sys.stdout.flush()
 
