@@ -150,6 +150,42 @@ def captum_ig(model, item, steps: int, layers: list[int]) -> None:
         )
 
 
+def captum_neuron_ig(model, item, steps: int, layer: int, method: str = "gausslegendre") -> torch.Tensor:
+    """KN's integral with captum's ``IntegratedGradients``: layer ``layer``'s down-projection input at
+    the last prompt token scaled from 0 (all neurons jointly), F = p(first target token), full
+    sequences through the plain transformers model, ``steps`` points in one batch. Attributions
+    [d_mlp] (float32, CPU); the same integral as ``ig_scores(..., positions="last_prompt")``."""
+    from captum.attr import IntegratedGradients
+
+    hf = model.original_model
+    ids = torch.tensor([item.prompt_ids], device=model.cfg.device)
+    target = item.target_ids[0]
+    down = hf.model.layers[layer].mlp.down_proj
+    clean: list[torch.Tensor] = []
+    h = down.register_forward_pre_hook(lambda mod, args: clean.append(args[0][0, -1].detach()))
+    with torch.no_grad():
+        hf(ids)
+    h.remove()
+
+    def prob(a):
+        def put(mod, args):
+            x = args[0].expand(a.shape[0], -1, -1).clone()
+            x[:, -1] = a.to(x.dtype)
+            return (x,)
+
+        hook = down.register_forward_pre_hook(put)
+        try:
+            return hf(ids.expand(a.shape[0], -1)).logits[:, -1].float().softmax(-1)[:, target]
+        finally:
+            hook.remove()
+
+    a = clean[0][None].float()
+    out = IntegratedGradients(prob).attribute(
+        a, baselines=torch.zeros_like(a), n_steps=steps, method=method, internal_batch_size=steps
+    )
+    return out[0].detach().float().cpu()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="1b", choices=sorted(PRESETS))

@@ -126,6 +126,9 @@ def cmd_localize(args) -> int:
             "heatmap": str(heatmap),
             "checkpoint": getattr(loc, "checkpoint_path_", None),
         }
+        check = getattr(loc, "meta_", {}).get("ig_check")
+        if check and check.get("completeness_max"):  # IG-based: per layer, max over examples
+            result["completeness_max"] = check["completeness_max"]
         _emit(result)
     return 0
 

@@ -38,6 +38,13 @@ sum is read off four nodes whatever ``steps``: three rows per layer plus the sha
 (``invariance="auto"``, the default; same scores to float32 noise, checked per example, see
 :mod:`capinterp.kernels.invariant`).
 
+Completeness, always: every rule gets one more node, alpha = 0 with weight 0 (the baseline; a
+rule with its own node there uses it), so ``F(baseline)`` per layer comes from the same batches
+and ``F(x)`` from the clean run; ``stats`` receives the per-layer completeness error
+(:mod:`capinterp.kernels.completeness`). ``rule="adaptive"`` doubles Gauss-Legendre nodes per
+layer until an error estimate is below ``tol``, one batched call per round with only the
+unconverged layers (:mod:`capinterp.kernels.adaptive`).
+
 Otherwise every rule costs the same per point: ``n_layers x m`` rows per example (one fewer per
 layer, plus one, with a node at alpha = 1), so the cost is linear in
 ``steps`` whatever the rule (Gauss-Legendre with 10 points = half the papers' 20 rows;
@@ -59,6 +66,7 @@ on ``model.cfg.device``; the returned scores are float32 on the CPU.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -72,8 +80,10 @@ from capinterp.core import validate
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
+from capinterp.kernels.adaptive import adaptive_ig
+from capinterp.kernels.completeness import CompletenessWarning, completeness_error, new_stats
 from capinterp.kernels.invariant import N_NODES, check_tolerance, scale_invariant, substitute_nodes
-from capinterp.kernels.quadrature import quadrature
+from capinterp.kernels.quadrature import ADAPTIVE, ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL, quadrature
 
 __all__ = [
     "INVARIANCE",
@@ -96,7 +106,7 @@ METHODS = ("fast", "prefix", "loop")
 INVARIANCE = ("auto", "off")
 
 
-def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, m]:
+def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, " m"]:
     """The ``m`` interpolation coefficients of a rule (float64, CPU); weights: :func:`quadrature`."""
     return quadrature(steps, rule)[0]
 
@@ -134,8 +144,8 @@ def _upcast(t: torch.Tensor) -> torch.Tensor:
 
 
 def objective_from_logits(
-    logits: Float[torch.Tensor, "rows S V"], targets: Int[torch.Tensor, S], objective: str = "prob"
-) -> Float[torch.Tensor, rows]:
+    logits: Float[torch.Tensor, "rows S V"], targets: Int[torch.Tensor, " S"], objective: str = "prob"
+) -> Float[torch.Tensor, " rows"]:
     """F per row: logits [R, S, V] at the read positions, targets [S] -> [R] (float32 at least).
 
     Written with ``logsumexp``, not ``softmax``: torch's CPU softmax uses a fast approximate exp
@@ -259,6 +269,8 @@ def ig_scores(
     method: str = "fast",
     progress: bool = False,
     invariance: str = "auto",
+    tol: float = ADAPTIVE_TOL,
+    max_steps: int = ADAPTIVE_MAX_STEPS,
     stats: dict | None = None,
 ) -> Float[torch.Tensor, "n n_layers d_mlp"]:
     """Integrated gradients of every neuron: float32 [n_examples, n_layers, d_mlp] (CPU).
@@ -268,13 +280,27 @@ def ig_scores(
     [n_layers, d_mlp]. ``batch_size`` counts rows (one row = one interpolation point of one
     layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
 
+    ``rule="adaptive"``: per layer, Gauss-Legendre nodes doubled from 4 until the layer's error
+    estimate is <= ``tol`` or the nodes would pass ``max_steps`` (then a
+    :class:`~capinterp.kernels.completeness.CompletenessWarning` names the layers); ``steps`` is
+    not used. One batched kernel call per round with only the unconverged layers
+    (:mod:`capinterp.kernels.adaptive`). It always integrates node by node (no closed form).
+
     ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
     :mod:`capinterp.kernels.invariant`), a zero-baseline rule with at least eight nodes, all
     > 0, is summed from four nodes (3 rows per layer + 1 shared) instead of ``steps`` (same scores to float32
     noise, checked per example; an example that fails the check is integrated node by node);
     ``"off"`` always integrates.
-    ``stats`` (a dict), when given, receives ``{"closed_form": n, "integrated": n, "rows": n}``
-    (examples summed in closed form / integrated node by node; forward-backward rows run).
+
+    Completeness, always: one extra row per layer (the baseline, alpha = 0, weight 0) in the same
+    batches gives ``F(baseline)``; ``F(x)`` is the clean run. ``stats`` (a dict), when given,
+    receives ``{"closed_form": n, "integrated": n, "rows": n}`` (examples summed in closed form /
+    integrated node by node; forward-backward rows run), ``f_clean`` [n] and, per example and
+    layer ([n, n_layers] float64, NaN for layers not attributed), the records of
+    :data:`capinterp.kernels.completeness.STAT_KEYS`: ``f_base``, ``attr_sum``, ``completeness``
+    (:func:`~capinterp.kernels.completeness.completeness_error`), ``error_estimate`` (adaptive: its
+    final estimate; closed form: its check, the top-degree term relative to the layer's largest
+    score; NaN for a fixed rule) and ``nodes`` (gradient rows per layer; 4 in closed form).
     """
     _check(positions, objective, method)
     batch_size = validate.positive_int("batch_size", batch_size)
@@ -282,9 +308,16 @@ def ig_scores(
     n_layers, d_mlp = neuron_shape(model)
     device = torch.device(model.cfg.device)
     lay = _layers(layers, n_layers)
-    alphas, weights = quadrature(steps, rule)
+    adaptive = rule == ADAPTIVE
+    if adaptive:
+        tol = validate.finite_float("tol", tol, low=0.0, low_open=True)
+        max_steps = validate.positive_int("max_steps", max_steps)
+        alphas = weights = torch.zeros(0, dtype=torch.float64)
+    else:
+        alphas, weights = quadrature(steps, rule)
     base = _baseline(baseline, n_layers, d_mlp, device)
     out = torch.zeros(len(items), n_layers, d_mlp)
+    rec = new_stats(len(items), n_layers)
     it = enumerate(items)
     if progress:
         from tqdm.auto import tqdm
@@ -300,47 +333,110 @@ def ig_scores(
     checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
     counts = {"closed_form": 0, "integrated": 0, "rows": 0}
 
-    def route(s: Site, al: torch.Tensor, w: torch.Tensor):
+    def route(s: Site, sub: list[int], al: torch.Tensor, w: torch.Tensor):
+        """(acts, weighted gradient sums, F(x), F(baseline) per layer) for the layers ``sub``."""
+        al, w, k0 = _with_zero_node(al, w)
         if method == "loop":
-            counts["rows"] += len(lay) * len(al)
-            return _ig_loop(model, s, lay, al, w, base, objective, batch_size)
-        return _ig_rows(model, s, lay, al, w, base, objective, batch_size, method, checked, counts)
+            counts["rows"] += len(sub) * len(al)
+            acts, gsum, fv, f_clean = _ig_loop(model, s, sub, al, w, base, objective, batch_size)
+        else:
+            acts, gsum, fv, f_clean = _ig_rows(
+                model, s, sub, al, w, base, objective, batch_size, method, checked, counts
+            )
+        return acts, gsum, f_clean, fv[:, k0]
+
+    def finish(acts, gsum, sub):
+        return _finish(acts, gsum, None if base is None else base[sub]).double()
 
     if invariance not in INVARIANCE:
         raise ValueError(f"invariance must be one of {INVARIANCE}, got {invariance!r}")
     closed_ok = (
-        base is None
+        not adaptive
+        and base is None
         and invariance == "auto"
         and len(alphas) >= 2 * N_NODES
         and bool((alphas > 0).all())
         and scale_invariant(model)
     )
+    capped: dict[int, float] = {}
     with frozen_params(model), torch.enable_grad():
         for i, enc in it:
             s = site(enc, positions)
-            closed = _closed_form(route, s, alphas, weights) if closed_ok else None
-            acts, gsum = closed if closed is not None else route(s, alphas, weights)
-            counts["closed_form" if closed is not None else "integrated"] += 1
-            out[i, lay] = _finish(acts, gsum, None if base is None else base[lay]).float().cpu()
+            if adaptive:
+
+                def run(sub, al, w, s=s):
+                    acts, gsum, f_clean, f_base = route(s, sub, al, w)
+                    return finish(acts, gsum, sub), f_clean, f_base
+
+                res = adaptive_ig(run, lay, tol, max_steps)
+                ig = torch.stack([res.scores[l] for l in lay])
+                f_clean, f_base = res.f_clean, torch.tensor([res.f_base[l] for l in lay])
+                est = torch.tensor([res.error[l] for l in lay], dtype=torch.float64)
+                nodes = torch.tensor([float(res.nodes[l]) for l in lay], dtype=torch.float64)
+                for l in res.capped:
+                    capped[l] = max(capped.get(l, 0.0), res.error[l])
+                counts["integrated"] += 1
+            else:
+                closed = _closed_form(route, s, lay, alphas, weights) if closed_ok else None
+                if closed is not None:
+                    acts, gsum, f_clean, f_base, est = closed
+                    nodes = torch.full((len(lay),), float(N_NODES), dtype=torch.float64)
+                else:
+                    acts, gsum, f_clean, f_base = route(s, lay, alphas, weights)
+                    est = torch.full((len(lay),), math.nan, dtype=torch.float64)
+                    nodes = torch.full((len(lay),), float(len(alphas)), dtype=torch.float64)
+                counts["closed_form" if closed is not None else "integrated"] += 1
+                ig = finish(acts, gsum, lay)
+            out[i, lay] = ig.float().cpu()
+            sums = ig.sum(-1).cpu()
+            rec["f_clean"][i] = f_clean
+            rec["f_base"][i, lay] = f_base.double()
+            rec["attr_sum"][i, lay] = sums
+            rec["completeness"][i, lay] = torch.tensor(
+                [completeness_error(float(a), f_clean, float(b)) for a, b in zip(sums, f_base)], dtype=torch.float64
+            )
+            rec["error_estimate"][i, lay] = est
+            rec["nodes"][i, lay] = nodes
+    if capped:
+        named = ", ".join(f"layer {l}: {e:.3g}" for l, e in sorted(capped.items(), key=lambda le: -le[1])[:5])
+        warnings.warn(
+            f"adaptive IG reached max_steps={max_steps} above tol={tol:g} on {len(capped)} layer(s), "
+            f"error estimate {named}",
+            CompletenessWarning,
+            stacklevel=2,
+        )
     if stats is not None:
         stats.update(counts)
+        stats.update(rec)
     return out
 
 
-def _closed_form(route, s: Site, alphas: torch.Tensor, weights: torch.Tensor):
-    """``(acts, sum_k w_k g(alpha_k a))`` from a few rows per layer, or None when the top-degree
-    term is too large (scale-invariant FFN outputs: :mod:`capinterp.kernels.invariant`)."""
+def _with_zero_node(alphas: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The rule with a node at alpha = 0 (the baseline, for completeness): the rule's own when it
+    has one, else appended with weight 0. Returns (alphas, weights, index of the zero node)."""
+    zero = (alphas == 0).nonzero()
+    if len(zero):
+        return alphas, weights, int(zero[0, 0])
+    pad = torch.zeros(1, *weights.shape[1:], dtype=weights.dtype)
+    return torch.cat([alphas, alphas.new_zeros(1)]), torch.cat([weights, pad]), len(alphas)
+
+
+def _closed_form(route, s: Site, lay: list[int], alphas: torch.Tensor, weights: torch.Tensor):
+    """``(acts, sum_k w_k g(alpha_k a), F(x), F(baseline), error estimate per layer)`` from a few
+    rows per layer, or None when the top-degree term is too large (scale-invariant FFN outputs:
+    :mod:`capinterp.kernels.invariant`). The estimate is that term's largest value relative to
+    the layer's largest weighted gradient sum."""
     nodes, high, low = substitute_nodes(alphas, weights)
-    acts, g = route(s, nodes.to(alphas.dtype), torch.diag(nodes))  # one pass: h(alpha) = alpha g(alpha a) per node
+    # one pass: h(alpha) = alpha g(alpha a) per node
+    acts, g, f_clean, f_base = route(s, lay, nodes.to(alphas.dtype), torch.diag(nodes))
     h = g.movedim(1, 0).double()  # [n_nodes, nl, S, d]
     q = torch.einsum("j,j...->...", high, h)
+    top = torch.einsum("j,j...->...", high - low, h)
     scale = float(q.abs().max())
-    if (
-        scale == 0.0
-        or float(torch.einsum("j,j...->...", high - low, h).abs().max()) > check_tolerance(acts.dtype) * scale
-    ):
+    if scale == 0.0 or float(top.abs().max()) > check_tolerance(acts.dtype) * scale:
         return None
-    return acts, q.to(g.dtype)
+    per_layer = top.abs().flatten(1).max(1).values / q.abs().flatten(1).max(1).values.clamp_min(1e-30)
+    return acts, q.to(g.dtype), f_clean, f_base, per_layer.cpu()
 
 
 def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
@@ -354,9 +450,11 @@ def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
         grabbed[int(hook.name.split(".")[1])] = act[0, p0 : p0 + S].detach().clone()
 
     with torch.no_grad():
-        model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in lay])
+        clean_logits = model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in lay])
+        f_clean = float(objective_from_logits(clean_logits[:, p0 : p0 + S], s.targets, objective)[0])
     acts = torch.stack([grabbed[l] for l in lay])
     gsum = torch.zeros(len(lay), *weights.shape[1:], S, acts.shape[-1], device=device, dtype=_upcast(acts).dtype)
+    fv = torch.full((len(lay), len(alphas)), float("nan"), dtype=torch.float64)
     for li, l in enumerate(lay):
         b = None if base is None else base[l]
         for c0 in range(0, len(alphas), batch_size):
@@ -369,7 +467,8 @@ def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
             F = objective_from_logits(logits[:, p0 : p0 + S], s.targets, objective)
             (g,) = torch.autograd.grad(F.sum(), z)
             gsum[li] += _weighted(g, weights[c0 : c0 + batch_size]).to(gsum.dtype)
-    return acts, gsum
+            fv[li, c0 : c0 + batch_size] = F.detach().double().cpu()
+    return acts, gsum, fv, f_clean
 
 
 def _ig_rows(
@@ -399,6 +498,8 @@ def _ig_rows(
         len(lay), *weights.shape[1:], s.n_pos, acts.shape[-1], device=acts.device, dtype=_upcast(acts).dtype
     )
     m = len(alphas)
+    f_clean = float(objective_from_logits(run.logits[None], s.targets, objective)[0])
+    fv = torch.full((len(lay), m), float("nan"), dtype=torch.float64)
     # alpha = 1 is the clean point for every layer and baseline: one shared row (the staircase's
     # clean row) gives its gradient for all layers, instead of one row per layer
     share = SHARE_CLEAN_ROW and forward is _prefix.stair_logits
@@ -422,9 +523,22 @@ def _ig_rows(
         grads = torch.autograd.grad(F.sum(), [z for _, z in groups] + list(clean.values()))
         for (li, ks), g in zip(index, grads):
             gsum[li] += _weighted(g.expand(len(ks), -1, -1), weights[ks]).to(gsum.dtype)
+        _record(fv, F, index[: len(groups)], at_one if clean else None)
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + len(chunk)
-    return acts, gsum
+    return acts, gsum, fv, f_clean
+
+
+def _record(fv: torch.Tensor, F: torch.Tensor, index, at_one) -> None:
+    """F of each row into ``fv[layer index, node]``: the shared clean row first (``at_one`` its
+    nodes, for every layer), then the groups' rows in order."""
+    Fd, r = F.detach().double().cpu(), 0
+    if at_one is not None:
+        fv[:, at_one] = Fd[0]
+        r = 1
+    for li, ks in index:
+        fv[li, ks] = Fd[r : r + len(ks)]
+        r += len(ks)
 
 
 #: Run a node at alpha = 1 as one clean row for all layers (the staircase route); False runs it

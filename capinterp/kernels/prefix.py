@@ -94,7 +94,7 @@ def _prefix_forward(model, prefix: torch.Tensor):
     return cache
 
 
-def clean_suffix(model, seq: Int[torch.Tensor, T], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
+def clean_suffix(model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)

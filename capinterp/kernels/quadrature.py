@@ -14,6 +14,10 @@ Rules (``steps`` = m = number of evaluation points, i.e. forward/backward rows p
 * ``"midpoint"``: alpha_k = (k-1/2)/m, w_k = 1/m;
 * ``"trapezoid"``: alpha_k = (k-1)/(m-1), w_k = 1/(m-1), halved at both ends (m >= 2);
 * ``"gauss"``: Gauss-Legendre nodes and weights of [-1, 1] mapped to [0, 1].
+
+``"adaptive"`` (:data:`ADAPTIVE`) is not a fixed rule: the IG kernel doubles Gauss-Legendre nodes
+per layer until an error estimate is below a tolerance (:mod:`capinterp.kernels.adaptive`);
+:func:`check_rule` accepts it where a caller allows it, :func:`quadrature` does not.
 """
 
 from __future__ import annotations
@@ -26,18 +30,24 @@ __all__ = ["ACCURATE_STEPS", "IG_RULES", "RULES", "check_rule", "ig_preset", "qu
 
 RULES = ("right", "left", "linspace", "midpoint", "trapezoid", "gauss")
 _MIN_STEPS = {"linspace": 2, "trapezoid": 2}
+#: The adaptive rule's name, its default tolerance and node cap (per layer).
+ADAPTIVE = "adaptive"
+ADAPTIVE_TOL = 1e-3
+ADAPTIVE_MAX_STEPS = 128
 
 
-def check_rule(steps: int, rule: str) -> None:
-    """ValueError naming the argument when ``rule``/``steps`` are not a valid pair."""
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+def check_rule(steps: int, rule: str, *, adaptive: bool = False) -> None:
+    """ValueError naming the argument when ``rule``/``steps`` are not a valid pair
+    (``adaptive=True``: ``"adaptive"`` is accepted too)."""
+    allowed = (*RULES, ADAPTIVE) if adaptive else RULES
+    if rule not in allowed:
+        raise ValueError(f"rule must be one of {allowed}, got {rule!r}")
     low = _MIN_STEPS.get(rule, 1)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < low:
         raise ValueError(f"steps must be an integer >= {low} for rule {rule!r}, got {steps!r}")
 
 
-def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, m], Float64[torch.Tensor, m]]:
+def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, " m"], Float64[torch.Tensor, " m"]]:
     """(nodes alpha_k in [0, 1], weights w_k), float64 on the CPU; the weights sum to 1."""
     check_rule(steps, rule)
     m = steps

@@ -33,6 +33,7 @@ from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
+from capinterp.kernels.completeness import completeness_error, new_stats
 from capinterp.kernels.ig import frozen_params, objective_from_logits
 from capinterp.kernels.quadrature import RULES, check_rule, quadrature
 
@@ -53,8 +54,15 @@ def sig_scores(
     layers: Iterable[int] | None = None,
     batch_size: int = 64,
     method: str = "fast",
+    stats: dict | None = None,
 ) -> torch.Tensor:
     """SIG of every neuron for one prompt: float32 ``[n_layers, d_mlp]``.
+
+    Completeness: summed over the scaled positions, layer ``l``'s scores should equal
+    ``sum_t (F(x) - F(x with a_t = b))``; one extra row per (layer, position) (alpha = 0, weight 0)
+    gives those values. ``stats`` (a dict), when given, receives the records of
+    :data:`capinterp.kernels.completeness.STAT_KEYS` for this one example ([1, n_layers]), with
+    ``f_base`` the effective baseline value ``F(x) - sum_t (F(x) - F(x with a_t = b))``.
 
     ``positions``: the token positions scaled one at a time (default: every prompt position after
     the BOS, the last prompt token included). ``baseline``: None (0) or ``[n_layers, d_mlp]``.
@@ -63,7 +71,7 @@ def sig_scores(
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     batch_size = validate.positive_int("batch_size", batch_size)
-    check_rule(steps, rule)
+    check_rule(steps, rule)  # no adaptive rule here
     n_layers, d_mlp = neuron_shape(model)
     dev = torch.device(model.cfg.device)
     last = enc.last_prompt_pos
@@ -78,18 +86,36 @@ def sig_scores(
     lay = list(range(n_layers)) if layers is None else sorted(set(int(l) for l in layers))
     if baseline is not None and tuple(baseline.shape) != (n_layers, d_mlp):
         raise ValueError(f"baseline must be [n_layers, d_mlp]=({n_layers}, {d_mlp}), got {tuple(baseline.shape)}")
-    alphas, weights = (x.to(dev) for x in quadrature(steps, rule))  # float64 nodes and weights
+    alphas, weights = quadrature(steps, rule)  # float64 nodes and weights
+    n_rule = len(alphas)
+    if not bool((alphas == 0).any()):  # a baseline row per (layer, position): completeness
+        alphas, weights = torch.cat([alphas, alphas.new_zeros(1)]), torch.cat([weights, weights.new_zeros(1)])
+    k0 = int((alphas == 0).nonzero()[0, 0])
+    alphas, weights = alphas.to(dev), weights.to(dev)
     tokens = torch.tensor([enc.ids[: last + 1]], device=dev)
     target = torch.tensor([enc.target_ids[0]], device=dev)
     base = (
         torch.zeros(n_layers, d_mlp, device=dev, dtype=torch.float64) if baseline is None else baseline.to(dev).double()
     )
+    fv = {l: torch.zeros(len(pos), len(alphas), dtype=torch.float64) for l in lay}  # F per (position, node)
+    fc: list[float] = []
+    args = (model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc)
     with frozen_params(model), torch.enable_grad():
-        if method == "fast":
-            scores = _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size)
-            if scores is not None:
-                return scores
-        return _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size)
+        scores = _fast(*args) if method == "fast" else None
+        if scores is None:
+            fc.clear()
+            scores = _loop(*args)
+    if stats is not None:
+        rec = new_stats(1, n_layers)
+        rec["f_clean"][0] = fc[0]
+        for l in lay:
+            change = float((fc[0] - fv[l][:, k0]).sum())
+            total = float(scores[l].double().sum())
+            rec["f_base"][0, l], rec["attr_sum"][0, l] = fc[0] - change, total
+            rec["completeness"][0, l] = completeness_error(total, fc[0], fc[0] - change)
+            rec["nodes"][0, l] = n_rule
+        stats.update(rec)
+    return scores
 
 
 def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, torch.Tensor], base):
@@ -99,7 +125,7 @@ def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, to
     return out
 
 
-def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size) -> torch.Tensor | None:
+def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc) -> torch.Tensor | None:
     """Staircase route, one clean run per scaled position t split at t (the tokens before t never
     change); rows of every layer enter at their own block. None where the model cannot take it."""
     last = tokens.shape[1] - 1
@@ -120,28 +146,34 @@ def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, bat
                 stacklevel=3,
             )
             return None
+        if ti == 0:
+            fc.append(float(objective_from_logits(run.logits[None, last - t : last - t + 1], target, objective)[0]))
         for l in lay:
             acts[l][ti] = run.acts[l][0].double()  # position t is the suffix's first
         mine = [(l, k) for l in lay for k in range(len(alphas))]  # this position's rows, layer-major
         for c0 in range(0, len(mine), batch_size):
             chunk = mine[c0 : c0 + batch_size]
-            groups, row_weights = [], []
+            groups, row_weights, row_nodes = [], [], []
             for l in sorted({l for l, _ in chunk}):
                 ks = [k for lj, k in chunk if lj == l]
                 al = alphas[ks]
                 row_weights.append(weights[ks])
+                row_nodes.append(ks)
                 z = run.acts[l][None].repeat(len(al), 1, 1)  # [c, S, d_mlp]: clean, except ...
                 z[:, 0] = (base[l] + al[:, None] * (acts[l][ti] - base[l])).to(z.dtype)  # ... at t
                 groups.append((l, z.requires_grad_(True)))
             logits = _prefix.stair_logits(model, run, groups, at=last - t)
             F = objective_from_logits(logits, target, objective)
             grads = torch.autograd.grad(F.sum(), [z for _, z in groups])
-            for (l, _), g, w in zip(groups, grads, row_weights):
+            Fd, r = F.detach().double().cpu(), 0
+            for (l, _), g, w, ks in zip(groups, grads, row_weights, row_nodes):
                 gsum[l][ti] += w @ g[:, 0].double()
+                fv[l][ti, ks] = Fd[r : r + len(ks)]
+                r += len(ks)
     return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base)
 
 
-def _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size) -> torch.Tensor:
+def _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc) -> torch.Tensor:
     """Full forward per row, from the first block; rows of one layer per batch."""
     n_layers, d_mlp = neuron_shape(model)
     dev, last = tokens.device, tokens.shape[1] - 1
@@ -151,7 +183,8 @@ def _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, bat
         clean[int(hook.name.split(".")[1])] = act[0].detach()
 
     with torch.no_grad():
-        model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in lay])
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in lay])
+    fc.append(float(objective_from_logits(logits[:, last : last + 1], target, objective)[0]))
     acts = {l: clean[l].double()[pos] for l in lay}
     gsum = {l: torch.zeros(len(pos), d_mlp, device=dev, dtype=torch.float64) for l in lay}
     pos_t = torch.tensor(pos, device=dev)
@@ -174,4 +207,5 @@ def _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, bat
             F = objective_from_logits(unembed(model, resid[:, last : last + 1]), target, objective)
             (g,) = torch.autograd.grad(F.sum(), z)
             gsum[l].index_add_(0, ti, g.double() * weights[ks][:, None])
+            fv[l][ti.cpu(), ks] = F.detach().double().cpu()
     return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base)

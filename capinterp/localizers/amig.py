@@ -25,7 +25,9 @@ from capinterp.core import validate
 from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import register
+from capinterp.localizers.ig_check import COMPLETENESS_TOL
 from capinterp.localizers.kn import KN, coarse_mask
 
 __all__ = ["AMIG", "mean_activations"]
@@ -77,7 +79,8 @@ class AMIG(KN):
         max_neurons: its upper size bound (20).
         adapt_steps: at most this many 0.05 moves of the coarse ratio (6).
 
-    ``steps``, ``threshold``, ``share``, ``refine``, ``rule``, ``objective``, ``kernel`` and
+    ``steps``, ``threshold``, ``share``, ``refine``, ``rule`` (``"adaptive"`` too), ``objective``,
+    ``kernel``, ``tol``, ``max_steps``, ``completeness_tol`` and
     ``invariance`` (moot here: a baseline always integrates node by node) are
     :class:`capinterp.KN`'s.
     """
@@ -108,6 +111,9 @@ class AMIG(KN):
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
+        tol: float = ADAPTIVE_TOL,
+        max_steps: int = ADAPTIVE_MAX_STEPS,
+        completeness_tol: float = COMPLETENESS_TOL,
     ) -> None:
         super().__init__(
             model,
@@ -122,6 +128,9 @@ class AMIG(KN):
             batch_size=batch_size,
             device=device,
             progress=progress,
+            tol=tol,
+            max_steps=max_steps,
+            completeness_tol=completeness_tol,
         )
         if not 1 <= min_neurons <= max_neurons:
             raise ValueError(f"need 1 <= min_neurons <= max_neurons, got {min_neurons}, {max_neurons}")

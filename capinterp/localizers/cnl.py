@@ -19,9 +19,10 @@ from capinterp.core import validate
 from capinterp.core.tokens import Encoded
 from capinterp.kernels.ig import INVARIANCE, METHODS, OBJECTIVES, POSITIONS, ig_scores
 from capinterp.kernels.memory import ig_row_bytes
-from capinterp.kernels.quadrature import check_rule
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL, check_rule
 from capinterp.localizers.base import former_name, register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
+from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, check_completeness_tol, quiet_kernel_warnings
 
 __all__ = ["CNL", "check_ig_args"]
 
@@ -31,7 +32,7 @@ def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel:
     kernel's ``METHODS``)."""
     validate.positive_int("steps", steps)
     try:
-        check_rule(steps, rule)
+        check_rule(steps, rule, adaptive=True)
     except ValueError as err:
         raise ValueError(f"unknown rule or too few steps: {err}") from None
     for name, value, allowed in (
@@ -44,15 +45,17 @@ def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel:
 
 
 @register("cnl")
-class CNL(DatasetNeuronLocalizer):
+class CNL(IGChecked, DatasetNeuronLocalizer):
     """Capability neurons: mean IG attribution over a dataset, then a sigma mask.
 
     Args:
         steps: interpolation points m (20, the KN/CNL grid).
         sigma: mask threshold in standard deviations of all scores (6).
         rule: quadrature of the IG path integral: ``"right"`` (k/m, weights 1/m: the papers'),
-            ``"left"``, ``"midpoint"``, ``"trapezoid"``, ``"linspace"`` or ``"gauss"``
-            (Gauss-Legendre; :mod:`capinterp.kernels.quadrature`).
+            ``"left"``, ``"midpoint"``, ``"trapezoid"``, ``"linspace"``, ``"gauss"``
+            (Gauss-Legendre; :mod:`capinterp.kernels.quadrature`) or ``"adaptive"``
+            (per layer, Gauss-Legendre nodes doubled from 4 until the error estimate is <= ``tol``;
+            ``steps`` unused; :mod:`capinterp.kernels.adaptive`).
         positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
         objective: ``"prob"`` (default) or ``"logprob"``.
         kernel: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
@@ -63,10 +66,20 @@ class CNL(DatasetNeuronLocalizer):
             ``"auto"``: the largest that fits in free memory (halved on out-of-memory).
         **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
             running sums are saved after every example and resumed from).
+        tol: the adaptive rule's tolerance on each layer's error estimate (1e-3).
+        max_steps: the adaptive rule's node cap per layer (128; a layer that reaches it warns).
+        completeness_tol: warn (once, naming the worst layers) when a layer's completeness error
+            ``|sum IG - (F(x) - F(0))| / |F(x) - F(0)|`` exceeds it on some example (0.05).
         method: former name of ``kernel`` (still accepted).
+
+    ``meta_["ig_check"]`` (also in ``scores_.meta`` and ``neurons_.meta``, kept by save/load) holds,
+    per layer, the completeness error's max and mean over the examples scored in this fit
+    (examples resumed from a checkpoint were scored earlier and are not in it; under ``torchrun``,
+    this rank's examples), the error estimate and the nodes; :meth:`summary` shows them.
     """
 
     chunk_examples = 1
+    _ig_per_example = False
 
     def __init__(
         self,
@@ -81,11 +94,17 @@ class CNL(DatasetNeuronLocalizer):
         invariance: str = "auto",
         batch_size: int | str = 64,
         method: str | None = None,
+        tol: float = ADAPTIVE_TOL,
+        max_steps: int = ADAPTIVE_MAX_STEPS,
+        completeness_tol: float = COMPLETENESS_TOL,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, sigma=sigma, batch_size=batch_size, **kwargs)
         kernel = former_name(kernel, method, "kernel", "method", "fast")
         check_ig_args(steps, rule, positions, objective, kernel)
+        self.tol = validate.finite_float("tol", tol, low=0.0, low_open=True)
+        self.max_steps = validate.positive_int("max_steps", max_steps)
+        self.completeness_tol = check_completeness_tol(completeness_tol)
         self.steps, self.rule, self.positions = steps, rule, positions
         self.objective, self.kernel = objective, kernel
         self.invariance = validate.choice("invariance", invariance, INVARIANCE)
@@ -94,8 +113,20 @@ class CNL(DatasetNeuronLocalizer):
         longest = max(items, key=lambda it: len(it.prompt_ids) + len(it.target_ids))
         return ig_row_bytes(self.model, len(longest.prompt_ids) + len(longest.target_ids), len(longest.target_ids))
 
+    def fit(self, data: Any) -> CNL:
+        """:meth:`DatasetNeuronLocalizer.fit`, plus the per-layer completeness report (``meta_["ig_check"]``)."""
+        self._ig_begin()
+        with quiet_kernel_warnings():
+            super().fit(data)
+        self._ig_warn()
+        return self
+
+    def _set_meta(self, **extra: Any) -> dict[str, Any]:
+        return super()._set_meta(**extra, ig_check=self._ig_report())
+
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
-        return ig_scores(
+        stats: dict = {}
+        scores = ig_scores(
             self.model,
             items,
             steps=self.steps,
@@ -105,4 +136,9 @@ class CNL(DatasetNeuronLocalizer):
             batch_size=self.batch_size_,
             method=self.kernel,
             invariance=self.invariance,
+            tol=self.tol,
+            max_steps=self.max_steps,
+            stats=stats,
         )
+        self._ig_add(stats)  # after success only: an out-of-memory retry scores the chunk again
+        return scores

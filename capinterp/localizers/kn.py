@@ -18,9 +18,11 @@ from tqdm.auto import tqdm
 from capinterp.core import validate
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import INVARIANCE, ig_scores
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import Localizer, former_name, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
+from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, check_completeness_tol, quiet_kernel_warnings
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
 __all__ = ["KN", "coarse_mask"]
@@ -35,7 +37,7 @@ def coarse_mask(scores: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 @register("kn")
-class KN(Localizer):
+class KN(IGChecked, Localizer):
     """Knowledge neurons of one fact from its paraphrased prompts.
 
     Args:
@@ -47,7 +49,12 @@ class KN(Localizer):
         objective: IG objective, as for :class:`capinterp.CNL`.
         kernel: IG kernel, as for :class:`capinterp.CNL`.
         invariance: closed-form sums on scale-invariant models, as for :class:`capinterp.CNL`.
+        tol, max_steps: the adaptive rule's tolerance and node cap, as for :class:`capinterp.CNL`.
+        completeness_tol: warn when a layer's completeness error exceeds it, as for :class:`capinterp.CNL`.
         method: former name of ``kernel`` (still accepted).
+
+    ``meta_["ig_check"]`` (also in the results' metadata) holds each prompt's per-layer completeness
+    error and its max / mean over prompts; :meth:`summary` shows them per layer.
     """
 
     scope = "fact"
@@ -69,10 +76,16 @@ class KN(Localizer):
         device: Any = None,
         progress: bool = True,
         method: str | None = None,
+        tol: float = ADAPTIVE_TOL,
+        max_steps: int = ADAPTIVE_MAX_STEPS,
+        completeness_tol: float = COMPLETENESS_TOL,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         kernel = former_name(kernel, method, "kernel", "method", "fast")
         check_ig_args(steps, rule, "last_prompt", objective, kernel)
+        self.tol = validate.finite_float("tol", tol, low=0.0, low_open=True)
+        self.max_steps = validate.positive_int("max_steps", max_steps)
+        self.completeness_tol = check_completeness_tol(completeness_tol)
         threshold = validate.probability("threshold", threshold, high_open=True)
         share = validate.probability("share", share, high_open=True)
         self.steps, self.threshold, self.share = steps, threshold, share
@@ -81,8 +94,10 @@ class KN(Localizer):
         self.invariance = validate.choice("invariance", invariance, INVARIANCE)
 
     def _prompt_scores(self, item) -> torch.Tensor:
-        """IG scores ``[n_layers, d_mlp]`` of one encoded prompt (subclasses change the path)."""
-        return ig_scores(
+        """IG scores ``[n_layers, d_mlp]`` of one encoded prompt (subclasses change the path);
+        the kernel's completeness records go to :meth:`_ig_add`."""
+        stats: dict = {}
+        scores = ig_scores(
             self.model,
             item,
             steps=self.steps,
@@ -91,8 +106,13 @@ class KN(Localizer):
             objective=self.objective,
             batch_size=self.batch_size,
             method=self.kernel,
+            tol=self.tol,
+            max_steps=self.max_steps,
+            stats=stats,
             **self._path_kwargs(),
         )[0]
+        self._ig_add(stats)
+        return scores
 
     def _path_kwargs(self) -> dict:
         """Extra ``ig_scores`` arguments that set the integration path (AMIG: its baseline)."""
@@ -113,8 +133,12 @@ class KN(Localizer):
         self._begin_fit()
         examples = fill_greedy_targets(self.model, examples)
         items = encode(self.model, examples, max_target_tokens=1)
-        per = torch.stack([self._prompt_scores(it) for it in tqdm(items, desc=self.name, disable=not self.progress)])
-        meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items))
+        self._ig_begin()
+        with quiet_kernel_warnings():
+            per = torch.stack(
+                [self._prompt_scores(it) for it in tqdm(items, desc=self.name, disable=not self.progress)]
+            )
+        meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items), ig_check=self._ig_report())
         coarse = [self._coarse(s) for s in per]
         self.prompt_scores_ = per
         self.coarse_ = [NeuronSet(c, meta=meta) for c in coarse]
@@ -125,4 +149,5 @@ class KN(Localizer):
             mask, meta={**meta, "selection": {"threshold": self.threshold, "share": self.share, "refine": self.refine}}
         )
         self.units_ = self.neurons_
+        self._ig_warn()
         return self

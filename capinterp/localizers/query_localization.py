@@ -23,6 +23,7 @@ neuron set N_i (positive scores above ``t * max``, KN's coarse rule). Then, per 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.model import model_meta, neuron_shape
 from capinterp.core.tokens import encode
+from capinterp.kernels.completeness import CompletenessWarning, merge_reports, warn_report, worst_layers
 from capinterp.localizers.base import Localizer, available, get
 from capinterp.localizers.kn import coarse_mask
 from capinterp.results.neurons import NeuronScores, NeuronSet
@@ -192,13 +194,24 @@ class QueryLocalization:
         show = self.progress and dist.is_main()
         desc = f"query localization ({self.localizer_.name})"
         bar = tqdm(total=sum(len(groups[k]) for k in mine), desc=desc, disable=not show)
-        for k in mine:
-            self.localizer_.fit(groups[k])
-            done.append((k, self.localizer_.prompt_scores_.detach().float().cpu()))
-            bar.update(len(groups[k]))
+        checks = []
+        with warnings.catch_warnings():  # one completeness warning for all facts, below
+            warnings.simplefilter("ignore", CompletenessWarning)
+            for k in mine:
+                self.localizer_.fit(groups[k])
+                done.append((k, self.localizer_.prompt_scores_.detach().float().cpu()))
+                checks.append(getattr(self.localizer_, "meta_", {}).get("ig_check", {}))
+                bar.update(len(groups[k]))
         bar.close()
         scores = dist.gather_indexed(done)
-        return self.fit_scores(scores, names=names, facts=groups)
+        self.fit_scores(scores, names=names, facts=groups)
+        check = merge_reports(checks)
+        if check:  # IG-based localizers: per layer, over every query of this process's facts
+            self.meta_["ig_check"] = check
+            tol = getattr(self.localizer_, "completeness_tol", None)
+            if tol is not None:
+                warn_report(check, tol, "QueryLocalization.fit")
+        return self
 
     def fit_scores(
         self,
@@ -303,8 +316,16 @@ class QueryLocalization:
                 "share_inconsistent_otsu": float((~df["consistent_otsu"]).mean()),
                 "mean_query_neurons": float(df["mean_size"].mean()),
                 "welch_t": t,
+                **self._completeness_summary(),
             }
         )
+
+    def _completeness_summary(self) -> dict[str, Any]:
+        """The worst layer's IG completeness error over all queries (when the localizer is IG-based)."""
+        worst = worst_layers(self.meta_.get("ig_check", {}), k=1)
+        if not worst:
+            return {}
+        return {"completeness_max": worst[0][1], "completeness_worst_layer": worst[0][0]}
 
     def plot(self, bins: int = 20, title: str | None = None):
         """Histogram of CS1 and CS2 over facts with the static and Otsu thresholds (plotly Figure)."""

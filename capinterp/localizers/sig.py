@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from capinterp.kernels.quadrature import check_rule
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL, check_rule
 from capinterp.kernels.sequential import sig_scores
 from capinterp.localizers.base import register
+from capinterp.localizers.ig_check import COMPLETENESS_TOL
 from capinterp.localizers.kn import KN
 
 __all__ = ["SIG"]
@@ -34,7 +35,8 @@ class SIG(KN):
             ``"gauss"`` for an accurate integral at few points).
         kernel: ``"loop"`` only (the sequential kernel; KN's fast kernels scale all positions at once).
 
-    ``threshold``, ``share``, ``refine`` and ``objective`` are :class:`capinterp.KN`'s.
+    ``threshold``, ``share``, ``refine``, ``objective`` and ``completeness_tol`` are
+    :class:`capinterp.KN`'s (``tol`` and ``max_steps`` too, unused: SIG has no adaptive rule).
     """
 
     per_query = True
@@ -55,12 +57,15 @@ class SIG(KN):
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
+        tol: float = ADAPTIVE_TOL,
+        max_steps: int = ADAPTIVE_MAX_STEPS,
+        completeness_tol: float = COMPLETENESS_TOL,
     ) -> None:
         if kernel != "loop":
             raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
         if invariance != "off":  # its path scales one token at a time: no closed form
             raise ValueError(f"SIG integrates node by node: invariance must be 'off', got {invariance!r}")
-        check_rule(steps, rule)
+        check_rule(steps, rule)  # a fixed rule: the sequential kernel has no adaptive one
         if positions not in ("prompt", "last_prompt"):
             raise ValueError(f"positions must be 'prompt' or 'last_prompt', got {positions!r}")
         super().__init__(
@@ -76,12 +81,16 @@ class SIG(KN):
             batch_size=batch_size,
             device=device,
             progress=progress,
+            tol=tol,
+            max_steps=max_steps,
+            completeness_tol=completeness_tol,
         )
         self.positions = positions
 
     def _prompt_scores(self, item) -> torch.Tensor:
         pos = None if self.positions == "prompt" else [item.last_prompt_pos]
-        return sig_scores(
+        stats: dict = {}
+        scores = sig_scores(
             self.model,
             item,
             steps=self.steps,
@@ -89,4 +98,7 @@ class SIG(KN):
             objective=self.objective,
             positions=pos,
             batch_size=self.batch_size,
+            stats=stats,
         )
+        self._ig_add(stats)
+        return scores

@@ -94,7 +94,12 @@ def test_closed_form_equals_integration_on_gemma(tiny_gemma, positions, rule, st
     exact = ig.ig_scores(tiny_gemma, enc, steps=steps, rule=rule, positions=positions, invariance="off")
     assert (stats["closed_form"], stats["integrated"]) == (len(EXAMPLES), 0)
     n_layers = tiny_gemma.cfg.n_layers
-    assert stats["rows"] == len(EXAMPLES) * (n_layers * (N_NODES - 1) + 1)  # alpha = 1: one row for all layers
+    # alpha = 1: one row for all layers; alpha = 0 (the baseline, for completeness): one per layer
+    assert stats["rows"] == len(EXAMPLES) * (n_layers * N_NODES + 1)
+    est = stats["error_estimate"]  # the closed form's own check, per example and layer
+    assert est.shape == (len(EXAMPLES), n_layers) and bool((est >= 0).all()) and bool((est < 2e-3).all())
+    assert bool((stats["nodes"] == N_NODES).all())
+    assert bool(torch.isfinite(stats["completeness"]).all())
     assert _rel(fast, exact) < 1e-4
     assert exact.abs().amax() > 0
 

@@ -1,0 +1,151 @@
+"""IG at equal accuracy: capinterp's adaptive rule against captum's ``IntegratedGradients`` (issue 30).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_ig_accuracy.py --models smollm2,gemma3 --n 10 --threads 1
+
+Side by side in one run, per model, over ``--n`` prompts of
+``ci.data.arithmetic(ops="+", n=N, fmt="DG", lang="en", seed=5)`` (KN's setting: the last prompt
+token scaled, F = p(first answer token), zero baseline, every neuron of every layer):
+
+* reference: capinterp's Gauss-Legendre with ``--ref-steps`` (200) nodes, node by node;
+* ``adaptive``: ``ig_scores(rule="adaptive", tol=--tol)`` (1e-3), all layers, timed;
+* fixed rules (errors only): Gauss-Legendre 5 / 10 / 20 / 40 and the papers' right-20;
+* ``captum-50``: captum's ``IntegratedGradients`` at its default (Gauss-Legendre, 50 steps) on
+  the activation of one layer (:func:`bench_scale.captum_neuron_ig`), timed on ``--captum-layers``
+  (default: first, middle, last) and scaled by ``n_layers / k`` to all layers;
+* ``captum-eq``: the same with, per layer, the node count the adaptive rule ended with on that
+  prompt (same rule, same nodes: the same accuracy, which the run checks); and, since captum
+  takes one ``n_steps`` for every layer, its time with the most nodes any layer needed.
+
+Per layer it prints the relative L2 error of each method's scores against the reference (max
+over prompts) and the adaptive rule's nodes (mean, max); then the time per prompt and the
+ratios captum / adaptive. Errors of captum are measured on the captum layers only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scale import captum_neuron_ig
+
+FIXED = [("gauss", 5), ("gauss", 10), ("gauss", 20), ("gauss", 40), ("right", 20)]
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def run_model(name: str, args) -> None:
+    import capinterp as ci
+    from capinterp.core.tokens import encode
+    from capinterp.kernels.ig import ig_scores
+
+    model = ci.load_model(name)
+    L = model.cfg.n_layers
+    cap_layers = [int(x) for x in args.captum_layers.split(",")] if args.captum_layers else sorted({0, L // 2, L - 1})
+    data = ci.data.arithmetic(ops="+", n=args.n, fmt="DG", lang="en", seed=5)
+    items = encode(model, list(data)[: args.n], max_target_tokens=1)
+    kw = dict(positions="last_prompt", batch_size=args.batch_size, invariance="off")
+    err: dict[str, list[list[float]]] = {}
+    nodes: list[list[float]] = []
+    t = {"adaptive": 0.0, "captum-50": 0.0, "captum-eq": 0.0, "eq_nodes": 0.0, "eq_nodes_all": 0.0}
+    ig_scores(model, items[0], steps=1, **kw)  # the route's once-per-model check, outside the timings
+    for i, it in enumerate(items):
+        ref = ig_scores(model, it, steps=args.ref_steps, rule="gauss", **kw)[0]
+        stats: dict = {}
+        t0 = time.perf_counter()
+        ada = ig_scores(model, it, rule="adaptive", tol=args.tol, max_steps=args.max_steps, stats=stats, **kw)[0]
+        t["adaptive"] += time.perf_counter() - t0
+        nodes.append(stats["nodes"][0].tolist())
+        err.setdefault("adaptive", []).append([rel(ada[l], ref[l]) for l in range(L)])
+        for rule, m in FIXED:
+            s = ig_scores(model, it, steps=m, rule=rule, **kw)[0]
+            err.setdefault(f"{'GL' if rule == 'gauss' else rule}-{m}", []).append([rel(s[l], ref[l]) for l in range(L)])
+        c50, ceq = [float("nan")] * L, [float("nan")] * L
+        for l in cap_layers:
+            t0 = time.perf_counter()
+            c50[l] = rel(captum_neuron_ig(model, it, 50, l), ref[l])
+            t["captum-50"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ceq[l] = rel(captum_neuron_ig(model, it, int(nodes[-1][l]), l), ref[l])
+            t["captum-eq"] += time.perf_counter() - t0
+            t["eq_nodes"] += nodes[-1][l]
+        t["eq_nodes_all"] += sum(nodes[-1])
+        err.setdefault("captum-50", []).append(c50)
+        err.setdefault("captum-eq", []).append(ceq)
+        print(f"[{name}] prompt {i + 1}/{len(items)} done ({time.perf_counter() - T0:.0f}s)", file=sys.stderr)
+        report(name, L, args, err, nodes, t, cap_layers)
+
+
+def report(name, L, args, err, nodes, t, cap_layers) -> None:
+    """The per-layer table and the time ratios over the prompts done so far."""
+    n = len(nodes)
+    scale = L / len(cap_layers)
+    nd = torch.tensor(nodes)
+    cols = list(err)
+    print(f"\n## {name}: {L} layers, {n} prompts, tol {args.tol:g}, reference GL-{args.ref_steps}")
+    print("relative L2 error of the layer's scores, max over prompts; adaptive nodes mean / max\n")
+    print("| layer | " + " | ".join(cols) + " | adaptive nodes |")
+    print("|---" * (len(cols) + 2) + "|")
+    for l in range(L):
+        vals = []
+        for c in cols:
+            v = torch.tensor([e[l] for e in err[c]])
+            vals.append("" if torch.isnan(v).all() else f"{float(v[~torch.isnan(v)].max()):.2g}")
+        print(f"| {l} | " + " | ".join(vals) + f" | {float(nd[:, l].mean()):.0f} / {int(nd[:, l].max())} |")
+    worst = {c: max(x for e in err[c] for x in e if x == x) for c in cols}
+    print("\nworst layer error over all prompts: " + ", ".join(f"{c} {v:.2g}" for c, v in worst.items()))
+    # captum's cost is linear in its steps (one full sequence per step): GL-50 on every layer is the
+    # measured layers' time x L / k; at equal accuracy, the measured time per step x all layers' nodes
+    c50 = t["captum-50"] * scale / n
+    ceq = t["captum-eq"] / max(t["eq_nodes"], 1) * t["eq_nodes_all"] / n
+    ada = t["adaptive"] / n
+    print(
+        f"time per prompt, all {L} layers: adaptive {ada:.2f}s; captum-50 {c50:.1f}s (measured on layers "
+        f"{cap_layers}, x{scale:.1f}); captum-eq {ceq:.1f}s (measured per step on those layers, x all layers' nodes)"
+    )
+    print(
+        f"ratio captum / adaptive: default GL-50 {c50 / ada:.1f}x, at equal accuracy (adaptive's nodes) "
+        f"{ceq / ada:.1f}x ({torch.get_num_threads()} thread(s), {n} prompt(s))"
+    )
+    # captum has one n_steps for all layers: the same accuracy on every layer needs the worst layer's
+    # nodes everywhere (per step: the GL-50 runs' time / 50)
+    uni = int(torch.tensor(nodes).max())
+    cuni = t["captum-50"] / (50 * len(cap_layers) * n) * L * uni
+    print(
+        f"captum with one node count for all layers (the most any layer needed, GL-{uni}): {cuni:.1f}s, "
+        f"ratio {cuni / ada:.1f}x"
+    )
+    sys.stdout.flush()
+
+
+T0 = time.perf_counter()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--tol", type=float, default=1e-3)
+    ap.add_argument("--max-steps", type=int, default=128)
+    ap.add_argument("--ref-steps", type=int, default=200)
+    ap.add_argument(
+        "--captum-layers", default="", help="comma-separated layers timed for captum (default: first, middle, last)"
+    )
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    from capinterp.core.settings import set_threads
+
+    set_threads(args.threads)
+    for name in args.models.split(","):
+        run_model(name.strip(), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Per-layer completeness of an IG-based localizer's fit: recorded in ``meta_["ig_check"]``,
+shown by :meth:`IGChecked.summary`, and one warning when it exceeds ``completeness_tol``.
+
+The kernels (:func:`capinterp.kernels.ig.ig_scores`, :func:`capinterp.kernels.sequential.sig_scores`)
+fill a ``stats`` dict per call; the localizer gathers them in a
+:class:`~capinterp.kernels.completeness.CompletenessLog` during ``fit`` and writes its report
+(per layer: max and mean over the fit's examples) into the result metadata, which
+``NeuronScores``/``NeuronSet`` carry through save/load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import pandas as pd
+
+from capinterp.core import validate
+from capinterp.core.model import neuron_shape
+from capinterp.kernels.completeness import COMPLETENESS_TOL, CompletenessLog, CompletenessWarning, warn_report
+
+__all__ = ["COMPLETENESS_TOL", "IGChecked", "check_completeness_tol", "ig_check_frame", "quiet_kernel_warnings"]
+
+
+def check_completeness_tol(value: Any) -> float:
+    """A finite tolerance > 0 on the relative completeness error."""
+    return validate.finite_float("completeness_tol", value, low=0.0, low_open=True)
+
+
+def ig_check_frame(report: dict) -> pd.DataFrame:
+    """One row per layer: completeness error (max, mean over examples), error estimate, nodes."""
+    cols = {
+        "completeness_max": "completeness_max",
+        "completeness_mean": "completeness_mean",
+        "error_estimate_max": "error_estimate_max",
+        "nodes_max": "nodes_max",
+        "nodes_mean": "nodes_mean",
+    }
+    data = {name: report.get(key) for name, key in cols.items() if report.get(key) is not None}
+    df = pd.DataFrame(data, dtype=float)
+    df.index.name = "layer"
+    return df
+
+
+class IGChecked:
+    """Mixin of IG-based localizers: ``self.completeness_tol`` and ``self.rule`` are set by the
+    localizer; call :meth:`_ig_begin` before scoring, pass :meth:`_ig_stats` dicts to the kernel,
+    :meth:`_ig_report` when building the metadata and :meth:`_ig_warn` at the end of ``fit``."""
+
+    completeness_tol: float
+    rule: str
+    meta_: dict
+    model: Any
+    name: str
+    #: Whether the report keeps every example's per-layer errors (per-prompt localizers).
+    _ig_per_example: bool = True
+
+    def _ig_begin(self) -> None:
+        self._ig_log = CompletenessLog(neuron_shape(self.model)[0])
+
+    def _ig_stats(self) -> dict:
+        """A fresh ``stats`` dict for one kernel call; recorded by :meth:`_ig_add` after it returns."""
+        return {}
+
+    def _ig_add(self, stats: dict) -> None:
+        if not hasattr(self, "_ig_log"):
+            self._ig_begin()
+        self._ig_log.add(stats)
+
+    def _ig_report(self) -> dict:
+        if not hasattr(self, "_ig_log"):
+            self._ig_begin()
+        return self._ig_log.report(per_example=self._ig_per_example, tol=self.completeness_tol, rule=self.rule)
+
+    def _ig_warn(self) -> None:
+        est_tol = getattr(self, "tol", None) if self.rule == "adaptive" else None
+        warn_report(
+            self.meta_.get("ig_check", {}),
+            self.completeness_tol,
+            f"{type(self).__name__}.fit",
+            est_tol=est_tol,
+            stacklevel=4,
+        )
+
+    def summary(self) -> pd.DataFrame:
+        """Per layer: the completeness error ``|sum IG - (F(x) - F(baseline))| / |F(x) - F(baseline)|``
+        (max and mean over the fit's examples), the error estimate (adaptive rule, closed form) and
+        the nodes used (:mod:`capinterp.kernels.completeness`)."""
+        if not hasattr(self, "meta_"):
+            raise RuntimeError(f"{type(self).__name__} is not fitted yet: call .fit(data) first")
+        return ig_check_frame(self.meta_.get("ig_check", {}))
+
+
+@contextlib.contextmanager
+def quiet_kernel_warnings():
+    """The kernels' own per-call completeness warnings are dropped; the fit warns once instead."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompletenessWarning)
+        yield
