@@ -141,7 +141,9 @@ def run(ctx: Context) -> ExperimentResult:
     """Arithmetic (``sub``) and known facts; every localizer's CPR / CMD beside chance."""
     s = cd.settings(ctx)
     sub = cd.prepared(ctx, {**s, "capabilities": ("sub",)})["sub"]
-    bags = known_paraphrases(ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 16))
+    bags = known_paraphrases(
+        ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 16), allow_empty=True
+    )
     facts = [bag[0] for bag in bags]
     arithmetic: tuple[str, ...]
     on_facts: tuple[str, ...]

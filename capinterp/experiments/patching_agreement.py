@@ -135,7 +135,9 @@ def run(ctx: Context) -> ExperimentResult:
 
     s = cd.settings(ctx)
     sub = cd.prepared(ctx, {**s, "capabilities": ("sub",)})["sub"]
-    bags = known_paraphrases(ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 12))
+    bags = known_paraphrases(
+        ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 12), allow_empty=True
+    )
     tasks = {"arithmetic (sub)": sub.locate[: ctx.size(4, 16)]}
     if bags:
         tasks["facts"] = [bag[0] for bag in bags]

@@ -167,6 +167,8 @@ def new_values(
         if mode == "erase":
             out[layer] = (idx, torch.zeros_like(v))
             continue
+        if old_token is None or new_token is None:
+            raise ValueError("mode='update' needs the old and the new answer's first tokens")
         e_old, e_new = (_direction(model, t, direction).to(v.device) for t in (old_token, new_token))
         norm = v.norm(dim=1, keepdim=True)
         sign = signs[layer, idx.cpu()].to(v)[:, None] if signs is not None else 1.0
@@ -224,7 +226,10 @@ def _answer_ids(
     (update only; refused when it is the old answer's first token)."""
     enc = encode(model, queries, max_target_tokens=1)
     new_ids = (
-        [e.target_ids[0] for e in encode(model, [Example(q.prompt, new_target) for q in queries], max_target_tokens=1)]
+        [
+            e.target_ids[0]
+            for e in encode(model, [Example(q.prompt, new_target or "") for q in queries], max_target_tokens=1)
+        ]
         if mode == "update"
         else None
     )
@@ -340,7 +345,7 @@ def edit_knowledge(
         mode,
         enc[query_index].target_ids[0],
         new_ids[query_index] if new_ids else None,
-        tuple(lambdas),
+        (float(lambdas[0]), float(lambdas[1])),
         direction,
         signs,
     )

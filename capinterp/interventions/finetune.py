@@ -125,11 +125,18 @@ def _eval_sets(eval_data: Any) -> dict[str, list[Example]]:
     return out
 
 
+def _located(neurons: NeuronSet | None, arm: str) -> NeuronSet:
+    """The located set an arm other than ``full`` needs (checked before training starts)."""
+    if neurons is None:
+        raise ValueError(f"the {arm!r} arm needs neurons=")
+    return neurons
+
+
 def _trainable(model, arm: str, neurons: NeuronSet | None) -> dict[str, torch.Tensor | None]:
     """``{parameter name: mask of trained entries, or None for the whole parameter}``."""
     if arm == "full":
         return {name: None for name, _ in model.named_parameters()}
-    masks = neuron_masks(model, neurons)
+    masks = neuron_masks(model, _located(neurons, arm))
     if arm == "without_located":
         return {name: (~masks[name] if name in masks else None) for name, _ in model.named_parameters()}
     return {name: m for name, m in masks.items() if bool(m.any())}
@@ -240,7 +247,7 @@ def _arm_model(model, arm: str, spare, inplace: bool, dev: torch.device, neurons
     if torch.device(work.cfg.device) != dev:
         work.to(dev, print_details=False)
     if arm == "without_located":
-        zero_neurons(work, neurons)
+        zero_neurons(work, _located(neurons, arm))
     return work
 
 

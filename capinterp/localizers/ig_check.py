@@ -57,7 +57,7 @@ class IGChecked:
     _ig_per_example: bool = True
 
     def _ig_begin(self) -> None:
-        self._ig_log = CompletenessLog(neuron_shape(self.model)[0])
+        self._ig_log = CompletenessLog(neuron_shape(validate.model(self.model))[0])
 
     def _ig_stats(self) -> dict:
         """A fresh ``stats`` dict for one kernel call; recorded by :meth:`_ig_add` after it returns."""

@@ -109,6 +109,11 @@ def test_bad_tolerances(tiny):
 def test_cli_localize_prints_completeness(tmp_path, capsys):
     from capinterp.app.cli import main
 
-    assert main(["localize", "--model", "tiny", "--method", "cnl", "--n", "2", "--examples", "all", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            ["localize", "--model", "tiny", "--method", "cnl", "--n", "2", "--examples", "all", "--out", str(tmp_path)]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(out["completeness_max"]) == 4 and all(v >= 0 for v in out["completeness_max"])
