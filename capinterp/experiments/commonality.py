@@ -21,7 +21,7 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.units import metrics
 
-__all__ = ["COLUMNS", "PAPER_TABLE1", "commonality_figure", "commonality_table", "run", "split_stats"]
+__all__ = ["COLUMNS", "PAPER_TABLE1", "SPLIT_COLUMNS", "commonality_figure", "commonality_table", "run", "split_stats"]
 
 NAME, TITLE = "commonality", "Split-half consistency of capability neurons (Huang et al. 2025, Table 1)"
 
@@ -44,21 +44,9 @@ PAPER_TABLE1: dict[str, dict[str, dict[str, float]]] = {
         "ratio": {"GSM8K": 0.28, "Emotion": 0.19, "Code25K": 0.11, "Meta_Math": 0.27, "Imdb": 0.26},
     },
 }
-COLUMNS = [
-    "capability",
-    "method",
-    "n_per_half",
-    "sigma",
-    "overlap",
-    "overlap_chance",
-    "iou",
-    "iou_chance",
-    "p_value",
-    "ratio_pct",
-    "n_a",
-    "n_b",
-    "n_common",
-]
+#: What :func:`split_stats` returns for two halves, in this order.
+SPLIT_COLUMNS = ["overlap", "overlap_chance", "iou", "iou_chance", "p_value", "ratio_pct", "n_a", "n_b", "n_common"]
+COLUMNS = ["capability", "method", "n_per_half", "sigma", *SPLIT_COLUMNS]
 
 
 def split_stats(a: Any, b: Any) -> dict[str, float]:

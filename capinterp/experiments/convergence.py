@@ -39,7 +39,7 @@ from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
-from capinterp.experiments.commonality import split_stats
+from capinterp.experiments.commonality import SPLIT_COLUMNS, split_stats
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.results.neurons import NeuronScores
 
@@ -60,21 +60,7 @@ __all__ = [
 ]
 
 NAME, TITLE = "convergence", "Split-half consistency against data size (Huang et al. 2025, App. E, Fig. 6)"
-COLUMNS = [
-    "dataset",
-    "method",
-    "n_per_half",
-    "split",
-    "overlap",
-    "overlap_chance",
-    "iou",
-    "iou_chance",
-    "p_value",
-    "ratio_pct",
-    "n_a",
-    "n_b",
-    "n_common",
-]
+COLUMNS = ["dataset", "method", "n_per_half", "split", *SPLIT_COLUMNS]
 SUMMARY_COLUMNS = [
     "dataset",
     "method",

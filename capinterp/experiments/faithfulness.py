@@ -20,12 +20,13 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from capinterp.core.example import Example
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.interventions.faithfulness import MIB_FRACTIONS, faithfulness
 
-__all__ = ["COLUMNS", "NOT_MEASURED", "QUICK_FRACTIONS", "cpr_figure", "faithfulness_table", "run"]
+__all__ = ["COLUMNS", "NOT_MEASURED", "QUICK_FRACTIONS", "cpr_figure", "faithfulness_table", "run", "sub_and_facts"]
 
 NAME, TITLE = "faithfulness", "How good is a localization? CPR / CMD of every localizer against chance"
 QUICK_FRACTIONS = (0.01, 0.1, 0.5)
@@ -136,15 +137,20 @@ def cpr_figure(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def sub_and_facts(ctx: Context, max_facts: int) -> tuple[cd.CapabilityData, list[Example]]:
+    """The two tasks of the localization-quality experiments: the ``sub`` capability's data and
+    up to ``max_facts`` builtin facts the model knows (none on a model that knows none)."""
+    sub = cd.prepared(ctx, {**cd.settings(ctx), "capabilities": ("sub",)})["sub"]
+    bags = known_paraphrases(
+        ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=max_facts, allow_empty=True
+    )
+    return sub, [bag[0] for bag in bags]
+
+
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """Arithmetic (``sub``) and known facts; every localizer's CPR / CMD beside chance."""
-    s = cd.settings(ctx)
-    sub = cd.prepared(ctx, {**s, "capabilities": ("sub",)})["sub"]
-    bags = known_paraphrases(
-        ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 16), allow_empty=True
-    )
-    facts = [bag[0] for bag in bags]
+    sub, facts = sub_and_facts(ctx, ctx.size(4, 16))
     arithmetic: tuple[str, ...]
     on_facts: tuple[str, ...]
     if ctx.quick:  # one ranking per kind of localizer: dataset IG, projection, per-prompt IG, layers

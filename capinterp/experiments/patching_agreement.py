@@ -24,9 +24,8 @@ import plotly.graph_objects as go
 import torch
 
 from capinterp.core.model import neuron_shape
-from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
-from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.experiments.faithfulness import sub_and_facts
 from capinterp.interventions.faithfulness import ablated_metric
 from capinterp.results.neurons import NeuronScores
 
@@ -133,14 +132,10 @@ def run(ctx: Context) -> ExperimentResult:
     from capinterp.localizers.dcsn import DCSN
     from capinterp.localizers.kn import KN
 
-    s = cd.settings(ctx)
-    sub = cd.prepared(ctx, {**s, "capabilities": ("sub",)})["sub"]
-    bags = known_paraphrases(
-        ctx.model, builtin_paraphrases(), per_fact=1, min_prompts=1, max_facts=ctx.size(4, 12), allow_empty=True
-    )
+    sub, facts = sub_and_facts(ctx, ctx.size(4, 12))
     tasks = {"arithmetic (sub)": sub.locate[: ctx.size(4, 16)]}
-    if bags:
-        tasks["facts"] = [bag[0] for bag in bags]
+    if facts:
+        tasks["facts"] = facts
     ig = ctx.ig(4, 10)
     parts = []
     for task, data in tasks.items():
