@@ -80,7 +80,11 @@ def test_adaptive_cap_warns_through_the_localizer(tiny):
 def test_sig_amig_record_it(tiny):
     L = tiny.cfg.n_layers
     sig = ci.SIG(tiny, steps=16, rule="gauss", progress=False).fit(FACT)
-    assert max(_check(sig.meta_, L)["completeness_max"]) < 1e-4
+    # SIG's per-position differences F(x) - F(x with a_t = b) are ~1e-5 on the tiny random model
+    # (p(target) ~ 1e-3), so float32 gradients leave a relative floor near 1e-4 whatever the nodes
+    # (8.4e-5 / 9.0e-5 / 9.6e-5 at 16 / 24 / 32 points; 1.01e-4 once in a full-suite run): the
+    # bound sits above that floor and far below a coarse rule's error (right:3: 4.0 on these facts).
+    assert max(_check(sig.meta_, L)["completeness_max"]) < 3e-4
     base = torch.full((L, tiny.cfg.d_mlp), 0.05)
     amig = ci.AMIG(tiny, steps=48, rule="gauss", baseline=base, progress=False).fit(FACT)
     assert max(_check(amig.meta_, L)["completeness_max"]) < 1e-4
