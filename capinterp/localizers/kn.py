@@ -49,7 +49,8 @@ class KN(IGChecked, Localizer):
         objective: IG objective, as for :class:`capinterp.CNL`.
         kernel: IG kernel, as for :class:`capinterp.CNL`.
         invariance: closed-form sums on scale-invariant models, as for :class:`capinterp.CNL`.
-        tol, max_steps: the adaptive rule's tolerance and node cap, as for :class:`capinterp.CNL`.
+        tol: the adaptive rule's tolerance, as for :class:`capinterp.CNL`.
+        max_steps: the adaptive rule's node cap, as for :class:`capinterp.CNL`.
         completeness_tol: warn when a layer's completeness error exceeds it, as for :class:`capinterp.CNL`.
         method: former name of ``kernel`` (still accepted).
 
