@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from capinterp.core.family import family_of, logit_transform
+
 __all__ = ["capture", "logits_at", "unembed"]
 
 
@@ -35,15 +37,13 @@ def capture(model, tokens: torch.Tensor, hook_name: str, fwd_hooks=()) -> torch.
 
 
 def unembed(model, h: torch.Tensor) -> torch.Tensor:
-    """Final norm + unembedding (+ the HF head's final soft-cap, where the architecture has one)."""
-    logits = model.unembed(model.ln_final(h))
-    hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
-    cap = getattr(hf_cfg, "final_logit_softcapping", None)
-    if cap is None and hf_cfg is not None and hasattr(hf_cfg, "get_text_config"):
-        cap = getattr(hf_cfg.get_text_config(), "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+    """Final norm + unembedding + the family's own final steps (logit multiplier, soft-cap).
+
+    The family facts come from the model's record (:func:`capinterp.core.family.family_of`);
+    :func:`capinterp.core.family.check_logit_path` checks at load that this equals the model's
+    own logits.
+    """
+    return logit_transform(family_of(model), model.unembed(model.ln_final(h)))
 
 
 def logits_at(model, tokens: torch.Tensor, positions: torch.Tensor, fwd_hooks=()) -> torch.Tensor:

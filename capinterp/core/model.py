@@ -27,13 +27,16 @@ from typing import Any
 
 import torch
 
+from capinterp.core.family import UnsupportedFamily, check_supported, family_of, read_family
 from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint, refresh_fingerprint
+from capinterp.core.forward import logits_at
 from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
 
 __all__ = [
     "DEFAULT_MODEL",
     "architecture_fingerprint",
     "cache_dir",
+    "check_logit_path",
     "check_neuron_hooks",
     "load_model",
     "model_fingerprint",
@@ -223,8 +226,21 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     bridge.capinterp_name = label
     if bridge.tokenizer is not None:
         bridge.tokenizer.padding_side = "right"
+    fam = read_family(bridge)
+    check_supported(fam)  # refused here, naming the family, never partway through a run
+    bridge.capinterp_family = fam
+    if (
+        int(bridge.cfg.d_mlp) != fam.d_mlp
+    ):  # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM)
+        bridge.cfg.d_mlp = fam.d_mlp
     check_neuron_hooks(bridge)
+    check_logit_path(bridge, _probe_tokens(bridge))
     return bridge
+
+
+def _probe_tokens(model) -> torch.Tensor:
+    bos = getattr(model.tokenizer, "bos_token_id", None) or 0
+    return torch.tensor([[bos, bos]], device=model.cfg.device)
 
 
 def _module_dir(spec_name: str, install: str) -> Path:
@@ -372,8 +388,7 @@ def check_neuron_hooks(model) -> None:
     def grab(act, hook):
         widths[int(hook.name.split(".")[1])] = act.shape[-1]
 
-    bos = getattr(model.tokenizer, "bos_token_id", None) or 0
-    tokens = torch.tensor([[bos, bos]], device=model.cfg.device)
+    tokens = _probe_tokens(model)
     with torch.no_grad():
         model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
     bad = {l: w for l, w in widths.items() if w != d_mlp}
@@ -415,3 +430,21 @@ def model_meta(model) -> dict[str, Any]:
         "shape": [n_layers, d_mlp],
         **neuron_param_info(model),
     }
+
+
+def check_logit_path(model: Any, tokens: torch.Tensor, rtol: float = 1e-3) -> None:
+    """Refuse a model whose logits capinterp's hand-built path (final norm, unembed, the record's
+    transform) does not reproduce: the guard against silently wrong probabilities."""
+    fam = family_of(model)
+    with torch.no_grad():
+        own = model(tokens)[:, -1].float()
+        ours = logits_at(model, tokens, torch.full((tokens.shape[0],), tokens.shape[1] - 1))
+    own = own.to(ours.device)
+    err = (ours - own).abs().max().item()
+    scale = own.abs().max().item() + 1e-6
+    if not err <= rtol * scale + 1e-4:
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): capinterp's logits (final norm + unembedding + the family's "
+            f"logit transform) differ from the model's own by {err:.3g} (logits up to {scale:.3g}); this family "
+            "needs a final step capinterp does not know, so its probabilities would be wrong"
+        )

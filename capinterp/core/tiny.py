@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["tiny_llama_hf", "tiny_native_config", "tiny_tokenizer"]
+__all__ = ["TINY_FAMILIES", "tiny_hf", "tiny_llama_hf", "tiny_native_config", "tiny_tokenizer"]
 
 _SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
@@ -130,3 +130,88 @@ def tiny_native_config(
         normalization_type="LN",
         seed=seed,
     )
+
+
+# Per-family settings of :func:`tiny_hf` beyond the common sizes (transformers config field names).
+# Every entry builds a 2-layer model with d_model 32, 4 heads (2 KV heads where the family has GQA)
+# and an FFN 96 wide (3 x d_model, so a bridge that assumes 4 x d_model is caught).
+TINY_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(intermediate_size=96),
+    "mistral": dict(intermediate_size=96),
+    "qwen2": dict(intermediate_size=96),
+    "qwen3": dict(intermediate_size=96, head_dim=8),
+    "gemma": dict(intermediate_size=96, head_dim=8),
+    "gemma2": dict(intermediate_size=96, head_dim=8),
+    "gemma3_text": dict(intermediate_size=96, head_dim=8),
+    "olmo": dict(intermediate_size=96),
+    "olmo2": dict(intermediate_size=96),
+    "stablelm": dict(intermediate_size=96),
+    "starcoder2": dict(intermediate_size=96),
+    "phi": dict(intermediate_size=96, partial_rotary_factor=0.5),
+    "phi3": dict(intermediate_size=96),
+    "nemotron": dict(intermediate_size=96),
+    "cohere": dict(intermediate_size=96, logit_scale=0.5),
+    "granite": dict(
+        intermediate_size=96,
+        embedding_multiplier=2.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.3,
+        logits_scaling=4.0,
+    ),
+    "gpt2": dict(n_inner=96),
+    "gpt_bigcode": dict(n_inner=96),
+    "gptj": dict(n_inner=96, rotary_dim=4),
+    "codegen": dict(n_inner=96, rotary_dim=4),
+    "gpt_neo": dict(intermediate_size=96, attention_types=[[["global", "local"], 1]], num_layers=2, window_size=16),
+    "gpt_neox": dict(intermediate_size=96, rotary_pct=0.5),
+    "opt": dict(ffn_dim=96, word_embed_proj_dim=32),
+    "xglm": dict(ffn_dim=96),
+    "falcon": dict(ffn_hidden_size=96),
+    "bloom": dict(),  # FFN fixed at 4 x d_model
+    "mpt": dict(),  # FFN fixed at 4 x d_model (transformers ignores expansion_ratio)
+    # mixture of experts: refused at load today (capinterp.core.family.check_supported)
+    "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(
+        moe_intermediate_size=48, shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2
+    ),
+    "qwen3_moe": dict(moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2, head_dim=8),
+    "olmoe": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
+    "gpt_oss": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+}
+
+
+def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) -> tuple[Any, Any]:
+    """``(hf_model, tokenizer)``: a tiny random model of a transformers family (``TINY_FAMILIES``).
+
+    Built from the family's own config class (``AutoConfig.for_model``) with 2 layers, d_model 32
+    and the tiny tokenizer; 2-D weights drawn with ``std`` (as :func:`tiny_llama_hf`), so outputs
+    depend on the neurons. ``overrides`` set further config fields.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}: one of {sorted(TINY_FAMILIES)}")
+    tok = tiny_tokenizer()
+    cfg = AutoConfig.for_model(family)
+    fields = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    if hasattr(cfg, "num_key_value_heads"):
+        fields["num_key_value_heads"] = 2
+    for key, value in {**fields, **TINY_FAMILIES[family], **overrides}.items():
+        setattr(cfg, key, value)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg)
+        for p in model.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=std)
+    cfg.architectures = [type(model).__name__]
+    return model.eval(), tok

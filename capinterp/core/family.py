@@ -1,0 +1,196 @@
+"""One record per model of what capinterp's methods need to know about its architecture.
+
+Every family-specific fact lives here, read once from the transformers config (or the
+TransformerLens config of a native model) when the model loads: FFN width, whether attention
+and MLP read the same residual (parallel blocks), gated or plain MLP, positional scheme,
+fused QKV, the multipliers some families put on embeddings, residual branches, attention
+scores and logits, the final logit soft-cap, and mixture-of-experts FFNs. Methods ask the
+record (:func:`family_of`), never a family name; anything that rebuilds logits by hand goes
+through :func:`logit_transform` (used by :func:`capinterp.core.forward.unembed`).
+
+A model the record cannot serve is refused at load (:func:`check_supported`) with a message
+naming the family and what is missing, never partway through a run. As a last guard,
+:func:`capinterp.core.model.check_logit_path` compares capinterp's hand-built logits with the model's own forward at
+load, so a family whose logits need a step this record does not know fails loudly there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Family",
+    "MoE",
+    "UnsupportedFamily",
+    "check_supported",
+    "family_of",
+    "logit_transform",
+    "read_family",
+]
+
+# transformers config fields holding the FFN width, in the order families use them
+_FFN_WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "ffn_hidden_dim")
+# families whose fused QKV projection is one Linear (split per head by the bridge's adapter)
+_FUSED_QKV = frozenset({"gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "codegen", "mpt", "phi3", "persimmon"})
+# families whose weights are stored as Conv1D ([in, out], transposed against nn.Linear)
+_CONV1D = frozenset({"gpt2", "gpt_bigcode"})
+
+
+class UnsupportedFamily(NotImplementedError):
+    """The model's architecture needs something capinterp does not provide; raised at load."""
+
+
+@dataclass(frozen=True)
+class MoE:
+    """A mixture-of-experts FFN: ``n_experts`` routed experts, ``top_k`` per token, shared experts."""
+
+    n_experts: int
+    top_k: int
+    d_expert: int
+    n_shared: int = 0
+
+
+@dataclass(frozen=True)
+class Family:
+    """Architecture facts of one model (see the module docstring)."""
+
+    name: str  # transformers model_type ("gpt2", "llama", ...); "native" for TransformerLens-native models
+    architecture: str  # e.g. "GPT2LMHeadModel"
+    n_layers: int
+    d_model: int
+    d_mlp: int  # FFN width: the neurons per layer (per expert for MoE)
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    parallel_block: bool = False  # attention and MLP of a block read the same residual
+    gated_mlp: bool = False
+    positions: str = "rotary"  # TransformerLens positional_embedding_type: rotary, standard, alibi, ...
+    fused_qkv: bool = False
+    conv1d: bool = False
+    logit_multiplier: float = (
+        1.0  # final logits = this * (ln_final(h) @ W_U); Cohere logit_scale, Granite 1/logits_scaling
+    )
+    logit_softcap: float | None = None  # Gemma 2/3: cap * tanh(logits / cap), applied after the multiplier
+    embedding_multiplier: float = 1.0  # Granite
+    residual_multiplier: float = 1.0  # Granite: every attention / MLP output is scaled before joining the residual
+    attention_multiplier: float | None = None  # Granite: replaces 1/sqrt(d_head)
+    moe: MoE | None = None
+    kv_cache: bool = True
+
+    @property
+    def neurons(self) -> tuple[int, int]:
+        """``(n_layers, d_mlp)``: the shape of every neuron score / mask."""
+        return self.n_layers, self.d_mlp
+
+
+def family_of(model: Any) -> Family:
+    """The model's :class:`Family`, read once and kept on the model (``model.capinterp_family``)."""
+    fam = getattr(model, "capinterp_family", None)
+    if isinstance(fam, Family):
+        return fam
+    fam = read_family(model)
+    try:
+        model.capinterp_family = fam
+    except (AttributeError, TypeError):  # pragma: no cover - a model that refuses attributes
+        pass
+    return fam
+
+
+def _hf_config(model: Any) -> Any:
+    cfg = getattr(getattr(model, "original_model", None), "config", None)
+    if cfg is None or not hasattr(cfg, "to_dict"):
+        return None
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _get(cfg: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        v = getattr(cfg, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def _moe(hf: Any, d_model: int) -> MoE | None:
+    n = _get(hf, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+    if not n or int(n) <= 1:
+        return None
+    top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", default=1))
+    d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
+    shared = _get(hf, "n_shared_experts", "num_shared_experts", default=None)
+    if shared is None:
+        shared = 1 if _get(hf, "shared_expert_intermediate_size") else 0
+    return MoE(n_experts=int(n), top_k=top_k, d_expert=d_expert, n_shared=int(shared))
+
+
+def _ffn_width(hf: Any, d_model: int) -> int:
+    width = _get(hf, *_FFN_WIDTH_FIELDS)  # absent: 4 * d_model (BLOOM; MPT, whose MLP ignores expansion_ratio)
+    return int(width) if width is not None else 4 * d_model
+
+
+def read_family(model: Any) -> Family:
+    """Build the :class:`Family` of a ``TransformerBridge`` from its configs (no forward pass)."""
+    tl = model.cfg
+    common: dict[str, Any] = dict(
+        n_layers=int(tl.n_layers),
+        d_model=int(tl.d_model),
+        n_heads=int(tl.n_heads),
+        n_kv_heads=int(getattr(tl, "n_key_value_heads", None) or tl.n_heads),
+        d_head=int(tl.d_head),
+        parallel_block=bool(getattr(tl, "parallel_attn_mlp", False)),
+        gated_mlp=bool(getattr(tl, "gated_mlp", False)),
+        positions=str(getattr(tl, "positional_embedding_type", "standard")),
+    )
+    hf = _hf_config(model)
+    if hf is None:  # TransformerLens-native model: its own config is the whole truth
+        return Family(
+            name="native",
+            architecture=str(getattr(tl, "architecture", None) or "native"),
+            d_mlp=int(tl.d_mlp),
+            **common,
+        )
+    name = str(getattr(hf, "model_type", "") or type(model.original_model).__name__)
+    moe = _moe(hf, common["d_model"])
+    logit_multiplier = float(_get(hf, "logit_scale", default=1.0))
+    scaling = _get(hf, "logits_scaling")
+    if scaling is not None:
+        logit_multiplier /= float(scaling)
+    arch = (getattr(hf, "architectures", None) or [type(model.original_model).__name__])[0]
+    return Family(
+        name=name,
+        architecture=str(arch),
+        d_mlp=moe.d_expert if moe else _ffn_width(hf, common["d_model"]),
+        fused_qkv=name in _FUSED_QKV,
+        conv1d=name in _CONV1D,
+        logit_multiplier=logit_multiplier,
+        logit_softcap=_get(hf, "final_logit_softcapping"),
+        embedding_multiplier=float(_get(hf, "embedding_multiplier", default=1.0)),
+        residual_multiplier=float(_get(hf, "residual_multiplier", default=1.0)),
+        attention_multiplier=_get(hf, "attention_multiplier"),
+        moe=moe,
+        kv_cache=True,
+        **common,
+    )
+
+
+def check_supported(fam: Family) -> None:
+    """Refuse, naming the family and what is missing, a model capinterp cannot serve correctly."""
+    if fam.moe is not None:
+        m = fam.moe
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}) has a mixture-of-experts FFN ({m.n_experts} experts, top-{m.top_k}"
+            f"{f', {m.n_shared} shared' if m.n_shared else ''}): its neurons are (layer, expert, neuron) units, "
+            "which capinterp does not localize yet; only dense FFN models are supported"
+        )
+
+
+def logit_transform(fam: Family, logits: torch.Tensor) -> torch.Tensor:
+    """Apply the family's own final steps to ``ln_final(h) @ W_U``: multiplier, then soft-cap."""
+    if fam.logit_multiplier != 1.0:
+        logits = logits * fam.logit_multiplier
+    if fam.logit_softcap:
+        logits = torch.tanh(logits / fam.logit_softcap) * fam.logit_softcap
+    return logits

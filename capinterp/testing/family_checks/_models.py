@@ -1,0 +1,34 @@
+"""Shared by the family checks: the tiny model of a family, loaded both ways, cached per process."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from capinterp.core.tiny import tiny_hf
+
+__all__ = ["PROMPTS", "load_pair"]
+
+PROMPTS = ("3+4=7 The Eiffel Tower is in", "Rome is the capital of")
+
+
+@functools.lru_cache(maxsize=2)
+def _pair(family: str) -> tuple[Any, Any, Any]:
+    from capinterp.core.model import load_model
+
+    hf, tok = tiny_hf(family)
+    return hf, tok, load_model(hf, tokenizer=tok)
+
+
+def load_pair(family: str) -> tuple[Any, Any, Any]:
+    """``(hf_model, tokenizer, bridge)`` sharing one set of weights; the bridge is loaded through
+    :func:`capinterp.load_model` (which may raise ``UnsupportedFamily``). Cached: do not modify."""
+    hf, tok, model = _pair(family)
+    assert all(not p.requires_grad or p.grad is None for p in hf.parameters())
+    return hf, tok, model
+
+
+def encode(tok: Any, text: str) -> torch.Tensor:
+    return tok(text, return_tensors="pt")["input_ids"]

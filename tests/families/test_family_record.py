@@ -1,0 +1,85 @@
+"""The per-model family record: facts read from each family's own config, refusals at load,
+and capinterp's logits equal to plain transformers' on every dense family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import capinterp as ci
+from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.core.forward import logits_at
+from capinterp.core.tiny import TINY_FAMILIES, tiny_hf
+
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+DENSE = tuple(f for f in TINY_FAMILIES if f not in MOE)
+
+
+def _load(family: str):
+    hf, tok = tiny_hf(family)
+    return hf, tok, ci.load_model(hf, tokenizer=tok)
+
+
+@pytest.mark.parametrize("family", DENSE)
+def test_dense_family_logits_match_transformers(family):
+    """log p of every next token through capinterp's hand-built logit path equals plain transformers' (1e-6 relative)."""
+    hf, tok, model = _load(family)
+    ids = tok(["3+4=7 The Eiffel Tower is in", "Rome is the capital of"], return_tensors="pt", padding=True)
+    n = ids["attention_mask"].sum(1)
+    with torch.no_grad():
+        ref = hf(**ids).logits.double().log_softmax(-1)
+    for b in range(2):
+        pos = int(n[b]) - 1
+        got = logits_at(model, ids["input_ids"][b : b + 1, : pos + 1], torch.tensor([pos])).double().log_softmax(-1)
+        want = ref[b, pos]
+        rel = ((got[0] - want).abs() / want.abs().clamp_min(1.0)).max().item()
+        assert rel < 1e-5, (family, rel)
+
+
+@pytest.mark.parametrize("family", DENSE)
+def test_ffn_width_from_config(family):
+    """Neurons per layer are the config's FFN width (96 = 3 x d_model), not the bridge's 4 x d_model guess."""
+    _, _, model = _load(family)
+    fam = family_of(model)
+    want = 128 if family in ("bloom", "mpt") else 96  # these two fix the FFN at 4 x d_model
+    assert fam.d_mlp == want == model.cfg.d_mlp
+    assert ci.core.model.neuron_shape(model) == (2, want)
+
+
+def test_multipliers_read_from_config():
+    _, _, granite = _load("granite")
+    fam = family_of(granite)
+    assert (fam.logit_multiplier, fam.embedding_multiplier, fam.residual_multiplier) == (0.25, 2.0, 0.5)
+    _, _, cohere = _load("cohere")
+    assert family_of(cohere).logit_multiplier == 0.5 and family_of(cohere).parallel_block
+
+
+@pytest.mark.parametrize("family", ["gptj", "gpt_neox", "phi", "codegen", "falcon", "cohere"])
+def test_parallel_blocks_flagged(family):
+    assert family_of(_load(family)[2]).parallel_block
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_moe_refused_at_load_naming_the_family(family):
+    hf, tok = tiny_hf(family)
+    with pytest.raises(UnsupportedFamily, match=f"{family}.*mixture-of-experts"):
+        ci.load_model(hf, tokenizer=tok)
+
+
+def test_wrong_logit_path_refused_at_load(monkeypatch):
+    """A family whose final logits need a step the record does not know is refused, not silently wrong."""
+    hf, tok = tiny_hf("granite")
+    monkeypatch.setattr("capinterp.core.family._get", _forget("logits_scaling"))
+    with pytest.raises(UnsupportedFamily, match="granite.*differ from the model's own"):
+        ci.load_model(hf, tokenizer=tok)
+
+
+def _forget(field: str):
+    from capinterp.core import family
+
+    real = family._get
+
+    def get(cfg, *names, default=None):
+        return real(cfg, *[n for n in names if n != field], default=default) if names != (field,) else default
+
+    return get
