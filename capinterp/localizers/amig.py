@@ -80,7 +80,7 @@ class AMIG(KN):
         adapt_steps: at most this many 0.05 moves of the coarse ratio (6).
 
     ``steps``, ``threshold``, ``share``, ``refine``, ``rule`` (``"adaptive"`` too), ``objective``,
-    ``kernel``, ``tol``, ``max_steps``, ``completeness_tol`` and
+    ``route``, ``tol``, ``max_steps``, ``completeness_tol`` and
     ``invariance`` (moot here: a baseline always integrates node by node) are
     :class:`capinterp.KN`'s.
     """
@@ -106,7 +106,7 @@ class AMIG(KN):
         refine: bool = True,
         rule: str = "right",
         objective: str = "prob",
-        kernel: str = "fast",
+        route: str = "fast",
         invariance: str = "auto",
         batch_size: int = 64,
         device: Any = None,
@@ -123,7 +123,7 @@ class AMIG(KN):
             refine=refine,
             rule=rule,
             objective=objective,
-            kernel=kernel,
+            route=route,
             invariance=invariance,
             batch_size=batch_size,
             device=device,

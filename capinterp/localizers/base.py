@@ -32,7 +32,6 @@ __all__ = [
     "UNIT_KINDS",
     "Localizer",
     "available",
-    "former_name",
     "get",
     "register",
 ]
@@ -130,17 +129,6 @@ def available(**capabilities: Any) -> list[str]:
     if bad:
         raise ValueError(f"unknown capability {bad[0]!r}; choose among {', '.join(Localizer.CAPABILITIES)}")
     return sorted(k for k, cls in _REGISTRY.items() if all(getattr(cls, c) == v for c, v in capabilities.items()))
-
-
-def former_name(value: Any, old: Any, name: str, old_name: str, default: Any) -> Any:
-    """``value``, or ``old`` when a caller used the argument's former name ``old_name``."""
-    if old is None:
-        return value
-    if value != default and value != old:
-        raise ValueError(
-            f"pass {name}= only ({old_name}= is its former name), got {name}={value!r}, {old_name}={old!r}"
-        )
-    return old
 
 
 class Localizer:

@@ -20,12 +20,7 @@ from capinterp.core import validate
 from capinterp.core.model import neuron_shape
 from capinterp.kernels.completeness import COMPLETENESS_TOL, CompletenessLog, CompletenessWarning, warn_report
 
-__all__ = ["COMPLETENESS_TOL", "IGChecked", "check_completeness_tol", "ig_check_frame", "quiet_kernel_warnings"]
-
-
-def check_completeness_tol(value: Any) -> float:
-    """A finite tolerance > 0 on the relative completeness error."""
-    return validate.finite_float("completeness_tol", value, low=0.0, low_open=True)
+__all__ = ["COMPLETENESS_TOL", "IGChecked", "ig_check_frame", "quiet_kernel_warnings"]
 
 
 def ig_check_frame(report: dict) -> pd.DataFrame:
