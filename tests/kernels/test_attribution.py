@@ -12,8 +12,8 @@ from ig_reference import ref_grad_x_act, ref_ig, ref_objective, ref_rule
 from capinterp.core.example import Example
 from capinterp.core.tokens import encode
 from capinterp.kernels import prefix as _prefix
-from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.ig import _Objective, grad_x_act, ig_alphas, ig_scores, objective_from_logits, site
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.quadrature import RULES, quadrature
 
 TOL = 1e-4  # max relative difference on scores above 1% of the max (the spec's criterion)

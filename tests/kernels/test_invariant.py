@@ -10,10 +10,10 @@ import torch
 
 import capinterp as ci
 import capinterp.kernels.ig as ig
-from capinterp.kernels.ig_config import IGConfig
 from capinterp.core.tiny import tiny_tokenizer
 from capinterp.core.tokens import encode
 from capinterp.data import Example
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.invariant import N_NODES, lagrange_basis, scale_invariant, substitute_nodes
 from capinterp.kernels.quadrature import quadrature
 
