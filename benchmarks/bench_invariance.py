@@ -53,7 +53,7 @@ def _node_grad(model, enc, alpha: float) -> torch.Tensor:
     al = torch.tensor([alpha], dtype=torch.float64)
     lay = list(range(int(model.cfg.n_layers)))
     with ig.frozen_params(model), torch.enable_grad():
-        _, g = ig._ig_rows(model, ig.site(enc, "answer"), lay, al, al, None, "prob", 64, "fast", {})
+        _, g, _, _ = ig._ig_rows(model, ig.site(enc, "answer"), lay, al, al, None, "prob", 64, "fast", {})
     return g.float().cpu()
 
 
