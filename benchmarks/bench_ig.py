@@ -172,11 +172,11 @@ def main(argv=None) -> int:
     cfg = IGConfig(steps=args.steps, batch_size=args.batch_size)
 
     # warm-up (first calls allocate and initialise lazily); the fast warm-up is a full run, so the
-    # peak RSS printed after it is the fast kernel's (the loop has not run yet)
+    # peak RSS printed after it is the fast route's (the loop has not run yet)
     t = time.perf_counter()
     ig_scores(model, encs[0], cfg)
     print(
-        f"warm-up: fast on prompt 0 in {time.perf_counter() - t:.2f}s; peak RSS with the fast kernel "
+        f"warm-up: fast on prompt 0 in {time.perf_counter() - t:.2f}s; peak RSS with the fast route "
         f"{rss_mb():.0f} MB (batch_size {args.batch_size})"
     )
     ig_scores(model, encs[0], IGConfig(steps=2, route="loop"), layers=[n_layers - 1])

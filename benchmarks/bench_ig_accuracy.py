@@ -7,7 +7,7 @@ Side by side in one run, per model, over ``--n`` prompts of
 token scaled, F = p(first answer token), zero baseline, every neuron of every layer):
 
 * reference: capinterp's Gauss-Legendre with ``--ref-steps`` (200) nodes, node by node;
-* ``adaptive``: ``ig_scores(rule="adaptive", tol=--tol)`` (1e-3), all layers, timed;
+* ``adaptive``: ``ig_scores`` with ``IGConfig(rule="adaptive", tol=--tol)`` (1e-3), all layers, timed;
 * fixed rules (errors only): Gauss-Legendre 5 / 10 / 20 / 40 and the papers' right-20;
 * ``captum-50``: captum's ``IntegratedGradients`` at its default (Gauss-Legendre, 50 steps) on
   the activation of one layer (:func:`bench_scale.captum_neuron_ig`), timed on ``--captum-layers``

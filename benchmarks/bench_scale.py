@@ -20,7 +20,7 @@ No weights are needed to measure time and memory. Side by side in one run, per p
   subject-noise corruption), over every edge of the head-level graph.
 
 FLOPs are counted by ``torch.utils.flop_counter`` on one fast-IG call with m=1 and m=2 steps
-(IG is linear in m). The cost model (:func:`ig_cost`) predicts the fast kernel's FLOPs and weight
+(IG is linear in m). The cost model (:func:`ig_cost`) predicts the fast route's FLOPs and weight
 traffic from the shape alone; the run prints its prediction next to the count, then the
 prediction for the 7B / 8B shapes. Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU,
 the process's peak RSS on the CPU. Each method runs in a process of its own (the parent counts

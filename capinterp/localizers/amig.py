@@ -5,7 +5,7 @@ compared with being silent"; but a silent neuron is not a neutral one. AMIG inte
 **baseline activation vector** b (``[n_layers, d_mlp]``): by default the mean activation over
 unrelated text (every non-BOS token of ``baseline_texts``, or of a seeded sample of the local
 data folder), or a tensor the caller passes. IG_l = (a - b) * mean_k dF/da(b + alpha_k (a - b))
-runs on the fast kernel (:func:`capinterp.kernels.ig.ig_scores` with ``baseline=``).
+runs on the IG kernel's fast route (:func:`capinterp.kernels.ig.ig_scores` with ``baseline=``).
 
 Adaptive threshold (reconstruction: the paper gives "adaptive threshold x max"): each prompt's
 coarse set starts at ``threshold * max`` and the ratio moves by 0.05, at most ``adapt_steps``

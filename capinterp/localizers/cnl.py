@@ -4,7 +4,7 @@
 
 summed over the teacher-forced answer positions, with F the mean probability of the answer
 tokens. The mask keeps ``|Attr - mean| > sigma * std`` (global over all neurons, two-sided;
-sigma = 6 as quoted by the reviewers). Cost: one fast IG kernel call per example
+sigma = 6 as quoted by the reviewers). Cost: one IG kernel call per example (fast route)
 (:func:`capinterp.kernels.ig.ig_scores`); scores are running sums, so a ``checkpoint=``
 makes long fits resumable and shards mergeable (:class:`capinterp.kernels.accumulate.ScoreSum`).
 """
