@@ -159,7 +159,7 @@ class Localizer:
 
     def __init__(self, model: Any, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
         # Store and check hyper-parameters only: nothing here reads, runs or moves the model
-        # (scikit-learn's rule), so constructing never fails on the model; ``fit`` does that work.
+        # (scikit-learn's convention), so constructing never fails on the model; ``fit`` does that work.
         batch_size = validate.positive_int("batch_size", batch_size)
         self.model = model
         self.batch_size = int(batch_size)
