@@ -91,20 +91,7 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
 
     def _ig_config(self, batch_size: int) -> IGConfig:
         """The IG settings of a fit with rows of ``batch_size`` (ValueError on a bad hyper-parameter)."""
-        return ig.check_config(
-            IGConfig(
-                steps=self.steps,
-                rule=self.rule,
-                positions=self.positions,
-                objective=self.objective,
-                route=self.route,
-                invariance=self.invariance,
-                batch_size=batch_size,
-                tol=self.tol,
-                max_steps=self.max_steps,
-                completeness_tol=self.completeness_tol,
-            )
-        )
+        return ig.check_config(self._ig_settings(self.positions, batch_size))
 
     def _row_bytes(self, items: list[Encoded]) -> int:
         longest = max(items, key=lambda it: len(it.prompt_ids) + len(it.target_ids))

@@ -93,20 +93,7 @@ class KN(IGChecked, Localizer):
 
     def _ig_config(self) -> IGConfig:
         """The IG settings of a fit, from the hyper-parameters (ValueError on a bad one)."""
-        return ig.check_config(
-            IGConfig(
-                steps=self.steps,
-                rule=self.rule,
-                positions="last_prompt",
-                objective=self.objective,
-                route=self.route,
-                invariance=self.invariance,
-                batch_size=self.batch_size,
-                tol=self.tol,
-                max_steps=self.max_steps,
-                completeness_tol=self.completeness_tol,
-            )
-        )
+        return ig.check_config(self._ig_settings("last_prompt", self.batch_size))
 
     def _prompt_scores(self, item, config: IGConfig) -> torch.Tensor:
         """IG scores ``[n_layers, d_mlp]`` of one encoded prompt (subclasses change the path);

@@ -86,20 +86,7 @@ class SIG(KN):
         )
 
     def _ig_config(self) -> IGConfig:
-        return sequential.check_config(
-            IGConfig(
-                steps=self.steps,
-                rule=self.rule,
-                positions=self.positions,
-                objective=self.objective,
-                route=self.route,
-                invariance=self.invariance,
-                batch_size=self.batch_size,
-                tol=self.tol,
-                max_steps=self.max_steps,
-                completeness_tol=self.completeness_tol,
-            )
-        )
+        return sequential.check_config(self._ig_settings(self.positions, self.batch_size))
 
     def _prompt_scores(self, item, config: IGConfig) -> torch.Tensor:
         stats: dict = {}
