@@ -90,7 +90,9 @@ ACCURATE_STEPS = 10
 
 def ig_preset(name: str, steps: int) -> dict:
     """``{"rule", "steps"}`` for a named choice: ``"papers"`` keeps ``steps`` on the right Riemann
-    rule; ``"accurate"`` uses Gauss-Legendre with ``min(steps, ACCURATE_STEPS)`` points."""
+    rule; ``"accurate"`` uses Gauss-Legendre with ``min(steps, ACCURATE_STEPS)`` points (the
+    localizer keyword arguments of the experiments' ``ig_rule``; at 20 steps they are the rule and
+    steps of :data:`capinterp.kernels.ig_config.PAPERS` and :data:`~capinterp.kernels.ig_config.GAUSS_LEGENDRE`)."""
     if name not in IG_RULES:
         raise ValueError(f"ig_rule must be one of {tuple(IG_RULES)}, got {name!r}")
     if name == "papers":
