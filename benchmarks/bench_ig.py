@@ -1,9 +1,9 @@
-"""Benchmark the IG kernel: method="fast" against the straightforward method="loop", side by side.
+"""Benchmark the IG kernel: route="fast" against the straightforward route="loop", side by side.
 
     .venv/bin/python benchmarks/bench_ig.py --model smollm2 --n 4 --threads 2
 
 Few-shot arithmetic prompts of about 30 tokens (answers of 1 and 2 digits, alternating) run
-through both methods in one process, interleaved prompt by prompt so that load from other
+through both routes in one process, interleaved prompt by prompt so that load from other
 processes hits both alike. All layers, steps=20 for "fast". The loop baseline costs about a
 minute per prompt on a 2-core box, so by default it runs on a few evenly spaced layers
 (``--loop-layers``) and its time is extrapolated linearly to all layers (printed as such);
@@ -12,7 +12,7 @@ minute per prompt on a 2-core box, so by default it runs on a few evenly spaced 
 Also: gradient x activation throughput and its agreement with IG; ``--with-prefix`` times the
 bridge-only prefix route (ablation); ``--completeness`` prints sum(IG) vs F(a)-F(0) for one
 layer at m = 20/50/200; ``--fp64-check`` reruns one prompt in float64 to show the fp32 noise
-floor of both methods.
+floor of both routes.
 
 ``--rules`` compares quadrature rules instead (the papers' 20-point right sum against midpoint
 and Gauss-Legendre, ``--rule-list``), all on the fast route, all layers, CNL positions: time per
@@ -43,6 +43,7 @@ from capinterp.core.example import Example
 from capinterp.core.model import load_model, neuron_hook
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import grad_x_act, ig_scores
+from capinterp.kernels.ig_config import IGConfig
 
 
 def make_prompts(n: int, shots: int = 4, seed: int = 0) -> list[Example]:
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--loop-layers", default="4", help="'all', a count of evenly spaced layers, or a list '0,15,29'")
     ap.add_argument("--loop-n", type=int, default=None, help="run the loop baseline on the first N prompts only")
-    ap.add_argument("--with-prefix", action="store_true", help="also time method='prefix' (no layer staircase)")
+    ap.add_argument("--with-prefix", action="store_true", help="also time route='prefix' (no layer staircase)")
     ap.add_argument("--completeness", action="store_true")
     ap.add_argument("--fp64-check", action="store_true")
     ap.add_argument("--rules", action="store_true", help="compare quadrature rules (see above)")
@@ -168,32 +169,32 @@ def main(argv=None) -> int:
         )
     loop_layers = parse_layers(args.loop_layers, n_layers)
     loop_n = len(encs) if args.loop_n is None else min(args.loop_n, len(encs))
-    kw = dict(steps=args.steps, batch_size=args.batch_size)
+    cfg = IGConfig(steps=args.steps, batch_size=args.batch_size)
 
     # warm-up (first calls allocate and initialise lazily); the fast warm-up is a full run, so the
-    # peak RSS printed after it is the fast kernel's (the loop has not run yet)
+    # peak RSS printed after it is the fast route's (the loop has not run yet)
     t = time.perf_counter()
-    ig_scores(model, encs[0], **kw)
+    ig_scores(model, encs[0], cfg)
     print(
-        f"warm-up: fast on prompt 0 in {time.perf_counter() - t:.2f}s; peak RSS with the fast kernel "
+        f"warm-up: fast on prompt 0 in {time.perf_counter() - t:.2f}s; peak RSS with the fast route "
         f"{rss_mb():.0f} MB (batch_size {args.batch_size})"
     )
-    ig_scores(model, encs[0], layers=[n_layers - 1], steps=2, method="loop")
+    ig_scores(model, encs[0], IGConfig(steps=2, route="loop"), layers=[n_layers - 1])
 
     fast, loop, t_fast, t_loop, t_prefix = [], [], [], [], []
     for i, enc in enumerate(encs):
         t = time.perf_counter()
-        fast.append(ig_scores(model, enc, method="fast", **kw))
+        fast.append(ig_scores(model, enc, cfg.replace(route="fast")))
         t_fast.append(time.perf_counter() - t)
         line = f"  prompt {i}: fast {t_fast[-1]:.2f}s (all {n_layers} layers)"
         if args.with_prefix:
             t = time.perf_counter()
-            ig_scores(model, enc, method="prefix", **kw)
+            ig_scores(model, enc, cfg.replace(route="prefix"))
             t_prefix.append(time.perf_counter() - t)
             line += f", prefix route {t_prefix[-1]:.2f}s"
         if i < loop_n:
             t = time.perf_counter()
-            loop.append(ig_scores(model, enc, method="loop", layers=loop_layers, **kw))
+            loop.append(ig_scores(model, enc, cfg.replace(route="loop"), layers=loop_layers))
             t_loop.append(time.perf_counter() - t)
             line += f", loop {t_loop[-1]:.2f}s ({len(loop_layers)} layers)"
         print(line, flush=True)
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
         )
         errs = []
         for m in (20, 50, 200):
-            total = ig_scores(model, enc, steps=m, layers=[layer]).sum().item()
+            total = ig_scores(model, enc, IGConfig(steps=m), layers=[layer]).sum().item()
             errs.append(f"m={m}: {abs(total - delta) / abs(delta):.2e}")
         print(
             f"\ncompleteness, prompt 0, layer {layer}, F(a)-F(0) = {delta:.3e}; relative error of sum(IG): "
@@ -258,8 +259,8 @@ def main(argv=None) -> int:
     if args.fp64_check:
         lay = loop_layers
         model.to(torch.float64, print_details=False)
-        truth = ig_scores(model, encs[0], method="fast", layers=lay, **kw)
-        truth_loop = ig_scores(model, encs[0], method="loop", layers=lay, **kw)
+        truth = ig_scores(model, encs[0], cfg.replace(route="fast"), layers=lay)
+        truth_loop = ig_scores(model, encs[0], cfg.replace(route="loop"), layers=lay)
         print(
             f"\nfloat64 check, prompt 0, layers {lay}: fast64 vs loop64 {agreement(truth, truth_loop)[0]:.1e}; "
             f"fp32 fast vs fp64 {agreement(fast_t[:1, lay], truth[:, lay])[0]:.2e}, "

@@ -7,7 +7,7 @@ Side by side in one run, per model, over ``--n`` prompts of
 token scaled, F = p(first answer token), zero baseline, every neuron of every layer):
 
 * reference: capinterp's Gauss-Legendre with ``--ref-steps`` (200) nodes, node by node;
-* ``adaptive``: ``ig_scores(rule="adaptive", tol=--tol)`` (1e-3), all layers, timed;
+* ``adaptive``: ``ig_scores`` with ``IGConfig(rule="adaptive", tol=--tol)`` (1e-3), all layers, timed;
 * fixed rules (errors only): Gauss-Legendre 5 / 10 / 20 / 40 and the papers' right-20;
 * ``captum-50``: captum's ``IntegratedGradients`` at its default (Gauss-Legendre, 50 steps) on
   the activation of one layer (:func:`bench_scale.captum_neuron_ig`), timed on ``--captum-layers``
@@ -44,27 +44,28 @@ def run_model(name: str, args) -> None:
     import capinterp as ci
     from capinterp.core.tokens import encode
     from capinterp.kernels.ig import ig_scores
+    from capinterp.kernels.ig_config import IGConfig
 
     model = ci.load_model(name)
     L = model.cfg.n_layers
     cap_layers = [int(x) for x in args.captum_layers.split(",")] if args.captum_layers else sorted({0, L // 2, L - 1})
     data = ci.data.arithmetic(ops="+", n=args.n, fmt="DG", lang="en", seed=5)
     items = encode(model, list(data)[: args.n], max_target_tokens=1)
-    kw = dict(positions="last_prompt", batch_size=args.batch_size, invariance="off")
+    cfg = IGConfig(positions="last_prompt", batch_size=args.batch_size, invariance="off")
     err: dict[str, list[list[float]]] = {}
     nodes: list[list[float]] = []
     t = {"adaptive": 0.0, "captum-50": 0.0, "captum-eq": 0.0, "eq_nodes": 0.0, "eq_nodes_all": 0.0}
-    ig_scores(model, items[0], steps=1, **kw)  # the route's once-per-model check, outside the timings
+    ig_scores(model, items[0], cfg.replace(steps=1))  # the route's once-per-model check, outside the timings
     for i, it in enumerate(items):
-        ref = ig_scores(model, it, steps=args.ref_steps, rule="gauss", **kw)[0]
+        ref = ig_scores(model, it, cfg.replace(steps=args.ref_steps, rule="gauss"))[0]
         stats: dict = {}
         t0 = time.perf_counter()
-        ada = ig_scores(model, it, rule="adaptive", tol=args.tol, max_steps=args.max_steps, stats=stats, **kw)[0]
+        ada = ig_scores(model, it, cfg.replace(rule="adaptive", tol=args.tol, max_steps=args.max_steps), stats=stats)[0]
         t["adaptive"] += time.perf_counter() - t0
         nodes.append(stats["nodes"][0].tolist())
         err.setdefault("adaptive", []).append([rel(ada[l], ref[l]) for l in range(L)])
         for rule, m in FIXED:
-            s = ig_scores(model, it, steps=m, rule=rule, **kw)[0]
+            s = ig_scores(model, it, cfg.replace(steps=m, rule=rule))[0]
             err.setdefault(f"{'GL' if rule == 'gauss' else rule}-{m}", []).append([rel(s[l], ref[l]) for l in range(L)])
         c50, ceq = [float("nan")] * L, [float("nan")] * L
         for l in cap_layers:

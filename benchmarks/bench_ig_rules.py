@@ -21,6 +21,7 @@ from bench_ig import make_prompts, objective_at, rss_mb
 from capinterp.core.model import load_model
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
+from capinterp.kernels.ig_config import IGConfig
 
 
 def _iou(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -44,7 +45,7 @@ def _profile(model, enc, rule: str, steps: int, batch_size: int) -> tuple[float,
 
     V = int(model.cfg.d_vocab)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        ig_scores(model, enc, steps=steps, rule=rule, batch_size=batch_size)
+        ig_scores(model, enc, IGConfig(steps=steps, rule=rule, batch_size=batch_size))
     vocab = total = 0.0
     for ev in prof.key_averages(group_by_input_shape=True):
         t = ev.self_cpu_time_total / 1e6
@@ -91,8 +92,8 @@ def run_rules(args) -> int:
     )
     examples = make_prompts(n)
     encs = encode(model, examples)
-    kw = dict(batch_size=args.batch_size)
-    ig_scores(model, encs[0], steps=2, rule="gauss", **kw)  # warm-up
+    cfg = IGConfig(batch_size=args.batch_size)
+    ig_scores(model, encs[0], cfg.replace(steps=2, rule="gauss"))  # warm-up
 
     runs = [("gauss", ref_steps)] + rules
     scores = {r: [] for r in runs}
@@ -105,9 +106,9 @@ def run_rules(args) -> int:
         deltas.append(torch.tensor([f_clean - objective_at(model, enc, l, zero) for l in range(L)]))
         for r in runs:
             t = time.perf_counter()
-            scores[r].append(ig_scores(model, enc, steps=r[1], rule=r[0], **kw)[0])
+            scores[r].append(ig_scores(model, enc, cfg.replace(steps=r[1], rule=r[0]))[0])
             secs[r].append(time.perf_counter() - t)
-            kn[r].append(ig_scores(model, enc, steps=r[1], rule=r[0], positions="last_prompt", **kw)[0])
+            kn[r].append(ig_scores(model, enc, cfg.replace(steps=r[1], rule=r[0], positions="last_prompt"))[0])
         print(
             f"  prompt {i} ({len(enc.ids)} tokens, {len(enc.target_ids)} answer tokens): "
             + ", ".join(f"{a}:{m} {secs[(a, m)][-1]:.1f}s" for a, m in runs),

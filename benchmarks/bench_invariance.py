@@ -34,6 +34,7 @@ from capinterp.core.model import load_model
 from capinterp.core.tokens import encode
 from capinterp.kernels import ig
 from capinterp.kernels.ig import ig_scores
+from capinterp.kernels.ig_config import IGConfig
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -52,7 +53,7 @@ def _node_grad(model, enc, alpha: float) -> torch.Tensor:
     al = torch.tensor([alpha], dtype=torch.float64)
     lay = list(range(int(model.cfg.n_layers)))
     with ig.frozen_params(model), torch.enable_grad():
-        _, g = ig._ig_rows(model, ig.site(enc, "answer"), lay, al, al, None, "prob", 64, "fast", {})
+        _, g, _, _ = ig._ig_rows(model, ig.site(enc, "answer"), lay, al, al, None, "prob", 64, "fast", {})
     return g.float().cpu()
 
 
@@ -61,7 +62,7 @@ def profile(model, enc, batch_size: int) -> int:
     import cProfile
     import pstats
 
-    ig_scores(model, [enc], steps=20, batch_size=batch_size)
+    ig_scores(model, [enc], IGConfig(steps=20, batch_size=batch_size))
     prof = cProfile.Profile()
     prof.runcall(ig_scores, model, [enc], steps=20, batch_size=batch_size)
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
@@ -117,20 +118,22 @@ def main(argv=None) -> int:
         f"{'vs before':>9} {'auto vs off':>12} {'top100':>7} {'closed':>7} {'auto vs ref':>12} {'off vs ref':>11}"
     )
     for positions, label in (("answer", "CNL"), ("last_prompt", "KN")):
-        kw = dict(positions=positions, batch_size=args.batch_size)
-        ref = torch.cat([ig_scores(model, [e], steps=args.ref, rule="gauss", invariance="off", **kw) for e in encs])
+        cfg = IGConfig(positions=positions, batch_size=args.batch_size)
+        ref = torch.cat(
+            [ig_scores(model, [e], cfg.replace(steps=args.ref, rule="gauss", invariance="off")) for e in encs]
+        )
         for rule, steps in rules:
             auto, off, t_auto, t_off, t_before, closed = [], [], 0.0, 0.0, 0.0, 0
             for e in encs:
                 stats: dict = {}
                 t0 = time.perf_counter()
-                auto.append(ig_scores(model, [e], steps=steps, rule=rule, stats=stats, **kw))
+                auto.append(ig_scores(model, [e], cfg.replace(steps=steps, rule=rule), stats=stats))
                 t1 = time.perf_counter()
-                off.append(ig_scores(model, [e], steps=steps, rule=rule, invariance="off", **kw))
+                off.append(ig_scores(model, [e], cfg.replace(steps=steps, rule=rule, invariance="off")))
                 t2 = time.perf_counter()
                 ig.SHARE_CLEAN_ROW = False  # before either saving: every node of every layer its own row
                 try:
-                    ig_scores(model, [e], steps=steps, rule=rule, invariance="off", **kw)
+                    ig_scores(model, [e], cfg.replace(steps=steps, rule=rule, invariance="off"))
                 finally:
                     ig.SHARE_CLEAN_ROW = True
                 t_auto, t_off, t_before = t_auto + t1 - t0, t_off + t2 - t1, t_before + time.perf_counter() - t2

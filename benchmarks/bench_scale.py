@@ -8,8 +8,8 @@
 that the script runs).
 No weights are needed to measure time and memory. Side by side in one run, per prompt:
 
-* ``ig``: CNL/KN integrated gradients over every neuron, the fast kernel (``method="fast"``);
-* ``loop``: the same scores by the per-layer batched loop (``method="loop"``: m full sequences
+* ``ig``: CNL/KN integrated gradients over every neuron, the fast route (``route="fast"``);
+* ``loop``: the same scores by the per-layer batched loop (``route="loop"``: m full sequences
   per layer, forward + backward);
 * ``captum``: captum's ``LayerIntegratedGradients`` on each layer's down-projection input, the
   route a user would take (``--captum-layers k`` measures k layers and scales by n_layers/k;
@@ -20,7 +20,7 @@ No weights are needed to measure time and memory. Side by side in one run, per p
   subject-noise corruption), over every edge of the head-level graph.
 
 FLOPs are counted by ``torch.utils.flop_counter`` on one fast-IG call with m=1 and m=2 steps
-(IG is linear in m). The cost model (:func:`ig_cost`) predicts the fast kernel's FLOPs and weight
+(IG is linear in m). The cost model (:func:`ig_cost`) predicts the fast route's FLOPs and weight
 traffic from the shape alone; the run prints its prediction next to the count, then the
 prediction for the 7B / 8B shapes. Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU,
 the process's peak RSS on the CPU. Each method runs in a process of its own (the parent counts
@@ -209,6 +209,7 @@ def main() -> None:
     from capinterp.core.settings import resolve_dtype, set_threads
     from capinterp.core.tokens import Encoded
     from capinterp.kernels.ig import ig_scores
+    from capinterp.kernels.ig_config import IGConfig
 
     set_threads(args.threads)
     dtype = resolve_dtype(args.dtype)
@@ -225,11 +226,13 @@ def main() -> None:
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    ig_scores(model, item, steps=1, batch_size=args.batch_size, method="fast")  # the route's once-per-model check
+    ig_scores(
+        model, item, IGConfig(steps=1, batch_size=args.batch_size, route="fast")
+    )  # the route's once-per-model check
     counts = []
     for m in (1, 2):
         with FlopCounterMode(display=False) as fc:
-            ig_scores(model, item, steps=m, batch_size=args.batch_size, method="fast")
+            ig_scores(model, item, IGConfig(steps=m, batch_size=args.batch_size, route="fast"))
         counts.append(fc.get_total_flops())
     measured = counts[0] + (counts[1] - counts[0]) * (args.steps - 1)
     elem = torch.finfo(dtype).bits // 8
@@ -291,6 +294,7 @@ def child(args) -> None:
     from capinterp.core.settings import resolve_dtype, set_threads
     from capinterp.core.tokens import Encoded
     from capinterp.kernels.ig import ig_scores
+    from capinterp.kernels.ig_config import IGConfig
     from capinterp.localizers.dcsn import per_sample_scores
 
     set_threads(args.threads)
@@ -301,9 +305,12 @@ def child(args) -> None:
     ids = torch.randint(3, 500, (args.seq + 1,), generator=g).tolist()  # the parent's prompt
     item = Encoded(ids[:-1], ids[-1:], Example("x", "y"))
     runs = {
-        "ig": lambda: ig_scores(model, item, steps=args.steps, batch_size=args.batch_size, method="fast"),
+        "ig": lambda: ig_scores(model, item, IGConfig(steps=args.steps, batch_size=args.batch_size, route="fast")),
         "loop": lambda: ig_scores(
-            model, item, steps=args.steps, batch_size=args.steps, method="loop", layers=range(args.loop_layers or L)
+            model,
+            item,
+            IGConfig(steps=args.steps, batch_size=args.steps, route="loop"),
+            layers=range(args.loop_layers or L),
         ),
         "captum": lambda: captum_ig(model, item, args.steps, list(range(args.captum_layers))),
         "dcsn": lambda: per_sample_scores(model, [item]),

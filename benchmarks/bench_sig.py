@@ -29,7 +29,7 @@ def main() -> None:
     from capinterp.core.model import load_model
     from capinterp.core.tokens import encode
     from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
-    from capinterp.kernels.sequential import sig_scores
+    from capinterp.kernels.sequential import DEFAULT, sig_scores
 
     model = load_model(args.model, threads=args.threads, device=args.device)
     bags = known_paraphrases(model, builtin_paraphrases(None), per_fact=2, min_prompts=1, max_facts=args.n)
@@ -37,14 +37,15 @@ def main() -> None:
     if not prompts:
         raise SystemExit(f"{args.model} answers none of the builtin paraphrases")
     encs = encode(model, prompts, max_target_tokens=1)
+    config = DEFAULT.replace(steps=args.steps, batch_size=args.batch_size)
     secs = {"loop": 0.0, "fast": 0.0}
     err = 0.0
     for enc in encs:
         got = {}
-        for method in ("loop", "fast"):
+        for route in ("loop", "fast"):
             t0 = time.perf_counter()
-            got[method] = sig_scores(model, enc, steps=args.steps, batch_size=args.batch_size, method=method)
-            secs[method] += time.perf_counter() - t0
+            got[route] = sig_scores(model, enc, config.replace(route=route))
+            secs[route] += time.perf_counter() - t0
         err = max(err, float((got["fast"] - got["loop"]).abs().max() / got["loop"].abs().max()))
     n_pos = sum(e.last_prompt_pos for e in encs) / len(encs)
     print(

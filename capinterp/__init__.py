@@ -32,22 +32,28 @@ from capinterp.interventions import (
     scale_attention,
 )
 from capinterp.kernels.evaluate import EvalResult, evaluate
+from capinterp.kernels.ig_config import ADAPTIVE, CLOSED_FORM, GAUSS_LEGENDRE, PAPERS, IGConfig
 from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, NeFT, QueryLocalization
 from capinterp.results import NeuronScores, NeuronSet
 from capinterp.units import KeySet, UnitSet, metrics
 
 __all__ = [
+    "ADAPTIVE",
     "AMIG",
+    "CLOSED_FORM",
     "CNL",
     "DCSN",
     "DEFAULT_MODEL",
+    "GAUSS_LEGENDRE",
     "KN",
+    "PAPERS",
     "SIG",
     "CausalTrace",
     "EvalResult",
     "Example",
     "Faithfulness",
     "FinetuneResult",
+    "IGConfig",
     "KeySet",
     "KnowledgeCircuit",
     "KnowledgeEdit",

@@ -1,9 +1,9 @@
 """The adaptive rule of the IG kernel: per layer, Gauss-Legendre nodes doubled until the layer's
-error estimate is below ``tol`` (``rule="adaptive"`` in :func:`capinterp.kernels.ig.ig_scores`).
+error estimate is below ``config.tol`` (``rule="adaptive"`` in :func:`capinterp.kernels.ig.ig_scores`).
 
 Every layer starts with :data:`START` Gauss-Legendre nodes; each round doubles the nodes of the
-layers not yet converged and runs all their rows in **one** call of the batched prefix-reuse
-kernel (``run``), so converged layers drop out and cost nothing more. A layer's estimate after a
+layers not yet converged and runs all their rows in **one** call of the batched IG rows
+(``run``), so converged layers drop out and cost nothing more. A layer's estimate after a
 round with ``2n`` nodes is the larger of
 
 * the nested difference ``||IG(GL-2n) - IG(GL-n)||_2 / ||IG(GL-2n)||_2`` (Gauss-Legendre converges
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.quadrature import quadrature
 
 __all__ = ["START", "AdaptiveResult", "adaptive_ig"]
@@ -57,15 +58,16 @@ def _estimate(cur: torch.Tensor, prev: torch.Tensor | None, f_clean: float, f_ba
 def adaptive_ig(
     run: Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, float, torch.Tensor]],
     layers: list[int],
-    tol: float,
-    max_steps: int,
+    config: IGConfig,
     start: int = START,
 ) -> AdaptiveResult:
-    """Refine per layer until the estimate is <= ``tol`` (module docstring).
+    """Refine per layer until the estimate is <= ``config.tol``, at most ``config.max_steps``
+    nodes (module docstring; the other fields of ``config`` are ``run``'s).
 
     ``run(layers, alphas, weights)`` -> ``(scores [len(layers), d_mlp], F(x), F(baseline) [len(layers)])``
-    for the rule ``(alphas, weights)`` on those layers: one batched kernel call.
+    for the rule ``(alphas, weights)`` on those layers: one batched call.
     """
+    tol, max_steps = config.tol, config.max_steps
     res = AdaptiveResult()
     prev: dict[int, torch.Tensor] = {}
     pending, n = list(layers), max(1, min(start, max_steps))

@@ -15,9 +15,9 @@ The IG kernel of Dai et al. 2022 (Sec. 3.2) and Huang et al. 2025 (Eq. 7), for o
 ``positions="answer"`` scales every answer-predicting position ``|x|-1 .. |x|+|y|-2`` (CNL);
 ``"last_prompt"`` scales ``|x|-1`` and reads the first target token only (KN).
 
-Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
+Routes (``config.route``; same numbers, different cost; see ``benchmarks/bench_ig.py``):
 
-* ``"loop"``: the straightforward kernel. Per layer, the ``m`` points are a batch of ``m`` full
+* ``"loop"``: the straightforward route. Per layer, the ``m`` points are a batch of ``m`` full
   sequences; full forward and backward over the whole sequence.
 * ``"fast"``: rows = (layer, step) pairs of all requested layers, chunked by ``batch_size``.
   The clean prefix (positions before ``P``) runs once and its KV cache is shared; only the
@@ -35,13 +35,13 @@ Methods (same numbers, different cost; see ``benchmarks/bench_ig.py``):
 
 Scale-invariant FFN outputs (Gemma 2/3's post-FFN RMSNorm): with a zero baseline the rule's
 sum is read off four nodes whatever ``steps``: three rows per layer plus the shared clean row
-(``invariance="auto"``, the default; same scores to float32 noise, checked per example, see
+(``config.invariance="auto"``, the default; same scores to float32 noise, checked per example, see
 :mod:`capinterp.kernels.invariant`).
 
 Completeness, always: every rule gets one more node, alpha = 0 with weight 0 (the baseline; a
 rule with its own node there uses it), so ``F(baseline)`` per layer comes from the same batches
 and ``F(x)`` from the clean run; ``stats`` receives the per-layer completeness error
-(:mod:`capinterp.kernels.completeness`). ``rule="adaptive"`` doubles Gauss-Legendre nodes per
+(:mod:`capinterp.kernels.completeness`). ``config.rule="adaptive"`` doubles Gauss-Legendre nodes per
 layer until an error estimate is below ``tol``, one batched call per round with only the
 unconverged layers (:mod:`capinterp.kernels.adaptive`).
 
@@ -51,8 +51,8 @@ layer, plus one, with a node at alpha = 1), so the cost is linear in
 errors per rule in ``benchmarks/bench_ig.py --rules``). Cost per example (SmolLM2, ~30-token
 prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
 whatever the answer length; "fast" ~0.1 TMAC per answer token (a third of it the unembedding,
-which softmax needs in full). Float32 agreement between methods is limited by float32 itself:
-against float64 runs each method is off by up to ~1e-4 relative on scores near 1% of the max
+which softmax needs in full). Float32 agreement between routes is limited by float32 itself:
+against float64 runs each route is off by up to ~1e-4 relative on scores near 1% of the max
 (~1e-3 on Gemma 3's 262k vocabulary); measured in ``benchmarks/bench_ig.py --fp64-check``.
 
 Other hooks on the model are not supported during a "fast"/"prefix" call: they would see
@@ -76,22 +76,23 @@ import torch
 from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
-from capinterp.core import validate
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.adaptive import adaptive_ig
 from capinterp.kernels.completeness import CompletenessWarning, completeness_error, new_stats
+from capinterp.kernels.ig_config import CLOSED_FORM, INVARIANCE, OBJECTIVES, IGConfig
 from capinterp.kernels.invariant import N_NODES, check_tolerance, scale_invariant, substitute_nodes
-from capinterp.kernels.quadrature import ADAPTIVE, ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL, quadrature
+from capinterp.kernels.quadrature import quadrature
 
 __all__ = [
     "INVARIANCE",
-    "METHODS",
     "OBJECTIVES",
     "POSITIONS",
+    "ROUTES",
     "SHARE_CLEAN_ROW",
     "Site",
+    "check_config",
     "frozen_params",
     "grad_x_act",
     "ig_alphas",
@@ -100,10 +101,10 @@ __all__ = [
     "site",
 ]
 
+#: The scaled positions and routes :func:`ig_scores` takes (of :data:`capinterp.kernels.ig_config.POSITIONS`
+#: and :data:`~capinterp.kernels.ig_config.ROUTES`).
 POSITIONS = ("answer", "last_prompt")
-OBJECTIVES = ("prob", "logprob")
-METHODS = ("fast", "prefix", "loop")
-INVARIANCE = ("auto", "off")
+ROUTES = ("fast", "prefix", "loop")
 
 
 def ig_alphas(steps: int, rule: str = "right") -> Float[torch.Tensor, " m"]:
@@ -195,13 +196,21 @@ def frozen_params(model):
             p.requires_grad_(True)
 
 
-def _check(positions: str, objective: str, method: str | None = None) -> None:
+def _check(positions: str, objective: str) -> None:
     if positions not in POSITIONS:
         raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    if method is not None and method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def check_config(config: IGConfig) -> IGConfig:
+    """``config``, or a TypeError / ValueError when :func:`ig_scores` cannot run it (a position
+    set of another kernel: ``"prompt"`` is :func:`capinterp.kernels.sequential.sig_scores`')."""
+    if not isinstance(config, IGConfig):
+        raise TypeError(f"config must be an IGConfig, got {type(config).__name__}")
+    if config.positions not in POSITIONS:
+        raise ValueError(f"unknown positions {config.positions!r} for IG; choose one of {', '.join(POSITIONS)}")
+    return config
 
 
 def _items(encoded: Encoded | Sequence[Encoded]) -> list[Encoded]:
@@ -258,63 +267,57 @@ def _weighted(g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 def ig_scores(
     model,
     encoded: Encoded | Sequence[Encoded],
+    config: IGConfig = CLOSED_FORM,
     *,
-    steps: int = 20,
-    rule: str = "right",
-    positions: str = "answer",
-    objective: str = "prob",
     baseline=None,
     layers: Iterable[int] | None = None,
-    batch_size: int = 64,
-    method: str = "fast",
     progress: bool = False,
-    invariance: str = "auto",
-    tol: float = ADAPTIVE_TOL,
-    max_steps: int = ADAPTIVE_MAX_STEPS,
     stats: dict | None = None,
 ) -> Float[torch.Tensor, "n n_layers d_mlp"]:
     """Integrated gradients of every neuron: float32 [n_examples, n_layers, d_mlp] (CPU).
 
-    ``rule``/``steps``: the quadrature of the path integral (:mod:`capinterp.kernels.quadrature`;
-    ``steps`` points = rows per layer). Layers not in ``layers`` are 0. ``baseline``: None (0), a [d_mlp] vector, or one per layer
-    [n_layers, d_mlp]. ``batch_size`` counts rows (one row = one interpolation point of one
-    layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
+    ``config`` (:class:`~capinterp.kernels.ig_config.IGConfig`; default the papers' rule,
+        :data:`~capinterp.kernels.ig_config.CLOSED_FORM`) holds the settings. ``config.rule`` /
+        ``config.steps``: the quadrature of the path integral (:mod:`capinterp.kernels.quadrature`;
+        ``steps`` points = rows per layer); ``config.positions``: ``"answer"`` or ``"last_prompt"``.
+        Layers not in ``layers`` are 0. ``baseline``: None (0), a [d_mlp] vector, or one per layer
+        [n_layers, d_mlp]. ``config.batch_size`` counts rows (one row = one interpolation point of one
+        layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
 
-    ``rule="adaptive"``: per layer, Gauss-Legendre nodes doubled from 4 until the layer's error
-    estimate is <= ``tol`` or the nodes would pass ``max_steps`` (then a
-    :class:`~capinterp.kernels.completeness.CompletenessWarning` names the layers); ``steps`` is
-    not used. One batched kernel call per round with only the unconverged layers
-    (:mod:`capinterp.kernels.adaptive`). It always integrates node by node (no closed form).
+        ``rule="adaptive"``: per layer, Gauss-Legendre nodes doubled from 4 until the layer's error
+        estimate is <= ``tol`` or the nodes would pass ``max_steps`` (then a
+        :class:`~capinterp.kernels.completeness.CompletenessWarning` names the layers); ``steps`` is
+        not used. One batched call per round with only the unconverged layers
+        (:mod:`capinterp.kernels.adaptive`). It always integrates node by node (no closed form).
 
-    ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
-    :mod:`capinterp.kernels.invariant`), a zero-baseline rule with at least eight nodes, all
-    > 0, is summed from four nodes (3 rows per layer + 1 shared) instead of ``steps`` (same scores to float32
-    noise, checked per example; an example that fails the check is integrated node by node);
-    ``"off"`` always integrates.
+        ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
+        :mod:`capinterp.kernels.invariant`), a zero-baseline rule with at least eight nodes, all
+        > 0, is summed from four nodes (3 rows per layer + 1 shared) instead of ``steps`` (same scores to float32
+        noise, checked per example; an example that fails the check is integrated node by node);
+        ``"off"`` always integrates.
 
-    Completeness, always: one extra row per layer (the baseline, alpha = 0, weight 0) in the same
-    batches gives ``F(baseline)``; ``F(x)`` is the clean run. ``stats`` (a dict), when given,
-    receives ``{"closed_form": n, "integrated": n, "rows": n}`` (examples summed in closed form /
-    integrated node by node; forward-backward rows run), ``f_clean`` [n] and, per example and
-    layer ([n, n_layers] float64, NaN for layers not attributed), the records of
-    :data:`capinterp.kernels.completeness.STAT_KEYS`: ``f_base``, ``attr_sum``, ``completeness``
-    (:func:`~capinterp.kernels.completeness.completeness_error`), ``error_estimate`` (adaptive: its
-    final estimate; closed form: its check, the top-degree term relative to the layer's largest
-    score; NaN for a fixed rule) and ``nodes`` (gradient rows per layer; 4 in closed form).
+        Completeness, always: one extra row per layer (the baseline, alpha = 0, weight 0) in the same
+        batches gives ``F(baseline)``; ``F(x)`` is the clean run. ``stats`` (a dict), when given,
+        receives ``{"closed_form": n, "integrated": n, "rows": n}`` (examples summed in closed form /
+        integrated node by node; forward-backward rows run), ``f_clean`` [n] and, per example and
+        layer ([n, n_layers] float64, NaN for layers not attributed), the records of
+        :data:`capinterp.kernels.completeness.STAT_KEYS`: ``f_base``, ``attr_sum``, ``completeness``
+        (:func:`~capinterp.kernels.completeness.completeness_error`), ``error_estimate`` (adaptive: its
+        final estimate; closed form: its check, the top-degree term relative to the layer's largest
+        score; NaN for a fixed rule) and ``nodes`` (gradient rows per layer; 4 in closed form).
     """
-    _check(positions, objective, method)
-    batch_size = validate.positive_int("batch_size", batch_size)
+    check_config(config)
+    positions, objective, route, batch_size = config.positions, config.objective, config.route, config.batch_size
+    tol, max_steps = config.tol, config.max_steps
     items = _items(encoded)
     n_layers, d_mlp = neuron_shape(model)
     device = torch.device(model.cfg.device)
     lay = _layers(layers, n_layers)
-    adaptive = rule == ADAPTIVE
+    adaptive = config.adaptive
     if adaptive:
-        tol = validate.finite_float("tol", tol, low=0.0, low_open=True)
-        max_steps = validate.positive_int("max_steps", max_steps)
         alphas = weights = torch.zeros(0, dtype=torch.float64)
     else:
-        alphas, weights = quadrature(steps, rule)
+        alphas, weights = quadrature(config.steps, config.rule)
     base = _baseline(baseline, n_layers, d_mlp, device)
     out = torch.zeros(len(items), n_layers, d_mlp)
     rec = new_stats(len(items), n_layers)
@@ -322,38 +325,36 @@ def ig_scores(
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(it, total=len(items), desc=f"IG ({method})")
-    if method != "loop" and any(hp._forward_hooks for hp in model.hook_dict.values()):
+        it = tqdm(it, total=len(items), desc=f"IG ({route})")
+    if route != "loop" and any(hp._forward_hooks for hp in model.hook_dict.values()):
         warnings.warn(
-            "hooks are attached to the model; with method='fast'/'prefix' they see suffix-only "
-            "tensors (use method='loop' to run IG under other hooks)",
+            "hooks are attached to the model; with route='fast'/'prefix' they see suffix-only "
+            "tensors (use route='loop' to run IG under other hooks)",
             RuntimeWarning,
             stacklevel=2,
         )
     checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
     counts = {"closed_form": 0, "integrated": 0, "rows": 0}
 
-    def route(s: Site, sub: list[int], al: torch.Tensor, w: torch.Tensor):
+    def rows(s: Site, sub: list[int], al: torch.Tensor, w: torch.Tensor):
         """(acts, weighted gradient sums, F(x), F(baseline) per layer) for the layers ``sub``."""
         al, w, k0 = _with_zero_node(al, w)
-        if method == "loop":
+        if route == "loop":
             counts["rows"] += len(sub) * len(al)
             acts, gsum, fv, f_clean = _ig_loop(model, s, sub, al, w, base, objective, batch_size)
         else:
             acts, gsum, fv, f_clean = _ig_rows(
-                model, s, sub, al, w, base, objective, batch_size, method, checked, counts
+                model, s, sub, al, w, base, objective, batch_size, route, checked, counts
             )
         return acts, gsum, f_clean, fv[:, k0]
 
     def finish(acts, gsum, sub):
         return _finish(acts, gsum, None if base is None else base[sub]).double()
 
-    if invariance not in INVARIANCE:
-        raise ValueError(f"invariance must be one of {INVARIANCE}, got {invariance!r}")
     closed_ok = (
         not adaptive
         and base is None
-        and invariance == "auto"
+        and config.invariance == "auto"
         and len(alphas) >= 2 * N_NODES
         and bool((alphas > 0).all())
         and scale_invariant(model)
@@ -365,10 +366,10 @@ def ig_scores(
             if adaptive:
 
                 def run(sub, al, w, s=s):
-                    acts, gsum, f_clean, f_base = route(s, sub, al, w)
+                    acts, gsum, f_clean, f_base = rows(s, sub, al, w)
                     return finish(acts, gsum, sub), f_clean, f_base
 
-                res = adaptive_ig(run, lay, tol, max_steps)
+                res = adaptive_ig(run, lay, config)
                 ig = torch.stack([res.scores[l] for l in lay])
                 f_clean, f_base = res.f_clean, torch.tensor([res.f_base[l] for l in lay])
                 est = torch.tensor([res.error[l] for l in lay], dtype=torch.float64)
@@ -377,12 +378,12 @@ def ig_scores(
                     capped[l] = max(capped.get(l, 0.0), res.error[l])
                 counts["integrated"] += 1
             else:
-                closed = _closed_form(route, s, lay, alphas, weights) if closed_ok else None
+                closed = _closed_form(rows, s, lay, alphas, weights) if closed_ok else None
                 if closed is not None:
                     acts, gsum, f_clean, f_base, est = closed
                     nodes = torch.full((len(lay),), float(N_NODES), dtype=torch.float64)
                 else:
-                    acts, gsum, f_clean, f_base = route(s, lay, alphas, weights)
+                    acts, gsum, f_clean, f_base = rows(s, lay, alphas, weights)
                     est = torch.full((len(lay),), math.nan, dtype=torch.float64)
                     nodes = torch.full((len(lay),), float(len(alphas)), dtype=torch.float64)
                 counts["closed_form" if closed is not None else "integrated"] += 1
@@ -421,14 +422,14 @@ def _with_zero_node(alphas: torch.Tensor, weights: torch.Tensor) -> tuple[torch.
     return torch.cat([alphas, alphas.new_zeros(1)]), torch.cat([weights, pad]), len(alphas)
 
 
-def _closed_form(route, s: Site, lay: list[int], alphas: torch.Tensor, weights: torch.Tensor):
+def _closed_form(rows, s: Site, lay: list[int], alphas: torch.Tensor, weights: torch.Tensor):
     """``(acts, sum_k w_k g(alpha_k a), F(x), F(baseline), error estimate per layer)`` from a few
     rows per layer, or None when the top-degree term is too large (scale-invariant FFN outputs:
     :mod:`capinterp.kernels.invariant`). The estimate is that term's largest value relative to
     the layer's largest weighted gradient sum."""
     nodes, high, low = substitute_nodes(alphas, weights)
     # one pass: h(alpha) = alpha g(alpha a) per node
-    acts, g, f_clean, f_base = route(s, lay, nodes.to(alphas.dtype), torch.diag(nodes))
+    acts, g, f_clean, f_base = rows(s, lay, nodes.to(alphas.dtype), torch.diag(nodes))
     h = g.movedim(1, 0).double()  # [n_nodes, nl, S, d]
     q = torch.einsum("j,j...->...", high, h)
     top = torch.einsum("j,j...->...", high - low, h)
@@ -440,7 +441,7 @@ def _closed_form(route, s: Site, lay: list[int], alphas: torch.Tensor, weights: 
 
 
 def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
-    """Straightforward kernel: per layer, batches of full sequences, full forward + backward."""
+    """The straightforward route: per layer, batches of full sequences, full forward + backward."""
     device = torch.device(model.cfg.device)
     tokens = s.seq.to(device).view(1, -1)
     p0, S = s.p0, s.n_pos
@@ -471,23 +472,21 @@ def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
     return acts, gsum, fv, f_clean
 
 
-def _ig_rows(
-    model, s: Site, lay, alphas, weights, base, objective, batch_size, method="fast", checked=None, stats=None
-):
+def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, route="fast", checked=None, stats=None):
     """Prefix reuse + (layer, step) rows batched across layers; staircase or bridge route."""
     try:
-        run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=method == "prefix")
+        run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=route == "prefix")
     except _prefix.NoCache:
-        warnings.warn("the model gives no KV cache to reuse; IG uses method='loop'", RuntimeWarning, stacklevel=3)
+        warnings.warn("the model gives no KV cache to reuse; IG uses route='loop'", RuntimeWarning, stacklevel=3)
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + len(lay) * len(alphas)
         return _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)
     forward: Callable[..., torch.Tensor] = _prefix.stair_logits  # or bridge_logits (no clean=)
-    if method == "prefix":
+    if route == "prefix":
         forward = _prefix.bridge_logits
     elif not _stair_ok(model, run, {} if checked is None else checked):
         warnings.warn(
-            "direct block calls do not reproduce this model's logits; IG uses the slower method='prefix' route",
+            "direct block calls do not reproduce this model's logits; IG uses the slower route='prefix'",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -542,7 +541,7 @@ def _record(fv: torch.Tensor, F: torch.Tensor, index, at_one) -> None:
 
 
 #: Run a node at alpha = 1 as one clean row for all layers (the staircase route); False runs it
-#: per layer like any node (benchmarks/bench_invariance.py measures the kernel both ways).
+#: per layer like any node (benchmarks/bench_invariance.py measures the IG kernel both ways).
 SHARE_CLEAN_ROW = True
 
 #: Whether direct block calls reproduce a model's logits, per model and (dtype, device): a property

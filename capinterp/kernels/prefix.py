@@ -120,7 +120,7 @@ def clean_suffix(model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bo
 
         def pre(j, module, args, kwargs):
             if resid[j] is not None:
-                raise RuntimeError(f"block {j} ran twice in one forward; use method='prefix' or 'loop'")
+                raise RuntimeError(f"block {j} ran twice in one forward; use route='prefix' or 'loop'")
             kwargs = dict(kwargs)
             if args:
                 hidden, rest = args[0], tuple(args[1:])

@@ -15,7 +15,7 @@ Rules (``steps`` = m = number of evaluation points, i.e. forward/backward rows p
 * ``"trapezoid"``: alpha_k = (k-1)/(m-1), w_k = 1/(m-1), halved at both ends (m >= 2);
 * ``"gauss"``: Gauss-Legendre nodes and weights of [-1, 1] mapped to [0, 1].
 
-``"adaptive"`` (:data:`ADAPTIVE`) is not a fixed rule: the IG kernel doubles Gauss-Legendre nodes
+``"adaptive"`` (:data:`ADAPTIVE_RULE`) is not a fixed rule: the IG kernel doubles Gauss-Legendre nodes
 per layer until an error estimate is below a tolerance (:mod:`capinterp.kernels.adaptive`);
 :func:`check_rule` accepts it where a caller allows it, :func:`quadrature` does not.
 """
@@ -26,12 +26,22 @@ import numpy as np
 import torch
 from jaxtyping import Float64
 
-__all__ = ["ACCURATE_STEPS", "IG_RULES", "RULES", "check_rule", "ig_preset", "quadrature"]
+__all__ = [
+    "ACCURATE_STEPS",
+    "ADAPTIVE_MAX_STEPS",
+    "ADAPTIVE_RULE",
+    "ADAPTIVE_TOL",
+    "IG_RULES",
+    "RULES",
+    "check_rule",
+    "ig_preset",
+    "quadrature",
+]
 
 RULES = ("right", "left", "linspace", "midpoint", "trapezoid", "gauss")
 _MIN_STEPS = {"linspace": 2, "trapezoid": 2}
 #: The adaptive rule's name, its default tolerance and node cap (per layer).
-ADAPTIVE = "adaptive"
+ADAPTIVE_RULE = "adaptive"
 ADAPTIVE_TOL = 1e-3
 ADAPTIVE_MAX_STEPS = 128
 
@@ -39,7 +49,7 @@ ADAPTIVE_MAX_STEPS = 128
 def check_rule(steps: int, rule: str, *, adaptive: bool = False) -> None:
     """ValueError naming the argument when ``rule``/``steps`` are not a valid pair
     (``adaptive=True``: ``"adaptive"`` is accepted too)."""
-    allowed = (*RULES, ADAPTIVE) if adaptive else RULES
+    allowed = (*RULES, ADAPTIVE_RULE) if adaptive else RULES
     if rule not in allowed:
         raise ValueError(f"rule must be one of {allowed}, got {rule!r}")
     low = _MIN_STEPS.get(rule, 1)
@@ -80,7 +90,9 @@ ACCURATE_STEPS = 10
 
 def ig_preset(name: str, steps: int) -> dict:
     """``{"rule", "steps"}`` for a named choice: ``"papers"`` keeps ``steps`` on the right Riemann
-    rule; ``"accurate"`` uses Gauss-Legendre with ``min(steps, ACCURATE_STEPS)`` points."""
+    rule; ``"accurate"`` uses Gauss-Legendre with ``min(steps, ACCURATE_STEPS)`` points (the
+    localizer keyword arguments of the experiments' ``ig_rule``; at 20 steps they are the rule and
+    steps of :data:`capinterp.kernels.ig_config.PAPERS` and :data:`~capinterp.kernels.ig_config.GAUSS_LEGENDRE`)."""
     if name not in IG_RULES:
         raise ValueError(f"ig_rule must be one of {tuple(IG_RULES)}, got {name!r}")
     if name == "papers":

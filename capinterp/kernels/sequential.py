@@ -1,8 +1,7 @@
 """Sequential integrated gradients on FFN neurons (Enguehard 2023, Sec. 3; used by Chen et al. 2025, papers/004).
 
 Plain IG (:mod:`capinterp.kernels.ig`) scales one layer's activations at the scored positions
-jointly. SIG scales **one token position at a time**: for layer ``l`` and each position ``t`` of
-``positions``, only ``hook_post[l][t]`` (all neurons at t) moves along ``b + alpha_k (a_t - b)``
+jointly. SIG scales **one token position at a time**: for layer ``l`` and each scaled position ``t``, only ``hook_post[l][t]`` (all neurons at t) moves along ``b + alpha_k (a_t - b)``
 while every other position keeps its clean activation, and
 
     SIG_l = sum_t (a_t - b) * sum_k w_k dF/da_t(alpha_k)                      -> [d_mlp]
@@ -13,7 +12,7 @@ right sum: w_k = 1/m). Rows = (layer, position, step) triples, ``batch_size`` pe
 backward, unembedded at the last prompt position only; the model's parameters get no ``.grad``.
 Sums in float64; returned float32 on the CPU.
 
-Routes (``method``): ``"fast"`` runs only what a row changes, with the IG kernel's staircase
+Routes (``config.route``): ``"fast"`` runs only what a row changes, with the IG kernel's staircase
 (:mod:`capinterp.kernels.prefix`): for a row scaled at position ``t`` the tokens before ``t``
 are clean (one KV cache per ``t``, computed once), and a row scaled at layer ``l`` enters at
 block ``l`` with the recorded clean residual, so rows of several layers share one batch; it
@@ -28,32 +27,48 @@ from collections.abc import Iterable
 
 import torch
 
-from capinterp.core import validate
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.completeness import completeness_error, new_stats
 from capinterp.kernels.ig import frozen_params, objective_from_logits
-from capinterp.kernels.quadrature import RULES, check_rule, quadrature
+from capinterp.kernels.ig_config import IGConfig
+from capinterp.kernels.quadrature import RULES, quadrature
 
-__all__ = ["METHODS", "RULES", "sig_scores"]
+__all__ = ["DEFAULT", "POSITIONS", "ROUTES", "RULES", "check_config", "sig_scores"]
 
-METHODS = ("fast", "loop")
+#: The routes and position sets :func:`sig_scores` takes.
+ROUTES = ("fast", "loop")
+POSITIONS = ("prompt", "last_prompt")
+#: SIG's default settings: the papers' rule over every prompt token (invariance has no use here).
+DEFAULT = IGConfig(positions="prompt", invariance="off")
+
+
+def check_config(config: IGConfig) -> IGConfig:
+    """``config``, or a TypeError / ValueError when :func:`sig_scores` cannot run it (no adaptive
+    rule, no closed form, routes ``"fast"`` / ``"loop"``, positions ``"prompt"`` / ``"last_prompt"``)."""
+    if not isinstance(config, IGConfig):
+        raise TypeError(f"config must be an IGConfig, got {type(config).__name__}")
+    if config.rule not in RULES:
+        raise ValueError(f"SIG has no adaptive rule: rule must be one of {', '.join(RULES)}, got {config.rule!r}")
+    if config.route not in ROUTES:
+        raise ValueError(f"unknown route {config.route!r} for SIG; choose one of {', '.join(ROUTES)}")
+    if config.positions not in POSITIONS:
+        raise ValueError(f"unknown positions {config.positions!r} for SIG; choose one of {', '.join(POSITIONS)}")
+    if config.invariance != "off":  # its path scales one token at a time: no closed form
+        raise ValueError(f"SIG integrates node by node: invariance must be 'off', got {config.invariance!r}")
+    return config
 
 
 def sig_scores(
     model,
     enc: Encoded,
+    config: IGConfig = DEFAULT,
     *,
-    steps: int = 20,
-    rule: str = "right",
-    objective: str = "prob",
-    positions: Iterable[int] | None = None,
+    at: Iterable[int] | None = None,
     baseline: torch.Tensor | None = None,
     layers: Iterable[int] | None = None,
-    batch_size: int = 64,
-    method: str = "fast",
     stats: dict | None = None,
 ) -> torch.Tensor:
     """SIG of every neuron for one prompt: float32 ``[n_layers, d_mlp]``.
@@ -64,23 +79,26 @@ def sig_scores(
     :data:`capinterp.kernels.completeness.STAT_KEYS` for this one example ([1, n_layers]), with
     ``f_base`` the effective baseline value ``F(x) - sum_t (F(x) - F(x with a_t = b))``.
 
-    ``positions``: the token positions scaled one at a time (default: every prompt position after
-    the BOS, the last prompt token included). ``baseline``: None (0) or ``[n_layers, d_mlp]``.
-    ``method``: ``"fast"`` or ``"loop"`` (module docstring; same scores to float32 noise).
+    The token positions scaled one at a time: ``at`` when given, else ``config.positions``:
+    ``"prompt"`` (every prompt position after the BOS, the last prompt token included) or
+    ``"last_prompt"`` (that token only: then SIG equals KN's IG). ``baseline``: None (0) or
+    ``[n_layers, d_mlp]``. ``config.route``: ``"fast"`` or ``"loop"`` (module docstring; same
+    scores to float32 noise); ``config`` (:class:`~capinterp.kernels.ig_config.IGConfig`) also
+    gives ``steps``, ``rule``, ``objective`` and ``batch_size`` (see :func:`check_config`).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    batch_size = validate.positive_int("batch_size", batch_size)
-    check_rule(steps, rule)  # no adaptive rule here
+    check_config(config)
+    steps, rule, objective, batch_size = config.steps, config.rule, config.objective, config.batch_size
     n_layers, d_mlp = neuron_shape(model)
     dev = torch.device(model.cfg.device)
     last = enc.last_prompt_pos
-    if positions is None:
+    if at is None and config.positions == "last_prompt":
+        at = [last]
+    elif at is None:
         first = (
             1 if len(enc.prompt_ids) > 1 and enc.prompt_ids[0] == getattr(model.tokenizer, "bos_token_id", None) else 0
         )
-        positions = range(first, last + 1)
-    pos = sorted(set(int(p) for p in positions))
+        at = range(first, last + 1)
+    pos = sorted(set(int(p) for p in at))
     if not pos or pos[0] < 0 or pos[-1] > last:
         raise ValueError(f"positions must lie in [0, {last}] (the prompt), got {pos}")
     lay = list(range(n_layers)) if layers is None else sorted(set(int(l) for l in layers))
@@ -101,7 +119,7 @@ def sig_scores(
     fc: list[float] = []
     args = (model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc)
     with frozen_params(model), torch.enable_grad():
-        scores = _fast(*args) if method == "fast" else None
+        scores = _fast(*args) if config.route == "fast" else None
         if scores is None:
             fc.clear()
             scores = _loop(*args)
@@ -137,11 +155,11 @@ def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, bat
             with torch.no_grad():
                 run = _prefix.clean_suffix(model, tokens[0], t)
         except _prefix.NoCache:
-            warnings.warn("the model gives no KV cache to reuse; SIG uses method='loop'", RuntimeWarning, stacklevel=3)
+            warnings.warn("the model gives no KV cache to reuse; SIG uses route='loop'", RuntimeWarning, stacklevel=3)
             return None
         if ti == 0 and not _prefix.stair_supported(model, run):
             warnings.warn(
-                "direct block calls do not reproduce this model's logits; SIG uses method='loop'",
+                "direct block calls do not reproduce this model's logits; SIG uses route='loop'",
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -5,7 +5,7 @@ compared with being silent"; but a silent neuron is not a neutral one. AMIG inte
 **baseline activation vector** b (``[n_layers, d_mlp]``): by default the mean activation over
 unrelated text (every non-BOS token of ``baseline_texts``, or of a seeded sample of the local
 data folder), or a tensor the caller passes. IG_l = (a - b) * mean_k dF/da(b + alpha_k (a - b))
-runs on the fast kernel (:func:`capinterp.kernels.ig.ig_scores` with ``baseline=``).
+runs on the IG kernel's fast route (:func:`capinterp.kernels.ig.ig_scores` with ``baseline=``).
 
 Adaptive threshold (reconstruction: the paper gives "adaptive threshold x max"): each prompt's
 coarse set starts at ``threshold * max`` and the ratio moves by 0.05, at most ``adapt_steps``
@@ -80,7 +80,7 @@ class AMIG(KN):
         adapt_steps: at most this many 0.05 moves of the coarse ratio (6).
 
     ``steps``, ``threshold``, ``share``, ``refine``, ``rule`` (``"adaptive"`` too), ``objective``,
-    ``kernel``, ``tol``, ``max_steps``, ``completeness_tol`` and
+    ``route``, ``tol``, ``max_steps``, ``completeness_tol`` and
     ``invariance`` (moot here: a baseline always integrates node by node) are
     :class:`capinterp.KN`'s.
     """
@@ -106,7 +106,7 @@ class AMIG(KN):
         refine: bool = True,
         rule: str = "right",
         objective: str = "prob",
-        kernel: str = "fast",
+        route: str = "fast",
         invariance: str = "auto",
         batch_size: int = 64,
         device: Any = None,
@@ -123,7 +123,7 @@ class AMIG(KN):
             refine=refine,
             rule=rule,
             objective=objective,
-            kernel=kernel,
+            route=route,
             invariance=invariance,
             batch_size=batch_size,
             device=device,

@@ -32,7 +32,6 @@ __all__ = [
     "UNIT_KINDS",
     "Localizer",
     "available",
-    "former_name",
     "get",
     "register",
 ]
@@ -132,17 +131,6 @@ def available(**capabilities: Any) -> list[str]:
     return sorted(k for k, cls in _REGISTRY.items() if all(getattr(cls, c) == v for c, v in capabilities.items()))
 
 
-def former_name(value: Any, old: Any, name: str, old_name: str, default: Any) -> Any:
-    """``value``, or ``old`` when a caller used the argument's former name ``old_name``."""
-    if old is None:
-        return value
-    if value != default and value != old:
-        raise ValueError(
-            f"pass {name}= only ({old_name}= is its former name), got {name}={value!r}, {old_name}={old!r}"
-        )
-    return old
-
-
 class Localizer:
     """Base class: hyper-parameters in ``__init__``, ``fit(data)`` returns ``self``, results end in ``_``.
 
@@ -171,7 +159,7 @@ class Localizer:
 
     def __init__(self, model: Any, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
         # Store and check hyper-parameters only: nothing here reads, runs or moves the model
-        # (scikit-learn's rule), so constructing never fails on the model; ``fit`` does that work.
+        # (scikit-learn's convention), so constructing never fails on the model; ``fit`` does that work.
         batch_size = validate.positive_int("batch_size", batch_size)
         self.model = model
         self.batch_size = int(batch_size)

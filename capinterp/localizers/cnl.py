@@ -4,7 +4,7 @@
 
 summed over the teacher-forced answer positions, with F the mean probability of the answer
 tokens. The mask keeps ``|Attr - mean| > sigma * std`` (global over all neurons, two-sided;
-sigma = 6 as quoted by the reviewers). Cost: one fast IG kernel call per example
+sigma = 6 as quoted by the reviewers). Cost: one IG kernel call per example (fast route)
 (:func:`capinterp.kernels.ig.ig_scores`); scores are running sums, so a ``checkpoint=``
 makes long fits resumable and shards mergeable (:class:`capinterp.kernels.accumulate.ScoreSum`).
 """
@@ -15,33 +15,16 @@ from typing import Any
 
 import torch
 
-from capinterp.core import validate
 from capinterp.core.tokens import Encoded
-from capinterp.kernels.ig import INVARIANCE, METHODS, OBJECTIVES, POSITIONS, ig_scores
+from capinterp.kernels import ig
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.memory import ig_row_bytes
-from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL, check_rule
-from capinterp.localizers.base import former_name, register
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
+from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
-from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, check_completeness_tol, quiet_kernel_warnings
+from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, quiet_kernel_warnings
 
-__all__ = ["CNL", "check_ig_args"]
-
-
-def check_ig_args(steps: int, rule: str, positions: str, objective: str, kernel: str) -> None:
-    """Validate IG hyper-parameters at construction, before any work (``kernel``: one of the IG
-    kernel's ``METHODS``)."""
-    validate.positive_int("steps", steps)
-    try:
-        check_rule(steps, rule, adaptive=True)
-    except ValueError as err:
-        raise ValueError(f"unknown rule or too few steps: {err}") from None
-    for name, value, allowed in (
-        ("positions", positions, POSITIONS),
-        ("objective", objective, OBJECTIVES),
-        ("kernel", kernel, METHODS),
-    ):
-        if value not in allowed:
-            raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+__all__ = ["CNL"]
 
 
 @register("cnl")
@@ -58,7 +41,7 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
             ``steps`` unused; :mod:`capinterp.kernels.adaptive`).
         positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
         objective: ``"prob"`` (default) or ``"logprob"``.
-        kernel: IG kernel, ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
+        route: how IG's rows run: ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
         invariance: ``"auto"`` (default) sums the rule in closed form from four nodes (3 rows per layer + 1 shared) on
             models whose FFN output is scale invariant (Gemma 2/3; scores within ~1e-4 of the
             largest, :mod:`capinterp.kernels.invariant`); ``"off"`` integrates node by node.
@@ -70,7 +53,9 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
         max_steps: the adaptive rule's node cap per layer (128; a layer that reaches it warns).
         completeness_tol: warn (once, naming the worst layers) when a layer's completeness error
             ``|sum IG - (F(x) - F(0))| / |F(x) - F(0)|`` exceeds it on some example (0.05).
-        method: former name of ``kernel`` (still accepted).
+
+    ``fit`` runs :func:`capinterp.kernels.ig.ig_scores` with the
+    :class:`~capinterp.kernels.ig_config.IGConfig` these build.
 
     ``meta_["ig_check"]`` (also in ``scores_.meta`` and ``neurons_.meta``, kept by save/load) holds,
     per layer, the completeness error's max and mean over the examples scored in this fit
@@ -90,24 +75,23 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
         rule: str = "right",
         positions: str = "answer",
         objective: str = "prob",
-        kernel: str = "fast",
+        route: str = "fast",
         invariance: str = "auto",
         batch_size: int | str = 64,
-        method: str | None = None,
         tol: float = ADAPTIVE_TOL,
         max_steps: int = ADAPTIVE_MAX_STEPS,
         completeness_tol: float = COMPLETENESS_TOL,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, sigma=sigma, batch_size=batch_size, **kwargs)
-        kernel = former_name(kernel, method, "kernel", "method", "fast")
-        check_ig_args(steps, rule, positions, objective, kernel)
-        self.tol = validate.finite_float("tol", tol, low=0.0, low_open=True)
-        self.max_steps = validate.positive_int("max_steps", max_steps)
-        self.completeness_tol = check_completeness_tol(completeness_tol)
         self.steps, self.rule, self.positions = steps, rule, positions
-        self.objective, self.kernel = objective, kernel
-        self.invariance = validate.choice("invariance", invariance, INVARIANCE)
+        self.objective, self.route, self.invariance = objective, route, invariance
+        self.tol, self.max_steps, self.completeness_tol = tol, max_steps, completeness_tol
+        self._ig_config(1)  # bad IG settings are refused here, before any work ("auto" batches: fit's)
+
+    def _ig_config(self, batch_size: int) -> IGConfig:
+        """The IG settings of a fit with rows of ``batch_size`` (ValueError on a bad hyper-parameter)."""
+        return ig.check_config(self._ig_settings(self.positions, batch_size))
 
     def _row_bytes(self, items: list[Encoded]) -> int:
         longest = max(items, key=lambda it: len(it.prompt_ids) + len(it.target_ids))
@@ -126,19 +110,7 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
 
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
         stats: dict = {}
-        scores = ig_scores(
-            self.model,
-            items,
-            steps=self.steps,
-            rule=self.rule,
-            positions=self.positions,
-            objective=self.objective,
-            batch_size=self.batch_size_,
-            method=self.kernel,
-            invariance=self.invariance,
-            tol=self.tol,
-            max_steps=self.max_steps,
-            stats=stats,
-        )
+        # built per chunk: an out-of-memory retry halves batch_size_
+        scores = ig.ig_scores(self.model, items, self._ig_config(self.batch_size_), stats=stats)
         self._ig_add(stats)  # after success only: an out-of-memory retry scores the chunk again
         return scores

@@ -19,13 +19,9 @@ import pandas as pd
 from capinterp.core import validate
 from capinterp.core.model import neuron_shape
 from capinterp.kernels.completeness import COMPLETENESS_TOL, CompletenessLog, CompletenessWarning, warn_report
+from capinterp.kernels.ig_config import IGConfig
 
-__all__ = ["COMPLETENESS_TOL", "IGChecked", "check_completeness_tol", "ig_check_frame", "quiet_kernel_warnings"]
-
-
-def check_completeness_tol(value: Any) -> float:
-    """A finite tolerance > 0 on the relative completeness error."""
-    return validate.finite_float("completeness_tol", value, low=0.0, low_open=True)
+__all__ = ["COMPLETENESS_TOL", "IGChecked", "ig_check_frame", "quiet_kernel_warnings"]
 
 
 def ig_check_frame(report: dict) -> pd.DataFrame:
@@ -44,17 +40,41 @@ def ig_check_frame(report: dict) -> pd.DataFrame:
 
 
 class IGChecked:
-    """Mixin of IG-based localizers: ``self.completeness_tol`` and ``self.rule`` are set by the
-    localizer; call :meth:`_ig_begin` before scoring, pass :meth:`_ig_stats` dicts to the kernel,
-    :meth:`_ig_report` when building the metadata and :meth:`_ig_warn` at the end of ``fit``."""
+    """Mixin of IG-based localizers: the IG settings (``steps``, ``rule``, ``objective``, ``route``,
+    ``invariance``, ``tol``, ``max_steps``, ``completeness_tol``) are set by the localizer and
+    gathered by :meth:`_ig_settings`; call :meth:`_ig_begin` before scoring, pass :meth:`_ig_stats`
+    dicts to the kernel, :meth:`_ig_report` when building the metadata and :meth:`_ig_warn` at
+    the end of ``fit``."""
 
-    completeness_tol: float
+    steps: int
     rule: str
+    objective: str
+    route: str
+    invariance: str
+    tol: float
+    max_steps: int
+    completeness_tol: float
     meta_: dict
     model: Any
     name: str
     #: Whether the report keeps every example's per-layer errors (per-prompt localizers).
     _ig_per_example: bool = True
+
+    def _ig_settings(self, positions: str, batch_size: int) -> IGConfig:
+        """The localizer's IG settings as one :class:`~capinterp.kernels.ig_config.IGConfig`
+        (validated: ValueError naming a bad one)."""
+        return IGConfig(
+            steps=self.steps,
+            rule=self.rule,
+            positions=positions,
+            objective=self.objective,
+            route=self.route,
+            invariance=self.invariance,
+            batch_size=batch_size,
+            tol=self.tol,
+            max_steps=self.max_steps,
+            completeness_tol=self.completeness_tol,
+        )
 
     def _ig_begin(self) -> None:
         self._ig_log = CompletenessLog(neuron_shape(validate.model(self.model))[0])

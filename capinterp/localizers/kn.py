@@ -17,12 +17,12 @@ from tqdm.auto import tqdm
 
 from capinterp.core import validate
 from capinterp.core.tokens import encode
-from capinterp.kernels.ig import INVARIANCE, ig_scores
+from capinterp.kernels import ig
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
-from capinterp.localizers.base import Localizer, former_name, register
-from capinterp.localizers.cnl import check_ig_args
+from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
-from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, check_completeness_tol, quiet_kernel_warnings
+from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, quiet_kernel_warnings
 from capinterp.results.neurons import NeuronScores, NeuronSet
 
 __all__ = ["KN", "coarse_mask"]
@@ -47,12 +47,14 @@ class KN(IGChecked, Localizer):
         refine: False keeps the union of the coarse sets.
         rule: IG interpolation rule, as for :class:`capinterp.CNL`.
         objective: IG objective, as for :class:`capinterp.CNL`.
-        kernel: IG kernel, as for :class:`capinterp.CNL`.
+        route: how IG's rows run, as for :class:`capinterp.CNL`.
         invariance: closed-form sums on scale-invariant models, as for :class:`capinterp.CNL`.
         tol: the adaptive rule's tolerance, as for :class:`capinterp.CNL`.
         max_steps: the adaptive rule's node cap, as for :class:`capinterp.CNL`.
         completeness_tol: warn when a layer's completeness error exceeds it, as for :class:`capinterp.CNL`.
-        method: former name of ``kernel`` (still accepted).
+
+    ``fit`` runs :func:`capinterp.kernels.ig.ig_scores` with the
+    :class:`~capinterp.kernels.ig_config.IGConfig` these build (``positions="last_prompt"``).
 
     ``meta_["ig_check"]`` (also in the results' metadata) holds each prompt's per-layer completeness
     error and its max / mean over prompts; :meth:`summary` shows them per layer.
@@ -71,53 +73,39 @@ class KN(IGChecked, Localizer):
         refine: bool = True,
         rule: str = "right",
         objective: str = "prob",
-        kernel: str = "fast",
+        route: str = "fast",
         invariance: str = "auto",
         batch_size: int = 64,
         device: Any = None,
         progress: bool = True,
-        method: str | None = None,
         tol: float = ADAPTIVE_TOL,
         max_steps: int = ADAPTIVE_MAX_STEPS,
         completeness_tol: float = COMPLETENESS_TOL,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        kernel = former_name(kernel, method, "kernel", "method", "fast")
-        check_ig_args(steps, rule, "last_prompt", objective, kernel)
-        self.tol = validate.finite_float("tol", tol, low=0.0, low_open=True)
-        self.max_steps = validate.positive_int("max_steps", max_steps)
-        self.completeness_tol = check_completeness_tol(completeness_tol)
         threshold = validate.probability("threshold", threshold, high_open=True)
         share = validate.probability("share", share, high_open=True)
         self.steps, self.threshold, self.share = steps, threshold, share
         self.refine = validate.boolean("refine", refine)
-        self.rule, self.objective, self.kernel = rule, objective, kernel
-        self.invariance = validate.choice("invariance", invariance, INVARIANCE)
+        self.rule, self.objective, self.route, self.invariance = rule, objective, route, invariance
+        self.tol, self.max_steps, self.completeness_tol = tol, max_steps, completeness_tol
+        self._ig_config()  # bad IG settings are refused here, before any work
 
-    def _prompt_scores(self, item) -> torch.Tensor:
+    def _ig_config(self) -> IGConfig:
+        """The IG settings of a fit, from the hyper-parameters (ValueError on a bad one)."""
+        return ig.check_config(self._ig_settings("last_prompt", self.batch_size))
+
+    def _prompt_scores(self, item, config: IGConfig) -> torch.Tensor:
         """IG scores ``[n_layers, d_mlp]`` of one encoded prompt (subclasses change the path);
         the kernel's completeness records go to :meth:`_ig_add`."""
         stats: dict = {}
-        scores = ig_scores(
-            self.model,
-            item,
-            steps=self.steps,
-            rule=self.rule,
-            positions="last_prompt",
-            objective=self.objective,
-            batch_size=self.batch_size,
-            method=self.kernel,
-            tol=self.tol,
-            max_steps=self.max_steps,
-            stats=stats,
-            **self._path_kwargs(),
-        )[0]
+        scores = ig.ig_scores(self.model, item, config, stats=stats, **self._path_kwargs())[0]
         self._ig_add(stats)
         return scores
 
     def _path_kwargs(self) -> dict:
         """Extra ``ig_scores`` arguments that set the integration path (AMIG: its baseline)."""
-        return {"invariance": self.invariance}
+        return {}
 
     def _coarse(self, scores: torch.Tensor) -> torch.Tensor:
         """One prompt's coarse set (subclasses may adapt the threshold)."""
@@ -135,9 +123,10 @@ class KN(IGChecked, Localizer):
         examples = fill_greedy_targets(self.model, examples)
         items = encode(self.model, examples, max_target_tokens=1)
         self._ig_begin()
+        config = self._ig_config()
         with quiet_kernel_warnings():
             per = torch.stack(
-                [self._prompt_scores(it) for it in tqdm(items, desc=self.name, disable=not self.progress)]
+                [self._prompt_scores(it, config) for it in tqdm(items, desc=self.name, disable=not self.progress)]
             )
         meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items), ig_check=self._ig_report())
         coarse = [self._coarse(s) for s in per]

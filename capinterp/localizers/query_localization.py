@@ -3,7 +3,7 @@ neurons the same for every paraphrase of it?
 
 A *fact* is a group of paraphrased queries q_1..q_n with one answer. A per-query localizer (KN,
 integrated gradients at the last prompt token) gives every query its score map s_i and its
-neuron set N_i (positive scores above ``t * max``, KN's coarse rule). Then, per fact:
+neuron set N_i (positive scores above ``t * max``, KN's coarse threshold). Then, per fact:
 
 - CS1 = |∩_i N_i| / |∪_i N_i|                     (strict consistency)
 - CS2 = mean_{i<j} |N_i ∩ N_j| / |N_i ∪ N_j|      (relaxed: mean pairwise Jaccard; reconstruction (R))
@@ -12,7 +12,7 @@ neuron set N_i (positive scores above ``t * max``, KN's coarse rule). Then, per 
   static classes use 0.3);
 - consistency-aware scores (Eq. 7, reconstruction (R)): CAS(u) = beta1 * mean_i s_i(u) - beta2 * std_i s_i(u),
   each s_i first divided by its own max (``normalize=True``); the selected neurons are those with
-  CAS > ``cas_threshold * max CAS`` (positive only), KN's relative rule again.
+  CAS > ``cas_threshold * max CAS`` (positive only), KN's relative threshold again.
 
     ql = ci.QueryLocalization(model, localizer="kn", steps=20).fit(facts)
     ql.consistency_          # one row per fact: cs1, cs2, class (consistent / inconsistent)
@@ -115,7 +115,7 @@ class QueryLocalization:
         model: a loaded model (``capinterp.load_model``).
         localizer: name of a per-query localizer in :mod:`capinterp.localizers` (``"kn"``), or a
             constructed one; it must expose ``prompt_scores_`` (``[n, L, d_mlp]``) after ``fit``.
-        tau: the class rule: a static threshold (0.3, the paper's example value) or ``"otsu"``.
+        tau: the class threshold: a static value (0.3, the paper's example value) or ``"otsu"``.
             Both classes are always in ``consistency_``; ``tau`` picks the one in its ``class`` column.
         score: which consistency score decides the class: ``"cs2"`` (relaxed, default) or ``"cs1"``.
         beta1: CAS weight of the mean attribution over queries (1).
@@ -380,7 +380,7 @@ class QueryLocalization:
         return NeuronScores(cas, meta={**self.meta_, "fact": str(self.names_[k]), "rule": "cas"})
 
     def neurons(self, fact: Any, selection: str = "consistency-aware", query: int = 0) -> NeuronSet:
-        """Neurons of one fact: ``"consistency-aware"`` (CAS rule), ``"query"`` (N_query, the coarse
+        """Neurons of one fact: ``"consistency-aware"`` (CAS criterion), ``"query"`` (N_query, the coarse
         set of query ``query``), ``"union"`` (N_g, union over queries) or ``"intersection"``
         (Chen et al. 2025, Sec. 4)."""
         if selection not in NEURON_SELECTIONS:

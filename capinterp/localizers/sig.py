@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL, check_rule
-from capinterp.kernels.sequential import sig_scores
+from capinterp.kernels import sequential
+from capinterp.kernels.ig_config import IGConfig
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import register
 from capinterp.localizers.ig_check import COMPLETENESS_TOL
 from capinterp.localizers.kn import KN
@@ -33,10 +34,14 @@ class SIG(KN):
             (the last prompt token only: then SIG equals KN's IG).
         rule: any rule of :mod:`capinterp.kernels.quadrature` (``"right"``, the papers', or
             ``"gauss"`` for an accurate integral at few points).
-        kernel: ``"loop"`` only (the sequential kernel; KN's fast kernels scale all positions at once).
+        route: how the sequential kernel's rows run: ``"fast"`` (default, the layer staircase) or
+            ``"loop"`` (a full forward per row; same scores to float32 noise).
+        invariance: ``"off"`` only (the path scales one token at a time: no closed form).
 
     ``threshold``, ``share``, ``refine``, ``objective`` and ``completeness_tol`` are
     :class:`capinterp.KN`'s (``tol`` and ``max_steps`` too, unused: SIG has no adaptive rule).
+    ``fit`` runs :func:`capinterp.kernels.sequential.sig_scores` with the
+    :class:`~capinterp.kernels.ig_config.IGConfig` these build.
     """
 
     per_query = True
@@ -52,7 +57,7 @@ class SIG(KN):
         refine: bool = True,
         rule: str = "right",
         objective: str = "prob",
-        kernel: str = "loop",
+        route: str = "fast",
         invariance: str = "off",
         batch_size: int = 64,
         device: Any = None,
@@ -61,13 +66,7 @@ class SIG(KN):
         max_steps: int = ADAPTIVE_MAX_STEPS,
         completeness_tol: float = COMPLETENESS_TOL,
     ) -> None:
-        if kernel != "loop":
-            raise ValueError(f"SIG runs its own sequential kernel: kernel must be 'loop', got {kernel!r}")
-        if invariance != "off":  # its path scales one token at a time: no closed form
-            raise ValueError(f"SIG integrates node by node: invariance must be 'off', got {invariance!r}")
-        check_rule(steps, rule)  # a fixed rule: the sequential kernel has no adaptive one
-        if positions not in ("prompt", "last_prompt"):
-            raise ValueError(f"positions must be 'prompt' or 'last_prompt', got {positions!r}")
+        self.positions = positions  # before KN's constructor checks the settings (_ig_config)
         super().__init__(
             model,
             steps=steps,
@@ -76,8 +75,8 @@ class SIG(KN):
             refine=refine,
             rule=rule,
             objective=objective,
-            kernel="loop",
-            invariance="off",
+            route=route,
+            invariance=invariance,
             batch_size=batch_size,
             device=device,
             progress=progress,
@@ -85,20 +84,12 @@ class SIG(KN):
             max_steps=max_steps,
             completeness_tol=completeness_tol,
         )
-        self.positions = positions
 
-    def _prompt_scores(self, item) -> torch.Tensor:
-        pos = None if self.positions == "prompt" else [item.last_prompt_pos]
+    def _ig_config(self) -> IGConfig:
+        return sequential.check_config(self._ig_settings(self.positions, self.batch_size))
+
+    def _prompt_scores(self, item, config: IGConfig) -> torch.Tensor:
         stats: dict = {}
-        scores = sig_scores(
-            self.model,
-            item,
-            steps=self.steps,
-            rule=self.rule,
-            objective=self.objective,
-            positions=pos,
-            batch_size=self.batch_size,
-            stats=stats,
-        )
+        scores = sequential.sig_scores(self.model, item, config, stats=stats)
         self._ig_add(stats)
         return scores

@@ -13,6 +13,7 @@ from capinterp.core.example import Example
 from capinterp.core.tokens import encode
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.ig import _Objective, grad_x_act, ig_alphas, ig_scores, objective_from_logits, site
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.quadrature import RULES, quadrature
 
 TOL = 1e-4  # max relative difference on scores above 1% of the max (the spec's criterion)
@@ -77,31 +78,35 @@ CASES = (
 @pytest.mark.parametrize("positions,objective,rule,baseline", CASES)
 def test_fast_prefix_loop_match_reference(tiny64, encs64, positions, objective, rule, baseline):
     model, encs = tiny64, encs64
-    kw = dict(steps=STEPS, rule=rule, positions=positions, objective=objective, baseline=_baseline(baseline, model))
-    ref = torch.stack([ref_ig(model, e, **kw) for e in encs])
+    kw = dict(steps=STEPS, rule=rule, positions=positions, objective=objective)
+    base = _baseline(baseline, model)
+    ref = torch.stack([ref_ig(model, e, baseline=base, **kw) for e in encs])
     assert ref.abs().max() > 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fast route must not fall back on the tiny Llama
-        got = {m: ig_scores(model, encs, method=m, batch_size=5, **kw) for m in ("fast", "prefix", "loop")}
-    for method, scores in got.items():
+        got = {
+            r: ig_scores(model, encs, IGConfig(route=r, batch_size=5, **kw), baseline=base)
+            for r in ("fast", "prefix", "loop")
+        }
+    for route, scores in got.items():
         assert scores.shape == (2, model.cfg.n_layers, model.cfg.d_mlp) and scores.dtype == torch.float32
-        assert max_rel(scores, ref) <= TOL64, method
+        assert max_rel(scores, ref) <= TOL64, route
 
 
 @pytest.mark.parametrize("positions,objective", [("answer", "prob"), ("last_prompt", "logprob")])
 def test_float32_agrees_to_within_noise(tiny, encs, tiny64, encs64, positions, objective):
     kw = dict(steps=STEPS, positions=positions, objective=objective)
-    truth = ig_scores(tiny64, encs64, method="loop", **kw)
-    for method in ("fast", "prefix", "loop"):
-        got = ig_scores(tiny, encs, method=method, **kw)
-        assert max_rel(got, truth) <= 1e-3, method  # observed 1e-5 .. 2e-4
-        assert ((got - truth).abs().max() / truth.abs().max()).item() <= 1e-5, method
+    truth = ig_scores(tiny64, encs64, IGConfig(route="loop", **kw))
+    for route in ("fast", "prefix", "loop"):
+        got = ig_scores(tiny, encs, IGConfig(route=route, **kw))
+        assert max_rel(got, truth) <= 1e-3, route  # observed 1e-5 .. 2e-4
+        assert ((got - truth).abs().max() / truth.abs().max()).item() <= 1e-5, route
 
 
 def test_options_change_the_scores(tiny64, encs64):
     """Guards against options being ignored (a comparison above would then pass vacuously)."""
     tiny, encs = tiny64, encs64
-    base = ig_scores(tiny, encs[1], steps=STEPS)
+    base = ig_scores(tiny, encs[1], IGConfig(steps=STEPS))
     for kw in (
         dict(rule="left"),
         dict(rule="linspace"),
@@ -110,10 +115,10 @@ def test_options_change_the_scores(tiny64, encs64):
         dict(objective="logprob"),
         dict(positions="last_prompt"),
     ):
-        assert max_rel(ig_scores(tiny, encs[1], steps=STEPS, **kw), base) > 1e-3, kw
+        assert max_rel(ig_scores(tiny, encs[1], IGConfig(steps=STEPS, **kw)), base) > 1e-3, kw
     # with a single-token answer, "answer" and "last_prompt" are the same positions
-    one = ig_scores(tiny, encs[0], steps=STEPS)
-    assert max_rel(ig_scores(tiny, encs[0], steps=STEPS, positions="last_prompt"), one) <= TOL
+    one = ig_scores(tiny, encs[0], IGConfig(steps=STEPS))
+    assert max_rel(ig_scores(tiny, encs[0], IGConfig(steps=STEPS, positions="last_prompt")), one) <= TOL
 
 
 def test_the_clean_point_is_one_row_for_all_layers(tiny64, encs64):
@@ -131,9 +136,11 @@ def test_the_clean_point_is_one_row_for_all_layers(tiny64, encs64):
     ]:
         for batch_size in (1, 7, 500):
             stats: dict = {}
-            got = ig_scores(tiny64, encs64, steps=STEPS, rule=rule, method=method, batch_size=batch_size, stats=stats)
+            got = ig_scores(
+                tiny64, encs64, IGConfig(steps=STEPS, rule=rule, route=method, batch_size=batch_size), stats=stats
+            )
             assert stats["rows"] == len(encs64) * rows, (rule, method)
-            ref = ig_scores(tiny64, encs64, steps=STEPS, rule=rule, method="loop")
+            ref = ig_scores(tiny64, encs64, IGConfig(steps=STEPS, rule=rule, route="loop"))
             assert max_rel(got, ref) <= TOL64, (rule, method, batch_size)
 
 
@@ -165,7 +172,9 @@ def test_completeness_error_shrinks_with_steps(tiny64, encs64):
         delta, sums = deltas[layer], {}
         for m in (20, 50, 100, 200):
             sums[m] = (
-                ig_scores(model, enc, steps=m, layers=[layer], objective=objective, baseline=baseline).sum().item()
+                ig_scores(model, enc, IGConfig(steps=m, objective=objective), layers=[layer], baseline=baseline)
+                .sum()
+                .item()
             )
         errs = {m: abs(sums[m] - delta) / abs(delta) for m in (20, 50, 200)}
         # a right Riemann sum converges like 1/m, so 2 S(200) - S(100) cancels the leading error
@@ -214,7 +223,9 @@ def test_completeness_gauss_converges_fast(tiny64, encs64):
     delta = deltas[layer]
 
     def err(m, rule):
-        return abs(ig_scores(model, enc, steps=m, rule=rule, layers=[layer]).sum().item() - delta) / abs(delta)
+        return abs(ig_scores(model, enc, IGConfig(steps=m, rule=rule), layers=[layer]).sum().item() - delta) / abs(
+            delta
+        )
 
     right20 = err(20, "right")
     gauss = {m: err(m, "gauss") for m in (2, 4, 8, 16)}
@@ -231,17 +242,17 @@ def test_completeness_gauss_converges_fast(tiny64, encs64):
 
 def test_batch_size_does_not_change_results(tiny64, encs64):
     tiny, encs = tiny64, encs64
-    runs = [ig_scores(tiny, encs, steps=STEPS, batch_size=bs) for bs in (1, 7, 64)]
+    runs = [ig_scores(tiny, encs, IGConfig(steps=STEPS, batch_size=bs)) for bs in (1, 7, 64)]
     for r in runs[1:]:
         assert max_rel(r, runs[0]) <= 1e-5
-    loop = [ig_scores(tiny, encs, steps=STEPS, batch_size=bs, method="loop", layers=[2]) for bs in (1, 64)]
+    loop = [ig_scores(tiny, encs, IGConfig(steps=STEPS, batch_size=bs, route="loop"), layers=[2]) for bs in (1, 64)]
     assert max_rel(loop[1], loop[0]) <= 1e-5
 
 
 def test_layer_subset_and_single_example(tiny64, encs64):
     tiny, encs = tiny64, encs64
-    full = ig_scores(tiny, encs[1], steps=STEPS)
-    sub = ig_scores(tiny, encs[1], steps=STEPS, layers=[-1, 1])
+    full = ig_scores(tiny, encs[1], IGConfig(steps=STEPS))
+    sub = ig_scores(tiny, encs[1], IGConfig(steps=STEPS), layers=[-1, 1])
     assert sub.shape == (1, tiny.cfg.n_layers, tiny.cfg.d_mlp)
     assert torch.all(sub[0, [0, 2]] == 0) and torch.all(sub[0, [1, 3]] != 0)
     assert max_rel(sub[0, [1, 3]], full[0, [1, 3]]) <= 1e-5
@@ -253,7 +264,7 @@ def test_model_state_is_left_alone(tiny, encs):
     flags = {n: p.requires_grad for n, p in tiny.named_parameters()}
     with torch.no_grad():  # the kernel must enable gradients itself
         for method in ("fast", "prefix", "loop"):
-            ig_scores(tiny, encs, steps=3, method=method)
+            ig_scores(tiny, encs, IGConfig(steps=3, route=method))
         grad_x_act(tiny, encs)
     assert all(p.grad is None for p in tiny.parameters())
     assert {n: p.requires_grad for n, p in tiny.named_parameters()} == flags
@@ -269,11 +280,11 @@ def test_fallbacks_give_the_same_scores(tiny64, encs64, monkeypatch):
 
     from capinterp.kernels import ig
 
-    want = ig_scores(tiny64, encs64, steps=STEPS, method="loop")
+    want = ig_scores(tiny64, encs64, IGConfig(steps=STEPS, route="loop"))
     monkeypatch.setattr(ig, "_STAIR_OK", weakref.WeakKeyDictionary())  # forget earlier checks of tiny64
     monkeypatch.setattr(_prefix, "stair_supported", lambda model, run: False)
-    with pytest.warns(RuntimeWarning, match="method='prefix'"):
-        got = ig_scores(tiny64, encs64, steps=STEPS)
+    with pytest.warns(RuntimeWarning, match="route='prefix'"):
+        got = ig_scores(tiny64, encs64, IGConfig(steps=STEPS))
     assert max_rel(got, want) <= TOL64
 
 
@@ -285,10 +296,10 @@ def test_route_self_check_runs_once_per_model_and_precision(encs, monkeypatch):
     monkeypatch.setattr(_prefix, "stair_supported", lambda model, run: calls.append(run.acts.dtype) or real(model, run))
     model = load_model("tiny")
     for enc in encs:  # one call per prompt, as KN makes them
-        ig_scores(model, enc, steps=2)
+        ig_scores(model, enc, IGConfig(steps=2))
     assert calls == [torch.float32]
     model.to(torch.float64)  # another precision: checked again
-    ig_scores(model, encs[0], steps=2)
+    ig_scores(model, encs[0], IGConfig(steps=2))
     assert calls == [torch.float32, torch.float64]
 
 
@@ -299,7 +310,7 @@ def test_model_without_kv_cache_falls_back_to_loop():
     enc = encode(native, [Example("12*3=", "36")])
     ref = ref_ig(native, enc[0], steps=STEPS)
     with pytest.warns(RuntimeWarning, match="no KV cache"):
-        got = ig_scores(native, enc, steps=STEPS)
+        got = ig_scores(native, enc, IGConfig(steps=STEPS))
     assert max_rel(got[0], ref) <= TOL64
     assert max_rel(grad_x_act(native, enc)[0], ref_grad_x_act(native, enc[0])) <= TOL64
 
@@ -336,24 +347,36 @@ def test_alphas_and_sites(tiny, encs):
 
 
 @pytest.mark.parametrize(
-    "kw",
+    "kw, match",
     [
-        dict(rule="mid"),
-        dict(positions="all"),
-        dict(objective="logit"),
-        dict(method="magic"),
-        dict(layers=[9]),
-        dict(baseline=torch.zeros(3)),
-        dict(batch_size=0),
-        dict(steps=1, rule="linspace"),
-        dict(steps=1, rule="trapezoid"),
-        dict(steps=0, rule="gauss"),
-        dict(steps=2.0, rule="gauss"),
+        (dict(rule="mid"), "unknown rule 'mid'"),
+        (dict(positions="all"), "unknown positions 'all'"),
+        (dict(objective="logit"), "unknown objective 'logit'"),
+        (dict(route="magic"), "unknown route 'magic'"),
+        (dict(invariance="sometimes"), "unknown invariance"),
+        (dict(batch_size=0), "batch_size must be"),
+        (dict(steps=1, rule="linspace"), "steps must be an integer >= 2"),
+        (dict(steps=1, rule="trapezoid"), "steps must be an integer >= 2"),
+        (dict(steps=0, rule="gauss"), "steps must be"),
+        (dict(steps=2.0, rule="gauss"), "steps must be"),
+        (dict(tol=0.0), "tol must be"),
+        (dict(max_steps=0), "max_steps must be"),
+        (dict(completeness_tol=float("nan")), "completeness_tol must be"),
     ],
 )
+def test_bad_settings(kw, match):
+    with pytest.raises(ValueError, match=match):
+        IGConfig(**kw)
+
+
+@pytest.mark.parametrize("kw", [dict(layers=[9]), dict(baseline=torch.zeros(3))])
 def test_bad_arguments(tiny, encs, kw):
     with pytest.raises(ValueError):
         ig_scores(tiny, encs, **kw)
+    with pytest.raises(TypeError, match="IGConfig"):
+        ig_scores(tiny, encs, {"steps": 3})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="positions 'prompt'"):
+        ig_scores(tiny, encs, IGConfig(positions="prompt"))  # SIG's positions
 
 
 # ----------------------------------------------------------------------------- real models
@@ -363,8 +386,8 @@ def _agreement(model, prompt, target, layers, positions="answer", steps=20):
     enc = encode(model, [Example(prompt, target)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fast route itself must run (no fallback)
-        fast = ig_scores(model, enc, steps=steps, layers=layers, positions=positions)
-    loop = ig_scores(model, enc, steps=steps, layers=layers, positions=positions, method="loop")
+        fast = ig_scores(model, enc, IGConfig(steps=steps, positions=positions), layers=layers)
+    loop = ig_scores(model, enc, IGConfig(steps=steps, positions=positions, route="loop"), layers=layers)
     assert torch.all(fast[0, [l for l in range(model.cfg.n_layers) if l not in layers]] == 0)
     rel = max_rel(fast, loop)
     scale = ((fast - loop).abs().max() / loop.abs().max()).item()

@@ -18,7 +18,8 @@ from capinterp.core.example import Example
 from capinterp.core.tokens import encode
 from capinterp.kernels.completeness import CompletenessWarning, completeness_error
 from capinterp.kernels.ig import ig_scores
-from capinterp.kernels.sequential import sig_scores
+from capinterp.kernels.ig_config import IGConfig
+from capinterp.kernels.sequential import DEFAULT, sig_scores
 
 EXAMPLES = [Example("1 + 2 =", " 3 4"), Example("a b c d", " e"), Example("7 - 5 = 2 ;", " 9 1 0")]
 
@@ -43,7 +44,7 @@ def _independent(model, enc, positions, layer, baseline):
 @pytest.mark.parametrize("positions", ["answer", "last_prompt"])
 def test_fine_gauss_rule_is_complete(tiny, encs, method, positions):
     stats: dict = {}
-    scores = ig_scores(tiny, encs, steps=32, rule="gauss", positions=positions, method=method, stats=stats)
+    scores = ig_scores(tiny, encs, IGConfig(steps=32, rule="gauss", positions=positions, route=method), stats=stats)
     L = tiny.cfg.n_layers
     assert stats["completeness"].shape == (len(encs), L)
     assert float(stats["completeness"].max()) < 1e-4  # Gauss-Legendre 32 on a smooth path: exact to float32
@@ -63,7 +64,7 @@ def test_coarse_right_rule_error_equals_independent_value(tiny, encs, with_basel
     g = torch.Generator().manual_seed(1)
     baseline = 0.3 * torch.randn(L, d, generator=g).abs() if with_baseline else None
     stats: dict = {}
-    scores = ig_scores(tiny, encs, steps=3, rule="right", baseline=baseline, stats=stats)
+    scores = ig_scores(tiny, encs, IGConfig(steps=3, rule="right"), baseline=baseline, stats=stats)
     comp = stats["completeness"]
     assert float(comp.max()) > 1e-3  # three right Riemann points are far from the integral
     for i, enc in enumerate(encs):
@@ -73,7 +74,7 @@ def test_coarse_right_rule_error_equals_independent_value(tiny, encs, with_basel
             assert float(comp[i, l]) == pytest.approx(expect, rel=1e-3, abs=1e-6), (i, l)
     # and the fine rule's error is far below the coarse one's on the same examples
     fine: dict = {}
-    ig_scores(tiny, encs, steps=32, rule="gauss", baseline=baseline, stats=fine)
+    ig_scores(tiny, encs, IGConfig(steps=32, rule="gauss"), baseline=baseline, stats=fine)
     assert float(fine["completeness"].max()) < 1e-4 < float(comp.max())
 
 
@@ -89,8 +90,8 @@ def test_sig_completeness_sums_over_positions(tiny):
         coarse: dict = {}
         fine: dict = {}
         pos = list(range(1, enc.last_prompt_pos + 1))
-        sig_scores(tiny, enc, steps=3, rule="right", method=method, positions=pos, stats=coarse)
-        sig_scores(tiny, enc, steps=24, rule="gauss", method=method, positions=pos, stats=fine)
+        sig_scores(tiny, enc, DEFAULT.replace(steps=3, rule="right", route=method), at=pos, stats=coarse)
+        sig_scores(tiny, enc, DEFAULT.replace(steps=24, rule="gauss", route=method), at=pos, stats=fine)
         assert float(fine["completeness"].max()) < 1e-4 < float(coarse["completeness"].max())
     # the effective baseline value: F(x) - sum_t (F(x) - F(x with a_t = 0)), from plain forwards
     last, layer = enc.last_prompt_pos, 1
@@ -114,8 +115,8 @@ def test_sig_completeness_sums_over_positions(tiny):
 def test_adaptive_agrees_with_gauss_64_on_every_layer(tiny, encs):
     tol = 1e-4
     stats: dict = {}
-    ada = ig_scores(tiny, encs, rule="adaptive", tol=tol, stats=stats)
-    ref = ig_scores(tiny, encs, steps=64, rule="gauss")
+    ada = ig_scores(tiny, encs, IGConfig(rule="adaptive", tol=tol), stats=stats)
+    ref = ig_scores(tiny, encs, IGConfig(steps=64, rule="gauss"))
     for i in range(len(encs)):
         for l in range(tiny.cfg.n_layers):
             err = float((ada[i, l] - ref[i, l]).norm() / ref[i, l].norm())
@@ -140,7 +141,7 @@ def test_adaptive_runs_one_kernel_call_per_round(tiny, encs, monkeypatch):
 
     monkeypatch.setattr(ig, "_ig_rows", spy)
     stats: dict = {}
-    ig.ig_scores(tiny, encs[:1], rule="adaptive", tol=1e-4, stats=stats)
+    ig.ig_scores(tiny, encs[:1], IGConfig(rule="adaptive", tol=1e-4), stats=stats)
     # every round is one call, with only the layers not yet converged (a shrinking subset)
     assert calls[0] == list(range(tiny.cfg.n_layers))
     assert all(set(b) <= set(a) for a, b in itertools.pairwise(calls))
@@ -150,23 +151,23 @@ def test_adaptive_runs_one_kernel_call_per_round(tiny, encs, monkeypatch):
 def test_adaptive_warns_at_the_cap(tiny, encs):
     with pytest.warns(CompletenessWarning, match=r"max_steps=8 .*layer \d"):
         stats: dict = {}
-        ig_scores(tiny, encs[:1], rule="adaptive", tol=1e-12, max_steps=8, stats=stats)
+        ig_scores(tiny, encs[:1], IGConfig(rule="adaptive", tol=1e-12, max_steps=8), stats=stats)
     assert bool((stats["nodes"] == 8).all())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ig_scores(tiny, encs[:1], rule="adaptive", tol=1e-3)
+        ig_scores(tiny, encs[:1], IGConfig(rule="adaptive", tol=1e-3))
 
 
 def test_adaptive_rejects_bad_tolerances(tiny, encs):
     with pytest.raises(ValueError, match="tol"):
-        ig_scores(tiny, encs[:1], rule="adaptive", tol=0.0)
+        ig_scores(tiny, encs[:1], IGConfig(rule="adaptive", tol=0.0))
     with pytest.raises(ValueError, match="max_steps"):
-        ig_scores(tiny, encs[:1], rule="adaptive", max_steps=0)
+        ig_scores(tiny, encs[:1], IGConfig(rule="adaptive", max_steps=0))
     with pytest.raises(ValueError, match="rule"):
-        sig_scores(tiny, encs[0], rule="adaptive")
+        sig_scores(tiny, encs[0], DEFAULT.replace(rule="adaptive"))
 
 
 def test_stats_are_json_ready(tiny, encs):
     stats: dict = {}
-    ig_scores(tiny, encs[:1], steps=4, rule="gauss", stats=stats)
+    ig_scores(tiny, encs[:1], IGConfig(steps=4, rule="gauss"), stats=stats)
     json.dumps({k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in stats.items()})

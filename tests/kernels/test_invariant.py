@@ -13,6 +13,7 @@ import capinterp.kernels.ig as ig
 from capinterp.core.tiny import tiny_tokenizer
 from capinterp.core.tokens import encode
 from capinterp.data import Example
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.invariant import N_NODES, lagrange_basis, scale_invariant, substitute_nodes
 from capinterp.kernels.quadrature import quadrature
 
@@ -90,8 +91,8 @@ def test_scale_invariance_is_detected_from_the_architecture(tiny_gemma, tiny):
 def test_closed_form_equals_integration_on_gemma(tiny_gemma, positions, rule, steps):
     enc = encode(tiny_gemma, EXAMPLES)
     stats: dict = {}
-    fast = ig.ig_scores(tiny_gemma, enc, steps=steps, rule=rule, positions=positions, stats=stats)
-    exact = ig.ig_scores(tiny_gemma, enc, steps=steps, rule=rule, positions=positions, invariance="off")
+    fast = ig.ig_scores(tiny_gemma, enc, IGConfig(steps=steps, rule=rule, positions=positions), stats=stats)
+    exact = ig.ig_scores(tiny_gemma, enc, IGConfig(steps=steps, rule=rule, positions=positions, invariance="off"))
     assert (stats["closed_form"], stats["integrated"]) == (len(EXAMPLES), 0)
     n_layers = tiny_gemma.cfg.n_layers
     # alpha = 1: one row for all layers; alpha = 0 (the baseline, for completeness): one per layer
@@ -106,11 +107,11 @@ def test_closed_form_equals_integration_on_gemma(tiny_gemma, positions, rule, st
 
 def test_closed_form_holds_in_bfloat16(tiny_gemma, tmp_path):
     enc = encode(tiny_gemma, EXAMPLES)
-    ref = ig.ig_scores(tiny_gemma, enc, steps=20, invariance="off")
+    ref = ig.ig_scores(tiny_gemma, enc, IGConfig(steps=20, invariance="off"))
     tiny_gemma.to(torch.bfloat16)
     try:
         stats: dict = {}
-        half = ig.ig_scores(tiny_gemma, enc, steps=20, stats=stats)
+        half = ig.ig_scores(tiny_gemma, enc, IGConfig(steps=20), stats=stats)
     finally:
         tiny_gemma.to(torch.float32)
     assert stats["closed_form"] == len(EXAMPLES)
@@ -120,24 +121,24 @@ def test_closed_form_holds_in_bfloat16(tiny_gemma, tmp_path):
 def test_uncovered_cases_integrate_node_by_node(tiny_gemma, tiny, monkeypatch):
     enc = encode(tiny_gemma, EXAMPLES[:2])
     cases = [
-        (tiny_gemma, dict(steps=20, rule="left")),  # a node at alpha = 0
-        (tiny_gemma, dict(steps=7, rule="gauss")),  # under 8 nodes: the saving would not pay
-        (tiny_gemma, dict(steps=20, baseline=torch.full((128,), 0.1))),  # non-zero baseline
-        (tiny, dict(steps=20)),  # no post-FFN norm
+        (tiny_gemma, IGConfig(steps=20, rule="left"), None),  # a node at alpha = 0
+        (tiny_gemma, IGConfig(steps=7, rule="gauss"), None),  # under 8 nodes: the saving would not pay
+        (tiny_gemma, IGConfig(steps=20), torch.full((128,), 0.1)),  # non-zero baseline
+        (tiny, IGConfig(steps=20), None),  # no post-FFN norm
     ]
-    for model, kw in cases:
+    for model, config, base in cases:
         e = enc if model is tiny_gemma else encode(tiny, EXAMPLES[:2])
         stats: dict = {}
-        out = ig.ig_scores(model, e, stats=stats, **kw)
-        assert (stats["closed_form"], stats["integrated"]) == (0, 2), kw
-        assert torch.equal(out, ig.ig_scores(model, e, invariance="off", **kw))
+        out = ig.ig_scores(model, e, config, baseline=base, stats=stats)
+        assert (stats["closed_form"], stats["integrated"]) == (0, 2), config
+        assert torch.equal(out, ig.ig_scores(model, e, config.replace(invariance="off"), baseline=base))
     monkeypatch.setattr(ig, "check_tolerance", lambda dtype: 0.0)  # the check fails: integrate
     stats = {}
-    out = ig.ig_scores(tiny_gemma, enc, steps=20, stats=stats)
+    out = ig.ig_scores(tiny_gemma, enc, IGConfig(steps=20), stats=stats)
     assert (stats["closed_form"], stats["integrated"]) == (0, 2)
-    assert torch.equal(out, ig.ig_scores(tiny_gemma, enc, steps=20, invariance="off"))
+    assert torch.equal(out, ig.ig_scores(tiny_gemma, enc, IGConfig(steps=20, invariance="off")))
     with pytest.raises(ValueError, match="invariance"):
-        ig.ig_scores(tiny_gemma, enc, invariance="sometimes")
+        ig.ig_scores(tiny_gemma, enc, IGConfig(invariance="sometimes"))
 
 
 def test_localizers_pass_invariance_through(tiny_gemma):

@@ -94,9 +94,8 @@ def test_shards_scored_separately_merge_exactly(planted):
         ({"sigma": -1}, "sigma must be > 0"),
         ({"rule": "mid"}, "unknown rule"),
         ({"positions": "all"}, "unknown positions"),
-        ({"kernel": "magic"}, "unknown kernel"),
-        ({"method": "magic"}, "unknown kernel"),
-        ({"kernel": "loop", "method": "prefix"}, "former name"),
+        ({"route": "magic"}, "unknown route"),
+        ({"tol": -1.0}, "tol must be"),
     ],
 )
 def test_cnl_bad_hyper_parameters(tiny, kwargs, match):

@@ -8,8 +8,9 @@ import capinterp as ci
 from capinterp.core.model import neuron_hook
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
+from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.quadrature import quadrature
-from capinterp.kernels.sequential import sig_scores
+from capinterp.kernels.sequential import DEFAULT, sig_scores
 from capinterp.localizers.amig import mean_activations
 
 NEUTRAL = [
@@ -54,20 +55,22 @@ def _sig_reference(model, enc, layer, steps, positions, rule="right"):
 
 def test_sig_on_the_last_token_only_equals_kn_ig(planted):
     enc = encode(planted, FACT_A[:1], max_target_tokens=1)[0]
-    sig = sig_scores(planted, enc, steps=6, positions=[enc.last_prompt_pos], batch_size=5)
-    ig = ig_scores(planted, enc, steps=6, positions="last_prompt", method="loop")[0]
+    sig = sig_scores(planted, enc, DEFAULT.replace(steps=6, batch_size=5), at=[enc.last_prompt_pos])
+    ig = ig_scores(planted, enc, IGConfig(steps=6, positions="last_prompt", route="loop"))[0]
     assert torch.allclose(sig, ig, rtol=1e-4, atol=1e-6 * float(ig.abs().max()))
 
 
 def test_sig_matches_one_position_at_a_time_reference(planted):
     enc = encode(planted, FACT_A[:1], max_target_tokens=1)[0]
     pos = list(range(enc.last_prompt_pos + 1))  # tiny prepends no BOS: every prompt token
-    sig = sig_scores(planted, enc, steps=4, layers=[1], batch_size=7)  # chunks cut across positions
+    sig = sig_scores(planted, enc, DEFAULT.replace(steps=4, batch_size=7), layers=[1])  # chunks cut across positions
     ref = _sig_reference(planted, enc, 1, 4, pos)
     assert torch.allclose(sig[1], ref, rtol=1e-3, atol=1e-5 * float(ref.abs().max()))
     assert sig[0].abs().sum() == 0  # layers not asked for stay 0
     # it differs from KN's last-token IG: earlier tokens are credited too
-    assert not torch.allclose(sig[1], sig_scores(planted, enc, steps=4, layers=[1], positions=[enc.last_prompt_pos])[1])
+    assert not torch.allclose(
+        sig[1], sig_scores(planted, enc, DEFAULT.replace(steps=4), layers=[1], at=[enc.last_prompt_pos])[1]
+    )
 
 
 @pytest.mark.parametrize("rule", ["gauss", "trapezoid"])
@@ -76,7 +79,7 @@ def test_sig_weighted_rules_match_the_reference(planted, rule):
     pos = list(range(enc.last_prompt_pos + 1))
     ref = _sig_reference(planted, enc, 1, 3, pos, rule=rule)
     for method in ("fast", "loop"):
-        sig = sig_scores(planted, enc, steps=3, rule=rule, layers=[1], batch_size=5, method=method)
+        sig = sig_scores(planted, enc, DEFAULT.replace(steps=3, rule=rule, batch_size=5, route=method), layers=[1])
         assert torch.allclose(sig[1], ref, rtol=1e-3, atol=1e-5 * float(ref.abs().max()))
 
 
@@ -85,9 +88,9 @@ def test_sig_gauss_converges_with_few_points(tiny):
     integral falls fast with points (2.3e-5, 1.9e-6, 1.4e-9 at 2, 4, 8 of a 1.1e-3 maximum), and 8
     points beat the papers' 20-point right sum (2.4e-5) by four orders of magnitude."""
     enc = encode(tiny, FACT_A[:1], max_target_tokens=1)[0]
-    ref = sig_scores(tiny, enc, steps=24, rule="gauss", layers=[1])[1]
+    ref = sig_scores(tiny, enc, DEFAULT.replace(steps=24, rule="gauss"), layers=[1])[1]
     err = {
-        (rule, m): float((sig_scores(tiny, enc, steps=m, rule=rule, layers=[1])[1] - ref).abs().max())
+        (rule, m): float((sig_scores(tiny, enc, DEFAULT.replace(steps=m, rule=rule), layers=[1])[1] - ref).abs().max())
         for rule, m in [("gauss", 2), ("gauss", 4), ("gauss", 8), ("right", 20)]
     }
     assert err[("gauss", 8)] < err[("gauss", 4)] / 100 < err[("gauss", 2)] / 100
@@ -124,7 +127,9 @@ def test_amig_completeness_from_the_mean_baseline(planted):
     enc = encode(planted, FACT_A[:1], max_target_tokens=1)[0]
     base = mean_activations(planted, NEUTRAL)
     layer = 2
-    ig = ig_scores(planted, enc, steps=400, positions="last_prompt", baseline=base, layers=[layer], method="loop")[0]
+    ig = ig_scores(
+        planted, enc, IGConfig(steps=400, positions="last_prompt", route="loop"), baseline=base, layers=[layer]
+    )[0]
     tokens = torch.tensor([enc.prompt_ids])
 
     def p(hooks):
@@ -188,12 +193,13 @@ def test_sig_fast_route_equals_loop(objective):
     model = ci.load_model("tiny", dtype=torch.float64)
     enc = encode(model, FACT_A[:1], max_target_tokens=1)[0]
     base = 0.1 * torch.randn(model.cfg.n_layers, model.cfg.d_mlp, generator=torch.Generator().manual_seed(0))
-    kw = dict(steps=3, objective=objective, positions=[1, 2, enc.last_prompt_pos], baseline=base, batch_size=5)
+    config = DEFAULT.replace(steps=3, objective=objective, batch_size=5)
+    kw = dict(at=[1, 2, enc.last_prompt_pos], baseline=base)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the fast route must run, not fall back
-        fast = sig_scores(model, enc, method="fast", **kw)
-    loop = sig_scores(model, enc, method="loop", **kw)
+        fast = sig_scores(model, enc, config.replace(route="fast"), **kw)
+    loop = sig_scores(model, enc, config.replace(route="loop"), **kw)
     assert fast.abs().max() > 0
     assert ((fast - loop).abs().max() / loop.abs().max()).item() <= 2e-6
-    with pytest.raises(ValueError, match="method"):
-        sig_scores(model, enc, method="prefix")
+    with pytest.raises(ValueError, match="route 'prefix'"):
+        sig_scores(model, enc, DEFAULT.replace(route="prefix"))
