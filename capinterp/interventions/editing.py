@@ -44,7 +44,7 @@ from capinterp.core.tokens import Encoded, encode
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["EDIT_SELECTIONS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_table", "new_values", "value_weight"]
 

@@ -50,7 +50,7 @@ from capinterp.interventions.finetune_result import FinetuneResult, finetune_fig
 from capinterp.interventions.hooks import check_neurons
 from capinterp.interventions.neuron_params import count_params, neuron_masks, zero_neurons
 from capinterp.kernels.evaluate import evaluate
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["ARMS", "FinetuneResult", "finetune", "finetune_figure", "mean_target_loss", "target_loss"]
 

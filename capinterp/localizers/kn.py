@@ -23,7 +23,7 @@ from capinterp.localizers.base import Localizer, former_name, register
 from capinterp.localizers.cnl import check_ig_args
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
 from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, check_completeness_tol, quiet_kernel_warnings
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["KN", "coarse_mask"]
 

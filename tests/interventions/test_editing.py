@@ -12,7 +12,7 @@ from capinterp.interventions.edit_eval import next_token_probs, perplexity, prom
 from capinterp.interventions.editing import edit_knowledge, edit_table, last_activations, value_weight
 from capinterp.localizers.kn import KN
 from capinterp.localizers.query_localization import QueryLocalization
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 TEXT = ["The Eiffel Tower is in the city of Paris .", "Rome is the capital of Italy ."]
 
