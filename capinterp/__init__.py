@@ -9,7 +9,7 @@ with ci.erase(model, cnl.neurons_):
 ft = ci.finetune(model, ds, neurons=cnl.neurons_, arms=("located", "random"))   # CNLF
 """
 
-from capinterp import circuits, data, experiments, interventions, kernels, localizers, plots, results, units
+from capinterp import circuits, data, experiments, interventions, kernels, localizers, plots, units
 from capinterp._version import __version__
 from capinterp.app.reproduce import reproduce
 from capinterp.core.example import Example
@@ -34,8 +34,7 @@ from capinterp.interventions import (
 from capinterp.kernels.evaluate import EvalResult, evaluate
 from capinterp.kernels.ig_config import ADAPTIVE, CLOSED_FORM, GAUSS_LEGENDRE, PAPERS, IGConfig
 from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, NeFT, QueryLocalization
-from capinterp.results import NeuronScores, NeuronSet
-from capinterp.units import KeySet, UnitSet, metrics
+from capinterp.units import KeySet, NeuronScores, NeuronSet, UnitSet, metrics
 
 __all__ = [
     "ADAPTIVE",
@@ -83,7 +82,6 @@ __all__ = [
     "model_meta",
     "plots",
     "reproduce",
-    "results",
     "rome_edit",
     "scale",
     "scale_attention",

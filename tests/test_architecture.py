@@ -17,9 +17,8 @@ LAYERS = [
     "_version",
     "core",
     "data",
-    "units",
-    "plots",
-    "results",
+    "plots",  # figures read their inputs by attribute: below every result type, which draws through it
+    "units",  # located units (UnitSet / KeySet / NeuronSet), NeuronScores, set metrics: one layer
     "kernels",
     "circuits",
     "localizers",

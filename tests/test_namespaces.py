@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import types
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,6 @@ PUBLIC = [
     "capinterp.kernels",
     "capinterp.localizers",
     "capinterp.plots",
-    "capinterp.results",
     "capinterp.testing",
     "capinterp.units",
     "capinterp.units.metrics",
@@ -51,6 +51,8 @@ def test_metrics_namespace_is_the_metrics():
 
 def test_former_aliases_are_gone():
     assert not hasattr(ci, "plotting")  # one name: ci.plots
+    assert not hasattr(ci, "results")  # neuron results live in ci.units with the other located units
+    assert not (Path(ci.__file__).parent / "results").exists()  # no alias package left behind
     with pytest.raises(ValueError, match="unknown localizer 'kc'"):
         ci.localizers.get("kc")
 

@@ -16,7 +16,7 @@ from typing import Any
 from capinterp.core.example import Example
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.localizers.kn import KN
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["ScoreCache", "example_key", "kn_neurons", "kn_scores", "with_greedy_targets"]
 

@@ -22,7 +22,7 @@ import pandas as pd
 from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint
 from capinterp.data.paraphrases import NoKnownFacts
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["EXPERIMENTS", "Context", "ExperimentResult", "ExperimentSkipped", "Runner", "experiment", "get"]
 

@@ -27,7 +27,7 @@ from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_fingerprint
 from capinterp.experiments.scoring import TASK_METRICS, greedy_correct, target_scores
 from capinterp.localizers.dataset import fill_greedy_targets
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 __all__ = [
     "DEFAULT_METRIC",

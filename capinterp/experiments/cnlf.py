@@ -29,7 +29,7 @@ from capinterp.core.example import Example
 from capinterp.data.arithmetic import arithmetic
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.interventions.finetune import FinetuneResult, finetune
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["FULL", "PAPER", "QUICK", "CNLFConfig", "cnlf", "cnlf_data", "cnlf_neurons", "cnlf_table", "run"]
 

@@ -41,7 +41,7 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.commonality import SPLIT_COLUMNS, split_stats
 from capinterp.localizers.dataset import fill_greedy_targets
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 __all__ = [
     "COLUMNS",

@@ -23,8 +23,8 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
 from capinterp.interventions.hooks import erase
-from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["COLUMNS", "cross_figure", "cross_matrix", "cross_table", "run"]
 

@@ -26,7 +26,7 @@ from capinterp.core.tokens import batches, encode
 from capinterp.data import arithmetic
 from capinterp.localizers.dataset import describe_data
 from capinterp.localizers.dcsn import fold_for, per_sample_scores
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = [
     "FILTERS",

@@ -30,8 +30,8 @@ from capinterp.data.arithmetic import arithmetic
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores, with_greedy_targets
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.plots.paper import measured_vs_paper
-from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["PAPER", "decoupling_pairs", "decoupling_table", "locate_pairs", "run"]
 

@@ -27,7 +27,7 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
 from capinterp.interventions.finetune import finetune
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["ARMS", "CAPABILITIES", "LR", "PAPER_TABLE2", "columns", "enhance_figure", "enhance_table", "run"]
 

@@ -24,8 +24,8 @@ from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
 from capinterp.interventions.hooks import erase
-from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["COLUMNS", "PAPER_TABLE3", "PAPER_TABLE4", "erase_figure", "erase_table", "random_sets", "run"]
 

@@ -38,7 +38,7 @@ from capinterp.experiments.dcsn_common import (
 )
 from capinterp.interventions.hooks import erase
 from capinterp.kernels.evaluate import evaluate
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = [
     "PAPER",

@@ -43,8 +43,8 @@ from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.commonality import commonality_table
 from capinterp.experiments.erase import PAPER_TABLE4, erase_table
 from capinterp.plots.paper import measured_vs_paper
-from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["COLUMNS", "METHODS", "kc_ipp", "rome_ipp", "run", "table4"]
 

@@ -28,7 +28,7 @@ from capinterp.experiments.dcsn_common import (
 )
 from capinterp.experiments.scoring import greedy_correct, target_scores
 from capinterp.interventions.hooks import erase
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["PAPER", "TITLE", "ablation_matrix", "drop_matrix", "per_op", "run"]
 

@@ -27,7 +27,7 @@ from capinterp.core.model import neuron_shape
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.faithfulness import sub_and_facts
 from capinterp.interventions.faithfulness import ablated_metric
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 __all__ = ["COLUMNS", "agreement_table", "correlations", "run", "unit_effects"]
 

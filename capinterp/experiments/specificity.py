@@ -40,8 +40,8 @@ from capinterp.experiments.dcsn_common import (
     one_op_data,
     one_op_name,
 )
-from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = [
     "CONDITIONS",
@@ -241,7 +241,7 @@ def neft_scores(
 @experiment("specificity", TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """The registered experiment: cohesion and separability of each operator's neurons."""
-    from capinterp.plots.matrix import overlap_matrix
+    from capinterp.units.metrics import overlap_matrix
 
     sigma = 6.0
     conds = {c: CONDITIONS[c] for c in (QUICK_CONDITIONS if ctx.quick else CONDITIONS)}

@@ -36,7 +36,7 @@ from capinterp.core.model import neuron_hook
 from capinterp.core.tokens import encode, model_bos
 from capinterp.interventions.edit_eval import next_token_probs
 from capinterp.kernels.tracing import subject_token_range
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["attention_scaling", "knowledge_synapses", "scale_attention"]
 

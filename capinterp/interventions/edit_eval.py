@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,17 @@ from capinterp.core.example import Example
 from capinterp.core.forward import logits_at
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 
-__all__ = ["measure_edit", "next_token_probs", "perplexity", "probe_ids", "prompt_ids"]
+__all__ = ["EditBaseline", "measure_edit", "next_token_probs", "perplexity", "probe_ids", "prompt_ids"]
+
+
+@dataclass(frozen=True)
+class EditBaseline:
+    """The unedited model's measurements, where already taken (:func:`~capinterp.interventions.editing.edit_table`
+    takes them once per fact): ``ppl`` its perplexity on the neutral text, ``probs`` its next-token
+    probabilities ``[n_queries + n_unrelated, d_vocab]`` (the queries, then the unrelated prompts)."""
+
+    ppl: float | None = None
+    probs: Tensor | None = None
 
 
 def prompt_ids(model, prompt: str) -> list[int]:
@@ -78,22 +89,22 @@ def measure_edit(
     new_ids,
     others: list[Example],
     texts: list[str],
-    ppl_before: float | None,
     batch_size: int,
-    before: torch.Tensor | None = None,
+    baseline: EditBaseline = EditBaseline(),
 ) -> None:
     """Fill ``edit.metrics`` and ``edit.records`` of a :class:`~capinterp.interventions.editing.KnowledgeEdit`.
 
     ``enc``: the fact's encoded queries (first answer token each); ``new_ids``: the new answer's
     first token per query (update) or None (erase); ``others``: unrelated prompts; ``texts``:
-    neutral text for perplexity; ``before``: the unedited probabilities, if already measured.
-    Measures before (unless given), then inside ``edit.apply(model)``.
+    neutral text for perplexity; ``baseline``: the unedited measurements already taken.
+    Measures before (what ``baseline`` lacks), then inside ``edit.apply(model)``.
     """
     ids = probe_ids(model, enc, others)
+    before, ppl_before = baseline.probs, baseline.ppl
     if before is None:
         before = next_token_probs(model, ids, batch_size)
     elif tuple(before.shape) != (len(ids), int(model.cfg.d_vocab)):
-        raise ValueError(f"before_probs must be [{len(ids)}, {int(model.cfg.d_vocab)}], got {tuple(before.shape)}")
+        raise ValueError(f"baseline.probs must be [{len(ids)}, {int(model.cfg.d_vocab)}], got {tuple(before.shape)}")
     if ppl_before is None and texts:
         ppl_before = perplexity(model, texts)
     with edit.apply(model):

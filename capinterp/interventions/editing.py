@@ -41,12 +41,21 @@ from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
 from capinterp.core.tokens import Encoded, encode
-from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
+from capinterp.interventions.edit_eval import EditBaseline, measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
-__all__ = ["EDIT_SELECTIONS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_table", "new_values", "value_weight"]
+__all__ = [
+    "EDIT_SELECTIONS",
+    "MODES",
+    "EditBaseline",
+    "KnowledgeEdit",
+    "edit_knowledge",
+    "edit_table",
+    "new_values",
+    "value_weight",
+]
 
 #: The neuron selections :func:`edit_table` compares by default (``"intersection"`` is accepted too).
 EDIT_SELECTIONS = ("consistency-aware", "query", "union")
@@ -278,8 +287,7 @@ def edit_knowledge(
     signed: bool = True,
     inplace: bool = False,
     evaluate: bool = True,
-    ppl_before: float | None = None,
-    before_probs: torch.Tensor | None = None,
+    baseline: EditBaseline | None = None,
     batch_size: int = 16,
     **ql_params: Any,
 ) -> KnowledgeEdit:
@@ -304,9 +312,8 @@ def edit_knowledge(
         signed: flip the update of neurons whose activation at the edited query is negative.
         inplace: keep the edit in ``model``; otherwise ``model`` ends exactly as it started.
         evaluate: measure metrics (otherwise ``metrics`` stays empty).
-        ppl_before: the unedited model's perplexity on ``neutral_text``, if already measured.
-        before_probs: the unedited model's next-token probabilities ``[n_queries + n_unrelated, d_vocab]``
-            (queries, then unrelated prompts), if already measured (:func:`edit_table` reuses them).
+        baseline: the unedited model's perplexity on ``neutral_text`` and next-token probabilities,
+            where already measured (:func:`edit_table` reuses them across selections and modes).
         batch_size: prompts per forward pass when measuring.
         ql_params: QueryLocalization / KN parameters for a fresh localization (e.g. ``steps=20``).
 
@@ -322,8 +329,11 @@ def edit_knowledge(
     batch_size = validate.positive_int("batch_size", batch_size)
     for flag, value in (("signed", signed), ("inplace", inplace), ("evaluate", evaluate)):
         validate.boolean(flag, value)
-    if ppl_before is not None:
-        validate.finite_float("ppl_before", ppl_before, low=1.0)
+    baseline = EditBaseline() if baseline is None else baseline
+    if not isinstance(baseline, EditBaseline):
+        raise TypeError(f"baseline must be an EditBaseline or None, got {type(baseline).__name__}")
+    if baseline.ppl is not None:
+        validate.finite_float("baseline.ppl", baseline.ppl, low=1.0)
     if ql_params and (neurons is not None or ql is not None):
         raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
     need = 2 if neurons is None and ql is None and selection != "query" else 1
@@ -364,7 +374,7 @@ def edit_knowledge(
         },
     )
     if evaluate:
-        measure_edit(model, edit, enc, new_ids, others, texts, ppl_before, batch_size, before_probs)
+        measure_edit(model, edit, enc, new_ids, others, texts, batch_size, baseline)
     if inplace:
         edit.apply_permanently(model)
         edit.model = model
@@ -460,8 +470,7 @@ def edit_table(
                     query_index=query_index,
                     unrelated=unrel,
                     neutral_text=texts,
-                    ppl_before=ppl0,
-                    before_probs=before,
+                    baseline=EditBaseline(ppl0, before),
                     lambdas=lambdas,
                     direction=direction,
                     signed=signed,

@@ -43,8 +43,9 @@ from capinterp.core import validate
 from capinterp.core.forward import logits_at
 from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["ABLATIONS", "FAITHFULNESS_METRICS", "MIB_FRACTIONS", "Faithfulness", "ablated_metric", "faithfulness"]
 
@@ -100,9 +101,9 @@ def _order(scores: torch.Tensor, by: str) -> torch.Tensor:
 
 def _ranking(model: Any, units: Any, by: str = "score") -> tuple[str, torch.Tensor, int | None]:
     """(unit kind, unit order best first, size of a given set or None for a full ranking)."""
-    units = getattr(units, "scores_", None) if isinstance(getattr(units, "scores_", None), NeuronScores) else units
-    if hasattr(units, "units_") and not isinstance(units, (NeuronScores, NeuronSet, KeySet)):
-        units = units.units_
+    if isinstance(units, Localizer):  # a fitted localizer: its neuron scores where it has them, else its units
+        scores = getattr(units, "scores_", None)
+        units = scores if isinstance(scores, NeuronScores) else getattr(units, "units_", units)
     L, d = neuron_shape(model)
     name = getattr(model, "capinterp_name", None)
     if isinstance(units, NeuronScores):

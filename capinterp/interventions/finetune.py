@@ -33,6 +33,7 @@ import gc
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -50,7 +51,7 @@ from capinterp.interventions.finetune_result import FinetuneResult, finetune_fig
 from capinterp.interventions.hooks import check_neurons
 from capinterp.interventions.neuron_params import count_params, neuron_masks, zero_neurons
 from capinterp.kernels.evaluate import evaluate
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["ARMS", "FinetuneResult", "finetune", "finetune_figure", "mean_target_loss", "target_loss"]
 
@@ -262,6 +263,58 @@ def _train_then_restore_flags(
             p.requires_grad_(flags.get(name, True))
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every arm of one :func:`finetune` call shares: the data, the caller's ``requires_grad``
+    flags, the model's parameter count, and the training and measuring settings."""
+
+    items: list[Encoded]
+    sets: dict[str, list[Example]]
+    flags: dict[str, bool]
+    n_total: int
+    epochs: int
+    batch_size: int
+    seed: int
+    eval_batch_size: int
+    progress: bool
+
+
+def _run_arm(
+    run: _Run,
+    work,
+    arm: str,
+    lr: float,
+    n_neurons: int,
+    neurons: NeuronSet | None,
+    before: dict[str, dict[str, Any]],
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Train one arm's model ``work``, measured before (once per starting point, kept in ``before``)
+    and after: its table row (with timings), long-form evaluations and loss history."""
+    trainable = _trainable(work, arm, neurons)
+    sizes = {n: p.numel() for n, p in work.named_parameters()}
+    n_train = sum(sizes[n] if m is None else int(m.sum()) for n, m in trainable.items())
+    start = _START[arm]
+    if start not in before:
+        before[start] = _measure(work, run.items, run.sets, run.eval_batch_size)
+    t0 = time.perf_counter()
+    history = _train_then_restore_flags(
+        work,
+        run.items,
+        trainable,
+        run.flags,
+        lr=lr,
+        epochs=run.epochs,
+        batch_size=run.batch_size,
+        seed=run.seed,
+        arm=arm,
+        progress=run.progress,
+    )
+    secs = time.perf_counter() - t0
+    after = _measure(work, run.items, run.sets, run.eval_batch_size)
+    row, evals = _arm_row(arm, lr, n_neurons, n_train, run.n_total, before[start], after, run.sets)
+    return {**row, "train_s": secs, "s_per_epoch": secs / run.epochs}, evals, history
+
+
 def _arm_row(
     arm: str,
     lr: float,
@@ -356,7 +409,8 @@ def finetune(
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     n_total = count_params(model)
     counts = _neuron_counts(model, neurons)
-    before: dict[str, dict[str, Any]] = {}
+    run = _Run(items, sets, flags, n_total, epochs, batch_size, seed, eval_batch_size, progress)
+    before: dict[str, dict[str, Any]] = {}  # measurements of each starting point, shared by the arms
     rows: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []
@@ -364,30 +418,12 @@ def finetune(
     spare = None  # a finished arm's copy, reset and reused by the next arm (unless kept)
     for arm in arms:
         work = _arm_model(model, arm, spare, inplace, dev, neurons)
-        trainable = _trainable(work, arm, sets_neurons.get(arm, neurons))
-        sizes = {n: p.numel() for n, p in work.named_parameters()}
-        n_train = sum(sizes[n] if m is None else int(m.sum()) for n, m in trainable.items())
-        start = _START[arm]
-        if start not in before:
-            before[start] = _measure(work, items, sets, eval_batch_size)
-        t0 = time.perf_counter()
-        history += _train_then_restore_flags(
-            work,
-            items,
-            trainable,
-            flags,
-            lr=lrs[arm],
-            epochs=epochs,
-            batch_size=batch_size,
-            seed=seed,
-            arm=arm,
-            progress=progress,
+        row, arm_evals, arm_history = _run_arm(
+            run, work, arm, lrs[arm], counts[arm], sets_neurons.get(arm, neurons), before
         )
-        secs = time.perf_counter() - t0
-        after = _measure(work, items, sets, eval_batch_size)
-        row, arm_evals = _arm_row(arm, lrs[arm], counts[arm], n_train, n_total, before[start], after, sets)
+        rows.append(row)
         evals += arm_evals
-        rows.append({**row, "train_s": secs, "s_per_epoch": secs / epochs})
+        history += arm_history
         if keep_models or inplace:
             models[arm] = work
         else:

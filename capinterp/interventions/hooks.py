@@ -19,7 +19,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["amplify", "check_neurons", "erase", "neuron_hooks", "scale"]
 

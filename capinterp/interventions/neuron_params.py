@@ -21,7 +21,7 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from capinterp.core.model import neuron_shape
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["NeuronSlice", "count_params", "neuron_masks", "neuron_slices", "zero_neurons"]
 

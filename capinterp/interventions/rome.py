@@ -171,6 +171,28 @@ def _fact(fact: Any, subject: str | None, new_target: str | None) -> tuple[Examp
     return fact, subject, new_target
 
 
+@dataclass(frozen=True)
+class _ValueSearch:
+    """The hyper-parameters of step 2 (the value optimisation, Eq. 4) at one layer."""
+
+    layer: int
+    steps: int
+    lr: float
+    kl_factor: float
+    weight_decay: float
+    clamp: float
+
+    def validated(self, n_layers: int) -> _ValueSearch:
+        """Itself, after every field is checked (ValueError / TypeError naming the argument)."""
+        validate.integer("layer", self.layer, low=0, high=n_layers - 1)
+        validate.positive_int("steps", self.steps)
+        for name, v in (("lr", self.lr), ("clamp", self.clamp)):
+            validate.finite_float(name, v, low=0.0, low_open=True)
+        for name, v in (("kl_factor", self.kl_factor), ("weight_decay", self.weight_decay)):
+            validate.finite_float(name, v, low=0.0)
+        return self
+
+
 def rome_edit(
     model,
     fact: Any,
@@ -216,47 +238,24 @@ def rome_edit(
         ridge: C + ridge * mean(diag C) * I is inverted (a local corpus is small).
     """
     validate.model(model)
-    n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
-    validate.integer("layer", layer, low=0, high=n_layers - 1)
-    validate.positive_int("steps", steps)
+    search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
     validate.nonneg_int("n_prefixes", n_prefixes)
     validate.positive_int("prefix_tokens", prefix_tokens)
-    for name, v in (("lr", lr), ("clamp", clamp)):
-        validate.finite_float(name, v, low=0.0, low_open=True)
-    for name, v in (("kl_factor", kl_factor), ("weight_decay", weight_decay), ("ridge", ridge)):
-        validate.finite_float(name, v, low=0.0)
+    validate.finite_float("ridge", ridge, low=0.0)
     validate.integer("seed", seed)
     validate.boolean("inplace", inplace)
-    if subject is not None and not isinstance(subject, str):
-        raise TypeError(f"subject must be a string or None, got {type(subject).__name__}")
-    fact, subject, new_target = _fact(fact, subject, new_target)
-    encode(model, [Example(fact.prompt, new_target)])  # tokenization problems surface before any work
-    subject_last_position(model, fact.prompt, subject)
-    if second_moment_matrix is None:
-        C, _ = second_moment(model, layer, texts=texts, data_dir=data_dir)
-    else:
-        C = second_moment_matrix
-        if tuple(C.shape) != (d_mlp, d_mlp):
-            raise ValueError(f"second_moment_matrix must be [{d_mlp}, {d_mlp}], got {tuple(C.shape)}")
+    fact, subject, new_target = _checked_fact(model, fact, subject, new_target)
+    C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix)
     if prefixes is None:
         prefixes = sample_prefixes(model, n_prefixes, prefix_tokens, seed)
     contexts = [""] + [str(p) for p in prefixes]
-    delta, key, losses = _optimise(
-        model, layer, fact.prompt, subject, new_target, contexts, steps, lr, kl_factor, weight_decay, clamp
-    )
-    Cd = C.double().to(key.device)
-    Cd = Cd + ridge * Cd.diagonal().mean() * torch.eye(d_mlp, dtype=torch.float64, device=key.device)
-    u = torch.linalg.solve(Cd, key.double())
-    left = (u / (u @ key.double())).float()
-    w, dim = value_weight(model, layer)
-    with torch.no_grad():
-        wk = (w.float() @ key if dim == 1 else key @ w.float()).cpu()
+    delta, key, losses = _optimise(model, search, fact.prompt, subject, new_target, contexts)
     edit = RomeEdit(
         layer,
         key.cpu(),
-        wk + delta.cpu(),
+        _unedited_value(model, layer, key) + delta.cpu(),
         delta.cpu(),
-        left.cpu(),
+        _left_vector(C, key, ridge).cpu(),
         fact,
         new_target,
         model_fingerprint(model),
@@ -280,8 +279,59 @@ def rome_edit(
     return edit
 
 
-def _optimise(model, layer, prompt, subject, new_target, contexts, steps, lr, kl_factor, weight_decay, clamp):
-    """``(delta [d_model], k* [d_mlp], losses)``: ROME's value optimisation (Eq. 4) at ``layer``."""
+def _checked_fact(model, fact: Any, subject: Any, new_target: str | None) -> tuple[Example, str, str]:
+    """Step 0: the fact, its subject and the new target, each checked on the model's tokenizer before any work."""
+    if subject is not None and not isinstance(subject, str):
+        raise TypeError(f"subject must be a string or None, got {type(subject).__name__}")
+    fact, subject, new_target = _fact(fact, subject, new_target)
+    encode(model, [Example(fact.prompt, new_target)])  # tokenization problems surface before any work
+    subject_last_position(model, fact.prompt, subject)
+    return fact, subject, new_target
+
+
+def _key_second_moment(
+    model, layer: int, texts: Sequence[str] | None, data_dir: Any, matrix: torch.Tensor | None
+) -> torch.Tensor:
+    """C = E[k k^T] of ``layer``'s keys: the given matrix (shape checked), or estimated from local text."""
+    if matrix is None:
+        return second_moment(model, layer, texts=texts, data_dir=data_dir)[0]
+    d_mlp = int(model.cfg.d_mlp)
+    if tuple(matrix.shape) != (d_mlp, d_mlp):
+        raise ValueError(f"second_moment_matrix must be [{d_mlp}, {d_mlp}], got {tuple(matrix.shape)}")
+    return matrix
+
+
+def _left_vector(C: torch.Tensor, key: torch.Tensor, ridge: float) -> torch.Tensor:
+    """Step 3: C^{-1} k* / (k*^T C^{-1} k*), C regularised by ``ridge`` * mean(diag C) * I (float64 solve)."""
+    Cd = C.double().to(key.device)
+    Cd = Cd + ridge * Cd.diagonal().mean() * torch.eye(Cd.shape[0], dtype=torch.float64, device=key.device)
+    u = torch.linalg.solve(Cd, key.double())
+    return (u / (u @ key.double())).float()
+
+
+@torch.no_grad()
+def _unedited_value(model, layer: int, key: torch.Tensor) -> torch.Tensor:
+    """W k*: what ``layer``'s down projection makes of the key before the edit, on the CPU."""
+    w, dim = value_weight(model, layer)
+    return (w.float() @ key if dim == 1 else key @ w.float()).cpu()
+
+
+@dataclass
+class _ValueBatch:
+    """Step 2's one padded batch: the prefixed prompts with the new target (NLL rows) and the
+    "{subject} is a" row (KL), the subject's last position in each, and the answer positions read."""
+
+    tokens: torch.Tensor  # [rows, seq]
+    rows: torch.Tensor  # arange(rows)
+    subject_pos: torch.Tensor  # [rows]
+    pick_rows: torch.Tensor  # row of each read position: the answer positions, then the KL row's last
+    pick_pos: torch.Tensor
+    gold: torch.Tensor  # the new target's token at each answer position
+    weights: torch.Tensor  # 1 / len(target) / n_prompts per answer position (a mean NLL per prompt)
+    n_prompts: int
+
+
+def _value_batch(model, prompt: str, subject: str, new_target: str, contexts: list[str]) -> _ValueBatch:
     dev = model.cfg.device
     enc = encode(model, [Example(c + prompt, new_target) for c in contexts])
     subj = [subject_last_position(model, c + prompt, subject, len(c)) for c in contexts]
@@ -291,63 +341,79 @@ def _optimise(model, layer, prompt, subject, new_target, contexts, steps, lr, kl
     ]
     subj.append(subject_last_position(model, kl_text, subject))
     tokens, lengths = pad_right(seqs, pad_id(model.tokenizer))
-    tokens, rows = tokens.to(dev), torch.arange(len(seqs), device=dev)
-    subj_t = torch.tensor(subj, device=dev)
-    # answer positions and tokens of the NLL rows, and the KL row's last position
     pos_rows = [r for r, e in enumerate(enc) for _ in e.answer_positions]
     pos = [p for e in enc for p in e.answer_positions] + [int(lengths[-1]) - 1]
-    gold = torch.tensor([t for e in enc for t in e.target_ids], device=dev)
-    weights = torch.tensor([1.0 / len(e.target_ids) / len(enc) for e in enc for _ in e.target_ids], device=dev)
-    pick_rows = torch.tensor(pos_rows + [len(seqs) - 1], device=dev)
-    pick_pos = torch.tensor(pos, device=dev)
-    out_hook = f"blocks.{layer}.mlp.out.hook_out"
+    return _ValueBatch(
+        tokens=tokens.to(dev),
+        rows=torch.arange(len(seqs), device=dev),
+        subject_pos=torch.tensor(subj, device=dev),
+        pick_rows=torch.tensor(pos_rows + [len(seqs) - 1], device=dev),
+        pick_pos=torch.tensor(pos, device=dev),
+        gold=torch.tensor([t for e in enc for t in e.target_ids], device=dev),
+        weights=torch.tensor([1.0 / len(e.target_ids) / len(enc) for e in enc for _ in e.target_ids], device=dev),
+        n_prompts=len(enc),
+    )
+
+
+def _optimise(
+    model, search: _ValueSearch, prompt: str, subject: str, new_target: str, contexts: list[str]
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """Steps 1 and 2: ``(delta [d_model], k* [d_mlp], losses)``, ROME's key and value optimisation (Eq. 4)."""
+    b = _value_batch(model, prompt, subject, new_target, contexts)
+    out_hook = f"blocks.{search.layer}.mlp.out.hook_out"
     saved: dict[str, torch.Tensor] = {}
 
-    def keep_key(act, hook):
-        saved["key"] = act[rows, subj_t].detach().float()
+    def keep(name: str):
+        def hook(act, hook):
+            saved[name] = act[b.rows, b.subject_pos].detach().float()
 
-    def keep_value(act, hook):
-        saved["value"] = act[rows, subj_t].detach().float()
+        return hook
 
     def run(delta: torch.Tensor | None, extra=()):
         def add(act, hook):
             if delta is None:
                 return act
             act = act.clone()
-            act[rows, subj_t] = act[rows, subj_t] + delta.to(act.dtype)
+            act[b.rows, b.subject_pos] = act[b.rows, b.subject_pos] + delta.to(act.dtype)
             return act
 
-        resid = capture(model, tokens, "ln_final.hook_in", [(out_hook, add), *extra])
-        return unembed(model, resid[pick_rows, pick_pos][:, None])[:, 0].float().log_softmax(-1)
+        resid = capture(model, b.tokens, "ln_final.hook_in", [(out_hook, add), *extra])
+        return unembed(model, resid[b.pick_rows, b.pick_pos][:, None])[:, 0].float().log_softmax(-1)
 
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         for p in params:
             p.requires_grad_(False)
         with torch.no_grad():
-            logp0 = run(None, [(neuron_hook(layer), keep_key), (out_hook, keep_value)])
-        key = saved["key"][: len(enc)].mean(0)
-        v0_norm = saved["value"][0].norm()
-        kl_before = logp0[-1]
-        delta = torch.zeros(int(model.cfg.d_model), device=dev, requires_grad=True)
-        opt = torch.optim.Adam([delta], lr=lr)
-        losses: list[float] = []
-        for _ in range(steps):
-            logp = run(delta)
-            nll = -(logp[:-1].gather(1, gold[:, None])[:, 0] * weights).sum()
-            kl = torch.sum(kl_before.exp() * (kl_before - logp[-1]))
-            loss = nll + kl_factor * kl + weight_decay * delta.pow(2).sum() / v0_norm**2
-            losses.append(float(nll.detach()))
-            if losses[-1] < 5e-2:
-                break
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            with torch.no_grad():
-                cap = clamp * v0_norm
-                if delta.norm() > cap:
-                    delta.mul_(cap / delta.norm())
+            logp0 = run(None, [(neuron_hook(search.layer), keep("key")), (out_hook, keep("value"))])
+        key = saved["key"][: b.n_prompts].mean(0)
+        delta, losses = _descend(model, search, b, run, logp0[-1], saved["value"][0].norm())
     finally:
         for p in params:
             p.requires_grad_(True)
     return delta.detach(), key, losses
+
+
+def _descend(
+    model, search: _ValueSearch, b: _ValueBatch, run: Any, kl_before: torch.Tensor, v0_norm: torch.Tensor
+) -> tuple[torch.Tensor, list[float]]:
+    """Step 2's Adam loop on delta: NLL + KL + weight decay, ||delta|| clamped; stops early at NLL < 0.05."""
+    delta = torch.zeros(int(model.cfg.d_model), device=model.cfg.device, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=search.lr)
+    losses: list[float] = []
+    for _ in range(search.steps):
+        logp = run(delta)
+        nll = -(logp[:-1].gather(1, b.gold[:, None])[:, 0] * b.weights).sum()
+        kl = torch.sum(kl_before.exp() * (kl_before - logp[-1]))
+        loss = nll + search.kl_factor * kl + search.weight_decay * delta.pow(2).sum() / v0_norm**2
+        losses.append(float(nll.detach()))
+        if losses[-1] < 5e-2:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            cap = search.clamp * v0_norm
+            if delta.norm() > cap:
+                delta.mul_(cap / delta.norm())
+    return delta, losses

@@ -21,8 +21,8 @@ from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
 from capinterp.localizers.base import Localizer
-from capinterp.results.neurons import NeuronScores
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronScores
 
 __all__ = ["DatasetNeuronLocalizer", "describe_data", "fill_greedy_targets"]
 

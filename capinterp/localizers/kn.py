@@ -23,7 +23,7 @@ from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
 from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, quiet_kernel_warnings
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["KN", "coarse_mask"]
 

@@ -27,7 +27,7 @@ from capinterp.core.model import neuron_shape
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.dataset import describe_data
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 __all__ = ["NeFT", "neuron_weights"]
 

@@ -40,8 +40,8 @@ from capinterp.core.tokens import encode
 from capinterp.kernels.completeness import CompletenessWarning, merge_reports, warn_report, worst_layers
 from capinterp.localizers.base import Localizer, available, get
 from capinterp.localizers.kn import coarse_mask
-from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units.metrics import consistency, otsu_threshold
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["NEURON_SELECTIONS", "QueryLocalization", "as_facts", "consistency_aware_scores"]
 

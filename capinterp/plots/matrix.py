@@ -1,46 +1,39 @@
-"""Annotated square heatmap of a pairwise metric between named sets of located units."""
+"""Annotated square heatmap of a pairwise matrix between named items (e.g. a metric between sets of
+located units: :func:`capinterp.units.metrics.overlap_matrix` computes it and draws through here)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Sequence
 
+import numpy as np
 import plotly.graph_objects as go
 
-from capinterp.units.metrics import SET_METRICS, NamedSets, SetLike, intersection_size, pairwise
-
-__all__ = ["overlap_matrix"]
+__all__ = ["pairwise_heatmap"]
 
 
-def overlap_matrix(sets: NamedSets, metric: str = "overlap", title: str | None = None) -> go.Figure:
-    """Annotated square heatmap of ``metrics.pairwise(sets, metric)``; hover adds the set sizes."""
-    named: dict[Hashable, SetLike] = dict(sets) if isinstance(sets, Mapping) else dict(enumerate(sets))
-    df = pairwise(named, metric)
-    keys = list(named)
-    names = [str(k) for k in keys]
-    z = df.to_numpy(dtype=float)
-    label = metric if isinstance(metric, str) else getattr(metric, "__name__", "metric")
-    hover = [
-        [
-            f"{names[r]} vs {names[c]}: {label} {z[r, c]:.3f} "
-            f"(|A∩B|={intersection_size(named[keys[r]], named[keys[c]])}, "
-            f"|A|={len(named[keys[r]])}, |B|={len(named[keys[c]])})"
-            for c in range(len(keys))
-        ]
-        for r in range(len(keys))
-    ]
-    bounded = isinstance(metric, str) and metric in SET_METRICS and metric != "intersection"
+def pairwise_heatmap(
+    z: np.ndarray,
+    names: Sequence[str],
+    hover: Sequence[Sequence[str]],
+    label: str,
+    *,
+    unit_range: bool = False,
+    title: str | None = None,
+) -> go.Figure:
+    """Annotated square heatmap of ``z[r, c]`` (two decimals in each cell), one ``hover`` line per cell;
+    ``unit_range`` pins the colour scale to [0, 1] (bounded metrics)."""
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=names,
-            y=names,
+            x=list(names),
+            y=list(names),
             text=[[f"{v:.2f}" for v in row] for row in z],
             texttemplate="%{text}",
-            customdata=hover,
+            customdata=[list(row) for row in hover],
             hovertemplate="%{customdata}<extra></extra>",
             colorscale="Blues",
-            zmin=0.0 if bounded else None,
-            zmax=1.0 if bounded else None,
+            zmin=0.0 if unit_range else None,
+            zmax=1.0 if unit_range else None,
             colorbar={"title": {"text": label}},
         )
     )

@@ -21,11 +21,13 @@ from typing import Any
 
 import torch
 
+from capinterp.circuits.graph import Circuit
 from capinterp.core.example import Example
 from capinterp.core.model import load_model
 from capinterp.core.tokens import TokenizationError, encode
 from capinterp.localizers.base import CAPABILITY_VALUES, Localizer, get
 from capinterp.units.base import UnitSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["CHECKS", "check_facts", "check_localizer", "untouchable_model"]
 
@@ -35,6 +37,7 @@ FAST_PARAMS: dict[str, Any] = {"steps": 2, "samples": 2}
 MODEL_FIELDS: tuple[str, ...] = ("model", "model_fingerprint", "shape", "n_params")
 #: The result objects a fit leaves that save to one file and load back.
 RESULT_ATTRS: tuple[str, ...] = ("scores_", "neurons_", "units_", "circuit_")
+SAVED_RESULTS = (NeuronScores, NeuronSet, Circuit)  # the result types with save / load
 _PROMPTS = [
     ("Rome is the capital of", "Rome"),
     ("Berlin is the capital of", "Berlin"),
@@ -95,7 +98,7 @@ def _results(loc: Localizer) -> dict[str, Any]:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, UnitSet):
         return bool(a == b)
-    if hasattr(a, "scores") and isinstance(a.scores, torch.Tensor):
+    if isinstance(a, (NeuronScores, Circuit)) and isinstance(a.scores, torch.Tensor):
         return bool(torch.equal(a.scores, b.scores))
     return True
 
@@ -223,11 +226,11 @@ def check_save_load(cls: type[Localizer], model: Any, facts: list, params: dict,
     saved = 0
     for name in RESULT_ATTRS:
         res: Any = getattr(loc, name, None)
-        if not (hasattr(res, "save") and hasattr(type(res), "load")):
+        if not isinstance(res, SAVED_RESULTS):
             continue
         back = type(res).load(res.save(tmp / f"{name}.out"))
         assert _same(res, back), f"{name} changed through save / load"
-        if hasattr(res, "mask"):
+        if isinstance(res, (NeuronSet, Circuit)):
             assert torch.equal(back.mask, res.mask), f"{name}.mask changed through save / load"
         assert back.meta["method"] == cls.name
         saved += 1

@@ -1,4 +1,4 @@
-"""The shared "located units" interface.
+"""The shared "located units" interface: the one protocol every located set follows.
 
 Localizers locate different kinds of units: FFN neurons ``(layer, index)``, whole layers
 (causal tracing's top MLP layers), circuit edges or nodes. Each result is a :class:`UnitSet`:
@@ -11,16 +11,22 @@ Localizers locate different kinds of units: FFN neurons ``(layer, index)``, whol
   ``in`` follow from it;
 - ``ratio`` = |U| / n_units, the share of all units of the space (needs ``n_units``);
 - ``param_share`` = sum_{u in U} params(u) / n_params, the share of the model's parameters the
-  units own (needs per-unit parameter counts and the model's total).
+  units own (needs per-unit parameter counts and the model's total);
+- ``meta``: a read-only mapping of provenance (``model``, ``model_fingerprint``, ...), empty unless
+  the set records one;
+- set algebra ``&``, ``|``, ``-``, ``^`` between comparable sets of one concrete type.
 
+Code that must tell a set of units from something else asks ``isinstance(x, UnitSet)`` (and
+``isinstance(x, NeuronSet)`` for the tensor fast path), never probes attributes.
 :class:`KeySet` is the plain concrete set for layers, edges and nodes;
-:class:`capinterp.results.neurons.NeuronSet` is the tensor-backed set for neurons.
+:class:`capinterp.units.neuron_set.NeuronSet` is the tensor-backed set for neurons.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["KeySet", "UnitSet", "check_comparable"]
@@ -35,6 +41,7 @@ class UnitSet(ABC):
     """
 
     kind: str = "unit"
+    meta: Mapping[str, Any] = MappingProxyType({})  # provenance; sets that record one set their own
 
     @property
     @abstractmethod
@@ -132,9 +139,9 @@ def check_comparable(a: UnitSet, b: UnitSet, *, across_models: bool = False) -> 
             f"vs {b.kind!r} over {b.space!r}"
         )
     key = "architecture_fingerprint" if across_models else "model_fingerprint"
-    fa, fb = (getattr(x, "meta", {}).get(key) for x in (a, b))
+    fa, fb = (x.meta.get(key) for x in (a, b))
     if fa is not None and fb is not None and str(fa) != str(fb):
-        ma, mb = (getattr(x, "meta", {}).get("model") for x in (a, b))
+        ma, mb = (x.meta.get("model") for x in (a, b))
         what = "architectures" if across_models else "models (weights or config)"
         hint = "" if across_models else "; pass across_models=True to compare checkpoints of one architecture"
         raise ValueError(

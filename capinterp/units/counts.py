@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import torch
 from jaxtyping import Bool
 from torch import Tensor
 
 from capinterp.units.base import UnitSet, check_comparable
+from capinterp.units.neuron_set import NeuronSet
 
 __all__ = ["SetLike", "keys_of", "neuron_mask", "set_counts"]
 
@@ -16,8 +16,7 @@ SetLike = UnitSet | set | frozenset
 
 def neuron_mask(a: object) -> Bool[Tensor, "n_layers d_mlp"] | None:
     """The bool ``[n_layers, d_mlp]`` mask of a neuron set (the tensor fast path), else None."""
-    mask = getattr(a, "mask", None)
-    return mask if getattr(a, "kind", None) == "neuron" and isinstance(mask, torch.Tensor) else None
+    return a.mask if isinstance(a, NeuronSet) else None
 
 
 def keys_of(a: SetLike) -> frozenset:

@@ -20,6 +20,7 @@ For sets A, B:
 - ``chance``      the exact expected overlap / IoU / cohesion / separability of two random sets of
                   the same sizes (hypergeometric) and the p-value of the observed intersection;
                   ``bootstrap_ci`` a percentile interval (:mod:`capinterp.units.chance`).
+- ``overlap_matrix`` the annotated heatmap of ``pairwise(sets, metric)`` (plotly).
 - ``otsu_threshold`` Otsu's split of a 1-D sample (e.g. consistency scores into K_I / K_II).
 
 Empty-set conventions:
@@ -40,10 +41,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.plots.matrix import pairwise_heatmap
 from capinterp.units.base import UnitSet
 from capinterp.units.chance import Chance, bootstrap_ci, chance, chance_stats
 from capinterp.units.counts import SetLike, keys_of, neuron_mask, set_counts
@@ -62,6 +65,7 @@ __all__ = [
     "mean_pairwise",
     "otsu_threshold",
     "overlap",
+    "overlap_matrix",
     "pairwise",
     "param_share",
     "ratio",
@@ -154,6 +158,26 @@ def pairwise(sets: NamedSets, metric: Metric = "overlap", *, across_models: bool
     names = list(named)
     vals = [[float(fn(named[r], named[c])) for c in names] for r in names]
     return pd.DataFrame(vals, index=names, columns=names)
+
+
+def overlap_matrix(sets: NamedSets, metric: Metric = "overlap", title: str | None = None) -> go.Figure:
+    """Annotated square heatmap of ``pairwise(sets, metric)``; hover adds the set sizes."""
+    named = _named(sets)
+    keys = list(named)
+    names = [str(k) for k in keys]
+    z = pairwise(named, metric).to_numpy(dtype=float)
+    label = metric if isinstance(metric, str) else getattr(metric, "__name__", "metric")
+    hover = [
+        [
+            f"{names[r]} vs {names[c]}: {label} {z[r, c]:.3f} "
+            f"(|A∩B|={intersection_size(named[keys[r]], named[keys[c]])}, "
+            f"|A|={len(named[keys[r]])}, |B|={len(named[keys[c]])})"
+            for c in range(len(keys))
+        ]
+        for r in range(len(keys))
+    ]
+    bounded = isinstance(metric, str) and metric in SET_METRICS and metric != "intersection"
+    return pairwise_heatmap(z, names, hover, label, unit_range=bounded, title=title)
 
 
 def mean_pairwise(sets: NamedSets, metric: Metric = "overlap", *, across_models: bool = False) -> float:

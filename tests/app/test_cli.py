@@ -17,7 +17,7 @@ from capinterp.app.args import data_kwargs
 from capinterp.app.cli import build_parser, main
 from capinterp.data import arithmetic
 from capinterp.kernels.evaluate import EvalResult
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from capinterp.app.reproduce import reproduce
 from capinterp.data import Example
 from capinterp.data.paraphrases import known_paraphrases
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, experiment
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 CALLS: list[str] = []
 

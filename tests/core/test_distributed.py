@@ -13,7 +13,7 @@ import torch
 
 import capinterp
 from capinterp.core import distributed as dist
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 HERE = Path(__file__).parent
 ROOT = Path(capinterp.__file__).parent.parent

@@ -14,8 +14,8 @@ import capinterp as ci
 from capinterp.app.cli import main as cli
 from capinterp.core.fingerprint import refresh_fingerprint, weights_digest
 from capinterp.core.model import load_model, model_fingerprint, model_meta
-from capinterp.results.neurons import NeuronScores, NeuronSet
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 PROMPTS = [("1+1=", "2"), ("2+2=", "4"), ("3+1=", "4"), ("2+1=", "3")]
 
@@ -214,10 +214,10 @@ def test_saving_never_replaces_by_accident(tmp_path):
     with pytest.raises(ValueError, match="existing folder with other files"):
         scores.save(tmp_path)
     ns.save(tmp_path / "a.capi", overwrite=True)
-    assert isinstance(ci.results.neurons.load(tmp_path / "a.capi"), NeuronSet)
+    assert isinstance(ci.units.neurons.load(tmp_path / "a.capi"), NeuronSet)
     (tmp_path / "empty").mkdir()
     scores.save(tmp_path / "empty")  # an empty folder is fine
-    assert ci.results.neurons.load(tmp_path / "empty") is not None
+    assert ci.units.neurons.load(tmp_path / "empty") is not None
 
 
 def test_checkpoint_naming_missing_examples_is_refused(tiny, tmp_path):

@@ -21,8 +21,8 @@ from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_meta
 from capinterp.core.tokens import TokenizationError
-from capinterp.results.neurons import NeuronScores, NeuronSet, load
 from capinterp.units import metrics
+from capinterp.units.neurons import NeuronScores, NeuronSet, load
 
 FAST = settings(
     max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -22,7 +22,7 @@ from capinterp.experiments.cross_capability import cross_figure, cross_matrix, c
 from capinterp.experiments.erase import COLUMNS as ERASE_COLS
 from capinterp.experiments.erase import erase_figure, erase_table, random_sets
 from capinterp.experiments.scoring import greedy_accuracy, measure, surely_wrong, target_scores
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 SEVENS = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
 PROMPTS = ["3+4=", "12*3=", "5-2=", "8/4=", "9+9=", "7*7=", "6-1=", "4+5="]

@@ -14,7 +14,7 @@ from capinterp.experiments import decoupling as D
 from capinterp.experiments import fidelity as F
 from capinterp.experiments import reliability as R
 from capinterp.experiments._per_sample import kn_neurons, kn_scores, with_greedy_targets
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 PROMPTS = [
     ("The Eiffel Tower is in the city of", "Eiffel Tower"),

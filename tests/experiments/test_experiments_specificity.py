@@ -33,7 +33,7 @@ from capinterp.experiments.specificity import (
     run as run_specificity,
 )
 from capinterp.localizers.dcsn import last_token_activations
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 SHAPE = (4, 128)
 

@@ -8,11 +8,11 @@ from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
 import capinterp as ci
 from capinterp.data import Example
-from capinterp.interventions.edit_eval import next_token_probs, perplexity, prompt_ids
+from capinterp.interventions.edit_eval import EditBaseline, next_token_probs, perplexity, prompt_ids
 from capinterp.interventions.editing import edit_knowledge, edit_table, last_activations, value_weight
 from capinterp.localizers.kn import KN
 from capinterp.localizers.query_localization import QueryLocalization
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 TEXT = ["The Eiffel Tower is in the city of Paris .", "Rome is the capital of Italy ."]
 
@@ -160,7 +160,7 @@ def test_perplexity_matches_the_loss(planted):
         (("query", "erase"), {"query_index": 1.0}, "query_index"),
         (("query", "erase"), {"query_index": True}, "query_index"),
         (("union", "erase"), {"batch_size": 0}, "batch_size"),
-        (("union", "erase"), {"ppl_before": float("nan")}, "ppl_before"),
+        (("union", "erase"), {"baseline": EditBaseline(ppl=float("nan"))}, "baseline.ppl"),
         (("union", "erase"), {"fact": [("a b c", ""), ("a b d", "")]}, "empty target"),
     ],
 )
@@ -193,3 +193,22 @@ def test_localization_parameters_need_no_fitted_neurons(planted, ql):
         edit_knowledge(planted, FACT_A, ql=ql, steps=4)
     with pytest.raises(ValueError, match="already fitted"):
         edit_table(planted, [FACT_A, FACT_B], ql=ql, steps=4)
+
+
+def test_a_given_baseline_is_used_not_remeasured(planted, ql):
+    """``baseline=EditBaseline(ppl, probs)``: the unedited measurements edit_table takes once per fact."""
+    ns = ql.neurons(0, "union")
+    plain = edit_knowledge(planted, FACT_A, neurons=ns, unrelated=FACT_B, neutral_text=TEXT)
+    probs = next_token_probs(planted, [prompt_ids(planted, q.prompt) for q in [*FACT_A, FACT_B[0]]])
+    reused = edit_knowledge(
+        planted, FACT_A, neurons=ns, unrelated=[FACT_B[0]], neutral_text=TEXT, baseline=EditBaseline(2.5, probs)
+    )
+    assert reused.metrics["ppl_before"] == 2.5  # taken as given: the measured one is not 2.5
+    assert plain.metrics["ppl_before"] != 2.5
+    assert reused.metrics["reliability"] == plain.metrics["reliability"]
+    with pytest.raises(ValueError, match="baseline.probs must be"):
+        edit_knowledge(planted, FACT_A, neurons=ns, unrelated=FACT_B, baseline=EditBaseline(probs=probs[:1]))
+    with pytest.raises(ValueError, match="baseline.ppl"):
+        edit_knowledge(planted, FACT_A, neurons=ns, baseline=EditBaseline(ppl=0.5))
+    with pytest.raises(TypeError, match="EditBaseline"):
+        edit_knowledge(planted, FACT_A, neurons=ns, baseline={"ppl": 2.5})  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from capinterp.core.model import neuron_param_info
 from capinterp.data import Example
 from capinterp.interventions.finetune import ARMS, FinetuneResult, finetune
 from capinterp.interventions.neuron_params import neuron_masks, neuron_slices, zero_neurons
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 TOY = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (4, 3), (6, 1)]]
 KW = dict(lr=1e-2, epochs=3, batch_size=3, progress=False)

@@ -4,7 +4,7 @@ from planting import PLANTED, plant
 
 import capinterp as ci
 from capinterp.data import Example
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5)]]
 

@@ -12,7 +12,7 @@ import torch
 import capinterp as ci
 from capinterp.core.example import Example
 from capinterp.kernels.completeness import CompletenessWarning
-from capinterp.results.neurons import NeuronScores
+from capinterp.units.neurons import NeuronScores
 
 FACT = [Example("1 + 2 =", " 3"), Example("one plus two is", " 3"), Example("2 + 1 =", " 3")]
 DATA = [Example("1 + 2 =", " 3"), Example("4 + 4 =", " 8"), Example("5 - 1 =", " 4")]

@@ -12,7 +12,7 @@ from capinterp.interventions.attention_scaling import attention_scaling, knowled
 from capinterp.interventions.edit_eval import prompt_ids
 from capinterp.localizers.kn import KN
 from capinterp.localizers.query_localization import QueryLocalization, consistency_aware_scores
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from capinterp.plots import default_bin_size, layer_profile, neuron_heatmap, overlap_matrix
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.plots import default_bin_size, layer_profile, neuron_heatmap
+from capinterp.units.metrics import overlap_matrix
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 
 def test_default_bin_size():

@@ -10,7 +10,7 @@ from planting import PLANTED, plant
 import capinterp as ci
 from capinterp.data import Example
 from capinterp.plots import attention_view, neuron_activations_view
-from capinterp.results.neurons import NeuronSet
+from capinterp.units.neurons import NeuronSet
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
 PROMPT = "3+4="

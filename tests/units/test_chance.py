@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics as M
 from capinterp.units.base import KeySet
 from capinterp.units.chance import hypergeom_pmf
+from capinterp.units.neurons import NeuronSet
 
 
 def _frac(k: int, d: int) -> Fraction:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from capinterp.results.neurons import NeuronSet
 from capinterp.units import metrics as M
 from capinterp.units.base import KeySet
+from capinterp.units.neurons import NeuronSet
 
 A_KEYS = {(0, 1), (0, 2), (1, 3)}
 B_KEYS = {(0, 2), (1, 3), (1, 4), (2, 0)}

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from capinterp._version import __version__
-from capinterp.results import neurons as nmod
-from capinterp.results.neurons import NeuronScores, NeuronSet
+from capinterp.units import neurons as nmod
 from capinterp.units.base import KeySet, UnitSet
+from capinterp.units.neurons import NeuronScores, NeuronSet
 
 L, D = 4, 50
 

@@ -1,0 +1,189 @@
+"""What :class:`~capinterp.units.neuron_scores.NeuronScores` and :class:`~capinterp.units.neuron_set.NeuronSet`
+share: one ``[n_layers, d_mlp]`` CPU tensor over ``blocks.{l}.mlp.hook_post``, metadata, the model
+check, drawing, and ``save`` / :func:`load` (file format: :mod:`capinterp.units.neuron_io`)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from capinterp._version import __version__
+from capinterp.plots.heatmaps import neuron_heatmap
+from capinterp.units import neuron_io
+
+__all__ = ["MODEL_KEYS", "NeuronTensor", "load"]
+
+MODEL_KEYS = ("model", "model_fingerprint", "architecture_fingerprint", "n_params", "params_per_neuron")
+
+
+def _shape_of(model_or_shape: Any) -> tuple[int, int]:
+    """(n_layers, d_mlp) from a 2-tuple, or from an object with ``cfg.n_layers`` / ``cfg.d_mlp``."""
+    x = model_or_shape
+    if isinstance(x, (tuple, list, torch.Size)) and len(x) == 2:
+        return int(x[0]), int(x[1])
+    cfg = getattr(x, "cfg", x)
+    if not (hasattr(cfg, "n_layers") and hasattr(cfg, "d_mlp")):
+        raise ValueError(f"expected (n_layers, d_mlp) or a model with cfg.n_layers / cfg.d_mlp, got {x!r:.80}")
+    return int(cfg.n_layers), int(cfg.d_mlp)
+
+
+class NeuronTensor:
+    """Shared shape, metadata, compatibility and save/load logic of NeuronScores and NeuronSet.
+
+    A subclass names its stored tensor (``_tensor_name``) and the dtype it is stored as
+    (``_stored_dtype``); defining it registers it with :func:`load` under its class name."""
+
+    _tensor_name: ClassVar[str] = ""
+    _stored_dtype: ClassVar[torch.dtype] = torch.float32
+    _types: ClassVar[dict[str, type[NeuronTensor]]] = {}
+    meta: dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        NeuronTensor._types[cls.__name__] = cls
+
+    def __init__(self, values: Any, meta: dict[str, Any] | None = None) -> None:
+        raise NotImplementedError  # subclasses build from (tensor, meta); load relies on it
+
+    def _init_meta(self, meta: dict[str, Any] | None) -> None:
+        self.meta = copy.deepcopy(dict(meta or {}))
+        self.meta.setdefault("version", __version__)
+
+    def _data(self) -> Tensor:  # the stored tensor
+        raise NotImplementedError
+
+    @staticmethod
+    def _as_2d(x: Any, what: str) -> Tensor:
+        t = x.detach() if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
+        if t.ndim != 2 or t.numel() == 0:
+            raise ValueError(f"{what} must be a non-empty [n_layers, d_mlp] array, got shape {tuple(t.shape)}")
+        return t.cpu()
+
+    shape = property(lambda self: tuple(self._data().shape), doc="(n_layers, d_mlp)")
+    n_layers = property(lambda self: self.shape[0], doc="number of layers")
+    d_mlp = property(lambda self: self.shape[1], doc="neurons per layer")
+
+    def _model_meta(self, other: NeuronTensor | None = None) -> dict[str, Any]:
+        """The model-level metadata, kept by derived sets (only keys both sides agree on)."""
+        keep = {k: copy.deepcopy(self.meta[k]) for k in MODEL_KEYS if k in self.meta}
+        if other is not None:
+            keep = {k: v for k, v in keep.items() if other.meta.get(k, v) == v}
+        return keep
+
+    def check_compatible(
+        self,
+        model_shape: Any = None,
+        fingerprint: str | None = None,
+        *,
+        architecture: str | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        """ValueError if made for a model of another (n_layers, d_mlp) or, when both are known,
+        another fingerprint (weights + config, :func:`capinterp.core.fingerprint.model_fingerprint`)
+        or another ``architecture`` fingerprint. ``model_shape`` may also be a model with
+        ``cfg.n_layers``/``cfg.d_mlp``; ``model_name`` only words the message."""
+        name = type(self).__name__
+        if model_shape is not None and (shape := _shape_of(model_shape)) != self.shape:
+            raise ValueError(
+                f"{name} was made for a model with {self.n_layers} layers x {self.d_mlp} "
+                f"neurons; this model has {shape[0]} x {shape[1]}"
+            )
+        for key, theirs, what in (
+            ("model_fingerprint", fingerprint, "weights or config"),
+            ("architecture_fingerprint", architecture, "architecture"),
+        ):
+            mine = self.meta.get(key)
+            if theirs is not None and mine is not None and str(theirs) != str(mine):
+                hint = (
+                    "; if this model is another checkpoint of the same architecture on purpose, pass across_models=True"
+                    if key == "model_fingerprint"
+                    else ""
+                )
+                raise ValueError(
+                    f"{name} was made for model {self.meta.get('model')!r} ({key} {mine!r}); this "
+                    f"model {model_name!r} has {key} {theirs!r}: their {what} differ{hint}"
+                )
+
+    def plot(self, **kwargs: Any):
+        """Binned layer x neuron heatmap: max |score| or located count per block (:func:`capinterp.plots.neuron_heatmap`)."""
+        return neuron_heatmap(self, **kwargs)
+
+    # --- save / load --------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write a ``.capi`` safetensors file, or a folder when ``path`` is a folder / ends in "/".
+
+        Refuses (ValueError) to replace anything but a capinterp file / folder of the same type,
+        or a non-empty folder of other files, unless ``overwrite=True``. Writes are atomic.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+        p = Path(path)
+        as_folder = str(path).endswith(("/", os.sep)) or p.is_dir()
+        if not overwrite:
+            neuron_io.check_target(p, as_folder, type(self).__name__)
+        data = self._data()
+        stored = (data.to(torch.uint8) if data.dtype == torch.bool else data).contiguous()
+        header = {"type": type(self).__name__, "shape": list(self.shape), "meta": self.meta}
+        return neuron_io.write(p, as_folder, self._tensor_name, stored, header)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        expected_shape: Any = None,
+        *,
+        model_shape: Any = None,
+        fingerprint: str | None = None,
+    ):
+        """Load a saved object of this class; ValueError for another type or an incompatible shape."""
+        obj = load(path)
+        if not isinstance(obj, cls):
+            raise ValueError(
+                f"{path} holds a {type(obj).__name__}, not a {cls.__name__}; "
+                f"use {type(obj).__name__}.load or capinterp.units.neurons.load"
+            )
+        obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
+        return obj
+
+
+def load(
+    path: str | os.PathLike, expected_shape: Any = None, *, model_shape: Any = None, fingerprint: str | None = None
+) -> Any:
+    """Load whichever of NeuronScores / NeuronSet is stored at ``path`` (file or folder)."""
+    p = Path(path)
+    header, tensors = neuron_io.read(p)
+    typ, version, shape, meta = header["type"], header["format_version"], header["shape"], header["meta"]
+    classes = NeuronTensor._types
+    if not isinstance(typ, str) or typ not in classes:
+        raise ValueError(f"{p} holds an unknown capinterp type {typ!r}")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= neuron_io.FORMAT_VERSION:
+        raise ValueError(
+            f"{p} has format_version {version!r}; capinterp {__version__} reads 1..{neuron_io.FORMAT_VERSION}"
+        )
+    if not isinstance(meta, dict):
+        raise neuron_io.invalid(p, f"meta must be a JSON object, got {type(meta).__name__}")
+    if not (
+        isinstance(shape, list)
+        and len(shape) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+    ):
+        raise neuron_io.invalid(p, f"shape must be two positive integers, got {shape!r}")
+    cls = classes[typ]
+    if set(tensors) != {cls._tensor_name}:
+        raise neuron_io.invalid(p, f"expected one tensor {cls._tensor_name!r}, found {sorted(tensors)}")
+    t = tensors[cls._tensor_name]
+    if t.dtype != cls._stored_dtype:
+        raise neuron_io.invalid(p, f"tensor {cls._tensor_name!r} has dtype {t.dtype}")
+    if list(t.shape) != list(shape):
+        raise ValueError(f"{p}: shape in metadata {tuple(shape)} does not match the stored tensor {tuple(t.shape)}")
+    if version >= 2 and header.get("checksum") != neuron_io.checksum(t):
+        raise neuron_io.invalid(p, "the tensor data does not match its stored checksum (damaged bytes)")
+    obj = cls(t, meta)
+    obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
+    return obj
