@@ -69,7 +69,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def check_erase(family: str) -> None:
     """erase / scale(0.5) / amplify(3) vs a pre-hook on the transformers down projection: 1e-5."""
-    import capinterp as ci
+    from capinterp.interventions.hooks import amplify, erase, scale
     from capinterp.kernels.evaluate import evaluate
 
     _, tok, model = load_pair(family)
@@ -79,9 +79,9 @@ def check_erase(family: str) -> None:
     with torch.no_grad():
         base = hf(encode(tok, PROMPTS[0])).logits[0, -1].double()
     for factor, ctx in (
-        (0.0, lambda: ci.erase(model, ns)),
-        (0.5, lambda: ci.scale(model, ns, 0.5)),
-        (3.0, lambda: ci.amplify(model, ns, 3.0)),
+        (0.0, lambda: erase(model, ns)),
+        (0.5, lambda: scale(model, ns, 0.5)),
+        (3.0, lambda: amplify(model, ns, 3.0)),
     ):
         want_p = []
         with torch.no_grad(), _scaled_inputs(hf, chosen, factor):
