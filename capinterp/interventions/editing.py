@@ -1,7 +1,8 @@
 """Edit a fact through its knowledge neurons' value vectors (Dai et al. 2022, Sec. 5; Chen et al. 2025, Sec. 4; docs/interventions.md).
 
 A neuron (l, i)'s *value vector* v is what it writes into the residual stream: row i of
-``W_out[l]`` (``[d_mlp, d_model]``; the HF down projection's column i). Two edits:
+``W_out[l]`` (``[d_mlp, d_model]``; input i of the HF down projection, a column of an ``nn.Linear``,
+a row of GPT-2's ``Conv1D``: :func:`capinterp.core.neuron_weights.down_weight`). Two edits:
 
 - ``mode="erase"``:  v <- 0;
 - ``mode="update"``: v <- v + s * (-lambda1 * e(y_old) + lambda2 * e(y_new)), with
