@@ -400,24 +400,17 @@ def check_neuron_hooks(model) -> None:
 
 
 def neuron_param_info(model) -> dict[str, int]:
-    """Parameter counts: ``params_per_neuron`` (W_in col, W_gate col, b_in, W_out row) and ``n_params``.
+    """Parameter counts: ``params_per_neuron`` (W_in col, W_gate col, b_in, b_gate, W_out row) and ``n_params``.
 
-    A neuron owns every MLP weight entry indexed by it: each MLP parameter with a ``d_mlp``
-    dimension contributes ``numel / d_mlp`` entries per neuron.
+    A neuron owns every MLP weight entry indexed by it (:func:`capinterp.core.neuron_weights.neuron_params`);
+    ``n_params`` counts every stored entry once (tied weights and views of a fused weight included once).
     """
+    from capinterp.core.neuron_weights import neuron_params
+    from capinterp.core.params import count_entries
+
     _, d_mlp = neuron_shape(model)
-    mlp = model.blocks[0].mlp
-    per = sum(p.numel() // d_mlp for p in _unique_params(mlp) if d_mlp in p.shape)
-    n_params = sum(p.numel() for p in _unique_params(model))
-    return {"params_per_neuron": int(per), "n_params": int(n_params)}
-
-
-def _unique_params(module: torch.nn.Module):
-    seen: set[int] = set()
-    for p in module.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            yield p
+    per = sum(p.param.numel() // d_mlp for p in neuron_params(model, [0]))
+    return {"params_per_neuron": int(per), "n_params": int(count_entries(model.parameters()))}
 
 
 def model_meta(model) -> dict[str, Any]:

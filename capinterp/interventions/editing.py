@@ -1,7 +1,8 @@
 """Edit a fact through its knowledge neurons' value vectors (Dai et al. 2022, Sec. 5; Chen et al. 2025, Sec. 4; docs/interventions.md).
 
 A neuron (l, i)'s *value vector* v is what it writes into the residual stream: row i of
-``W_out[l]`` (``[d_mlp, d_model]``; the HF down projection's column i). Two edits:
+``W_out[l]`` (``[d_mlp, d_model]``; input i of the HF down projection, a column of an ``nn.Linear``,
+a row of GPT-2's ``Conv1D``: :func:`capinterp.core.neuron_weights.down_weight`). Two edits:
 
 - ``mode="erase"``:  v <- 0;
 - ``mode="update"``: v <- v + s * (-lambda1 * e(y_old) + lambda2 * e(y_new)), with
@@ -26,7 +27,6 @@ deep copy with the edit kept.
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,8 @@ from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
+from capinterp.core.neuron_weights import down_weight
+from capinterp.core.params import copy_model
 from capinterp.core.tokens import Encoded, encode
 from capinterp.interventions.edit_eval import EditBaseline, measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
@@ -64,15 +66,9 @@ DIRECTIONS = ("unembed", "embed")
 
 
 def value_weight(model, layer: int) -> tuple[Float[Tensor, "d_model d_mlp"] | Float[Tensor, "d_mlp d_model"], int]:
-    """The down-projection weight of ``layer`` and the dimension that indexes its neurons."""
-    mlp = model.blocks[layer].mlp
-    out = getattr(getattr(mlp, "out", None), "original_component", None)
-    if out is not None and hasattr(out, "weight"):
-        w = out.weight
-        return w, (0 if type(out).__name__ == "Conv1D" else 1)  # nn.Linear: [d_model, d_mlp]
-    if isinstance(getattr(mlp, "W_out", None), torch.Tensor):
-        return mlp.W_out, 0  # HookedTransformer: [d_mlp, d_model]
-    raise ValueError(f"cannot find the down projection of layer {layer} ({type(mlp).__name__})")
+    """The down-projection weight of ``layer`` and the dimension that indexes its neurons
+    (:func:`capinterp.core.neuron_weights.down_weight`)."""
+    return down_weight(model, layer)
 
 
 def _rows(model, layer: int, idx: torch.Tensor) -> torch.Tensor:
@@ -130,7 +126,7 @@ class KnowledgeEdit:
 
     def edited_copy(self, model) -> Any:
         """A deep copy of ``model`` with the edit kept (``model`` itself is not touched)."""
-        return self.apply_permanently(copy.deepcopy(model))
+        return self.apply_permanently(copy_model(model))
 
 
 def _direction(model, token: int, direction: str) -> torch.Tensor:

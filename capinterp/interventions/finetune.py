@@ -20,7 +20,7 @@ moment and a zero update: frozen entries stay bit-identical (tests check ``torch
 The loss is teacher-forced cross-entropy on the target tokens only (``prompt + target``,
 targets tokenized in context by :func:`capinterp.core.tokens.encode`), averaged over tokens.
 
-Each arm trains its own copy of the model (one ``copy.deepcopy`` sharing the tokenizer, reset
+Each arm trains its own copy of the model (one :func:`capinterp.core.params.copy_model`, reset
 to the caller's weights between arms; one copy per arm with ``keep_models=True``); the
 caller's model is changed only with ``inplace=True`` (one arm). Hooks attached to the model
 when ``finetune`` is called are copied with it and apply throughout.
@@ -28,7 +28,6 @@ when ``finetune`` is called are copied with it and apply throughout.
 
 from __future__ import annotations
 
-import copy
 import gc
 import math
 import time
@@ -45,6 +44,7 @@ from tqdm.auto import tqdm
 from capinterp.core import validate
 from capinterp.core.example import Example
 from capinterp.core.forward import capture, unembed
+from capinterp.core.params import copy_model
 from capinterp.core.settings import resolve_device
 from capinterp.core.tokens import Encoded, batches, collate, encode, pad_id
 from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
@@ -196,7 +196,7 @@ def _fresh_copy(model, spare=None):
     them back restores a used copy exactly, faster than a new deep copy.
     """
     if spare is None:
-        return copy.deepcopy(model, memo={id(model.tokenizer): model.tokenizer})
+        return copy_model(model)
     source = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in spare.named_parameters():

@@ -24,7 +24,6 @@ restore W while the outer block still expects W'.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, check_target
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import model_fingerprint, neuron_hook
+from capinterp.core.params import copy_model
 from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.second_moment import second_moment
@@ -119,7 +119,7 @@ class RomeEdit:
 
     def edited_copy(self, model=None) -> Any:
         """A deep copy of ``model`` with the edit kept (``model`` itself is not touched)."""
-        return self.apply_permanently(copy.deepcopy(self.model if model is None else model))
+        return self.apply_permanently(copy_model(self.model if model is None else model))
 
 
 def subject_last_position(model, text: str, subject: str, start: int = 0) -> int:

@@ -1,0 +1,100 @@
+"""Reference side of the intervention checks: the plain transformers model, its MLP modules found by
+their transformers names (written here by hand, independently of capinterp's own lookup)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from capinterp.core.tiny import tiny_hf
+
+__all__ = ["Mlp", "mlps", "neuron_entries", "plain", "plain_params"]
+
+# transformers attribute names of the FFN projections, across the families of TINY_FAMILIES
+_DOWN = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj")
+_UP = ("c_fc", "fc_in", "dense_h_to_4h", "fc1", "up_proj")
+_GATE = ("gate_proj",)
+_FUSED = ("gate_up_proj",)  # Phi-3: rows [gate (d_mlp); up (d_mlp)]
+
+
+@functools.lru_cache(maxsize=1)
+def plain(family: str) -> Any:
+    """A fresh, unwrapped transformers model of the family (same seed as the bridge's). Cached: do
+    not modify; :func:`capinterp.core.tiny.tiny_hf` gives one to modify."""
+    return tiny_hf(family)[0]
+
+
+class Mlp:
+    """One layer's FFN in the plain model: ``(name, module)`` of its down, up, gate and fused projections."""
+
+    def __init__(self, layer: torch.nn.Module, prefix: str):
+        found: dict[str, list[tuple[str, torch.nn.Module]]] = {"down": [], "up": [], "gate": [], "fused": []}
+        for name, mod in layer.named_modules():
+            path = name.split(".")
+            if any("attn" in part or "attention" in part for part in path):
+                continue  # GPT-2's attention has a c_proj too
+            for role, names in (("down", _DOWN), ("up", _UP), ("gate", _GATE), ("fused", _FUSED)):
+                if path[-1] in names:
+                    found[role].append((f"{prefix}.{name}", mod))
+        if len(found["down"]) != 1 or len(found["up"]) + len(found["fused"]) != 1 or len(found["gate"]) > 1:
+            raise AssertionError(f"plain model layer {prefix}: cannot find its FFN projections: {found}")
+        self.down = found["down"][0]
+        self.up = found["up"][0] if found["up"] else None
+        self.gate = found["gate"][0] if found["gate"] else None
+        self.fused = found["fused"][0] if found["fused"] else None
+
+
+def _layers(hf: Any) -> tuple[str, torch.nn.ModuleList]:
+    n = hf.config.get_text_config().num_hidden_layers
+    lists = [(n_, m) for n_, m in hf.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    name, mods = max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
+    return name, mods
+
+
+def mlps(hf: Any) -> list[Mlp]:
+    """Every layer's :class:`Mlp`, in order."""
+    name, layers = _layers(hf)
+    return [Mlp(layer, f"{name}.{i}") for i, layer in enumerate(layers)]
+
+
+def _conv1d(mod: torch.nn.Module) -> bool:
+    return type(mod).__name__ == "Conv1D"  # transformers' Conv1D stores [in, out]
+
+
+def plain_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``{transformers name: parameter}`` of a transformers model, also one a bridge wraps
+    (its wrapper segments ``._original_component`` removed)."""
+    return {
+        n.replace("._original_component", "").replace("_original_component.", ""): p
+        for n, p in model.named_parameters()
+    }
+
+
+def neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Tensor]:
+    """``{parameter name: bool mask}`` of the entries the given neurons own, by hand: up / gate rows
+    (columns for Conv1D) and bias entries, the fused gate+up rows ``i`` and ``d_mlp + i``, and the
+    down projection's input column (row for Conv1D)."""
+    params = plain_params(hf)
+    masks = {n: torch.zeros_like(p, dtype=torch.bool) for n, p in params.items()}
+    for layer, mlp in enumerate(mlps(hf)):
+        idx = torch.tensor(neurons.get(layer, []), dtype=torch.long)
+        if not idx.numel():
+            continue
+        for proj in (mlp.up, mlp.gate):
+            if proj is None:
+                continue
+            name, mod = proj
+            masks[name + ".weight"].index_fill_(1 if _conv1d(mod) else 0, idx, True)
+            if getattr(mod, "bias", None) is not None:
+                masks[name + ".bias"][idx] = True
+        if mlp.fused is not None:
+            name, mod = mlp.fused
+            d_mlp = params[name + ".weight"].shape[0] // 2
+            masks[name + ".weight"][torch.cat([idx, idx + d_mlp])] = True
+            if getattr(mod, "bias", None) is not None:
+                masks[name + ".bias"][torch.cat([idx, idx + d_mlp])] = True
+        name, mod = mlp.down
+        masks[name + ".weight"].index_fill_(0 if _conv1d(mod) else 1, idx, True)
+    return {n: m for n, m in masks.items() if bool(m.any())}
