@@ -41,6 +41,7 @@ from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
 from capinterp.core.tokens import Encoded, encode
+from capinterp.core.weights import value_weight
 from capinterp.interventions.edit_eval import measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
@@ -52,18 +53,6 @@ __all__ = ["EDIT_SELECTIONS", "MODES", "KnowledgeEdit", "edit_knowledge", "edit_
 EDIT_SELECTIONS = ("consistency-aware", "query", "union")
 MODES = ("erase", "update")
 DIRECTIONS = ("unembed", "embed")
-
-
-def value_weight(model, layer: int) -> tuple[Float[Tensor, "d_model d_mlp"] | Float[Tensor, "d_mlp d_model"], int]:
-    """The down-projection weight of ``layer`` and the dimension that indexes its neurons."""
-    mlp = model.blocks[layer].mlp
-    out = getattr(getattr(mlp, "out", None), "original_component", None)
-    if out is not None and hasattr(out, "weight"):
-        w = out.weight
-        return w, (0 if type(out).__name__ == "Conv1D" else 1)  # nn.Linear: [d_model, d_mlp]
-    if isinstance(getattr(mlp, "W_out", None), torch.Tensor):
-        return mlp.W_out, 0  # HookedTransformer: [d_mlp, d_model]
-    raise ValueError(f"cannot find the down projection of layer {layer} ({type(mlp).__name__})")
 
 
 def _rows(model, layer: int, idx: torch.Tensor) -> torch.Tensor:
