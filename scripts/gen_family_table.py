@@ -14,9 +14,12 @@ import sys
 import warnings
 from pathlib import Path
 
-from capinterp.testing.family_checks.table import BEGIN, END, matrix, render
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's capinterp, whatever the installed one is
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "models.md"
+from capinterp.testing.family_checks.table import BEGIN, END, matrix, render  # noqa: E402
+
+DOC = ROOT / "docs" / "models.md"
 
 
 def replace_block(text: str, table: str) -> str:

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from capinterp.core.family import UnsupportedFamily
+from capinterp.core.weights import down_projection, value_weight
 
 __all__ = [
     "KINDS",
     "NeuronParam",
-    "down_projection",
     "down_weight",
     "neuron_params",
     "value_rows",
@@ -91,38 +91,17 @@ def _axis(module: torch.nn.Module, p: torch.Tensor, side: str) -> int:
     return out if side == "out" else 1 - out
 
 
-def down_projection(model: Any, layer: int) -> torch.nn.Module:
-    """Layer ``layer``'s down projection: the transformers module whose input is the neurons."""
-    mod = _module(model, layer, "out")
-    if mod is None or not isinstance(getattr(mod, "weight", None), torch.nn.Parameter):
-        raise UnsupportedFamily(
-            f"{_family_name(model)}: the MLP of layer {layer} ({type(model.blocks[layer].mlp).__name__}) "
-            "has no down projection ('out' component with a weight)"
-        )
-    return mod
-
-
-def down_weight(model: Any, layer: int) -> tuple[torch.nn.Parameter, int]:
+def down_weight(model: Any, layer: int) -> tuple[torch.Tensor, int]:
     """The down projection's weight of ``layer`` (the model's own parameter) and its neuron axis:
-    1 for ``nn.Linear`` (``[d_model, d_mlp]``), 0 for ``Conv1D`` (``[d_mlp, d_model]``)."""
-    mod = down_projection(model, layer)
-    w = mod.weight
-    assert isinstance(w, torch.nn.Parameter)  # checked by down_projection (a tensor); the model's own
-    axis = _axis(mod, w, "in")
-    d_mlp = int(model.cfg.d_mlp)
-    if w.shape[axis] != d_mlp:
-        raise UnsupportedFamily(
-            f"{_family_name(model)}: layer {layer}'s down projection weight {tuple(w.shape)} has "
-            f"{w.shape[axis]} inputs on axis {axis}, not d_mlp={d_mlp}"
-        )
-    return w, axis
+    1 for ``nn.Linear`` (``[d_model, d_mlp]``), 0 for ``Conv1D`` (``[d_mlp, d_model]``)
+    (:func:`capinterp.core.weights.value_weight`)."""
+    return value_weight(model, layer)
 
 
 def value_rows(model: Any, layer: int) -> torch.Tensor:
     """The value vectors of ``layer`` as ``[d_mlp, d_model]``: a view of the down projection's
     weight, so in-place writes (under ``torch.no_grad()``) edit the model itself."""
-    w, axis = down_weight(model, layer)
-    return w if axis == 0 else w.T
+    return down_projection(model, layer).values()
 
 
 def neuron_params(model: Any, layers: Any = None) -> list[NeuronParam]:

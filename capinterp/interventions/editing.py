@@ -2,7 +2,7 @@
 
 A neuron (l, i)'s *value vector* v is what it writes into the residual stream: row i of
 ``W_out[l]`` (``[d_mlp, d_model]``; input i of the HF down projection, a column of an ``nn.Linear``,
-a row of GPT-2's ``Conv1D``: :func:`capinterp.core.neuron_weights.down_weight`). Two edits:
+a row of GPT-2's ``Conv1D``: :func:`capinterp.core.weights.value_weight`). Two edits:
 
 - ``mode="erase"``:  v <- 0;
 - ``mode="update"``: v <- v + s * (-lambda1 * e(y_old) + lambda2 * e(y_new)), with
@@ -40,9 +40,9 @@ from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
-from capinterp.core.neuron_weights import down_weight
 from capinterp.core.params import copy_model
 from capinterp.core.tokens import Encoded, encode
+from capinterp.core.weights import value_weight
 from capinterp.interventions.edit_eval import EditBaseline, measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
@@ -63,12 +63,6 @@ __all__ = [
 EDIT_SELECTIONS = ("consistency-aware", "query", "union")
 MODES = ("erase", "update")
 DIRECTIONS = ("unembed", "embed")
-
-
-def value_weight(model, layer: int) -> tuple[Float[Tensor, "d_model d_mlp"] | Float[Tensor, "d_mlp d_model"], int]:
-    """The down-projection weight of ``layer`` and the dimension that indexes its neurons
-    (:func:`capinterp.core.neuron_weights.down_weight`)."""
-    return down_weight(model, layer)
 
 
 def _rows(model, layer: int, idx: torch.Tensor) -> torch.Tensor:

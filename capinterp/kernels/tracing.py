@@ -33,6 +33,7 @@ __all__ = [
     "KINDS",
     "TOKEN_GROUPS",
     "Runner",
+    "embed_hook",
     "last_probs",
     "make_noise",
     "parse_noise",
@@ -79,13 +80,25 @@ def parse_noise(noise: float | str) -> float:
     return float(noise)
 
 
+def embed_hook(model) -> str:
+    """Hook of the token embeddings the noise goes into: the word-embedding module's output.
+
+    ``embed.hook_out`` where the bridge has it: before an embedding LayerNorm (BLOOM's
+    ``word_embeddings_layernorm``, which the bridge's ``hook_embed`` alias points past; ROME corrupts
+    the word-embedding output), and after an embedding multiplier the bridge folds into it
+    (Granite: the embedding as the residual stream receives it). ``hook_embed`` otherwise.
+    """
+    hooks = getattr(model, "hook_dict", None) or {}
+    return "embed.hook_out" if "embed.hook_out" in hooks else "hook_embed"
+
+
 def subject_std(model, prepared: list[dict[str, Any]]) -> float:
-    """Std over every scalar of the ``hook_embed`` outputs of all subject tokens (in context)."""
+    """Std over every scalar of the token embeddings (:func:`embed_hook`) of all subject tokens (in context)."""
     chunks: list[torch.Tensor] = []
     dev = model.cfg.device
     for item in prepared:
         s0, s1 = item["subject_range"]
-        act = capture(model, torch.tensor([item["ids"]], device=dev), "hook_embed")
+        act = capture(model, torch.tensor([item["ids"]], device=dev), embed_hook(model))
         chunks.append(rearrange(act[0, s0:s1].detach().float(), "s d -> (s d)").cpu())
     flat = torch.cat(chunks)
     return float(flat.std()) if flat.numel() > 1 else 0.0
@@ -184,7 +197,7 @@ def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]
 
 def last_probs(model, tokens: Int[Tensor, "batch T"], hooks) -> Float[Tensor, "batch d_vocab"]:
     """Softmax of the logits at the last position only (the unembedding sees one position a row)."""
-    logits = model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("ln_final.hook_out", _keep_last)])
+    logits = model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("unembed.hook_in", _keep_last)])
     return logits[:, -1].float().softmax(-1)
 
 
@@ -210,12 +223,12 @@ class Runner:
                 act[:, lo - t0 : s1 - t0] += eps.to(act.dtype)
             return act
 
-        return ("hook_embed", corrupt)
+        return (embed_hook(self.model), corrupt)
 
     def corrupted(self, use_cache: bool):
         """p(o) of the S corrupted copies, and their KV cache (None when unavailable or unwanted)."""
         S = self.samples
-        hooks = [self._noise_hook(torch.arange(S), 0), ("ln_final.hook_out", _keep_last)]
+        hooks = [self._noise_hook(torch.arange(S), 0), ("unembed.hook_in", _keep_last)]
         tokens = repeat(self.ids, "1 t -> s t", s=S)
         if use_cache:
             try:
@@ -244,7 +257,7 @@ class Runner:
                 return act
 
             hooks.append((name, restore))
-        hooks.append(("ln_final.hook_out", _keep_last))
+        hooks.append(("unembed.hook_in", _keep_last))
         tokens = repeat(self.ids[:, t0:], "1 t -> s t", s=sample_r.numel())
         kwargs = {}
         if cache is not None:

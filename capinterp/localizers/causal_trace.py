@@ -5,18 +5,21 @@ For each fact (an Example with ``meta["subject"]``):
 1. **Clean run.** o = argmax of the next-token distribution after the prompt; p_clean = p(o).
    When the fact has a target and o is not the target's first token (tokenized in context by
    :func:`capinterp.core.tokens.encode`), the fact is skipped and counted in ``skipped_``.
-2. **Corrupted run.** ``samples`` copies of the prompt with Gaussian noise added to ``hook_embed``
-   (token embeddings only) at the subject's token positions; p* = mean over copies of p(o).
+2. **Corrupted run.** ``samples`` copies of the prompt with Gaussian noise added to the token
+   embeddings only (the word-embedding output, :func:`capinterp.kernels.tracing.embed_hook`) at
+   the subject's token positions; p* = mean over copies of p(o).
    The noise is drawn from a generator seeded with ``seed`` for every fact (as ROME reseeds per
    call), on the CPU in float32, so a fact always gets the same noise on any device.
 3. **Restorations.** For every token t and layer l, the corrupted copies are re-run with one clean
    state written back: kind ``"resid"`` restores ``blocks.l.hook_resid_post`` at t (one layer);
    kinds ``"mlp"`` / ``"attn"`` restore ``blocks.j.hook_mlp_out`` / ``hook_attn_out`` at t for every
    j in the window ``[l - window//2, l + ceil(window/2)) ∩ [0, L)`` (ROME's window; ``[l-5, l+5)``
-   for the default 10). IE(t, l) = p*_restored(o) - p*.
+   for the default 10). IE(t, l) = p*_restored(o) - p*. On parallel-block models (GPT-J, GPT-NeoX,
+   Falcon, ...) the MLP and attention of a block read the same residual; their outputs are
+   restored separately all the same.
 
 Noise scale (Meng et al. 2022, Sec. 2.1): ``noise_std`` given -> that literal std; otherwise
-``noise`` x the std over every scalar of the stacked ``hook_embed`` outputs of all subject tokens
+``noise`` x the std over every scalar of the stacked token embeddings of all subject tokens
 of all facts passed to ``fit`` (ROME's rule ``"s3"`` for ``noise=3.0``; the strings ``"s<k>"`` are
 accepted too). Subject tokens are taken in context (in the prompt), including facts that are
 later skipped.
@@ -220,7 +223,7 @@ class CausalTrace(Localizer):
         return {"index": i, "example": ex, "ids": prompt_ids, "target_id": target_id, "subject_range": (s0, s1)}
 
     def _subject_std(self, prepared: list[dict[str, Any]]) -> float:
-        """Std over every scalar of the ``hook_embed`` outputs of all subject tokens (in context)."""
+        """Std over every scalar of the token embeddings of all subject tokens (in context)."""
         return subject_std(self.model, prepared)
 
     def _noise(self, n_subject: int) -> torch.Tensor:

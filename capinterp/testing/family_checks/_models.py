@@ -9,7 +9,7 @@ import torch
 
 from capinterp.core.tiny import tiny_hf
 
-__all__ = ["PROMPTS", "load_pair"]
+__all__ = ["PROMPTS", "load_pair", "plain_hf"]
 
 PROMPTS = ("3+4=7 The Eiffel Tower is in", "Rome is the capital of")
 
@@ -28,6 +28,14 @@ def load_pair(family: str) -> tuple[Any, Any, Any]:
     hf, tok, model = _pair(family)
     assert all(not p.requires_grad or p.grad is None for p in hf.parameters())
     return hf, tok, model
+
+
+@functools.lru_cache(maxsize=2)
+def plain_hf(family: str) -> Any:
+    """A second, untouched transformers model with the same weights as :func:`load_pair`'s (the
+    bridge wraps its own copy's submodules, so HF hooks on that copy would hook the bridge).
+    Cached: do not modify."""
+    return tiny_hf(family)[0]
 
 
 def encode(tok: Any, text: str) -> torch.Tensor:

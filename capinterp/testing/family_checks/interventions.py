@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import torch
 
 from capinterp.core.example import Example
-from capinterp.units.neurons import NeuronSet
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
 from capinterp.testing.family_checks._plain import mlps, neuron_entries, plain, plain_params
+from capinterp.units.neurons import NeuronSet
 
 __all__ = ["CHECKS"]
 

@@ -1,0 +1,100 @@
+"""The MLP down projection of a layer: the neurons' value vectors, in one orientation on every family.
+
+A neuron ``(l, i)`` writes ``a_i * W_out[l][i]`` into the residual stream; ``W_out[l]`` is the weight
+of layer ``l``'s down projection (``down_proj``, ``c_proj``, ``fc_out``, ``dense_4h_to_h``, ``fc2``,
+``out_proj``, ... whatever the family calls it: the bridge exposes it as ``blocks.l.mlp.out``).
+Its storage differs by family: ``nn.Linear`` (and subclasses such as Falcon's ``FalconLinear``)
+keeps ``[d_model, d_mlp]``, transformers' ``Conv1D`` (GPT-2) and TransformerLens' ``W_out``
+keep ``[d_mlp, d_model]``. :func:`down_projection` hides that: :meth:`DownProjection.values`
+is always ``[d_mlp, d_model]`` (a view of the live weight), :meth:`DownProjection.write` /
+:meth:`DownProjection.add` write back in the same orientation. Parallel-block families need
+nothing more: their MLP reads the same residual as the attention, but its down projection is
+the same kind of module.
+
+A model whose down projection cannot be found, or is not ``d_mlp`` wide along one side, is an
+:class:`~capinterp.core.family.UnsupportedFamily` naming the family and the module found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from capinterp.core.family import UnsupportedFamily, family_of
+
+__all__ = ["DownProjection", "down_projection", "value_weight"]
+
+
+@dataclass(frozen=True)
+class DownProjection:
+    """Layer ``layer``'s down-projection weight ``weight``; ``neuron_dim`` is the axis that indexes neurons."""
+
+    layer: int
+    weight: Tensor  # the live parameter (written in place)
+    neuron_dim: int  # 0: stored [d_mlp, d_model] (Conv1D, W_out); 1: stored [d_model, d_mlp] (nn.Linear)
+
+    def values(self) -> Float[Tensor, "d_mlp d_model"]:
+        """The value vectors, one row per neuron: a view of the weight (no copy)."""
+        return self.weight if self.neuron_dim == 0 else self.weight.T
+
+    def apply(self, keys: Float[Tensor, "... d_mlp"]) -> Float[Tensor, "... d_model"]:
+        """``keys @ values()`` in float32: the projection's output without its bias."""
+        return keys.float() @ self.values().float().to(keys.device)
+
+    @torch.no_grad()
+    def write(self, values: Float[Tensor, "d_mlp d_model"]) -> None:
+        """Replace the whole weight by ``values`` (``[d_mlp, d_model]``), in the weight's dtype."""
+        self.values().copy_(values.to(device=self.weight.device, dtype=self.weight.dtype))
+
+    @torch.no_grad()
+    def add(self, delta: Float[Tensor, "d_mlp d_model"]) -> None:
+        """``W += delta`` (``[d_mlp, d_model]``), summed in float32 and stored in the weight's dtype."""
+        v = self.values()
+        v.copy_((v.float() + delta.to(device=v.device, dtype=torch.float32)).to(v.dtype))
+
+
+def _stored_orientation(module: Any, weight: Tensor, d_mlp: int, d_model: int) -> int | None:
+    if hasattr(module, "nf") and tuple(weight.shape) == (int(getattr(module, "nx", d_mlp)), int(module.nf)):
+        return 0  # transformers' Conv1D: [in, out]
+    if isinstance(module, torch.nn.Linear):
+        return 1  # [out, in]
+    if d_mlp != d_model:  # unknown module type: the shape decides when it can
+        if tuple(weight.shape) == (d_mlp, d_model):
+            return 0
+        if tuple(weight.shape) == (d_model, d_mlp):
+            return 1
+    return None
+
+
+def down_projection(model: Any, layer: int) -> DownProjection:
+    """Layer ``layer``'s down projection of a loaded model (bridge or TransformerLens-native)."""
+    n_layers = len(model.blocks)
+    if not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+    d_mlp, d_model = int(model.cfg.d_mlp), int(model.cfg.d_model)
+    mlp = model.blocks[layer].mlp
+    out = getattr(getattr(mlp, "out", None), "original_component", None)
+    if out is not None and isinstance(getattr(out, "weight", None), torch.Tensor):
+        dim = _stored_orientation(out, out.weight, d_mlp, d_model)
+        if dim is not None and out.weight.shape[dim] == d_mlp and out.weight.shape[1 - dim] == d_model:
+            return DownProjection(layer, out.weight, dim)
+        found = f"{type(out).__name__} with weight {tuple(out.weight.shape)}"
+    elif isinstance(getattr(mlp, "W_out", None), torch.Tensor):
+        return DownProjection(layer, mlp.W_out, 0)  # TransformerLens-native: [d_mlp, d_model]
+    else:
+        found = f"no down-projection weight on {type(mlp).__name__}"
+    fam = family_of(model)
+    raise UnsupportedFamily(
+        f"{fam.name} ({fam.architecture}): the down projection of layer {layer} is not a [{d_mlp}, {d_model}] "
+        f"weight capinterp can read ({found}); neuron value vectors cannot be read or written"
+    )
+
+
+def value_weight(model: Any, layer: int) -> tuple[Tensor, int]:
+    """``(weight, neuron_dim)`` of :func:`down_projection`: the stored weight and its neuron axis."""
+    proj = down_projection(model, layer)
+    return proj.weight, proj.neuron_dim

@@ -1,0 +1,86 @@
+"""Plain-transformers handles for the family checks' references: no capinterp code involved.
+
+Module names are found by searching each decoder layer for the usual transformers names, so a
+reference never goes through capinterp's own adapter (the thing it checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["attn_out", "decoder_layers", "hooked", "mlp_down", "subject_positions"]
+
+_ATTN = ("self_attn", "attn", "attention", "self_attention")
+_ATTN_OUT = ("o_proj", "out_proj", "c_proj", "dense")
+_MLP = ("mlp", "ffn")
+_DOWN = ("down_proj", "c_proj", "fc_out", "dense_4h_to_h", "fc2")
+
+
+def decoder_layers(hf: Any) -> torch.nn.ModuleList:
+    """The first ModuleList with one entry per layer (``model.layers``, ``transformer.h``, ...)."""
+    n = hf.config.get_text_config().num_hidden_layers
+    for m in hf.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n:
+            return m
+    raise LookupError(f"no decoder layer list in {type(hf).__name__}")
+
+
+def _one(module: torch.nn.Module, names: tuple[str, ...], skip: str | None = None) -> torch.nn.Module:
+    found = [
+        m
+        for n, m in module.named_modules()
+        if n and n.split(".")[-1] in names and (skip is None or n.split(".")[0] != skip)
+    ]
+    if len(found) != 1:
+        raise LookupError(f"expected one of {names} in {type(module).__name__}, found {len(found)}")
+    return found[0]
+
+
+def _attn_name(layer: torch.nn.Module) -> str:
+    return next(n for n in _ATTN if hasattr(layer, n))
+
+
+def attn_out(hf: Any, layer: int) -> torch.nn.Module:
+    """The attention output projection of ``layer``: its output is the attention's contribution."""
+    block = decoder_layers(hf)[layer]
+    return _one(getattr(block, _attn_name(block)), _ATTN_OUT)
+
+
+def mlp_down(hf: Any, layer: int) -> torch.nn.Module:
+    """The MLP's down projection of ``layer`` (its input is the neurons, its output the MLP's contribution)."""
+    block = decoder_layers(hf)[layer]
+    mlp = next((getattr(block, n) for n in _MLP if hasattr(block, n)), None)
+    return _one(mlp, _DOWN) if mlp is not None else _one(block, _DOWN, skip=_attn_name(block))
+
+
+def subject_positions(tok: Any, prompt: str, subject: str) -> tuple[int, int]:
+    """Token positions ``[s0, s1)`` of ``subject`` in ``tok(prompt)``: tokens whose characters overlap it."""
+    c0 = prompt.index(subject)
+    c1 = c0 + len(subject)
+    spans = tok(prompt, return_offsets_mapping=True)["offset_mapping"]
+    hit = [i for i, (a, b) in enumerate(spans) if a < c1 and b > c0]
+    return hit[0], hit[-1] + 1
+
+
+@contextmanager
+def hooked(pairs: list[tuple[torch.nn.Module, Callable[[torch.Tensor], torch.Tensor]]]) -> Iterator[None]:
+    """Forward hooks that replace each module's output (its first element when a tuple) by ``fn(output)``."""
+
+    def wrap(fn):
+        def hook(mod, inp, out):
+            if isinstance(out, tuple):
+                return (fn(out[0]), *out[1:])
+            return fn(out)
+
+        return hook
+
+    handles = [m.register_forward_hook(wrap(fn)) for m, fn in pairs]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

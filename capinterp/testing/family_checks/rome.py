@@ -1,0 +1,157 @@
+"""ROME: capinterp's edited model against the rank-one update computed and written by hand on plain HF.
+
+The reference recomputes every ingredient on a fresh transformers model with forward hooks on
+its down projection: the key k* (the projection's input at the subject's last token, averaged
+over the contexts), the key second moment C over the same texts, the value shift delta by the
+documented optimisation (Adam on new-target NLL + KL on "{subject} is a" + weight decay, norm
+clamp), then W' = W + delta (C_r^{-1} k*)^T / (k*^T C_r^{-1} k*) written into the HF weight in its
+own orientation (Conv1D [in, out], Linear [out, in]); the logits of both edited models must agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from capinterp.testing.family_checks._hf import hooked, mlp_down, subject_positions
+from capinterp.testing.family_checks._models import PROMPTS
+
+__all__ = ["CHECKS"]
+
+PROMPT, SUBJECT, NEW = "Rome is the capital of", "Rome", " Paris"
+CONTEXTS = ("", "Tokyo Japan London England. ")
+TEXTS = ("The Eiffel Tower is in the city of Paris .", "Berlin is the capital of Germany .", "1+2=3 4+5=9")
+LAYER, STEPS, LR, KL, WD, CLAMP, RIDGE = 0, 6, 0.5, 0.0625, 0.5, 4.0, 1e-3
+
+
+def _ids(tok: Any, text: str) -> torch.Tensor:
+    return tok(text, return_tensors="pt")["input_ids"]
+
+
+def _run(hf: Any, down: torch.nn.Module, ids: torch.Tensor, pos: int, delta: torch.Tensor | None, keep: dict):
+    """Log-softmax logits [T, V] of one row; delta added to the down projection's output at ``pos``."""
+    T = ids.shape[1]
+
+    def pre(mod, args):
+        keep["key"] = args[0].reshape(-1, T, args[0].shape[-1])[0, pos].detach().float().clone()
+
+    def add(out: torch.Tensor) -> torch.Tensor:
+        keep["value"] = out.reshape(-1, T, out.shape[-1])[0, pos].detach().float().clone()  # Falcon adds in place
+        if delta is None:
+            return out
+        bump = torch.zeros(T, out.shape[-1], dtype=out.dtype)
+        bump[pos] = delta.to(out.dtype)
+        return out + bump.reshape(-1, out.shape[-1]) if out.dim() == 2 else out + bump
+
+    handle = down.register_forward_pre_hook(pre)
+    try:
+        with hooked([(down, add)]):
+            return hf(ids).logits[0].float().log_softmax(-1)
+    finally:
+        handle.remove()
+
+
+def reference_edit(hf: Any, tok: Any) -> dict[str, torch.Tensor]:
+    """k*, delta and the left vector of the ROME update at ``LAYER``, all from HF hooks."""
+    down = mlp_down(hf, LAYER)
+    rows = []  # (ids, subject's last position, answer positions, gold ids)
+    for c in CONTEXTS:
+        p_ids, full = _ids(tok, c + PROMPT), _ids(tok, c + PROMPT + NEW)
+        n = p_ids.shape[1]
+        assert torch.equal(full[0, :n], p_ids[0]), "the prompt's tokens must prefix the prompt + target's"
+        s1 = subject_positions(tok, c + PROMPT, SUBJECT)[1]
+        rows.append((full, s1 - 1, list(range(n - 1, full.shape[1] - 1)), full[0, n:]))
+    kl_text = f"{SUBJECT} is a"
+    kl_ids, kl_pos = _ids(tok, kl_text), subject_positions(tok, kl_text, SUBJECT)[1] - 1
+    keys: list[torch.Tensor] = []
+    keep: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for i, (x, pos, _, _) in enumerate(rows):
+            _run(hf, down, x, pos, None, keep)
+            keys.append(keep["key"])
+            if i == 0:
+                v0_norm = keep["value"].norm()
+        kl_before = _run(hf, down, kl_ids, kl_pos, None, keep)[-1]
+    key = torch.stack(keys).mean(0)
+    for p in hf.parameters():
+        p.requires_grad_(False)
+    delta = torch.zeros(int(hf.config.get_text_config().hidden_size), requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=LR)
+    losses: list[float] = []
+    for _ in range(STEPS):
+        nll = torch.stack(
+            [
+                -_run(hf, down, x, pos, delta, keep)[ans, gold].sum() / len(gold) / len(rows)
+                for x, pos, ans, gold in rows
+            ]
+        ).sum()
+        lp = _run(hf, down, kl_ids, kl_pos, delta, keep)[-1]
+        loss = nll + KL * torch.sum(kl_before.exp() * (kl_before - lp)) + WD * delta.pow(2).sum() / v0_norm**2
+        losses.append(float(nll.detach()))
+        if losses[-1] < 5e-2:
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            if delta.norm() > CLAMP * v0_norm:
+                delta.mul_(CLAMP * v0_norm / delta.norm())
+    # C = mean k k^T over every token of TEXTS (keys: the down projection's input)
+    acc, n = torch.zeros(key.numel(), key.numel(), dtype=torch.float64), 0
+    with torch.no_grad():
+        for text in TEXTS:
+            x = _ids(tok, text)
+            got: list[torch.Tensor] = []
+            h = down.register_forward_pre_hook(lambda m, a: got.append(a[0].reshape(-1, a[0].shape[-1])))
+            try:
+                hf(x)
+            finally:
+                h.remove()
+            k = got[0].double()
+            acc, n = acc + k.T @ k, n + k.shape[0]
+    C = acc / n
+    C = C + RIDGE * C.diagonal().mean() * torch.eye(key.numel(), dtype=torch.float64)
+    u = torch.linalg.solve(C, key.double())
+    return {"key": key, "delta": delta.detach(), "left": (u / (u @ key.double())).float(), "losses": losses}
+
+
+def check_rome_edit(family: str) -> None:
+    """k* and delta equal the HF-hook recomputation; the edited logits equal the hand-edited HF model's."""
+    from capinterp.core.example import Example
+    from capinterp.core.model import load_model
+    from capinterp.core.tiny import tiny_hf
+    from capinterp.interventions.rome import rome_edit
+
+    hf_b, tok = tiny_hf(family)  # fresh models: the edit writes weights
+    model = load_model(hf_b, tokenizer=tok)
+    fact = Example(prompt=PROMPT, target="", meta={"subject": SUBJECT, "target_from": "greedy"})
+    edit = rome_edit(
+        model, fact, NEW, layer=LAYER, texts=list(TEXTS), prefixes=list(CONTEXTS[1:]), steps=STEPS,
+        lr=LR, kl_factor=KL, weight_decay=WD, clamp=CLAMP, ridge=RIDGE,
+    )  # fmt: skip
+    hf, _ = tiny_hf(family)
+    want = reference_edit(hf, tok)
+    for name in ("key", "delta", "left"):
+        got, ref = getattr(edit, name).float(), want[name]
+        err = (got - ref).norm() / ref.norm()
+        assert err < 1e-4, f"{family}: ROME {name} differs from the HF-hook reference by {err:.3g} (relative)"
+    down = mlp_down(hf, LAYER)
+    update = torch.outer(want["delta"], want["left"])  # [d_model, d_mlp]: keys to values
+    with torch.no_grad():
+        before = {p: hf(_ids(tok, p)).logits[0, -1].double().log_softmax(-1) for p in (PROMPT, *PROMPTS)}
+        w = down.weight
+        assert isinstance(w, torch.Tensor)
+        w += (update.T if type(down).__name__ == "Conv1D" else update).to(w.dtype)  # Conv1D stores [in, out]
+        with edit:
+            for p in before:
+                ids = _ids(tok, p)
+                got = model(ids)[0, -1].double().log_softmax(-1)
+                ref = hf(ids).logits[0, -1].double().log_softmax(-1)
+                err = (got - ref).abs().max().item()
+                assert err < 1e-4, f"{family}: edited log-probs differ from the hand-edited HF model by {err:.3g}"
+        shift = (hf(_ids(tok, PROMPT)).logits[0, -1].double().log_softmax(-1) - before[PROMPT]).abs().max().item()
+        assert shift > 1e-3, f"{family}: the edit left the prompt's log-probs unchanged ({shift:.3g}); a vacuous check"
+
+
+CHECKS = {"rome_edit": check_rome_edit}
