@@ -486,11 +486,6 @@ def _ig_rows(
     if method == "prefix":
         forward = _prefix.bridge_logits
     elif not _stair_ok(model, run, {} if checked is None else checked):
-        warnings.warn(
-            "direct block calls do not reproduce this model's logits; IG uses the slower method='prefix' route",
-            RuntimeWarning,
-            stacklevel=3,
-        )
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=True)
         forward = _prefix.bridge_logits
     acts = run.acts[lay]
@@ -556,6 +551,8 @@ def _stair_ok(model, run, checked: dict) -> bool:
         known = _STAIR_OK.setdefault(model, {})
         if key not in known:
             known[key] = _prefix.stair_supported(model, run)
+            if not known[key]:  # once per model and precision
+                warnings.warn(_prefix.fallback_warning(model), RuntimeWarning, stacklevel=4)
         checked["stair"] = known[key]
     return checked["stair"]
 

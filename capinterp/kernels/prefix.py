@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,17 @@ from jaxtyping import Float, Int
 from capinterp.core.forward import unembed as _unembed
 from capinterp.core.model import neuron_hook
 
-__all__ = ["CleanSuffix", "NoCache", "Unsupported", "bridge_logits", "clean_suffix", "stair_logits", "stair_supported"]
+__all__ = [
+    "CleanSuffix",
+    "NoCache",
+    "Unsupported",
+    "bridge_logits",
+    "clean_suffix",
+    "fallback_warning",
+    "stair_logits",
+    "stair_refusal",
+    "stair_supported",
+]
 
 
 @dataclass
@@ -70,6 +81,10 @@ class _PrefixKV:
     def __init__(self, prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]]):
         self.prefix_kv = prefix_kv
 
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        kv = self.prefix_kv.get(layer_idx)
+        return 0 if kv is None else int(kv[0].shape[-2])
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         kv = self.prefix_kv.get(layer_idx)
         if kv is None:
@@ -83,15 +98,65 @@ class NoCache(RuntimeError):
 
 def _prefix_forward(model, prefix: torch.Tensor):
     """HF cache of ``prefix`` ([1, p0]); logits kept for the last position only when supported."""
+    # use_cache=True: some configs default to no cache (MPT's use_cache=False), which the
+    # bridge would otherwise honour and return none
     try:
-        _, cache = model(prefix, return_type="logits_and_cache", logits_to_keep=1)
+        _, cache = model(prefix, return_type="logits_and_cache", logits_to_keep=1, use_cache=True)
     except TypeError:  # a model whose forward has no logits_to_keep
-        _, cache = model(prefix, return_type="logits_and_cache")
+        _, cache = model(prefix, return_type="logits_and_cache", use_cache=True)
     if cache is not None and not callable(getattr(cache, "update", None)):
         cache = None
     if cache is None:
         raise NoCache("the model returned no KV cache for the prefix")
     return cache
+
+
+def _is_cache(value: Any) -> bool:
+    return callable(getattr(value, "update", None)) and hasattr(value, "get_seq_length")
+
+
+def _split_call(block, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
+    """``(hidden, other positional args, kwargs)`` of one block call, the KV cache taken out.
+
+    Positional arguments are bound to the wrapped transformers layer's own signature, so a
+    family that passes its cache or mask positionally (GPT-2: ``(hidden, past_key_values,
+    attention_mask, ...)``; XGLM: ``(hidden, attention_mask, ...)``) is recorded by name like
+    any other. The cache, whatever its parameter is called (``past_key_values``,
+    ``layer_past``), is dropped and its name kept under :data:`_CACHE_ARG` for the direct calls.
+    """
+    kwargs = dict(kwargs)
+    rest: tuple = ()
+    if args:
+        target = getattr(block, "original_component", None) or block
+        try:
+            sig = inspect.signature(type(target).forward)  # the class's: the bridge wraps the instance's
+            sig = sig.replace(parameters=list(sig.parameters.values())[1:])  # without self
+            bound = sig.bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):  # unbindable: keep the positional layout (direct calls may fail the check)
+            hidden, rest = args[0], tuple(args[1:])
+        else:
+            kwargs = {}
+            for name, value in bound.items():
+                kind = sig.parameters[name].kind
+                if kind is inspect.Parameter.VAR_KEYWORD:
+                    kwargs.update(value)
+                elif kind is inspect.Parameter.VAR_POSITIONAL:
+                    rest = tuple(value)
+                else:
+                    kwargs[name] = value
+            first = next(iter(sig.parameters))
+            hidden = kwargs.pop(first)
+    else:
+        hidden = kwargs.pop("hidden_states")
+    caches = [k for k, v in kwargs.items() if _is_cache(v) or k == "past_key_values"]
+    for k in caches:
+        kwargs.pop(k)
+    kwargs[_CACHE_ARG] = next((k for k in caches if k != "past_key_values"), "past_key_values")
+    return hidden, rest, kwargs
+
+
+#: key of a recorded call's kwargs naming the parameter the block takes its KV cache under
+_CACHE_ARG = "__capinterp_cache_arg__"
 
 
 def clean_suffix(model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
@@ -121,12 +186,7 @@ def clean_suffix(model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bo
         def pre(j, module, args, kwargs):
             if resid[j] is not None:
                 raise RuntimeError(f"block {j} ran twice in one forward; use method='prefix' or 'loop'")
-            kwargs = dict(kwargs)
-            if args:
-                hidden, rest = args[0], tuple(args[1:])
-            else:
-                hidden, rest = kwargs.pop("hidden_states"), ()
-            kwargs.pop("past_key_values", None)
+            hidden, rest, kwargs = _split_call(module, args, kwargs)
             resid[j] = hidden.detach()
             calls[j] = (rest, kwargs)
 
@@ -194,7 +254,9 @@ def _fold_mask(mask: torch.Tensor | None, n_pre: int, S: int, R: int, device) ->
             raise Unsupported(f"attention mask of shape {tuple(mask.shape)}")
         m = mask[0, 0]
         pre, own = m[:, : m.shape[-1] - S], m[:, m.shape[-1] - S :]
-        hidden = False if m.dtype == torch.bool else torch.finfo(m.dtype).min
+        # a query always sees its own key: that entry says which value means "visible" (bool
+        # masks are True-visible for most families, True-masked for MPT's masked_fill)
+        hidden = (not bool(own[-1, -1])) if m.dtype == torch.bool else torch.finfo(m.dtype).min
     same_row = torch.block_diag(*[torch.ones(S, S, dtype=torch.bool, device=device)] * R)
     suffix = torch.where(same_row, own.repeat(R, R), torch.tensor(hidden, dtype=own.dtype, device=device))
     return torch.cat([pre.repeat(R, 1), suffix], dim=1)[None, None]
@@ -206,6 +268,25 @@ def _tile(t: torch.Tensor, R: int, S: int, dim: int) -> torch.Tensor:
     reps = [1] * t.ndim
     reps[dim] = R
     return t.repeat(*reps)
+
+
+#: per-key position biases (ALiBi): BLOOM's ``alibi`` [heads, 1, keys], MPT's ``position_bias``
+_PER_KEY = ("alibi", "position_bias")
+
+
+def _fold_keys(bias: torch.Tensor, n_pre: int, S: int, R: int) -> torch.Tensor:
+    """A per-key bias for the folded keys: the prefix keys', then the suffix keys' once per row.
+
+    Only the last ``n_pre + S`` entries are the run's keys (MPT's table covers the maximum
+    length and is read from its end). ALiBi adds a per-key term, so each row's copy of the
+    suffix keys carries the same bias as in the clean run.
+    """
+    if bias.shape[-1] < n_pre + S:
+        raise Unsupported(f"per-key bias of shape {tuple(bias.shape)} ({n_pre} prefix + {S} suffix keys)")
+    keys = bias[..., bias.shape[-1] - n_pre - S :]
+    reps = [1] * bias.ndim
+    reps[-1] = R
+    return torch.cat([keys[..., :n_pre], keys[..., n_pre:].repeat(*reps)], dim=-1)
 
 
 def _memo(run: CleanSuffix, key, make):
@@ -226,6 +307,10 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
     pe = kw.get("position_embeddings")
     if pe is not None:
         kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: tuple(_tile(t, R, S, -2) for t in pe))
+    for name in _PER_KEY:
+        bias = kw.get(name)
+        if isinstance(bias, torch.Tensor):
+            kw[name] = _memo(run, (name, id(bias), n_pre, R), lambda b=bias: _fold_keys(b, n_pre, S, R))
     for name in ("position_ids", "cache_position"):
         if isinstance(kw.get(name), torch.Tensor):
             kw[name] = _memo(run, (name, id(kw[name]), R), lambda t=kw[name]: _tile(t, R, S, -1))
@@ -289,7 +374,8 @@ def stair_logits(
                 h = new if h is None else torch.cat([h, new], dim=1)
                 R += c
             args, kwargs = _folded_call(run, j, R)
-            out = model.blocks[j](h, *args, **kwargs, past_key_values=cache)
+            cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
+            out = model.blocks[j](h, *args, **kwargs, **{cache_arg: cache})
             h = out[0] if isinstance(out, (tuple, list)) else out
     if h is None:  # unreachable: block ``start`` is a joining or clean layer, which sets h
         raise RuntimeError("stair_logits built no residual stream")
@@ -322,6 +408,8 @@ def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     a float32 tolerance would call a broken route: the fast route then fell back to the slower
     prefix route on every short prompt of SmolLM2 and Gemma 3 in bfloat16).
     """
+    if stair_refusal(model) is not None:
+        return False
     groups = [(l, run.acts[l][None].expand(2, -1, -1)) for l in range(min(2, len(run.acts)))]
     try:
         with torch.no_grad():
@@ -333,3 +421,32 @@ def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
         rtol = max(rtol, 4 * torch.finfo(run.logits.dtype).eps)
     tol = rtol * max(1.0, ref.abs().max().item())
     return logits.shape[1:] == ref.shape and bool((logits.float() - ref).abs().max() <= tol)
+
+
+def stair_refusal(model) -> str | None:
+    """Why the fast route cannot run on this model's architecture at all, or None.
+
+    A check on one short prompt cannot see it: GPT-Neo's local layers cut attention at a
+    window of absolute positions inside the attention module, so the rows folded into the
+    sequence would lose their prefix once ``rows * suffix`` passes the window.
+    """
+    from capinterp.core.family import family_of
+
+    fam = family_of(model)
+    if fam.module_window is not None:
+        return (
+            f"{fam.name}'s local attention layers apply a {fam.module_window}-position window inside the "
+            "attention module (not through the mask), which the fast route's folded rows would cut"
+        )
+    return None
+
+
+def fallback_warning(model) -> str:
+    """The one-time warning when IG's fast route falls back to the bridge ("prefix") route."""
+    from capinterp.core.family import family_of
+
+    reason = stair_refusal(model) or "direct block calls did not reproduce the model's own logits"
+    return (
+        f"IG on {family_of(model).name}: {reason}; using the slower method='prefix' route "
+        "(every row runs every block: several times the fast route's work; see docs/models.md)"
+    )

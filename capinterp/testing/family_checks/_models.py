@@ -9,7 +9,7 @@ import torch
 
 from capinterp.core.tiny import tiny_hf
 
-__all__ = ["PROMPTS", "load_pair"]
+__all__ = ["PROMPTS", "load_pair", "plain_twin"]
 
 PROMPTS = ("3+4=7 The Eiffel Tower is in", "Rome is the capital of")
 
@@ -32,3 +32,14 @@ def load_pair(family: str) -> tuple[Any, Any, Any]:
 
 def encode(tok: Any, text: str) -> torch.Tensor:
     return tok(text, return_tensors="pt")["input_ids"]
+
+
+@functools.lru_cache(maxsize=2)
+def plain_twin(family: str) -> Any:
+    """A second, untouched transformers model with the same weights as :func:`load_pair`'s (same
+    seed): loading a bridge wraps the first one's modules, so hand references that hook the
+    transformers modules (the FFN down projection) run on this one. Cached: do not modify."""
+    hf, _ = tiny_hf(family)
+    for p in hf.parameters():
+        p.requires_grad_(False)
+    return hf
