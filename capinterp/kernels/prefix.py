@@ -15,8 +15,12 @@ every layer below the replaced one is identical to the clean run, so it is compu
    dimension (batch 1, ``rows*S`` positions, rotary tables tiled, a block-diagonal mask over
    the suffix keys), so every row reads the one recorded prefix K/V without copies. Hooks
    still fire (the blocks are the bridge's), and the replaced activation enters through the
-   ordinary ``hook_post`` hook point. :func:`stair_supported` checks on each model that this
-   reproduces the model's own logits.
+   ordinary ``hook_post`` hook point. Block calls are recorded by the wrapped layer's own
+   signature (the cache under whatever name it takes), and per-key position biases (ALiBi) are
+   folded like the mask. Attention that windows by absolute position inside the module
+   (GPT-Neo's local layers, the family record's ``module_window``) would be cut by the folded
+   positions: there the rows go in the batch dimension instead, each reading the prefix K/V.
+   :func:`stair_supported` checks on each model that this reproduces the model's own logits.
 3. :func:`bridge_logits` (route "prefix") is the plain bridge route: a widened copy of the
    prefix cache and ``run_with_hooks(suffix, past_key_values=...)``; every row runs every
    block. It is the fallback when :func:`stair_supported` finds that direct block calls do
@@ -48,7 +52,6 @@ __all__ = [
     "clean_suffix",
     "fallback_warning",
     "stair_logits",
-    "stair_refusal",
     "stair_supported",
 ]
 
@@ -89,7 +92,10 @@ class _PrefixKV:
         kv = self.prefix_kv.get(layer_idx)
         if kv is None:
             return key_states, value_states
-        return torch.cat([kv[0], key_states], dim=-2), torch.cat([kv[1], value_states], dim=-2)
+        k, v = kv
+        if key_states.shape[0] != k.shape[0]:  # batch layout: every row reads the same prefix
+            k, v = k.expand(key_states.shape[0], *k.shape[1:]), v.expand(value_states.shape[0], *v.shape[1:])
+        return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
 
 
 class NoCache(RuntimeError):
@@ -317,12 +323,50 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
     return args, kw
 
 
+def _batched_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
+    """Block ``j``'s recorded call arguments for R rows in the batch dimension (each row a copy
+    of the clean suffix call): the layout for attention that windows by absolute position."""
+    args, kwargs = run.calls[j]
+    kw = dict(kwargs)
+
+    def rows(t: torch.Tensor, name: str) -> torch.Tensor:
+        if t.shape[0] != 1:
+            raise Unsupported(f"{name} of shape {tuple(t.shape)} (batch 1 expected)")
+        return t.repeat(R, *[1] * (t.ndim - 1))
+
+    for name, value in list(kw.items()):
+        if name == "cache_position" or not isinstance(value, torch.Tensor):
+            continue
+        if name in _PER_KEY:  # ALiBi [batch * heads, 1, keys]: rows are batch-major
+            kw[name] = _memo(run, (name, id(value), "batch", R), lambda v=value: v.repeat(R, *[1] * (v.ndim - 1)))
+        else:
+            kw[name] = _memo(run, (name, id(value), "batch", R), lambda v=value, n=name: rows(v, n))
+    pe = kw.get("position_embeddings")
+    if isinstance(pe, tuple):
+        kw["position_embeddings"] = _memo(run, ("pe", id(pe), "batch", R), lambda: tuple(rows(t, "pe") for t in pe))
+    return args, kw
+
+
+def _batch_layout(model) -> bool:
+    """Rows in the batch dimension instead of folded into the sequence: for attention modules that
+    apply a window by absolute position themselves (the family record's ``module_window``), which
+    the folded positions would cut. Every row then reads a per-row view of the prefix K/V."""
+    from capinterp.core.family import family_of
+
+    return family_of(model).module_window is not None
+
+
 def _edit(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Tensor, hook) -> torch.Tensor:
     """Hook (folded layout): the clean row (the first S positions) gets ``+ eps``, the rows that
     joined at this block (the tail) become ``z``."""
     if eps is not None:
         act = torch.cat([act[:, : eps.shape[1]] + eps.to(act.dtype), act[:, eps.shape[1] :]], dim=1)
     return act if z is None else _replace_tail(z, act, hook)
+
+
+def _edit_batch(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Tensor, hook) -> torch.Tensor:
+    """:func:`_edit` for the batch layout: the rows are joined into one sequence and split back."""
+    return _edit(z, eps, act.reshape(1, -1, act.shape[-1]), hook).reshape(act.shape)
 
 
 def stair_logits(
@@ -354,11 +398,14 @@ def stair_logits(
     joining = dict(groups)
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
+    batch = _batch_layout(model)
     hooks = [
         (
             neuron_hook(l),
             functools.partial(
-                _edit, rearrange(joining[l], "c s d -> 1 (c s) d") if l in joining else None, clean.get(l)
+                _edit_batch if batch else _edit,
+                rearrange(joining[l], "c s d -> 1 (c s) d") if l in joining else None,
+                clean.get(l),
             ),
         )
         for l in sorted({*layers, *clean})
@@ -373,10 +420,13 @@ def stair_logits(
                 new = run.resid[j].repeat(1, c, 1)
                 h = new if h is None else torch.cat([h, new], dim=1)
                 R += c
-            args, kwargs = _folded_call(run, j, R)
+            args, kwargs = (_batched_call if batch else _folded_call)(run, j, R)
             cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
-            out = model.blocks[j](h, *args, **kwargs, **{cache_arg: cache})
+            x = rearrange(h, "1 (r s) d -> r s d", r=R) if batch else h
+            out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
             h = out[0] if isinstance(out, (tuple, list)) else out
+            if batch:
+                h = rearrange(h, "r s d -> 1 (r s) d")
     if h is None:  # unreachable: block ``start`` is a joining or clean layer, which sets h
         raise RuntimeError("stair_logits built no residual stream")
     h = rearrange(h, "1 (r s) d -> r s d", r=R)
@@ -408,8 +458,6 @@ def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     a float32 tolerance would call a broken route: the fast route then fell back to the slower
     prefix route on every short prompt of SmolLM2 and Gemma 3 in bfloat16).
     """
-    if stair_refusal(model) is not None:
-        return False
     groups = [(l, run.acts[l][None].expand(2, -1, -1)) for l in range(min(2, len(run.acts)))]
     try:
         with torch.no_grad():
@@ -423,30 +471,12 @@ def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     return logits.shape[1:] == ref.shape and bool((logits.float() - ref).abs().max() <= tol)
 
 
-def stair_refusal(model) -> str | None:
-    """Why the fast route cannot run on this model's architecture at all, or None.
-
-    A check on one short prompt cannot see it: GPT-Neo's local layers cut attention at a
-    window of absolute positions inside the attention module, so the rows folded into the
-    sequence would lose their prefix once ``rows * suffix`` passes the window.
-    """
-    from capinterp.core.family import family_of
-
-    fam = family_of(model)
-    if fam.module_window is not None:
-        return (
-            f"{fam.name}'s local attention layers apply a {fam.module_window}-position window inside the "
-            "attention module (not through the mask), which the fast route's folded rows would cut"
-        )
-    return None
-
-
 def fallback_warning(model) -> str:
     """The one-time warning when IG's fast route falls back to the bridge ("prefix") route."""
     from capinterp.core.family import family_of
 
-    reason = stair_refusal(model) or "direct block calls did not reproduce the model's own logits"
     return (
-        f"IG on {family_of(model).name}: {reason}; using the slower method='prefix' route "
-        "(every row runs every block: several times the fast route's work; see docs/models.md)"
+        f"IG on {family_of(model).name}: direct block calls did not reproduce the model's own logits, "
+        "so IG uses the slower method='prefix' route for this model (every row runs every block: "
+        "several times the fast route's work; see docs/models.md, 'IG's fast route by family')"
     )

@@ -17,12 +17,18 @@ from typing import Any
 import torch
 
 from capinterp.core.family import family_of
-from capinterp.testing.family_checks._hf_ig import clean_down_inputs, down_weight, ig_reference
+from capinterp.testing.family_checks._hf_ig import (
+    clean_down_inputs,
+    down_weight,
+    ig_reference,
+    neuron_weight_change,
+)
 from capinterp.testing.family_checks._models import PROMPTS, load_pair, plain_twin
 
 __all__ = ["CHECKS"]
 
 STEPS = 6
+NEFT_LR = 0.1
 REL = 1e-4
 
 
@@ -71,16 +77,11 @@ def _ig_kwargs() -> dict:
 
 def check_ig_fast_route(family: str) -> None:
     """``ig_scores(method="fast")`` runs the staircase route (no fallback) and equals the hand IG."""
-    from capinterp.core.family import UnsupportedFamily
     from capinterp.kernels import ig as _ig
-    from capinterp.kernels import prefix as _prefix
     from capinterp.kernels.ig import ig_scores
 
     _, _, model = load_pair(family)
     hf = plain_twin(family)
-    reason = _prefix.stair_refusal(model)
-    if reason is not None:
-        raise UnsupportedFamily(f"fast route: {reason} (IG runs the 'prefix' route, see docs/models.md)")
     _, items = _data(model)
     d_mlp = family_of(model).d_mlp
     with warnings.catch_warnings(record=True) as caught:
@@ -179,16 +180,18 @@ def check_dcsn(family: str) -> None:
 
 def check_neft(family: str) -> None:
     """NeFT on a fresh copy: it runs, selects top_k neurons, scores >= 0, restores every weight
-    exactly (compared with a copy of the transformers state dict taken before)."""
+    exactly (compared with a copy of the transformers state dict taken before), and its scores
+    and selection equal 1 - cos of each neuron's FFN weights after one SGD step taken by hand on a
+    copy of the plain transformers model (:func:`._hf_ig.neuron_weight_change`), to 1e-3."""
     from capinterp.core.model import load_model
     from capinterp.core.tiny import tiny_hf
     from capinterp.localizers.neft import NeFT
 
     hf, tok = tiny_hf(family)
     model = load_model(hf, tokenizer=tok)
-    examples, _ = _data(model)
+    examples, items = _data(model)
     before = {k: v.detach().clone() for k, v in hf.state_dict().items()}
-    neft = NeFT(model, steps=1, lr=1e-2, top_k=5, progress=False).fit(examples)
+    neft = NeFT(model, steps=1, lr=NEFT_LR, top_k=5, batch_size=len(items), progress=False).fit(examples)
     after = hf.state_dict()
     changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
     assert not changed, f"{family}: NeFT left weights changed: {changed[:3]}"
@@ -196,6 +199,12 @@ def check_neft(family: str) -> None:
     assert s.shape == family_of(model).neurons and torch.isfinite(s).all() and (s >= -1e-12).all()
     assert int(neft.neurons_.mask.sum()) == 5, f"{family}: NeFT selected {int(neft.neurons_.mask.sum())} neurons, not 5"
     assert float(s.max()) > 0, f"{family}: NeFT moved no neuron"
+    want = neuron_weight_change(
+        plain_twin(family), [(it.prompt_ids, it.target_ids) for it in items], NEFT_LR, family_of(model).d_mlp
+    )
+    _close(s, want, f"{family} NeFT 1 - cos", rel=1e-3)
+    top = set(want.flatten().topk(5).indices.tolist())
+    assert set(neft.neurons_.mask.flatten().nonzero()[:, 0].tolist()) == top, f"{family}: NeFT's top 5 differ"
 
 
 def check_query_localization(family: str) -> None:
