@@ -50,7 +50,7 @@ def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
 def down_weight(hf: Any, layer: int, d_mlp: int) -> torch.Tensor:
     """``[d_mlp, d_model]``: row i is what neuron i writes per unit activation (raw HF weight)."""
     mod = down_proj(hf, layer, d_mlp)
-    w = mod.weight.detach()
+    w = torch.as_tensor(mod.weight).detach()
     return w.T if isinstance(mod, torch.nn.Linear) else w
 
 
