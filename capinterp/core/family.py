@@ -81,7 +81,8 @@ class Family:
     kv_cache: bool = True
     # a sliding attention window the attention module applies itself by absolute position in the
     # sequence it is given, not through the attention mask (GPT-Neo's "local" layers); IG's fast
-    # route folds rows into the sequence, which such a window would cut (see docs/models.md)
+    # route then puts its rows in the batch dimension instead of folding them into the sequence,
+    # which such a window would cut (capinterp.kernels.prefix, docs/models.md)
     module_window: int | None = None
 
     @property
