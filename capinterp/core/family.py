@@ -79,6 +79,11 @@ class Family:
     attention_multiplier: float | None = None  # Granite: replaces 1/sqrt(d_head)
     moe: MoE | None = None
     kv_cache: bool = True
+    # a sliding attention window the attention module applies itself by absolute position in the
+    # sequence it is given, not through the attention mask (GPT-Neo's "local" layers); IG's fast
+    # route then puts its rows in the batch dimension instead of folding them into the sequence,
+    # which such a window would cut (capinterp.kernels.prefix, docs/models.md)
+    module_window: int | None = None
 
     @property
     def neurons(self) -> tuple[int, int]:
@@ -131,6 +136,13 @@ def _ffn_width(hf: Any, d_model: int) -> int:
     return int(width) if width is not None else 4 * d_model
 
 
+def _module_window(hf: Any) -> int | None:
+    layers = getattr(hf, "attention_layers", None)  # GPT-Neo: per-layer "global" / "local"
+    if isinstance(layers, (list, tuple)) and "local" in layers and getattr(hf, "window_size", None):
+        return int(hf.window_size)
+    return None
+
+
 def read_family(model: Any) -> Family:
     """Build the :class:`Family` of a ``TransformerBridge`` from its configs (no forward pass)."""
     tl = model.cfg
@@ -172,6 +184,7 @@ def read_family(model: Any) -> Family:
         attention_multiplier=_get(hf, "attention_multiplier"),
         moe=moe,
         kv_cache=True,
+        module_window=_module_window(hf),
         **common,
     )
 

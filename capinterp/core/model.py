@@ -46,6 +46,7 @@ __all__ = [
     "neuron_param_info",
     "neuron_shape",
     "refresh_fingerprint",
+    "user_hooks",
 ]
 
 DEFAULT_MODEL = "gemma3"
@@ -229,6 +230,7 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     fam = read_family(bridge)
     check_supported(fam)  # refused here, naming the family, never partway through a run
     bridge.capinterp_family = fam
+    bridge.capinterp_own_hooks = _hook_ids(bridge)  # the bridge's own (OPT, XGLM attach some): not the user's
     if (
         int(bridge.cfg.d_mlp) != fam.d_mlp
     ):  # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM)
@@ -236,6 +238,17 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     check_neuron_hooks(bridge)
     check_logit_path(bridge, _probe_tokens(bridge))
     return bridge
+
+
+def _hook_ids(model) -> frozenset[tuple[str, int]]:
+    return frozenset((name, key) for name, hp in model.hook_dict.items() for key in hp._forward_hooks)
+
+
+def user_hooks(model) -> list[str]:
+    """Hook points with forward hooks that were not there when the model loaded (the bridge's own
+    adapter attaches some on a few families): the hooks a caller attached."""
+    own: frozenset[tuple[str, int]] = getattr(model, "capinterp_own_hooks", frozenset())
+    return sorted({name for name, key in _hook_ids(model) - own})
 
 
 def _probe_tokens(model) -> torch.Tensor:

@@ -76,7 +76,7 @@ import torch
 from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
-from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.core.model import neuron_hook, neuron_shape, user_hooks
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.adaptive import adaptive_ig
@@ -326,7 +326,7 @@ def ig_scores(
         from tqdm.auto import tqdm
 
         it = tqdm(it, total=len(items), desc=f"IG ({route})")
-    if route != "loop" and any(hp._forward_hooks for hp in model.hook_dict.values()):
+    if route != "loop" and user_hooks(model):
         warnings.warn(
             "hooks are attached to the model; with route='fast'/'prefix' they see suffix-only "
             "tensors (use route='loop' to run IG under other hooks)",
@@ -485,11 +485,6 @@ def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, 
     if route == "prefix":
         forward = _prefix.bridge_logits
     elif not _stair_ok(model, run, {} if checked is None else checked):
-        warnings.warn(
-            "direct block calls do not reproduce this model's logits; IG uses the slower route='prefix'",
-            RuntimeWarning,
-            stacklevel=3,
-        )
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=True)
         forward = _prefix.bridge_logits
     acts = run.acts[lay]
@@ -555,6 +550,8 @@ def _stair_ok(model, run, checked: dict) -> bool:
         known = _STAIR_OK.setdefault(model, {})
         if key not in known:
             known[key] = _prefix.stair_supported(model, run)
+            if not known[key]:  # once per model and precision
+                warnings.warn(_prefix.fallback_warning(model), RuntimeWarning, stacklevel=4)
         checked["stair"] = known[key]
     return checked["stair"]
 

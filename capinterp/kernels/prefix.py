@@ -15,8 +15,12 @@ every layer below the replaced one is identical to the clean run, so it is compu
    dimension (batch 1, ``rows*S`` positions, rotary tables tiled, a block-diagonal mask over
    the suffix keys), so every row reads the one recorded prefix K/V without copies. Hooks
    still fire (the blocks are the bridge's), and the replaced activation enters through the
-   ordinary ``hook_post`` hook point. :func:`stair_supported` checks on each model that this
-   reproduces the model's own logits.
+   ordinary ``hook_post`` hook point. Block calls are recorded by the wrapped layer's own
+   signature (the cache under whatever name it takes), and per-key position biases (ALiBi) are
+   folded like the mask. Attention that windows by absolute position inside the module
+   (GPT-Neo's local layers, the family record's ``module_window``) would be cut by the folded
+   positions: there the rows go in the batch dimension instead, each reading the prefix K/V.
+   :func:`stair_supported` checks on each model that this reproduces the model's own logits.
 3. :func:`bridge_logits` (route "prefix") is the plain bridge route: a widened copy of the
    prefix cache and ``run_with_hooks(suffix, past_key_values=...)``; every row runs every
    block. It is the fallback when :func:`stair_supported` finds that direct block calls do
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +44,16 @@ from jaxtyping import Float, Int
 from capinterp.core.forward import unembed as _unembed
 from capinterp.core.model import neuron_hook
 
-__all__ = ["CleanSuffix", "NoCache", "Unsupported", "bridge_logits", "clean_suffix", "stair_logits", "stair_supported"]
+__all__ = [
+    "CleanSuffix",
+    "NoCache",
+    "Unsupported",
+    "bridge_logits",
+    "clean_suffix",
+    "fallback_warning",
+    "stair_logits",
+    "stair_supported",
+]
 
 
 @dataclass
@@ -70,11 +84,18 @@ class _PrefixKV:
     def __init__(self, prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]]):
         self.prefix_kv = prefix_kv
 
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        kv = self.prefix_kv.get(layer_idx)
+        return 0 if kv is None else int(kv[0].shape[-2])
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         kv = self.prefix_kv.get(layer_idx)
         if kv is None:
             return key_states, value_states
-        return torch.cat([kv[0], key_states], dim=-2), torch.cat([kv[1], value_states], dim=-2)
+        k, v = kv
+        if key_states.shape[0] != k.shape[0]:  # batch layout: every row reads the same prefix
+            k, v = k.expand(key_states.shape[0], *k.shape[1:]), v.expand(value_states.shape[0], *v.shape[1:])
+        return torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
 
 
 class NoCache(RuntimeError):
@@ -83,15 +104,65 @@ class NoCache(RuntimeError):
 
 def _prefix_forward(model, prefix: torch.Tensor):
     """HF cache of ``prefix`` ([1, p0]); logits kept for the last position only when supported."""
+    # use_cache=True: some configs default to no cache (MPT's use_cache=False), which the
+    # bridge would otherwise honour and return none
     try:
-        _, cache = model(prefix, return_type="logits_and_cache", logits_to_keep=1)
+        _, cache = model(prefix, return_type="logits_and_cache", logits_to_keep=1, use_cache=True)
     except TypeError:  # a model whose forward has no logits_to_keep
-        _, cache = model(prefix, return_type="logits_and_cache")
+        _, cache = model(prefix, return_type="logits_and_cache", use_cache=True)
     if cache is not None and not callable(getattr(cache, "update", None)):
         cache = None
     if cache is None:
         raise NoCache("the model returned no KV cache for the prefix")
     return cache
+
+
+def _is_cache(value: Any) -> bool:
+    return callable(getattr(value, "update", None)) and hasattr(value, "get_seq_length")
+
+
+def _split_call(block, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, dict]:
+    """``(hidden, other positional args, kwargs)`` of one block call, the KV cache taken out.
+
+    Positional arguments are bound to the wrapped transformers layer's own signature, so a
+    family that passes its cache or mask positionally (GPT-2: ``(hidden, past_key_values,
+    attention_mask, ...)``; XGLM: ``(hidden, attention_mask, ...)``) is recorded by name like
+    any other. The cache, whatever its parameter is called (``past_key_values``,
+    ``layer_past``), is dropped and its name kept under :data:`_CACHE_ARG` for the direct calls.
+    """
+    kwargs = dict(kwargs)
+    rest: tuple = ()
+    if args:
+        target = getattr(block, "original_component", None) or block
+        try:
+            sig = inspect.signature(type(target).forward)  # the class's: the bridge wraps the instance's
+            sig = sig.replace(parameters=list(sig.parameters.values())[1:])  # without self
+            bound = sig.bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):  # unbindable: keep the positional layout (direct calls may fail the check)
+            hidden, rest = args[0], tuple(args[1:])
+        else:
+            kwargs = {}
+            for name, value in bound.items():
+                kind = sig.parameters[name].kind
+                if kind is inspect.Parameter.VAR_KEYWORD:
+                    kwargs.update(value)
+                elif kind is inspect.Parameter.VAR_POSITIONAL:
+                    rest = tuple(value)
+                else:
+                    kwargs[name] = value
+            first = next(iter(sig.parameters))
+            hidden = kwargs.pop(first)
+    else:
+        hidden = kwargs.pop("hidden_states")
+    caches = [k for k, v in kwargs.items() if _is_cache(v) or k == "past_key_values"]
+    for k in caches:
+        kwargs.pop(k)
+    kwargs[_CACHE_ARG] = next((k for k in caches if k != "past_key_values"), "past_key_values")
+    return hidden, rest, kwargs
+
+
+#: key of a recorded call's kwargs naming the parameter the block takes its KV cache under
+_CACHE_ARG = "__capinterp_cache_arg__"
 
 
 def clean_suffix(model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
@@ -121,12 +192,7 @@ def clean_suffix(model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bo
         def pre(j, module, args, kwargs):
             if resid[j] is not None:
                 raise RuntimeError(f"block {j} ran twice in one forward; use route='prefix' or 'loop'")
-            kwargs = dict(kwargs)
-            if args:
-                hidden, rest = args[0], tuple(args[1:])
-            else:
-                hidden, rest = kwargs.pop("hidden_states"), ()
-            kwargs.pop("past_key_values", None)
+            hidden, rest, kwargs = _split_call(module, args, kwargs)
             resid[j] = hidden.detach()
             calls[j] = (rest, kwargs)
 
@@ -194,7 +260,9 @@ def _fold_mask(mask: torch.Tensor | None, n_pre: int, S: int, R: int, device) ->
             raise Unsupported(f"attention mask of shape {tuple(mask.shape)}")
         m = mask[0, 0]
         pre, own = m[:, : m.shape[-1] - S], m[:, m.shape[-1] - S :]
-        hidden = False if m.dtype == torch.bool else torch.finfo(m.dtype).min
+        # a query always sees its own key: that entry says which value means "visible" (bool
+        # masks are True-visible for most families, True-masked for MPT's masked_fill)
+        hidden = (not bool(own[-1, -1])) if m.dtype == torch.bool else torch.finfo(m.dtype).min
     same_row = torch.block_diag(*[torch.ones(S, S, dtype=torch.bool, device=device)] * R)
     suffix = torch.where(same_row, own.repeat(R, R), torch.tensor(hidden, dtype=own.dtype, device=device))
     return torch.cat([pre.repeat(R, 1), suffix], dim=1)[None, None]
@@ -206,6 +274,25 @@ def _tile(t: torch.Tensor, R: int, S: int, dim: int) -> torch.Tensor:
     reps = [1] * t.ndim
     reps[dim] = R
     return t.repeat(*reps)
+
+
+#: per-key position biases (ALiBi): BLOOM's ``alibi`` [heads, 1, keys], MPT's ``position_bias``
+_PER_KEY = ("alibi", "position_bias")
+
+
+def _fold_keys(bias: torch.Tensor, n_pre: int, S: int, R: int) -> torch.Tensor:
+    """A per-key bias for the folded keys: the prefix keys', then the suffix keys' once per row.
+
+    Only the last ``n_pre + S`` entries are the run's keys (MPT's table covers the maximum
+    length and is read from its end). ALiBi adds a per-key term, so each row's copy of the
+    suffix keys carries the same bias as in the clean run.
+    """
+    if bias.shape[-1] < n_pre + S:
+        raise Unsupported(f"per-key bias of shape {tuple(bias.shape)} ({n_pre} prefix + {S} suffix keys)")
+    keys = bias[..., bias.shape[-1] - n_pre - S :]
+    reps = [1] * bias.ndim
+    reps[-1] = R
+    return torch.cat([keys[..., :n_pre], keys[..., n_pre:].repeat(*reps)], dim=-1)
 
 
 def _memo(run: CleanSuffix, key, make):
@@ -226,10 +313,47 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
     pe = kw.get("position_embeddings")
     if pe is not None:
         kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: tuple(_tile(t, R, S, -2) for t in pe))
+    for name in _PER_KEY:
+        bias = kw.get(name)
+        if isinstance(bias, torch.Tensor):
+            kw[name] = _memo(run, (name, id(bias), n_pre, R), lambda b=bias: _fold_keys(b, n_pre, S, R))
     for name in ("position_ids", "cache_position"):
         if isinstance(kw.get(name), torch.Tensor):
             kw[name] = _memo(run, (name, id(kw[name]), R), lambda t=kw[name]: _tile(t, R, S, -1))
     return args, kw
+
+
+def _batched_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
+    """Block ``j``'s recorded call arguments for R rows in the batch dimension (each row a copy
+    of the clean suffix call): the layout for attention that windows by absolute position."""
+    args, kwargs = run.calls[j]
+    kw = dict(kwargs)
+
+    def rows(t: torch.Tensor, name: str) -> torch.Tensor:
+        if t.shape[0] != 1:
+            raise Unsupported(f"{name} of shape {tuple(t.shape)} (batch 1 expected)")
+        return t.repeat(R, *[1] * (t.ndim - 1))
+
+    for name, value in list(kw.items()):
+        if name == "cache_position" or not isinstance(value, torch.Tensor):
+            continue
+        if name in _PER_KEY:  # ALiBi [batch * heads, 1, keys]: rows are batch-major
+            kw[name] = _memo(run, (name, id(value), "batch", R), lambda v=value: v.repeat(R, *[1] * (v.ndim - 1)))
+        else:
+            kw[name] = _memo(run, (name, id(value), "batch", R), lambda v=value, n=name: rows(v, n))
+    pe = kw.get("position_embeddings")
+    if isinstance(pe, tuple):
+        kw["position_embeddings"] = _memo(run, ("pe", id(pe), "batch", R), lambda: tuple(rows(t, "pe") for t in pe))
+    return args, kw
+
+
+def _batch_layout(model) -> bool:
+    """Rows in the batch dimension instead of folded into the sequence: for attention modules that
+    apply a window by absolute position themselves (the family record's ``module_window``), which
+    the folded positions would cut. Every row then reads a per-row view of the prefix K/V."""
+    from capinterp.core.family import family_of
+
+    return family_of(model).module_window is not None
 
 
 def _edit(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Tensor, hook) -> torch.Tensor:
@@ -238,6 +362,11 @@ def _edit(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Tensor, h
     if eps is not None:
         act = torch.cat([act[:, : eps.shape[1]] + eps.to(act.dtype), act[:, eps.shape[1] :]], dim=1)
     return act if z is None else _replace_tail(z, act, hook)
+
+
+def _edit_batch(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Tensor, hook) -> torch.Tensor:
+    """:func:`_edit` for the batch layout: the rows are joined into one sequence and split back."""
+    return _edit(z, eps, act.reshape(1, -1, act.shape[-1]), hook).reshape(act.shape)
 
 
 def stair_logits(
@@ -269,11 +398,14 @@ def stair_logits(
     joining = dict(groups)
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
+    batch = _batch_layout(model)
     hooks = [
         (
             neuron_hook(l),
             functools.partial(
-                _edit, rearrange(joining[l], "c s d -> 1 (c s) d") if l in joining else None, clean.get(l)
+                _edit_batch if batch else _edit,
+                rearrange(joining[l], "c s d -> 1 (c s) d") if l in joining else None,
+                clean.get(l),
             ),
         )
         for l in sorted({*layers, *clean})
@@ -288,9 +420,13 @@ def stair_logits(
                 new = run.resid[j].repeat(1, c, 1)
                 h = new if h is None else torch.cat([h, new], dim=1)
                 R += c
-            args, kwargs = _folded_call(run, j, R)
-            out = model.blocks[j](h, *args, **kwargs, past_key_values=cache)
+            args, kwargs = (_batched_call if batch else _folded_call)(run, j, R)
+            cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
+            x = rearrange(h, "1 (r s) d -> r s d", r=R) if batch else h
+            out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
             h = out[0] if isinstance(out, (tuple, list)) else out
+            if batch:
+                h = rearrange(h, "r s d -> 1 (r s) d")
     if h is None:  # unreachable: block ``start`` is a joining or clean layer, which sets h
         raise RuntimeError("stair_logits built no residual stream")
     h = rearrange(h, "1 (r s) d -> r s d", r=R)
@@ -333,3 +469,14 @@ def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
         rtol = max(rtol, 4 * torch.finfo(run.logits.dtype).eps)
     tol = rtol * max(1.0, ref.abs().max().item())
     return logits.shape[1:] == ref.shape and bool((logits.float() - ref).abs().max() <= tol)
+
+
+def fallback_warning(model) -> str:
+    """The one-time warning when IG's fast route falls back to the bridge ("prefix") route."""
+    from capinterp.core.family import family_of
+
+    return (
+        f"IG on {family_of(model).name}: direct block calls did not reproduce the model's own logits, "
+        "so IG uses the slower method='prefix' route for this model (every row runs every block: "
+        "several times the fast route's work; see docs/models.md, 'IG's fast route by family')"
+    )

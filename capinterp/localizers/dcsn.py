@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from capinterp.core.family import family_of
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.offload import weights_readable
@@ -129,6 +130,17 @@ def projection(model, layer: int, w_u: Float[Tensor, "d_model n"]) -> Float[Tens
         return (w_out @ w_u).float()
 
 
+def direct_gain(model) -> float:
+    """The linear factors between a neuron's down-projection output and the logits that the
+    weights do not hold: the family's residual multiplier (Granite scales every MLP output
+    before it joins the residual) times its logit multiplier (Cohere's logit_scale, Granite's
+    1 / logits_scaling). With them a DCSN score is the neuron's direct effect on the target
+    logit (before a final soft-cap); the paper's ``W_out W_U`` (ALGORITHMS.md 5.1) is silent on
+    them, and for families without them the factor is 1."""
+    fam = family_of(model)
+    return fam.residual_multiplier * fam.logit_multiplier
+
+
 @torch.no_grad()
 def per_sample_scores(
     model, items: list[Encoded], target: str = "gold", fold: tuple | None = None
@@ -149,9 +161,10 @@ def per_sample_scores(
         tok = logits.argmax(-1)
     w_u = unembed_columns(model, tok)
     out = torch.empty_like(acts)
+    gain = direct_gain(model)
     for l in range(acts.shape[1]):
         proj = projection(model, l, w_u).T if fold is None else folded_projection(model, l, w_u, fold, scales)
-        out[:, l] = acts[:, l] * proj.to(acts.device)
+        out[:, l] = acts[:, l] * proj.to(acts.device) * gain
     return out, tok, logits.argmax(-1)
 
 

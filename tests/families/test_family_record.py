@@ -83,3 +83,19 @@ def _forget(field: str):
         return real(cfg, *[n for n in names if n != field], default=default) if names != (field,) else default
 
     return get
+
+
+def test_bridge_own_hooks_are_not_the_users():
+    """OPT's bridge attaches hooks of its own at load; only hooks a caller adds count as attached."""
+    from capinterp.core.model import user_hooks
+
+    _, _, model = _load("opt")
+    assert model.capinterp_own_hooks  # the adapter's own: present at load
+    assert user_hooks(model) == []
+    model.add_hook("blocks.1.mlp.hook_post", lambda x, hook: x)
+    try:
+        found = user_hooks(model)  # hook_post and the names the bridge aliases to the same hook point
+        assert "blocks.1.mlp.hook_post" in found and all(n.startswith("blocks.1.mlp.") for n in found)
+    finally:
+        model.reset_hooks(including_permanent=False)
+    assert user_hooks(model) == []
