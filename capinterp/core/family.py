@@ -33,10 +33,6 @@ __all__ = [
 
 # transformers config fields holding the FFN width, in the order families use them
 _FFN_WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "ffn_hidden_dim")
-# families whose fused QKV projection is one Linear (split per head by the bridge's adapter)
-_FUSED_QKV = frozenset({"gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "codegen", "mpt", "phi3", "persimmon"})
-# families whose weights are stored as Conv1D ([in, out], transposed against nn.Linear)
-_CONV1D = frozenset({"gpt2", "gpt_bigcode"})
 
 
 class UnsupportedFamily(NotImplementedError):
@@ -68,8 +64,8 @@ class Family:
     parallel_block: bool = False  # attention and MLP of a block read the same residual
     gated_mlp: bool = False
     positions: str = "rotary"  # TransformerLens positional_embedding_type: rotary, standard, alibi, ...
-    fused_qkv: bool = False
-    conv1d: bool = False
+    fused_qkv: bool = False  # one projection computes q, k and v (split per head by the bridge)
+    conv1d: bool = False  # transformers Conv1D modules: weights stored [in, out]
     logit_multiplier: float = (
         1.0  # final logits = this * (ln_final(h) @ W_U); Cohere logit_scale, Granite 1/logits_scaling
     )
@@ -143,6 +139,21 @@ def _module_window(hf: Any) -> int | None:
     return None
 
 
+def _fused_qkv(model: Any, sizes: dict[str, Any]) -> bool:
+    """Whether one projection of the first attention computes queries, keys and values together:
+    a module whose output is ``(n_heads + 2 n_kv_heads) d_head`` wide (GPT-2's ``c_attn``, NeoX's
+    ``query_key_value``, Phi-3's ``qkv_proj``, ...), read from the modules, not the family name."""
+    width = (sizes["n_heads"] + 2 * sizes["n_kv_heads"]) * sizes["d_head"]
+    attn = getattr(getattr(model.blocks[0], "attn", None), "original_component", None)
+    if not isinstance(attn, torch.nn.Module):
+        return False
+    for m in attn.modules():
+        out = getattr(m, "out_features", None) or getattr(m, "nf", None)  # nn.Linear / transformers Conv1D
+        if out == width:
+            return True
+    return False
+
+
 def read_family(model: Any) -> Family:
     """Build the :class:`Family` of a ``TransformerBridge`` from its configs (no forward pass)."""
     tl = model.cfg
@@ -175,8 +186,8 @@ def read_family(model: Any) -> Family:
         name=name,
         architecture=str(arch),
         d_mlp=moe.d_expert if moe else _ffn_width(hf, common["d_model"]),
-        fused_qkv=name in _FUSED_QKV,
-        conv1d=name in _CONV1D,
+        fused_qkv=_fused_qkv(model, common),
+        conv1d=any(type(m).__name__ == "Conv1D" for m in model.original_model.modules()),
         logit_multiplier=logit_multiplier,
         logit_softcap=_get(hf, "final_logit_softcapping"),
         embedding_multiplier=float(_get(hf, "embedding_multiplier", default=1.0)),
