@@ -77,25 +77,33 @@ class _Ref:
         cfg = hf.config.get_text_config()
         self.H = cfg.num_attention_heads
         self.mult = float(getattr(cfg, "residual_multiplier", None) or 1.0)
+        self.post: list[torch.nn.Module | None] = []  # a norm on the attention output (Gemma 2/3, OLMo 2)
         self.readers = [self._find_readers(l) for l in range(len(self.layers))]
 
-    def _find_readers(self, l: int) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
-        """``[(attention reader, its norm), (MLP reader, its norm)]``: modules reading a norm's output."""
+    def _find_readers(self, l: int) -> list[tuple[torch.nn.Module, torch.nn.Module | None]]:
+        """``[(attention reader, its norm), (MLP reader, its norm)]``: modules reading a norm's output
+        (norm None: the module reads the residual itself, OLMo 2)."""
         layer, o = self.layers[l], _out_proj(self.layers[l])
         mods = dict(layer.named_modules())
         norm_out: dict[int, tuple[str, torch.Tensor]] = {}  # the tensors stay alive: ids are not reused
         reads: list[tuple[str, int]] = []
-        hs = []
+        alive: list[Any] = []  # every tensor read stays alive, so no id is reused
+
+        def read(n: str) -> Any:
+            def fn(m: Any, a: tuple, k: dict) -> None:
+                alive.append(_first_tensor(a, k))
+                reads.append((n, id(alive[-1])))
+
+            return fn
+
+        o_out: list[torch.Tensor] = []
+        hs = [o.register_forward_hook(lambda m, a, out: o_out.append(out))]
         for name, mod in mods.items():
             if not name:
                 continue
             if "norm" in type(mod).__name__.lower():
                 hs.append(mod.register_forward_hook(lambda m, a, out, n=name: norm_out.__setitem__(id(out), (n, out))))
-            hs.append(
-                mod.register_forward_pre_hook(
-                    lambda m, a, k, n=name: reads.append((n, id(_first_tensor(a, k)))), with_kwargs=True
-                )
-            )
+            hs.append(mod.register_forward_pre_hook(read(name), with_kwargs=True))
         try:
             with torch.no_grad():
                 self.hf(torch.tensor([[1, 2, 3]]))
@@ -107,14 +115,21 @@ class _Ref:
         names = {n for n, _ in found}
         top = [(n, nm) for n, nm in found if not any(n.startswith(p + ".") for p in names)]
         o_name = next(n for n, m in mods.items() if m is o)
-        attn = [(n, nm) for n, nm in top if o_name.startswith(n + ".")]
-        mlp = [(n, nm) for n, nm in top if not o_name.startswith(n + ".")]
+        post = [n for n, i in reads if i == id(o_out[0]) and n in is_norm]
+        self.post.append(mods[post[0]] if post else None)
+        attn: list[tuple[str, str | None]] = [(n, nm) for n, nm in top if o_name.startswith(n + ".")]
+        box = o_name.split(".")[0] + "."  # the attention's own module (q/k norms inside it read nothing of ours)
+        mlp: list[tuple[str, str | None]] = [
+            (n, nm) for n, nm in top if not o_name.startswith(n + ".") and not n.startswith(box)
+        ]
+        attn = attn or [(n, None) for n in mods if n in _ATTN]
+        mlp = mlp or [(n, None) for n in mods if n == "mlp"]
         assert len(attn) == 1 and len(mlp) == 1, f"layer {l}: readers {top}"
-        return [(mods[attn[0][0]], mods[attn[0][1]]), (mods[mlp[0][0]], mods[mlp[0][1]])]
+        return [(mods[n], None if nm is None else mods[nm]) for n, nm in (attn[0], mlp[0])]
 
     def run(self, ids: torch.Tensor, resid0: torch.Tensor | None = None, grad: bool = False) -> dict:
         """Node outputs ``[T, n_src, d]`` (input, heads and MLP per layer), logits, reader inputs."""
-        rec: dict[str, Any] = {"in": {}, "out": {}, "z": {}, "o": {}, "x": {}, "slots": []}
+        rec: dict[str, Any] = {"in": {}, "out": {}, "z": {}, "o": {}, "p": {}, "x": {}, "slots": []}
         hs = []
 
         def layer_pre(l):
@@ -160,12 +175,12 @@ class _Ref:
 
         def reader_pre(key, norm):
             def fn(m, a, k):
-                x = rec["x"][key].clone()
+                first = _first_tensor(a, k)
+                x = (first if norm is None else rec["x"][key]).clone()
                 rec["slots"].append(x)
                 busy.append(True)
-                new = norm(x)
+                new = x if norm is None else norm(x)
                 busy.pop()
-                first = _first_tensor(a, k)
                 if a and a[0] is first:
                     return (new,) + a[1:], k
                 return a, {**k, "hidden_states": new}
@@ -177,9 +192,13 @@ class _Ref:
             hs.append(layer.register_forward_hook(layer_post(l)))
             o = _out_proj(layer)
             hs += [o.register_forward_pre_hook(o_pre(l)), o.register_forward_hook(o_post(l))]
+            post = self.post[l]
+            if post is not None:
+                hs.append(post.register_forward_hook(lambda m, a, out, l=l: rec["p"].__setitem__(l, out)))
             for r, (reader, norm) in enumerate(self.readers[l]):
-                if grad:
+                if grad and norm is not None:
                     hs.append(norm.register_forward_pre_hook(norm_pre((l, r)), with_kwargs=True))
+                if grad:
                     hs.append(reader.register_forward_pre_hook(reader_pre((l, r), norm), with_kwargs=True))
         final: list[torch.Tensor] = []
 
@@ -201,8 +220,12 @@ class _Ref:
             w = o.weight if type(o).__name__ != "Conv1D" else o.weight.T  # [d_model, H * d_head]
             z = rec["z"][l][0]
             heads = torch.einsum("the,dhe->htd", z.unflatten(-1, (self.H, -1)), w.unflatten(1, (self.H, -1)))
+            attn = rec["o"][l][0] * self.mult
+            if l in rec["p"]:  # a post-norm with its scale at this input: head h's share is result_h * post(o) / o
+                heads = heads * (rec["p"][l][0] / rec["o"][l][0])
+                attn = rec["p"][l][0]
             outs += list(heads * self.mult)
-            outs.append(rec["out"][l][0] - rec["in"][l][0] - rec["o"][l][0] * self.mult)
+            outs.append(rec["out"][l][0] - rec["in"][l][0] - attn)
         return {
             "outputs": torch.stack(outs, 1),
             "logits": logits,
