@@ -20,7 +20,7 @@ equal it (the slots read the same residual), and so must every MLP and logits ed
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -217,7 +217,8 @@ class _Ref:
         outs = [rec["in"][0][0]]
         for l, layer in enumerate(self.layers):
             o = _out_proj(layer)
-            w = o.weight if type(o).__name__ != "Conv1D" else o.weight.T  # [d_model, H * d_head]
+            weight = cast(torch.Tensor, o.weight)
+            w = weight if type(o).__name__ != "Conv1D" else weight.T  # [d_model, H * d_head]
             z = rec["z"][l][0]
             heads = torch.einsum("the,dhe->htd", z.unflatten(-1, (self.H, -1)), w.unflatten(1, (self.H, -1)))
             attn = rec["o"][l][0] * self.mult
