@@ -43,3 +43,29 @@ def test_eap_family_check_fails_on_a_sequential_graph_of_a_parallel_family(monke
     monkeypatch.setattr(Graph, "from_model", classmethod(sequential))
     with pytest.raises(AssertionError, match="gpt_neox"):
         circuits.check_eap("gpt_neox")
+
+
+def test_head_outputs_from_the_output_projection_carry_the_residual_multiplier(monkeypatch):
+    """Granite's bridge gives hook_result; forcing the by-hand route (z @ W_O slice, scaled by the
+    family record's residual_multiplier) must agree with the transformers reference too, and must
+    not without the multiplier."""
+    import dataclasses
+
+    from capinterp.circuits import forward, probe
+    from capinterp.core.family import family_of
+    from capinterp.testing.family_checks import circuits
+    from capinterp.testing.family_checks._models import load_pair
+
+    real = probe.routes
+
+    def by_hand(model, parallel):
+        return dataclasses.replace(real(model, parallel), result="z")
+
+    monkeypatch.setattr(forward, "routes", by_hand)
+    circuits.check_eap("granite")
+    model = load_pair("granite")[2]
+    fam = family_of(model)
+    assert fam.residual_multiplier == 0.5
+    monkeypatch.setattr(model, "capinterp_family", dataclasses.replace(fam, residual_multiplier=1.0))
+    with pytest.raises(AssertionError, match="granite"):
+        circuits.check_eap("granite")
