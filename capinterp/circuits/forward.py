@@ -20,6 +20,12 @@ shares add up to what enters the residual stream exactly (the RMS scale is the o
 coupling left between heads of a layer, as a layer norm's scale is for every node's input).
 :func:`check_additive` verifies the decomposition on a model before anything is scored.
 
+Families differ in which bridge hooks fire; :mod:`capinterp.circuits.probe` finds out once per
+model and picks the routes: per-head outputs from ``hook_result`` or rebuilt from the output
+projection's input (z_h @ W_O[h], scaled by the family record's residual multiplier); the MLP slot
+from ``hook_mlp_in``, ``ln2.hook_in``, or, in a parallel block sharing one norm, as ``ln1(slot)``
+fed to the MLP; ``"layer"`` attention slots likewise.
+
 Circuit-only evaluation (Yao et al.): every edge outside the circuit is ablated (zero by default;
 mean or corrupted-run values on request), then the target's rank at the last prompt position gives
 Hit@1 / Hit@10. Ranks count ties against the target, so a fully ablated model (all logits equal)
@@ -256,7 +262,7 @@ def check_additive(model: Any, graph: Graph, tol: float = 1e-3) -> float:
     """Check every slot input = sum of its upstream outputs + a constant (biases); return the error.
 
     Raises NotImplementedError when the residual stream does not decompose into the graph's node
-    outputs on this architecture (e.g. parallel attention/MLP blocks or unsupported post-norms).
+    outputs on this architecture (e.g. a post-norm this module does not know).
     """
     toks = model.to_tokens("The capital of France is the city of Paris")
     with graph_mode(model, graph):

@@ -143,8 +143,10 @@ class Graph:
 
     @property
     def signature(self) -> tuple:
-        """``(n_layers, n_heads, n_kv_heads, granularity, parallel)``: equal signatures, same edges."""
-        return (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity, self.parallel)
+        """``(n_layers, n_heads, n_kv_heads, granularity)``, plus ``"parallel"`` for parallel blocks:
+        graphs with equal signatures have the same edges (sequential graphs keep their former signature)."""
+        base = (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
+        return base + ("parallel",) if self.parallel else base
 
     # ------------------------------------------------------------------ slot layout
     @property
