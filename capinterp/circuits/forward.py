@@ -20,6 +20,12 @@ shares add up to what enters the residual stream exactly (the RMS scale is the o
 coupling left between heads of a layer, as a layer norm's scale is for every node's input).
 :func:`check_additive` verifies the decomposition on a model before anything is scored.
 
+Families differ in which bridge hooks fire; :mod:`capinterp.circuits.probe` finds out once per
+model and picks the routes: per-head outputs from ``hook_result`` or rebuilt from the output
+projection's input (z_h @ W_O[h], scaled by the family record's residual multiplier); the MLP slot
+from ``hook_mlp_in``, ``ln2.hook_in``, or, in a parallel block sharing one norm, as ``ln1(slot)``
+fed to the MLP; ``"layer"`` attention slots likewise.
+
 Circuit-only evaluation (Yao et al.): every edge outside the circuit is ablated (zero by default;
 mean or corrupted-run values on request), then the target's rank at the last prompt position gives
 Hit@1 / Hit@10. Ranks count ties against the target, so a fully ablated model (all logits equal)
@@ -37,8 +43,10 @@ import torch
 from einops import rearrange
 
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
+from capinterp.circuits.probe import Routes, routes
+from capinterp.core.family import family_of
 
-__all__ = ["GraphRun", "check_additive", "graph_mode", "node_params", "run_graph", "supports"]
+__all__ = ["GraphRun", "Routes", "check_additive", "graph_mode", "node_params", "run_graph", "supports"]
 
 _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
@@ -47,29 +55,29 @@ _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp
 def graph_mode(model: Any, graph: Graph) -> Iterator[None]:
     """Turn on the hooks the graph needs (per-head results, split inputs, mlp_in); restore after."""
     before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS}
-    split, other = (
-        ("use_split_qkv_input", "use_attn_in") if graph.granularity == "qkv" else ("use_attn_in", "use_split_qkv_input")
-    )
+    split = {"qkv": "use_split_qkv_input", "head": "use_attn_in"}.get(graph.granularity)
     try:
-        try:
+        if routes(model, graph.parallel).result == "result":
             model.set_use_attn_result(True)
-        except NotImplementedError as err:
-            raise NotImplementedError(
-                "knowledge circuits need per-head attention outputs (TransformerLens use_attn_result), "
-                f"which this model's attention bridge does not provide: {err}"
-            ) from err
-        if before[other]:
-            getattr(model, f"set_{other}")(False)
+        for other in ("use_split_qkv_input", "use_attn_in"):
+            if before[other] and other != split:
+                getattr(model, f"set_{other}")(False)
+        if split is not None:
+            try:
+                getattr(model, f"set_{split}")(True)
+            except NotImplementedError as err:
+                hint = (
+                    "build the graph with granularity='layer' (one attention input per layer)"
+                    if graph.granularity == "qkv"
+                    else "this model exposes no per-head attention input"
+                )
+                raise NotImplementedError(f"{split} is not supported by this model ({err}); {hint}") from err
+        elif not routes(model, graph.parallel).layer_attn:
+            raise NotImplementedError("this model fires no hook before its attention norm: granularity='layer' fails")
         try:
-            getattr(model, f"set_{split}")(True)
-        except NotImplementedError as err:
-            hint = (
-                "build the graph with granularity='head' (one input per head, no q/k/v split)"
-                if graph.granularity == "qkv"
-                else "this model exposes no per-head attention input"
-            )
-            raise NotImplementedError(f"{split} is not supported by this model ({err}); {hint}") from err
-        model.set_use_hook_mlp_in(True)
+            model.set_use_hook_mlp_in(True)
+        except (NotImplementedError, ValueError):
+            pass  # the MLP slot then comes from ln2's or the MLP's own input (probe.routes)
         yield
     finally:
         for f in _FLAGS:  # first switch off what was off (split and attn_in exclude each other) ...
@@ -131,13 +139,16 @@ def run_graph(
         keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
     """
     names = _hooks(model, graph)
+    rt = routes(model, graph.parallel)
     gains = _post_attn_gains(model, graph)
+    w_o = _head_out_weights(model, graph) if rt.result == "z" else []
     B, T = tokens.shape
     d = int(model.cfg.d_model)
     dtype = next(model.parameters()).dtype
     outs = torch.zeros(graph.n_src, B, T, d, dtype=dtype, device=tokens.device)  # source-major: matmuls
     ref_n = None if ref is None else rearrange(ref, "b t n d -> n b t d").to(dtype).contiguous()
-    slots: list[torch.Tensor] = []
+    slots: dict[int, torch.Tensor] = {}  # first slot column -> the slot's input tensor
+    pre: dict[int, torch.Tensor] = {}  # block inputs, where a slot is rebuilt as ln1(slot)
     rem = None if removed is None else (removed.bool() & graph.edge_mask).to(tokens.device)
     if rem is not None and not rem.any():
         rem = None
@@ -155,7 +166,21 @@ def run_graph(
     def on_input(x, hook):
         x = x if resid0 is None else resid0.to(x.dtype)
         outs[0] = x.detach()
+        pre[0] = x
         return x
+
+    def on_pre(l):
+        def fn(x, hook):
+            pre[l] = x
+
+        return fn
+
+    def on_z(l):  # head h adds z_h @ W_O[h] (times the family's residual multiplier)
+        def fn(z, hook):
+            z = z.detach().reshape(B, T, H, -1)
+            outs[graph.head_src(l) : graph.head_src(l) + H] = torch.einsum("bthe,hed->hbtd", z, w_o[l].to(z.dtype))
+
+        return fn
 
     def on_result(l):
         def fn(x, hook):
@@ -186,26 +211,50 @@ def run_graph(
                 # a fresh node: hook_mlp_in's tensor is also the residual the block adds to, and its
                 # gradient would include the skip path; the slot's own gradient must not.
                 x = x.view_as(x) if rem is not None else x.clone()
-                slots.append(x)
+                slots[cols.start] = x
             return x
+
+        return fn
+
+    def on_norm_slot(l: int, cols: slice):  # the module's input rebuilt as ln1(slot) from the block's input
+        norm = _raw(model.blocks[l].ln1)
+        slot = on_slot(cols)
+
+        def fn(x, hook):
+            return norm(slot(pre[l], hook)).to(x.dtype)
 
         return fn
 
     hooks = [(names["input"], on_input)]
     for l in range(graph.n_layers):
-        hooks += [(name, on_slot(graph.slot_index(l, kind))) for kind, name in names["attn_in"][l]]
-        hooks += [
-            (names["result"][l], on_result(l)),
-            (names["mlp_in"][l], on_slot(graph.slot_index(l, "mlp"))),
-            (names["mlp_out"][l], on_mlp_out(l)),
-        ]
+        layer = graph.granularity == "layer"
+        if l and "norm" in (rt.mlp, rt.layer_attn if layer else ""):
+            hooks.append((f"blocks.{l}.hook_resid_pre", on_pre(l)))
+        if not layer:
+            hooks += [(name, on_slot(graph.slot_index(l, kind))) for kind, name in names["attn_in"][l]]
+        elif rt.layer_attn == "ln1_in":
+            hooks.append((f"blocks.{l}.ln1.hook_in", on_slot(graph.slot_index(l, "layer"))))
+        else:
+            hooks.append((f"blocks.{l}.attn.hook_in", on_norm_slot(l, graph.slot_index(l, "layer"))))
+        if rt.result == "result":
+            hooks.append((names["result"][l], on_result(l)))
+        else:
+            hooks.append((f"blocks.{l}.attn.o.hook_in", on_z(l)))
+        mlp_cols = graph.slot_index(l, "mlp")
+        if rt.mlp == "norm":
+            hooks.append((f"blocks.{l}.mlp.hook_in", on_norm_slot(l, mlp_cols)))
+        else:
+            hook = names["mlp_in"][l] if rt.mlp == "mlp_in" else f"blocks.{l}.ln2.hook_in"
+            hooks.append((hook, on_slot(mlp_cols)))
+        hooks.append((names["mlp_out"][l], on_mlp_out(l)))
         if gains:
             hooks.append((f"blocks.{l}.ln1_post.hook_in", on_attn_post(l)))
     hooks.append((names["final"], on_slot(slice(graph.n_slots - 1, graph.n_slots))))
     logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
-    if keep_slots and len(slots) != graph.n_layers * (len(names["attn_in"][0]) + 1) + 1:
+    want = graph.n_layers * (len(graph.attn_slots(0)) if graph.granularity == "layer" else len(names["attn_in"][0]))
+    if keep_slots and len(slots) != want + graph.n_layers + 1:
         raise RuntimeError(f"only {len(slots)} slot hooks fired: is graph_mode on?")
-    return GraphRun(logits, rearrange(outs, "n b t d -> b t n d"), slots)
+    return GraphRun(logits, rearrange(outs, "n b t d -> b t n d"), [slots[k] for k in sorted(slots)])
 
 
 @torch.no_grad()
@@ -213,7 +262,7 @@ def check_additive(model: Any, graph: Graph, tol: float = 1e-3) -> float:
     """Check every slot input = sum of its upstream outputs + a constant (biases); return the error.
 
     Raises NotImplementedError when the residual stream does not decompose into the graph's node
-    outputs on this architecture (e.g. parallel attention/MLP blocks or unsupported post-norms).
+    outputs on this architecture (e.g. a post-norm this module does not know).
     """
     toks = model.to_tokens("The capital of France is the city of Paris")
     with graph_mode(model, graph):
@@ -229,6 +278,26 @@ def check_additive(model: Any, graph: Graph, tol: float = 1e-3) -> float:
             f"(relative error {err:.2g}); edge attribution needs additive head/MLP contributions"
         )
     return err
+
+
+def _raw(mod: Any) -> Any:
+    """The transformers module a bridge component wraps (called without firing bridge hooks)."""
+    return getattr(mod, "original_component", None) or mod
+
+
+def _head_out_weights(model: Any, graph: Graph) -> list[torch.Tensor]:
+    """Per layer ``[H, d_head, d_model]``: head h's slice of the output projection, as ``z_h @ W[h]``.
+
+    Orientation from the family record (Conv1D stores ``[in, out]``, ``nn.Linear`` ``[out, in]``);
+    scaled by the family's residual multiplier, as the block scales the attention output.
+    """
+    fam = family_of(model)
+    out = []
+    for l in range(graph.n_layers):
+        w = _raw(model.blocks[l].attn.o).weight.detach()
+        w = w if fam.conv1d else w.T  # -> [H * d_head, d_model]
+        out.append(w.reshape(graph.n_heads, -1, w.shape[-1]) * fam.residual_multiplier)
+    return out
 
 
 def _has(model: Any, sub: str) -> bool:

@@ -27,6 +27,15 @@ Granularity ``"head"`` is the fallback for attention bridges that cannot split q
 head (``a{l}.h{h}``, TransformerLens ``hook_attn_in``). There TransformerLens feeds the k/v of KV
 group g from head slot g, so with GQA slot h < G also carries group h's keys and values.
 
+Granularity ``"layer"`` is the fallback for attention bridges that expose no per-head input at all
+(GPT-J, GPT-Neo, OPT, XGLM, CodeGen, MPT): the heads of a layer read through one shared slot
+``a{l}`` (the residual before the layer's attention norm); their outputs stay per head. An edge
+u -> ``a{l}`` is then the sum of u's edges into that layer's per-head q/k/v slots.
+
+Parallel blocks (GPT-J, GPT-NeoX, Phi, CodeGen, Falcon, Cohere; ``parallel=True``): attention and
+MLP of a block both read the block's input, so there is no edge ``a{l}.h* -> m{l}``; the MLP slot
+reads the same sources as the layer's attention slots.
+
 Sizes: SmolLM2-135M (30 layers, 9 heads, 3 KV heads) 302 nodes, 481 slots, 70,651 edges; Gemma 3
 270M (18 x 4 heads, 1 KV head) 92 nodes, 5,644 edges. Scores and masks are ``[n_src, n_slots]``
 matrices (``graph.edge_mask`` marks the edges); a :class:`Circuit` holds the kept edges with their
@@ -50,7 +59,7 @@ from capinterp.units.base import KeySet
 
 __all__ = ["GRANULARITIES", "Circuit", "EdgeSet", "Graph", "prune_dead", "select_edges"]
 
-GRANULARITIES = ("qkv", "head")
+GRANULARITIES = ("qkv", "head", "layer")
 INPUT, LOGITS = "input", "logits"
 
 
@@ -73,6 +82,7 @@ class Graph:
     n_heads: int
     n_kv_heads: int
     granularity: str = "qkv"
+    parallel: bool = False  # attention and MLP of a block read the same residual (the block's input)
     sources: tuple[str, ...] = field(init=False, repr=False)
     slots: tuple[str, ...] = field(init=False, repr=False)
     nodes: tuple[str, ...] = field(init=False, repr=False)
@@ -99,18 +109,27 @@ class Graph:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_model(cls, model: Any, granularity: str = "auto") -> Graph:
-        """Graph of a TransformerBridge; ``granularity="auto"`` picks q/k/v slots when supported."""
-        cfg = model.cfg
-        H = int(cfg.n_heads)
-        G = int(getattr(cfg, "n_key_value_heads", None) or H)
+        """Graph of a TransformerBridge; ``granularity="auto"`` picks q/k/v slots when the model's
+        attention exposes per-head q/k/v inputs, else one attention slot per layer (``"layer"``).
+        Block layout (parallel or sequential) and head counts come from the family record."""
+        from capinterp.circuits.probe import splits_qkv
+        from capinterp.core.family import family_of
+
+        fam = family_of(model)
         if granularity == "auto":
-            granularity = "qkv" if supports(model, "use_split_qkv_input") else "head"
-        return cls(int(cfg.n_layers), H, G, granularity)
+            granularity = "qkv" if splits_qkv(model) else "layer"
+        return cls(fam.n_layers, fam.n_heads, fam.n_kv_heads, granularity, fam.parallel_block)
 
     @classmethod
     def from_dict(cls, d: dict) -> Graph:
         """The graph described by :meth:`to_dict`'s output."""
-        return cls(int(d["n_layers"]), int(d["n_heads"]), int(d["n_kv_heads"]), str(d["granularity"]))
+        return cls(
+            int(d["n_layers"]),
+            int(d["n_heads"]),
+            int(d["n_kv_heads"]),
+            str(d["granularity"]),
+            bool(d.get("parallel", False)),
+        )
 
     def to_dict(self) -> dict:
         """The four numbers that define the graph (JSON-serializable)."""
@@ -119,12 +138,15 @@ class Graph:
             "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads,
             "granularity": self.granularity,
+            "parallel": self.parallel,
         }
 
     @property
     def signature(self) -> tuple:
-        """``(n_layers, n_heads, n_kv_heads, granularity)``: graphs with equal signatures have the same edges."""
-        return (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
+        """``(n_layers, n_heads, n_kv_heads, granularity)``, plus ``"parallel"`` for parallel blocks:
+        graphs with equal signatures have the same edges (sequential graphs keep their former signature)."""
+        base = (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
+        return base + ("parallel",) if self.parallel else base
 
     # ------------------------------------------------------------------ slot layout
     @property
@@ -137,6 +159,8 @@ class Graph:
         H, G = self.n_heads, self.n_kv_heads
         if self.granularity == "head":
             return [f"a{l}.h{h}" for h in range(H)]
+        if self.granularity == "layer":
+            return [f"a{l}"]
         u = "g" if self.gqa else "h"
         return [f"a{l}.h{h}<q" for h in range(H)] + [f"a{l}.{u}{g}<{k}" for k in "kv" for g in range(G)]
 
@@ -150,10 +174,12 @@ class Graph:
         return 1 + l * (self.n_heads + 1) + h
 
     def slot_index(self, l: int, kind: str) -> slice:
-        """Slots of layer ``l`` of one kind: ``"q"``, ``"k"``, ``"v"``, ``"head"`` or ``"mlp"``."""
+        """Slots of layer ``l`` of one kind: ``"q"``, ``"k"``, ``"v"``, ``"head"``, ``"layer"`` or ``"mlp"``."""
         H, G, base = self.n_heads, self.n_kv_heads, l * self.slots_per_layer
         if kind == "mlp":
             return slice(base + self.slots_per_layer - 1, base + self.slots_per_layer)
+        if kind == "layer":
+            return slice(base, base + 1)
         offsets = (
             {"head": (0, H)} if self.granularity == "head" else {"q": (0, H), "k": (H, H + G), "v": (H + G, H + 2 * G)}
         )
@@ -168,7 +194,7 @@ class Graph:
         if j == self.n_slots - 1:
             return self.n_src
         l, r = divmod(j, self.slots_per_layer)
-        return self.head_src(l) + (self.n_heads if r == self.slots_per_layer - 1 else 0)
+        return self.head_src(l) + (self.n_heads if r == self.slots_per_layer - 1 and not self.parallel else 0)
 
     @property
     def edge_mask(self) -> torch.Tensor:
@@ -187,6 +213,8 @@ class Graph:
         if name == LOGITS or name.startswith("m"):
             return (name,)
         head, _, kind = name.partition("<")
+        if "." not in head:  # "layer" granularity: a{l} feeds every head of the layer
+            return tuple(f"{head}.h{h}" for h in range(self.n_heads))
         l, unit = head[1:].split(".")
         idx = int(unit[1:])
         if unit.startswith("g"):

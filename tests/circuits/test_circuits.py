@@ -432,7 +432,7 @@ def test_knowledge_circuit_localizer(tiny):
         dict(corrupt="zeros"),
         dict(top_n=None),
         dict(metric="prob"),
-        dict(granularity="layer"),
+        dict(granularity="block"),
     ):
         with pytest.raises(ValueError):
             KnowledgeCircuit(tiny, **bad)

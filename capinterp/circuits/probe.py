@@ -1,0 +1,154 @@
+"""Which of the bridge's hooks a model's blocks really fire, and the graph routes that follow.
+
+TransformerBridge's attention and block classes differ by family: some split q/k/v inputs per
+head (``hook_q_input``), some give per-head outputs (``hook_result``), some capture the MLP's input
+before its norm (``hook_mlp_in``). Accepting a flag is no proof that its hook fires (MPT and CodeGen
+accept ``use_split_qkv_input`` and never fire the hooks; BLOOM's fire with another tensor than the
+block's input), so one short forward pass with every candidate hook counted decides, once per
+model (kept on the model); a q/k/v input hook counts only when it carries the block's input. :func:`routes` turns the
+answer into how :func:`capinterp.circuits.forward.run_graph` reads each node:
+
+* head outputs: ``hook_result``, else the output projection's input z split per head times the
+  projection's weight slice (orientation from the family record), times the family's residual
+  multiplier (Granite) - the same sum the block adds to the residual stream;
+* the MLP slot: ``hook_mlp_in``, else the input of the MLP's own norm (``ln2.hook_in``), else, for
+  a parallel block whose attention and MLP share one norm, the MLP's input rebuilt as
+  ``ln1(slot)`` from the block's input;
+* ``"layer"`` attention slots: ``ln1.hook_in`` (sequential blocks), or ``ln1(slot)`` fed to the
+  attention's input (parallel blocks, where ln1's output also feeds the MLP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Routes", "fired_hooks", "routes", "splits_qkv"]
+
+_CANDIDATES = (
+    "hook_q_input",
+    "hook_k_input",
+    "hook_v_input",
+    "attn.hook_result",
+    "hook_mlp_in",
+    "ln1.hook_in",
+    "ln2.hook_in",
+    "attn.hook_in",
+    "attn.o.hook_in",
+    "mlp.hook_in",
+)
+_FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in")
+
+
+def _try_set(model: Any, flag: str, value: bool) -> bool:
+    try:
+        getattr(model, f"set_{flag}")(value)
+    except (NotImplementedError, ValueError, AttributeError):
+        return False
+    return True
+
+
+def fired_hooks(model: Any) -> frozenset[str]:
+    """Block hook names (``"blocks.{l}.<name>"``) that fire with the graph flags on (probed once)."""
+    cached = getattr(model, "_capinterp_graph_hooks", None)
+    if isinstance(cached, frozenset):
+        return cached
+    before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS + ("use_attn_in",)}
+    if before["use_attn_in"]:
+        _try_set(model, "use_attn_in", False)
+    on = {f: _try_set(model, f, True) for f in _FLAGS}
+    fired: set[str] = set()
+
+    values: dict[str, torch.Tensor] = {}
+
+    def seen(name: str) -> Any:  # the name asked for: hook.name is the aliased target's
+        def fn(x: Any, hook: Any) -> None:
+            fired.add(name)
+            if name.endswith(("_input", "hook_resid_pre")):
+                values[name] = x.detach().float()
+
+        return fn
+
+    names = [f"blocks.{l}.hook_resid_pre" for l in range(int(model.cfg.n_layers))] + [
+        f"blocks.{l}.{c}"
+        for l in range(int(model.cfg.n_layers))
+        for c in _CANDIDATES
+        if not (c.startswith("hook_") and c.endswith("_input") and not on["use_split_qkv_input"])
+        and not (c == "attn.hook_result" and not on["use_attn_result"])
+    ]
+    hooks = [(n, seen(n)) for n in names if n in model.hook_dict]
+    dev = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            model.run_with_hooks(torch.tensor([[1, 2, 3]], device=dev), fwd_hooks=hooks)
+    finally:
+        for f in _FLAGS:
+            if on[f] and not before[f]:
+                _try_set(model, f, False)
+        if before["use_attn_in"]:
+            _try_set(model, "use_attn_in", True)
+    for l in range(int(model.cfg.n_layers)):  # a q/k/v input hook must carry the block's input (BLOOM's does not)
+        resid = values.get(f"blocks.{l}.hook_resid_pre")
+        for k in "qkv":
+            x = values.get(f"blocks.{l}.hook_{k}_input")
+            if x is None or resid is None or (x - resid[:, :, None]).abs().max() > 1e-5 * resid.abs().max():
+                fired.discard(f"blocks.{l}.hook_{k}_input")
+    out = frozenset(fired)
+    try:
+        model._capinterp_graph_hooks = out
+    except (AttributeError, TypeError):  # pragma: no cover - a model that refuses attributes
+        pass
+    return out
+
+
+def _every_block(model: Any, name: str) -> bool:
+    fired = fired_hooks(model)
+    return all(f"blocks.{l}.{name}" in fired for l in range(int(model.cfg.n_layers)))
+
+
+def splits_qkv(model: Any) -> bool:
+    """Whether every block fires per-head q/k/v input hooks (granularity ``"qkv"`` is possible)."""
+    return all(_every_block(model, f"hook_{k}_input") for k in "qkv")
+
+
+@dataclass(frozen=True)
+class Routes:
+    """How :func:`~capinterp.circuits.forward.run_graph` reads head outputs and the slots it rebuilds."""
+
+    result: str  # "result" (hook_result) | "z" (o_proj input x W_O slice)
+    mlp: str  # "mlp_in" | "ln2_in" | "norm" (ln1(slot) into the MLP's input)
+    layer_attn: str  # "layer" granularity: "ln1_in" | "norm" (ln1(slot) into the attention's input)
+
+
+def routes(model: Any, parallel: bool) -> Routes:
+    """The routes this model's hooks allow (see the module docstring); NotImplementedError if none."""
+    from capinterp.core.family import family_of
+
+    fam = family_of(model)
+    if _every_block(model, "attn.hook_result"):
+        result = "result"
+    elif _every_block(model, "attn.o.hook_in"):
+        result = "z"
+    else:
+        raise NotImplementedError(
+            f"{fam.name}: knowledge circuits need per-head attention outputs, and this model's attention "
+            "fires neither hook_result nor its output projection's input hook"
+        )
+    has_ln2 = getattr(model.blocks[0], "submodules", {}).get("ln2") is not None
+    if _every_block(model, "hook_mlp_in"):
+        mlp = "mlp_in"
+    elif has_ln2 and _every_block(model, "ln2.hook_in"):
+        mlp = "ln2_in"
+    elif parallel and _every_block(model, "mlp.hook_in"):
+        mlp = "norm"
+    else:
+        raise NotImplementedError(f"{fam.name}: no hook gives the MLP's input residual on this model")
+    if not parallel and _every_block(model, "ln1.hook_in"):
+        layer_attn = "ln1_in"
+    elif parallel and _every_block(model, "attn.hook_in"):
+        layer_attn = "norm"
+    else:
+        layer_attn = ""
+    return Routes(result, mlp, layer_attn)

@@ -1,0 +1,374 @@
+"""Knowledge circuits (EAP, EAP-IG, ACDC) against hand-written references on plain transformers.
+
+The reference runs on a fresh transformers model with the same seeded weights (loading wraps the
+other copy's modules in bridge components) and finds its nodes on it, by tensor identity in one forward
+pass, never through capinterp or TransformerLens:
+
+* ``input``: the hidden states entering the first decoder layer;
+* head h of layer l: ``z_h @ W[:, h]^T`` from the attention's output projection (its input split per
+  head, times its weight slice), times the config's ``residual_multiplier`` where it has one;
+* MLP of layer l: the layer's output minus its input minus the attention's (scaled) output;
+* readers: the attention and the MLP read the output of a norm; each reads ``norm(x.clone())`` with
+  x that norm's input, so d loss / d clone is the gradient through that reader alone (parallel
+  blocks: both readers see the block's input); the logits read the final norm's input.
+
+EAP edge score u -> reader = sum over positions of (a_u corrupt - a_u clean) . d loss / d reader
+input; capinterp's per-head q/k/v (or per-layer) slot scores of a layer's attention summed must
+equal it (the slots read the same residual), and so must every MLP and logits edge.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, cast
+
+import torch
+
+from capinterp.core.tiny import tiny_hf
+from capinterp.testing.family_checks._models import load_pair
+
+__all__ = ["CHECKS"]
+
+_ATTN = ("self_attn", "attn", "attention", "self_attention")
+_OUT = ("o_proj", "dense", "out_proj", "c_proj")
+_CANDIDATES = (  # same token count under the tiny tokenizer
+    ("Rome is the capital of", "Berlin is the capital of"),
+    ("The city of Paris is in", "The city of Tokyo is in"),
+)
+
+
+def _layers(hf: Any) -> torch.nn.ModuleList:
+    n = hf.config.get_text_config().num_hidden_layers
+    for _, mod in hf.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n:
+            return mod
+    raise AssertionError("no decoder-layer list found")
+
+
+def _out_proj(layer: torch.nn.Module) -> torch.nn.Module:
+    for name, child in layer.named_children():
+        if name in _ATTN:
+            for sub, mod in child.named_modules():
+                if sub.split(".")[-1] in _OUT:
+                    return mod
+    raise AssertionError(f"no attention output projection in {type(layer).__name__}")
+
+
+def _final_norm(hf: Any) -> torch.nn.Module:
+    """The last norm registered outside the decoder layers (BLOOM's first is the embedding norm)."""
+    inside = {id(m) for m in _layers(hf).modules()}
+    norms = [m for m in hf.modules() if "norm" in type(m).__name__.lower() and id(m) not in inside]
+    assert norms, "final norm not found"
+    return norms[-1]
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for v in (*args, kwargs.get("hidden_states")):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return v
+    return None
+
+
+class _Ref:
+    """Hooks on a transformers model: node outputs and the gradients of the readers' inputs."""
+
+    def __init__(self, hf: Any) -> None:
+        self.hf, self.layers, self.norm_f = hf, _layers(hf), _final_norm(hf)
+        cfg = hf.config.get_text_config()
+        self.H = cfg.num_attention_heads
+        self.mult = float(getattr(cfg, "residual_multiplier", None) or 1.0)
+        self.post: list[torch.nn.Module | None] = []  # a norm on the attention output (Gemma 2/3, OLMo 2)
+        self.readers = [self._find_readers(l) for l in range(len(self.layers))]
+
+    def _find_readers(self, l: int) -> list[tuple[torch.nn.Module, torch.nn.Module | None]]:
+        """``[(attention reader, its norm), (MLP reader, its norm)]``: modules reading a norm's output
+        (norm None: the module reads the residual itself, OLMo 2)."""
+        layer, o = self.layers[l], _out_proj(self.layers[l])
+        mods = dict(layer.named_modules())
+        norm_out: dict[int, tuple[str, torch.Tensor]] = {}  # the tensors stay alive: ids are not reused
+        reads: list[tuple[str, int]] = []
+        alive: list[Any] = []  # every tensor read stays alive, so no id is reused
+
+        def read(n: str) -> Any:
+            def fn(m: Any, a: tuple, k: dict) -> None:
+                alive.append(_first_tensor(a, k))
+                reads.append((n, id(alive[-1])))
+
+            return fn
+
+        o_out: list[torch.Tensor] = []
+        hs = [o.register_forward_hook(lambda m, a, out: o_out.append(out))]
+        for name, mod in mods.items():
+            if not name:
+                continue
+            if "norm" in type(mod).__name__.lower():
+                hs.append(mod.register_forward_hook(lambda m, a, out, n=name: norm_out.__setitem__(id(out), (n, out))))
+            hs.append(mod.register_forward_pre_hook(read(name), with_kwargs=True))
+        try:
+            with torch.no_grad():
+                self.hf(torch.tensor([[1, 2, 3]]))
+        finally:
+            for h in hs:
+                h.remove()
+        is_norm = {n for n, m in mods.items() if "norm" in type(m).__name__.lower()}
+        found = [(n, norm_out[i][0]) for n, i in reads if i in norm_out and n not in is_norm]
+        names = {n for n, _ in found}
+        top = [(n, nm) for n, nm in found if not any(n.startswith(p + ".") for p in names)]
+        o_name = next(n for n, m in mods.items() if m is o)
+        post = [n for n, i in reads if i == id(o_out[0]) and n in is_norm]
+        self.post.append(mods[post[0]] if post else None)
+        attn: list[tuple[str, str | None]] = [(n, nm) for n, nm in top if o_name.startswith(n + ".")]
+        box = o_name.split(".")[0] + "."  # the attention's own module (q/k norms inside it read nothing of ours)
+        mlp: list[tuple[str, str | None]] = [
+            (n, nm) for n, nm in top if not o_name.startswith(n + ".") and not n.startswith(box)
+        ]
+        attn = attn or [(n, None) for n in mods if n in _ATTN]
+        mlp = mlp or [(n, None) for n in mods if n == "mlp"]
+        assert len(attn) == 1 and len(mlp) == 1, f"layer {l}: readers {top}"
+        return [(mods[n], None if nm is None else mods[nm]) for n, nm in (attn[0], mlp[0])]
+
+    def run(self, ids: torch.Tensor, resid0: torch.Tensor | None = None, grad: bool = False) -> dict:
+        """Node outputs ``[T, n_src, d]`` (input, heads and MLP per layer), logits, reader inputs."""
+        rec: dict[str, Any] = {"in": {}, "out": {}, "z": {}, "o": {}, "p": {}, "x": {}, "slots": []}
+        hs = []
+
+        def layer_pre(l):
+            def fn(m, a, k):
+                x = _first_tensor(a, k)
+                if l == 0 and resid0 is not None:
+                    x = resid0
+                    if a and isinstance(a[0], torch.Tensor):
+                        a = (x,) + a[1:]
+                    else:
+                        k = {**k, "hidden_states": x}
+                rec["in"][l] = x
+                return a, k
+
+            return fn
+
+        def layer_post(l):
+            def fn(m, a, out):
+                rec["out"][l] = out[0] if isinstance(out, tuple) else out
+
+            return fn
+
+        def o_pre(l):
+            def fn(m, a):
+                rec["z"][l] = a[0]
+
+            return fn
+
+        def o_post(l):
+            def fn(m, a, out):
+                rec["o"][l] = out
+
+            return fn
+
+        busy: list[bool] = []  # a reader re-running its norm must not overwrite the norm's input
+
+        def norm_pre(key):
+            def fn(m, a, k):
+                if not busy:
+                    rec["x"][key] = _first_tensor(a, k)
+
+            return fn
+
+        def reader_pre(key, norm):
+            def fn(m, a, k):
+                first = _first_tensor(a, k)
+                x = (first if norm is None else rec["x"][key]).clone()
+                rec["slots"].append(x)
+                busy.append(True)
+                new = x if norm is None else norm(x)
+                busy.pop()
+                if a and a[0] is first:
+                    return (new,) + a[1:], k
+                return a, {**k, "hidden_states": new}
+
+            return fn
+
+        for l, layer in enumerate(self.layers):
+            hs.append(layer.register_forward_pre_hook(layer_pre(l), with_kwargs=True))
+            hs.append(layer.register_forward_hook(layer_post(l)))
+            o = _out_proj(layer)
+            hs += [o.register_forward_pre_hook(o_pre(l)), o.register_forward_hook(o_post(l))]
+            post = self.post[l]
+            if post is not None:
+                hs.append(post.register_forward_hook(lambda m, a, out, l=l: rec["p"].__setitem__(l, out)))
+            for r, (reader, norm) in enumerate(self.readers[l]):
+                if grad and norm is not None:
+                    hs.append(norm.register_forward_pre_hook(norm_pre((l, r)), with_kwargs=True))
+                if grad:
+                    hs.append(reader.register_forward_pre_hook(reader_pre((l, r), norm), with_kwargs=True))
+        final: list[torch.Tensor] = []
+
+        def final_pre(m, a, k):
+            x = _first_tensor(a, k)
+            x = x.clone() if grad else x
+            final.append(x)
+            return (x,) + a[1:] if a else a, k if a else {**k, "hidden_states": x}
+
+        hs.append(self.norm_f.register_forward_pre_hook(final_pre, with_kwargs=True))
+        try:
+            logits = self.hf(ids).logits
+        finally:
+            for h in hs:
+                h.remove()
+        outs = [rec["in"][0][0]]
+        for l, layer in enumerate(self.layers):
+            o = _out_proj(layer)
+            weight = cast(torch.Tensor, o.weight)
+            w = weight if type(o).__name__ != "Conv1D" else weight.T  # [d_model, H * d_head]
+            z = rec["z"][l][0]
+            heads = torch.einsum("the,dhe->htd", z.unflatten(-1, (self.H, -1)), w.unflatten(1, (self.H, -1)))
+            attn = rec["o"][l][0] * self.mult
+            if l in rec["p"]:  # a post-norm with its scale at this input: head h's share is result_h * post(o) / o
+                heads = heads * (rec["p"][l][0] / rec["o"][l][0])
+                attn = rec["p"][l][0]
+            outs += list(heads * self.mult)
+            outs.append(rec["out"][l][0] - rec["in"][l][0] - attn)
+        return {
+            "outputs": torch.stack(outs, 1),
+            "logits": logits,
+            "slots": rec["slots"] + final,
+            "final": final[0][0],
+        }
+
+
+@functools.lru_cache(maxsize=1)
+def _plain(family: str) -> Any:
+    """The family's tiny transformers model, never wrapped by a bridge (same seed, same weights)."""
+    return tiny_hf(family)[0]
+
+
+def _pair(model: Any, tok: Any) -> Any:
+    from capinterp.circuits.eap import make_pairs
+    from capinterp.core.example import Example
+
+    for clean, corrupt in _CANDIDATES:
+        n = len(tok(clean)["input_ids"])
+        if len(tok(corrupt)["input_ids"]) == n:
+            fact = Example(clean, " Italy", {"subject": clean.split()[0]})
+            return fact, make_pairs(model, [fact], lambda ex, c=corrupt: c)[0]
+    raise AssertionError("no candidate pair of equal token length")
+
+
+def _nll(logits: torch.Tensor, pair: Any) -> torch.Tensor:
+    logp = logits[0].double().log_softmax(-1)
+    pos, tgt = torch.tensor(pair.clean.answer_positions), torch.tensor(pair.clean.target_ids)
+    return -logp[pos, tgt].mean()
+
+
+def _reference_scores(hf: Any, pair: Any, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores [n_src, 2L + 1], upstream counts)``: per reader (attn l, MLP l, ..., logits)."""
+    ref = _Ref(hf)
+    clean, corrupt = torch.tensor([pair.clean.ids]), torch.tensor([pair.corrupt_ids])
+    with torch.no_grad():
+        rc, rk = ref.run(clean), ref.run(corrupt)
+    d_out = (rk["outputs"] - rc["outputs"]).double()
+    e_clean, e_corr = rc["outputs"][:, 0], rk["outputs"][:, 0]
+    grads = None
+    for k in range(1, steps + 1):  # right Riemann rule: alpha = k / steps, weight 1 / steps
+        x = (e_corr + (k / steps) * (e_clean - e_corr))[None].detach().requires_grad_(True)
+        with torch.enable_grad():
+            run = ref.run(clean, resid0=x, grad=True)
+            g = torch.autograd.grad(_nll(run["logits"], pair), run["slots"], allow_unused=True)
+        d = x.shape[-1]  # OPT's MLP reads [batch * pos, d]: one row per position (batch 1)
+        g = torch.stack(
+            [(torch.zeros_like(s) if gi is None else gi).reshape(-1, d) for gi, s in zip(g, run["slots"])]
+        ).double()
+        grads = g / steps if grads is None else grads + g / steps
+    assert grads is not None
+    H, L = ref.H, len(ref.layers)
+    scores = torch.einsum("tud,rtd->ur", d_out, grads)
+    up = [1 + l * (H + 1) for l in range(L) for _ in range(2)] + [1 + L * (H + 1)]  # parallel blocks' sources
+    return scores, torch.tensor(up)
+
+
+def _aggregate(graph: Any, scores: torch.Tensor) -> torch.Tensor:
+    """capinterp's ``[n_src, n_slots]`` scores -> per reader: a layer's attention slots summed, MLP, logits."""
+    cols = []
+    for l in range(graph.n_layers):
+        n = len(graph.attn_slots(l))
+        a = graph.slot_index(l, "mlp").start - n
+        cols += [scores[:, a : a + n].sum(1), scores[:, graph.slot_index(l, "mlp").start]]
+    cols.append(scores[:, -1])
+    return torch.stack(cols, 1).double()
+
+
+def _check_eap(family: str, steps: int) -> None:
+    from capinterp.circuits.eap import score_edges
+    from capinterp.circuits.graph import Graph
+    from capinterp.core.family import family_of
+    from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+
+    _, tok, model = load_pair(family)
+    hf = _plain(family)
+    fact, pair = _pair(model, tok)
+    graph = Graph.from_model(model)
+    got, _ = score_edges(model, graph, [pair], steps=steps, rule="right", metric="nll")
+    want, up = _reference_scores(hf, pair, steps)
+    got = _aggregate(graph, got)
+    if not family_of(model).parallel_block:  # a sequential block's MLP also reads its layer's heads
+        up[1:-1:2] += graph.n_heads
+    mask = torch.arange(want.shape[0])[:, None] < up[None, :]
+    err = ((got - want) * mask).abs().max().item()
+    scale = (want * mask).abs().max().item()
+    assert (got * ~mask).abs().max().item() == 0, f"{family}: scores on non-edges"
+    assert err <= 1e-4 * scale + 1e-7, (
+        f"{family}: EAP{'-IG' if steps > 1 else ''} scores differ by {err:.3g} (max {scale:.3g})"
+    )
+    kc = KnowledgeCircuit(model, algorithm="eap" if steps == 1 else "eap-ig", steps=steps, top_n=10, progress=False)
+    assert kc.fit([fact]).circuit_.meta["n_selected"] == 10
+
+
+def check_eap(family: str) -> None:
+    """EAP scores (gradient at the clean run) equal the hand-written gradient on transformers, 1e-4 relative."""
+    _check_eap(family, 1)
+
+
+def check_eap_ig(family: str) -> None:
+    """EAP-IG (3-point right Riemann path from the corrupted to the clean input) against the same reference."""
+    _check_eap(family, 3)
+
+
+def check_acdc(family: str) -> None:
+    """Node outputs sum to the final residual on transformers (up to constant biases); zero-ablating
+    edges into the logits equals the same subtraction before transformers' final norm; ACDC runs."""
+    from capinterp.circuits.acdc import match_nll
+    from capinterp.circuits.graph import Graph
+    from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+
+    _, tok, model = load_pair(family)
+    hf = _plain(family)
+    fact, pair = _pair(model, tok)
+    ref = _Ref(hf)
+    ids = torch.tensor([pair.clean.ids])
+    with torch.no_grad():
+        run = ref.run(ids)
+    resid = run["final"].double() - run["outputs"].double().sum(1)
+    drift = (resid - resid[:1]).abs().max().item()
+    assert drift <= 1e-4 * run["final"].abs().max().item(), f"{family}: node outputs miss the residual by {drift:.3g}"
+    graph = Graph.from_model(model)
+    cut = [graph.head_src(0, 1), graph.head_src(0, graph.n_heads)]  # a0.h1 and m0 -> logits
+    removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
+    removed[cut, -1] = True
+    got = match_nll(model, graph, [fact], removed)
+    drop = run["outputs"][:, cut].sum(1)
+
+    def ablate(m, a, k):
+        x = _first_tensor(a, k) - drop
+        return ((x,) + a[1:], k) if a else (a, {**k, "hidden_states": x})
+
+    h = ref.norm_f.register_forward_pre_hook(ablate, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            want = (_nll(hf(ids).logits, pair) - _nll(run["logits"], pair)).item()
+    finally:
+        h.remove()
+    assert abs(got - want) <= 1e-4 * max(abs(want), 1e-2), f"{family}: ablated MatchNLL {got:.6g} vs {want:.6g}"
+    kc = KnowledgeCircuit(model, algorithm="acdc", candidates=12, steps=1, acdc_threshold=0.05, progress=False)
+    assert kc.fit([fact]).circuit_.meta["info"]["n_visited"] == 12
+
+
+CHECKS = {"eap": check_eap, "eap_ig": check_eap_ig, "acdc": check_acdc}
