@@ -477,6 +477,6 @@ def fallback_warning(model) -> str:
 
     return (
         f"IG on {family_of(model).name}: direct block calls did not reproduce the model's own logits, "
-        "so IG uses the slower method='prefix' route for this model (every row runs every block: "
+        "so IG uses the slower route='prefix' for this model (every row runs every block: "
         "several times the fast route's work; see docs/models.md, 'IG's fast route by family')"
     )

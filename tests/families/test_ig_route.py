@@ -12,11 +12,14 @@ import torch
 
 def _fast(model, items):
     from capinterp.kernels.ig import ig_scores
+    from capinterp.kernels.ig_config import IGConfig
     from capinterp.testing.family_checks.neurons import STEPS
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = ig_scores(model, items, steps=STEPS, rule="right", positions="last_prompt", method="fast")
+        got = ig_scores(
+            model, items, IGConfig(steps=STEPS, rule="right", positions="last_prompt", route="fast", invariance="off")
+        )
     return got, [str(w.message) for w in caught if "route" in str(w.message)]
 
 
@@ -62,5 +65,5 @@ def test_fallback_warns_once_naming_the_family(monkeypatch):
     got, routes = _fast(model, items)
     again, routes2 = _fast(model, items[:1])
     assert len(routes) == 1 and not routes2, (routes, routes2)
-    assert "bloom" in routes[0] and "method='prefix'" in routes[0]
+    assert "bloom" in routes[0] and "route='prefix'" in routes[0]
     assert torch.isfinite(got).all() and torch.equal(again[0], got[0])
