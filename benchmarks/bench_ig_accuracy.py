@@ -19,6 +19,14 @@ token scaled, F = p(first answer token), zero baseline, every neuron of every la
 Per layer it prints the relative L2 error of each method's scores against the reference (max
 over prompts) and the adaptive rule's nodes (mean, max); then the time per prompt and the
 ratios captum / adaptive. Errors of captum are measured on the captum layers only.
+
+``--adaptive-only`` runs only the adaptive rule, once per schedule of ``--schedules``
+(``graded``: the current rule; ``doubling``: the previous one, Gauss-Legendre nodes doubled from 4;
+:mod:`capinterp.kernels.adaptive`), and prints per layer the nodes used, the final error estimate and
+the completeness error of each, the relative L2 difference between the schedules' scores, and the
+time of each (issue 30):
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_ig_accuracy.py --models gemma3 --n 1 --adaptive-only --threads 1
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -80,6 +89,59 @@ def run_model(name: str, args) -> None:
         err.setdefault("captum-eq", []).append(ceq)
         print(f"[{name}] prompt {i + 1}/{len(items)} done ({time.perf_counter() - T0:.0f}s)", file=sys.stderr)
         report(name, L, args, err, nodes, t, cap_layers)
+
+
+def run_adaptive_only(name: str, args) -> None:
+    """Per prompt and schedule: nodes, error estimate, completeness per layer, and the time."""
+    import capinterp as ci
+    import capinterp.kernels.adaptive as adaptive
+    from capinterp.core.tokens import encode
+    from capinterp.kernels.ig import ig_scores
+
+    model = ci.load_model(name)
+    L = model.cfg.n_layers
+    data = ci.data.arithmetic(ops="+", n=args.n, fmt="DG", lang="en", seed=5)
+    items = encode(model, list(data)[: args.n], max_target_tokens=1)
+    kw = dict(positions="last_prompt", batch_size=args.batch_size, invariance="off")
+    schedules = [x.strip() for x in args.schedules.split(",")]
+    ig_scores(model, items[0], steps=1, **kw)  # the route's once-per-model check, outside the timings
+    for i, it in enumerate(items):
+        out, stats, secs = {}, {}, {}
+        for sch in schedules:
+            adaptive.SCHEDULE = sch
+            stats[sch] = {}
+            t0 = time.perf_counter()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out[sch] = ig_scores(
+                    model, it, rule="adaptive", tol=args.tol, max_steps=args.max_steps, stats=stats[sch], **kw
+                )[0]
+            secs[sch] = time.perf_counter() - t0
+            for w in caught:
+                print(f"[{name}] {sch}: {w.message}", file=sys.stderr)
+            print(f"[{name}] prompt {i + 1}, {sch}: {secs[sch]:.0f}s", file=sys.stderr)
+        print(f"\n## {name}, prompt {i + 1} ({data[i].prompt!r}), tol {args.tol:g}, max_steps {args.max_steps}")
+        head = " | ".join(f"{s} nodes | {s} estimate | {s} completeness" for s in schedules)
+        diff = len(schedules) > 1
+        print(f"| layer | {head} |" + (f" {schedules[0]} vs {schedules[1]} |" if diff else ""))
+        print("|---" * (1 + 3 * len(schedules) + diff) + "|")
+        for l in range(L):
+            cells = []
+            for s in schedules:
+                st = stats[s]
+                cells += [f"{int(st['nodes'][0, l])}", f"{float(st['error_estimate'][0, l]):.2g}"]
+                cells.append(f"{float(st['completeness'][0, l]):.2g}")
+            if diff:
+                cells.append(f"{rel(out[schedules[0]][l], out[schedules[1]][l]):.2g}")
+            print(f"| {l} | " + " | ".join(cells) + " |")
+        for s in schedules:
+            st = stats[s]
+            over = [l for l in range(L) if float(st["error_estimate"][0, l]) > args.tol]
+            print(
+                f"{s}: {secs[s]:.1f}s, {int(st['rows'])} rows, nodes total {int(st['nodes'][0].sum())}, "
+                f"max estimate {float(st['error_estimate'][0].max()):.2g}, layers above tol {over}"
+            )
+        sys.stdout.flush()
 
 
 def report(name, L, args, err, nodes, t, cap_layers) -> None:
@@ -139,12 +201,14 @@ def main() -> None:
     )
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--adaptive-only", action="store_true", help="only the adaptive rule, per schedule")
+    ap.add_argument("--schedules", default="graded,doubling", help="with --adaptive-only: adaptive schedules to run")
     args = ap.parse_args()
     from capinterp.core.settings import set_threads
 
     set_threads(args.threads)
     for name in args.models.split(","):
-        run_model(name.strip(), args)
+        (run_adaptive_only if args.adaptive_only else run_model)(name.strip(), args)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,30 @@
-"""The adaptive rule of the IG kernel: per layer, Gauss-Legendre nodes doubled until the layer's
-error estimate is below ``tol`` (``rule="adaptive"`` in :func:`capinterp.kernels.ig.ig_scores`).
+"""The adaptive rule of the IG kernel: per layer, a rule graded towards alpha = 0 refined until the
+layer's error estimate is below ``tol`` (``rule="adaptive"`` in :func:`capinterp.kernels.ig.ig_scores`).
 
-Every layer starts with :data:`START` Gauss-Legendre nodes; each round doubles the nodes of the
-layers not yet converged and runs all their rows in **one** call of the batched prefix-reuse
-kernel (``run``), so converged layers drop out and cost nothing more. A layer's estimate after a
-round with ``2n`` nodes is the larger of
+Round ``r`` uses the rule :func:`rule_of` ``(r)``: Gauss-Legendre with 4 nodes first, then the
+composite rule :func:`~capinterp.kernels.quadrature.graded` with ``2r - 1`` panels shrinking by 4
+towards 0 (plus the panel ``[0, 4^-(2r-1)]``) and ``3 + r`` nodes on each: 4, 8, 20, 36, 56, 80,
+108, 140, ... nodes, reaching down to alpha = 0.25, 1.6e-2, 1e-3, 6e-5, 3.8e-6, 2.4e-7, ... Each
+round deepens the grading *and* adds nodes per panel, so one rule is finer than the one before
+both at the sharp feature a zero baseline gives at alpha = 0 and on the smooth rest. (On Gemma 2/3
+the post-FFN RMSNorm makes ``F(alpha a)`` constant in ``alpha`` down to ``alpha_c ~ sqrt(eps /
+ms)``: the integrand ``h(alpha) / alpha`` is a feature of width ``alpha_c`` at 0 that doubling
+Gauss-Legendre nodes on ``[0, 1]`` resolves only slowly; :mod:`capinterp.kernels.invariant`.)
 
-* the nested difference ``||IG(GL-2n) - IG(GL-n)||_2 / ||IG(GL-2n)||_2`` (Gauss-Legendre converges
-  exponentially on a smooth path, so this bounds the error of GL-n and, with margin, of GL-2n);
+Each round runs the rows of all layers not yet converged in **one** call of the batched
+prefix-reuse kernel (``run``), so converged layers drop out and cost nothing more. A layer's
+estimate after round ``r >= 1`` is the larger of
+
+* the nested difference ``||IG(rule r) - IG(rule r-1)||_2 / ||IG(rule r)||_2`` (the error of the
+  coarser rule, which bounds that of the finer one the layer returns when both converge);
 * the completeness violation ``|sum IG - (F(x) - F(b))| / max(|F(x) - F(b)|, ||IG||_1)``
   (a lower bound on the relative L1 error of the scores, :mod:`capinterp.kernels.completeness`).
 
-A layer is done when it is <= ``tol``, or when doubling would pass ``max_steps`` (then it is
-listed in ``capped``). The returned scores are the last (finest) rule's.
+A layer is done when it is <= ``tol``, or when the next rule would have more than ``max_steps``
+nodes (then it is listed in ``capped``). The returned scores are the last (finest) rule's.
+``schedule="doubling"`` is the previous rule (Gauss-Legendre on ``[0, 1]``, nodes doubled from
+4), kept for comparison (``benchmarks/bench_ig_accuracy.py --adaptive-only``); the module's
+:data:`SCHEDULE` is the default.
 """
 
 from __future__ import annotations
@@ -23,22 +35,40 @@ from dataclasses import dataclass, field
 
 import torch
 
-from capinterp.kernels.quadrature import quadrature
+from capinterp.kernels.quadrature import graded, quadrature
 
-__all__ = ["START", "AdaptiveResult", "adaptive_ig"]
+__all__ = ["SCHEDULE", "SCHEDULES", "START", "AdaptiveResult", "adaptive_ig", "rule_of"]
 
 #: Gauss-Legendre nodes of the first round.
 START = 4
+#: Refinement schedules: the graded rule (default) and the previous doubling of Gauss-Legendre nodes.
+SCHEDULES = ("graded", "doubling")
+SCHEDULE = "graded"
+
+
+def rule_of(r: int, schedule: str = "graded", start: int = START) -> tuple[int, int, int]:
+    """``(levels, per_level, growth)`` of round ``r`` (:func:`~capinterp.kernels.quadrature.graded`):
+    ``(0, start, 0)`` first; graded: ``(2r - 1, start - 1 + r, 1)``; doubling: ``(0, start 2^r, 0)``."""
+    if schedule == "doubling":
+        return 0, start * 2**r, 0
+    return (0, start, 0) if r == 0 else (2 * r - 1, start - 1 + r, 1)
+
+
+def _nodes(rule: tuple[int, int, int]) -> int:
+    levels, per_level, growth = rule
+    return (levels + 1) * per_level + growth * levels * (levels + 1) // 2
 
 
 @dataclass
 class AdaptiveResult:
     """Per layer (dict keyed by layer): scores [d_mlp] float64, F at the baseline, nodes of the
-    final rule, final error estimate; ``f_clean``; ``capped`` = layers that stopped at the cap."""
+    final rule, its panels below 1 (``levels``), final error estimate; ``f_clean``; ``capped`` =
+    layers that stopped at the cap."""
 
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     f_base: dict[int, float] = field(default_factory=dict)
     nodes: dict[int, int] = field(default_factory=dict)
+    levels: dict[int, int] = field(default_factory=dict)
     error: dict[int, float] = field(default_factory=dict)
     f_clean: float = math.nan
     capped: list[int] = field(default_factory=list)
@@ -60,30 +90,38 @@ def adaptive_ig(
     tol: float,
     max_steps: int,
     start: int = START,
+    schedule: str | None = None,
 ) -> AdaptiveResult:
     """Refine per layer until the estimate is <= ``tol`` (module docstring).
 
     ``run(layers, alphas, weights)`` -> ``(scores [len(layers), d_mlp], F(x), F(baseline) [len(layers)])``
     for the rule ``(alphas, weights)`` on those layers: one batched kernel call.
+    ``schedule``: one of :data:`SCHEDULES` (None: :data:`SCHEDULE`).
     """
+    schedule = SCHEDULE if schedule is None else schedule
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    start = max(1, min(start, max_steps))
     res = AdaptiveResult()
     prev: dict[int, torch.Tensor] = {}
-    pending, n = list(layers), max(1, min(start, max_steps))
+    pending, r = list(layers), 0
     while pending:
-        alphas, weights = quadrature(n, "gauss")
+        rule = rule_of(r, schedule, start)
+        alphas, weights = graded(rule[0], rule[1], growth=rule[2]) if rule[0] else quadrature(rule[1], "gauss")
         scores, f_clean, f_base = run(pending, alphas, weights)
         res.f_clean, res.rounds = float(f_clean), res.rounds + 1
-        last = 2 * n > max_steps
+        last = _nodes(rule_of(r + 1, schedule, start)) > max_steps
         keep = []
         for j, l in enumerate(pending):
             cur = scores[j].double()
             est = _estimate(cur, prev.get(l), res.f_clean, float(f_base[j]))
             if (l in prev and est <= tol) or last:
-                res.scores[l], res.f_base[l], res.nodes[l], res.error[l] = cur, float(f_base[j]), n, est
+                res.scores[l], res.f_base[l], res.error[l] = cur, float(f_base[j]), est
+                res.nodes[l], res.levels[l] = len(alphas), rule[0]
                 if est > tol:
                     res.capped.append(l)
             else:
                 prev[l] = cur
                 keep.append(l)
-        pending, n = keep, 2 * n
+        pending, r = keep, r + 1
     return res

@@ -41,9 +41,9 @@ sum is read off four nodes whatever ``steps``: three rows per layer plus the sha
 Completeness, always: every rule gets one more node, alpha = 0 with weight 0 (the baseline; a
 rule with its own node there uses it), so ``F(baseline)`` per layer comes from the same batches
 and ``F(x)`` from the clean run; ``stats`` receives the per-layer completeness error
-(:mod:`capinterp.kernels.completeness`). ``rule="adaptive"`` doubles Gauss-Legendre nodes per
-layer until an error estimate is below ``tol``, one batched call per round with only the
-unconverged layers (:mod:`capinterp.kernels.adaptive`).
+(:mod:`capinterp.kernels.completeness`). ``rule="adaptive"`` refines a rule graded towards
+alpha = 0 per layer until an error estimate is below ``tol``, one batched call per round with only
+the unconverged layers (:mod:`capinterp.kernels.adaptive`).
 
 Otherwise every rule costs the same per point: ``n_layers x m`` rows per example (one fewer per
 layer, plus one, with a node at alpha = 1), so the cost is linear in
@@ -280,8 +280,9 @@ def ig_scores(
     [n_layers, d_mlp]. ``batch_size`` counts rows (one row = one interpolation point of one
     layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
 
-    ``rule="adaptive"``: per layer, Gauss-Legendre nodes doubled from 4 until the layer's error
-    estimate is <= ``tol`` or the nodes would pass ``max_steps`` (then a
+    ``rule="adaptive"``: per layer, Gauss-Legendre with 4 nodes, then composite Gauss-Legendre
+    graded towards alpha = 0, deeper and with more nodes each round (4, 8, 20, 36, 56, 80, 108
+    nodes), until the layer's error estimate is <= ``tol`` or the nodes would pass ``max_steps`` (then a
     :class:`~capinterp.kernels.completeness.CompletenessWarning` names the layers); ``steps`` is
     not used. One batched kernel call per round with only the unconverged layers
     (:mod:`capinterp.kernels.adaptive`). It always integrates node by node (no closed form).
