@@ -21,7 +21,7 @@ over prompts) and the adaptive rule's nodes (mean, max); then the time per promp
 ratios captum / adaptive. Errors of captum are measured on the captum layers only.
 
 ``--adaptive-only`` runs only the adaptive rule, once per schedule of ``--schedules``
-(``graded``: the current rule; ``doubling``: the previous one, Gauss-Legendre nodes doubled from 4;
+(``auto``: the default; ``graded``: composite Gauss-Legendre graded towards 0; ``doubling``: Gauss-Legendre doubled from 4;
 :mod:`capinterp.kernels.adaptive`), and prints per layer the nodes used, the final error estimate and
 the completeness error of each, the relative L2 difference between the schedules' scores, and the
 time of each (issue 30):

@@ -1,15 +1,23 @@
-"""The adaptive rule of the IG kernel: per layer, a rule graded towards alpha = 0 refined until the
-layer's error estimate is below ``tol`` (``rule="adaptive"`` in :func:`capinterp.kernels.ig.ig_scores`).
+"""The adaptive rule of the IG kernel: per layer, a rule refined until the layer's error estimate
+is below ``tol`` (``rule="adaptive"`` in :func:`capinterp.kernels.ig.ig_scores`).
 
-Round ``r`` uses the rule :func:`rule_of` ``(r)``: Gauss-Legendre with 4 nodes first, then the
-composite rule :func:`~capinterp.kernels.quadrature.graded` with ``2r - 1`` panels shrinking by 4
-towards 0 (plus the panel ``[0, 4^-(2r-1)]``) and ``3 + r`` nodes on each: 4, 8, 20, 36, 56, 80,
-108, 140, ... nodes, reaching down to alpha = 0.25, 1.6e-2, 1e-3, 6e-5, 3.8e-6, 2.4e-7, ... Each
-round deepens the grading *and* adds nodes per panel, so one rule is finer than the one before
-both at the sharp feature a zero baseline gives at alpha = 0 and on the smooth rest. (On Gemma 2/3
-the post-FFN RMSNorm makes ``F(alpha a)`` constant in ``alpha`` down to ``alpha_c ~ sqrt(eps /
-ms)``: the integrand ``h(alpha) / alpha`` is a feature of width ``alpha_c`` at 0 that doubling
-Gauss-Legendre nodes on ``[0, 1]`` resolves only slowly; :mod:`capinterp.kernels.invariant`.)
+Every layer starts with Gauss-Legendre on 4 nodes. Two refinement schedules (:func:`rule_of`):
+
+* ``"graded"``, for a zero baseline on a model whose FFN output is scale invariant (Gemma 2/3:
+  ``resid += RMSNorm_post(W_out a)``). There ``F(alpha a)`` is constant in ``alpha`` down to
+  ``alpha_c ~ sqrt(eps / ms(W_out a))``, where the norm's ``eps`` takes over, and ``F(0)`` differs
+  from ``F(a)``: the integrand is ``h(alpha) / alpha`` with ``h`` nearly constant above ``alpha_c``
+  and ``-> 0`` below, a feature of width ``alpha_c`` at 0 (:mod:`capinterp.kernels.invariant`)
+  that Gauss-Legendre on ``[0, 1]`` resolves only slowly. Round ``r >= 1`` uses
+  :func:`~capinterp.kernels.quadrature.graded` with ``2r - 1`` panels shrinking by 4 towards 0
+  (plus ``[0, 4^-(2r-1)]``) and ``3 + r`` nodes on each: 8, 20, 36, 56, 80, 108 nodes, reaching
+  down to alpha = 0.25, 1.6e-2, 1e-3, 6e-5, 3.8e-6, 2.4e-7; each round is finer both at 0 and on
+  the rest of the path.
+* ``"doubling"`` elsewhere: Gauss-Legendre on ``[0, 1]``, nodes doubled (8, 16, 32, 64, 128).
+  Where the integrand varies on the whole path (SmolLM2's layer 0 changes sign near alpha = 0.1
+  and peaks near 0.2 and below 0.01) Gauss-Legendre's exponential convergence pays more than grading.
+
+``"auto"`` (:data:`SCHEDULE`) picks between them from the caller's ``singular_at_zero``.
 
 Each round runs the rows of all layers not yet converged in **one** call of the batched
 prefix-reuse kernel (``run``), so converged layers drop out and cost nothing more. A layer's
@@ -22,9 +30,7 @@ estimate after round ``r >= 1`` is the larger of
 
 A layer is done when it is <= ``tol``, or when the next rule would have more than ``max_steps``
 nodes (then it is listed in ``capped``). The returned scores are the last (finest) rule's.
-``schedule="doubling"`` is the previous rule (Gauss-Legendre on ``[0, 1]``, nodes doubled from
-4), kept for comparison (``benchmarks/bench_ig_accuracy.py --adaptive-only``); the module's
-:data:`SCHEDULE` is the default.
+Measured per layer on Gemma 3 and SmolLM2: ``benchmarks/bench_ig_accuracy.py --adaptive-only``.
 """
 
 from __future__ import annotations
@@ -41,17 +47,17 @@ __all__ = ["SCHEDULE", "SCHEDULES", "START", "AdaptiveResult", "adaptive_ig", "r
 
 #: Gauss-Legendre nodes of the first round.
 START = 4
-#: Refinement schedules: the graded rule (default) and the previous doubling of Gauss-Legendre nodes.
-SCHEDULES = ("graded", "doubling")
-SCHEDULE = "graded"
+#: Refinement schedules (module docstring); :data:`SCHEDULE` is the one :func:`adaptive_ig` uses by default.
+SCHEDULES = ("auto", "graded", "doubling")
+SCHEDULE = "auto"
 
 
 def rule_of(r: int, schedule: str = "graded", start: int = START) -> tuple[int, int, int]:
     """``(levels, per_level, growth)`` of round ``r`` (:func:`~capinterp.kernels.quadrature.graded`):
-    ``(0, start, 0)`` first; graded: ``(2r - 1, start - 1 + r, 1)``; doubling: ``(0, start 2^r, 0)``."""
+    ``(0, start, 0)`` first; graded: ``(2r - 1, start - 1 + r, 0)``; doubling: ``(0, start 2^r, 0)``."""
     if schedule == "doubling":
         return 0, start * 2**r, 0
-    return (0, start, 0) if r == 0 else (2 * r - 1, start - 1 + r, 1)
+    return (0, start, 0) if r == 0 else (2 * r - 1, start - 1 + r, 0)
 
 
 def _nodes(rule: tuple[int, int, int]) -> int:
@@ -91,16 +97,20 @@ def adaptive_ig(
     max_steps: int,
     start: int = START,
     schedule: str | None = None,
+    singular_at_zero: bool = False,
 ) -> AdaptiveResult:
     """Refine per layer until the estimate is <= ``tol`` (module docstring).
 
     ``run(layers, alphas, weights)`` -> ``(scores [len(layers), d_mlp], F(x), F(baseline) [len(layers)])``
     for the rule ``(alphas, weights)`` on those layers: one batched kernel call.
-    ``schedule``: one of :data:`SCHEDULES` (None: :data:`SCHEDULE`).
+    ``schedule``: one of :data:`SCHEDULES` (None: :data:`SCHEDULE`); ``"auto"`` is ``"graded"``
+    when ``singular_at_zero`` (zero baseline, scale-invariant FFN output), else ``"doubling"``.
     """
     schedule = SCHEDULE if schedule is None else schedule
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if schedule == "auto":
+        schedule = "graded" if singular_at_zero else "doubling"
     start = max(1, min(start, max_steps))
     res = AdaptiveResult()
     prev: dict[int, torch.Tensor] = {}

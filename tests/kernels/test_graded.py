@@ -20,8 +20,8 @@ from capinterp.kernels.completeness import CompletenessWarning
 from capinterp.kernels.quadrature import graded, quadrature
 
 SHARP = [1e-2, 1e-3, 1e-4]
-#: nodes of the adaptive rule's rounds: GL-4, then graded rules (2r - 1 levels, 3 + r .. 2 + 3r nodes per panel)
-SCHEDULE = [4, 9, 26, 51, 84, 125]
+#: nodes of the graded schedule's rounds: GL-4, then graded rules (2r - 1 levels below 1, 3 + r nodes per panel)
+SCHEDULE = [4, 8, 20, 36, 56, 80, 108]
 
 
 def sharp(alpha: torch.Tensor, c: float) -> torch.Tensor:
@@ -118,7 +118,7 @@ def test_adaptive_meets_tol_on_sharp_layers_and_says_so_honestly(tol):
         err = float((res.scores[l] - exact(l)).norm() / exact(l).norm())
         assert res.error[l] <= tol
         assert err <= res.error[l] * 1.01 + 1e-15, (l, err, res.error[l])  # the estimate bounds the error
-    # a sharper feature needs more nodes; nodes follow the schedule 4, 9, 26, 51, 84, 125
+    # a sharper feature needs more nodes; nodes follow the schedule
     assert res.nodes[0] <= res.nodes[1] <= res.nodes[2] <= res.nodes[3]
     assert res.nodes[3] > res.nodes[0]
     assert set(res.nodes.values()) <= set(SCHEDULE[1:])
@@ -141,7 +141,16 @@ def test_doubling_cannot_resolve_what_graded_does():
 def test_adaptive_caps_with_the_estimate_above_tol():
     run, _, _ = _analytic_run({0: 1e-4})
     res = adaptive_ig(run, [0], 1e-3, max_steps=50, schedule="graded")
-    assert res.capped == [0] and res.nodes[0] == 26 and res.error[0] > 1e-3
+    assert res.capped == [0] and res.nodes[0] == 36 and res.error[0] > 1e-3
+
+
+def test_auto_schedule_grades_only_where_the_integrand_is_singular_at_zero():
+    run, _, calls = _analytic_run({0: 1e-4})
+    adaptive_ig(run, [0], 1e-3, max_steps=128, schedule="auto", singular_at_zero=True)
+    assert [n for _, n in calls] == SCHEDULE[: len(calls)]
+    calls.clear()
+    adaptive_ig(run, [0], 1e-3, max_steps=128, schedule="auto", singular_at_zero=False)
+    assert [n for _, n in calls] == [4, 8, 16, 32, 64, 128]
 
 
 # --- the tiny Gemma-3-shaped model against plain transformers ---------------------------------
