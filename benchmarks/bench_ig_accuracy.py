@@ -27,6 +27,11 @@ the completeness error of each, the relative L2 difference between the schedules
 time of each (issue 30):
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_ig_accuracy.py --models gemma3 --n 1 --adaptive-only --threads 1
+
+``--shape LAYERS`` (comma-separated) prints instead, per layer on the first prompt, the integrand's
+shape along the path: F(alpha a) and ``a . dF/da(alpha a)`` (summed over neurons) for alpha from 1
+down to 1e-4 and 0, and ``alpha_c = sqrt(eps / ms(W_out a))``; ``--models tiny_hf:gemma3_text``
+takes a tiny random model of that family (:func:`capinterp.core.tiny.tiny_hf`).
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def run_adaptive_only(name: str, args) -> None:
     from capinterp.core.tokens import encode
     from capinterp.kernels.ig import ig_scores
 
-    model = ci.load_model(name)
+    model = load(name)
     L = model.cfg.n_layers
     data = ci.data.arithmetic(ops="+", n=args.n, fmt="DG", lang="en", seed=5)
     items = encode(model, list(data)[: args.n], max_target_tokens=1)
@@ -142,6 +147,54 @@ def run_adaptive_only(name: str, args) -> None:
                 f"max estimate {float(st['error_estimate'][0].max()):.2g}, layers above tol {over}"
             )
         sys.stdout.flush()
+
+
+def load(name: str):
+    import capinterp as ci
+
+    if name.startswith("tiny_hf:"):
+        from capinterp.core.tiny import tiny_hf
+
+        hf, tok = tiny_hf(name.split(":", 1)[1])
+        return ci.load_model(hf, tokenizer=tok)
+    return ci.load_model(name)
+
+
+def run_shape(name: str, args) -> None:
+    """F(alpha a) and a . dF/da(alpha a) along the path, per layer, on the first prompt."""
+    import capinterp as ci
+    from capinterp.core.model import neuron_hook
+    from capinterp.core.tokens import encode
+
+    model = load(name)
+    enc = encode(model, list(ci.data.arithmetic(ops="+", n=1, fmt="DG", lang="en", seed=5))[:1], max_target_tokens=1)[0]
+    pos, tgt = len(enc.prompt_ids) - 1, enc.target_ids[0]
+    tokens = torch.tensor([enc.ids], device=model.cfg.device)
+
+    def F(layer, value=None):
+        def put(act, hook):
+            act = act.clone()
+            act[0, pos] = value.to(act.dtype)
+            return act
+
+        hooks = [] if value is None else [(neuron_hook(layer), put)]
+        return torch.softmax(model.run_with_hooks(tokens, fwd_hooks=hooks)[0, pos].float(), -1)[tgt]
+
+    print(f"\n## {name}: integrand along the path, first prompt, target token {tgt}")
+    for layer in [int(x) for x in args.shape.split(",")]:
+        _, cache = model.run_with_cache(tokens)
+        a = cache[neuron_hook(layer)][0, pos].detach().float()
+        w_out = model.blocks[layer].mlp.W_out.detach().float()
+        ms = float((a @ w_out).pow(2).mean())
+        eps = float(getattr(model.cfg, "eps", float("nan")))
+        print(f"layer {layer}: eps {eps:g}, ms(W_out a) {ms:.3g}, alpha_c {(eps / ms) ** 0.5:.2g}")
+        print("| alpha | F(alpha a) | a . dF/da(alpha a) |\n|---|---|---|")
+        for al in [1, 0.6, 0.3, 0.2, 0.1, 0.03, 0.01, 3e-3, 1e-3, 1e-4, 0.0]:
+            z = (al * a).requires_grad_(True)
+            f = F(layer, z)
+            (g,) = torch.autograd.grad(f, z)
+            print(f"| {al:g} | {float(f):.6g} | {float((a * g).sum()):.4g} |")
+    sys.stdout.flush()
 
 
 def report(name, L, args, err, nodes, t, cap_layers) -> None:
@@ -202,13 +255,15 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--adaptive-only", action="store_true", help="only the adaptive rule, per schedule")
+    ap.add_argument("--shape", default="", help="comma-separated layers: print the integrand along the path instead")
     ap.add_argument("--schedules", default="graded,doubling", help="with --adaptive-only: adaptive schedules to run")
     args = ap.parse_args()
     from capinterp.core.settings import set_threads
 
     set_threads(args.threads)
     for name in args.models.split(","):
-        (run_adaptive_only if args.adaptive_only else run_model)(name.strip(), args)
+        run = run_shape if args.shape else run_adaptive_only if args.adaptive_only else run_model
+        run(name.strip(), args)
 
 
 if __name__ == "__main__":
