@@ -30,7 +30,7 @@ time of each (issue 30):
 
 ``--shape LAYERS`` (comma-separated) prints instead, per layer on the first prompt, the integrand's
 shape along the path: F(alpha a) and ``a . dF/da(alpha a)`` (summed over neurons) for alpha from 1
-down to 1e-4 and 0, and ``alpha_c = sqrt(eps / ms(W_out a))``; ``--models tiny_hf:gemma3_text``
+down to 1e-4 and 0, and ``alpha_c = sqrt(eps / ms(W_out a))`` (meaningful only with a post-FFN norm); ``--models tiny_hf:gemma3_text``
 takes a tiny random model of that family (:func:`capinterp.core.tiny.tiny_hf`).
 """
 

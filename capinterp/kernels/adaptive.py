@@ -6,9 +6,9 @@ Every layer starts with Gauss-Legendre on 4 nodes. Two refinement schedules (:fu
 * ``"graded"``, for a zero baseline on a model whose FFN output is scale invariant (Gemma 2/3:
   ``resid += RMSNorm_post(W_out a)``). There ``F(alpha a)`` is constant in ``alpha`` down to
   ``alpha_c ~ sqrt(eps / ms(W_out a))``, where the norm's ``eps`` takes over, and ``F(0)`` differs
-  from ``F(a)``: the integrand ``dF(alpha a) / d alpha`` is a bump of width ~``alpha_c`` next to
-  0 (:mod:`capinterp.kernels.invariant`; ``benchmarks/bench_ig_accuracy.py --shape``) that
-  Gauss-Legendre on ``[0, 1]`` resolves only slowly. Round ``r >= 1`` uses
+  from ``F(a)``: per neuron the integrand is ~``c_i / alpha`` down to ``alpha_c``, and their sum
+  ``dF(alpha a) / d alpha`` a bump of width ~``alpha_c`` next to 0 (:mod:`capinterp.kernels.invariant`;
+  ``benchmarks/bench_ig_accuracy.py --shape``), which Gauss-Legendre on ``[0, 1]`` resolves only slowly. Round ``r >= 1`` uses
   :func:`~capinterp.kernels.quadrature.graded` with ``2r - 1`` panels shrinking by 4 towards 0
   (plus ``[0, 4^-(2r-1)]``) and ``3 + r`` nodes on each: 8, 20, 36, 56, 80, 108 nodes, reaching
   down to alpha = 0.25, 1.6e-2, 1e-3, 6e-5, 3.8e-6, 2.4e-7; each round is finer both at 0 and on

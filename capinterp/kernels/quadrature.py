@@ -84,10 +84,10 @@ def graded(
     Panels ``[0, r^K], [r^K, r^(K-1)], ..., [r, 1]`` (``r = ratio``, ``K = levels``); the ``i``-th
     from the bottom (``i = 0 .. K``) gets ``per_level + growth * i`` Gauss-Legendre nodes. Nodes in
     increasing order, exact for polynomials of degree ``2 per_level - 1``; ``levels=0`` is
-    :func:`quadrature` ``"gauss"``. Made for integrands with a sharp feature of width ``c`` at 0:
-    a bump there (zero-baseline IG on Gemma 2/3, where the post-FFN RMSNorm makes the layer's
-    output scale invariant down to its ``eps``, :mod:`capinterp.kernels.invariant`), or
-    ``h(alpha) / alpha`` with ``h -> 0`` below ``c`` and ``~1`` above: on each panel ``[r x, x]``
+    :func:`quadrature` ``"gauss"``. Made for integrands with a sharp feature of width ``c`` at 0,
+    ``h(alpha) / alpha`` with ``h -> 0`` below ``c`` and nearly constant above, or a bump there
+    (zero-baseline IG on Gemma 2/3 per neuron and summed, where the post-FFN RMSNorm makes the
+    layer's output scale invariant down to its ``eps``, :mod:`capinterp.kernels.invariant`): on each panel ``[r x, x]``
     such an integrand is as smooth relative to the panel's width whatever ``x`` is, and once
     ``r^K << c`` the bottom panel is smooth too. ``growth > 0`` gives the wider panels above more nodes (the hp rule of
     Schwab's p/hp finite elements: degree growing linearly away from the singularity), for an
