@@ -19,6 +19,19 @@ token scaled, F = p(first answer token), zero baseline, every neuron of every la
 Per layer it prints the relative L2 error of each method's scores against the reference (max
 over prompts) and the adaptive rule's nodes (mean, max); then the time per prompt and the
 ratios captum / adaptive. Errors of captum are measured on the captum layers only.
+
+``--adaptive-only`` runs only the adaptive rule, once per schedule of ``--schedules``
+(``auto``: the default; ``graded``: composite Gauss-Legendre graded towards 0; ``doubling``: Gauss-Legendre doubled from 4;
+:mod:`capinterp.kernels.adaptive`), and prints per layer the nodes used, the final error estimate and
+the completeness error of each, the relative L2 difference between the schedules' scores, and the
+time of each (issue 30):
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_ig_accuracy.py --models gemma3 --n 1 --adaptive-only --threads 1
+
+``--shape LAYERS`` (comma-separated) prints instead, per layer on the first prompt, the integrand's
+shape along the path: F(alpha a) and ``a . dF/da(alpha a)`` (summed over neurons) for alpha from 1
+down to 1e-4 and 0, and ``alpha_c = sqrt(eps / ms(W_out a))`` (meaningful only with a post-FFN norm); ``--models tiny_hf:gemma3_text``
+takes a tiny random model of that family (:func:`capinterp.core.tiny.tiny_hf`).
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -81,6 +95,108 @@ def run_model(name: str, args) -> None:
         err.setdefault("captum-eq", []).append(ceq)
         print(f"[{name}] prompt {i + 1}/{len(items)} done ({time.perf_counter() - T0:.0f}s)", file=sys.stderr)
         report(name, L, args, err, nodes, t, cap_layers)
+
+
+def run_adaptive_only(name: str, args) -> None:
+    """Per prompt and schedule: nodes, error estimate, completeness per layer, and the time."""
+    import capinterp as ci
+    import capinterp.kernels.adaptive as adaptive
+    from capinterp.core.tokens import encode
+    from capinterp.kernels.ig import ig_scores
+    from capinterp.kernels.ig_config import IGConfig
+
+    model = load(name)
+    L = model.cfg.n_layers
+    data = ci.data.arithmetic(ops="+", n=args.n, fmt="DG", lang="en", seed=5)
+    items = encode(model, list(data)[: args.n], max_target_tokens=1)
+    cfg = IGConfig(positions="last_prompt", batch_size=args.batch_size, invariance="off")
+    schedules = [x.strip() for x in args.schedules.split(",")]
+    ig_scores(model, items[0], cfg.replace(steps=1))  # the route's once-per-model check, outside the timings
+    for i, it in enumerate(items):
+        out, stats, secs = {}, {}, {}
+        for sch in schedules:
+            adaptive.SCHEDULE = sch
+            stats[sch] = {}
+            t0 = time.perf_counter()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out[sch] = ig_scores(
+                    model, it, cfg.replace(rule="adaptive", tol=args.tol, max_steps=args.max_steps), stats=stats[sch]
+                )[0]
+            secs[sch] = time.perf_counter() - t0
+            for w in caught:
+                print(f"[{name}] {sch}: {w.message}", file=sys.stderr)
+            print(f"[{name}] prompt {i + 1}, {sch}: {secs[sch]:.0f}s", file=sys.stderr)
+        print(f"\n## {name}, prompt {i + 1} ({data[i].prompt!r}), tol {args.tol:g}, max_steps {args.max_steps}")
+        head = " | ".join(f"{s} nodes | {s} estimate | {s} completeness" for s in schedules)
+        diff = len(schedules) > 1
+        print(f"| layer | {head} |" + (f" {schedules[0]} vs {schedules[1]} |" if diff else ""))
+        print("|---" * (1 + 3 * len(schedules) + diff) + "|")
+        for l in range(L):
+            cells = []
+            for s in schedules:
+                st = stats[s]
+                cells += [f"{int(st['nodes'][0, l])}", f"{float(st['error_estimate'][0, l]):.2g}"]
+                cells.append(f"{float(st['completeness'][0, l]):.2g}")
+            if diff:
+                cells.append(f"{rel(out[schedules[0]][l], out[schedules[1]][l]):.2g}")
+            print(f"| {l} | " + " | ".join(cells) + " |")
+        for s in schedules:
+            st = stats[s]
+            over = [l for l in range(L) if float(st["error_estimate"][0, l]) > args.tol]
+            print(
+                f"{s}: {secs[s]:.1f}s, {int(st['rows'])} rows, nodes total {int(st['nodes'][0].sum())}, "
+                f"max estimate {float(st['error_estimate'][0].max()):.2g}, layers above tol {over}"
+            )
+        sys.stdout.flush()
+
+
+def load(name: str):
+    import capinterp as ci
+
+    if name.startswith("tiny_hf:"):
+        from capinterp.core.tiny import tiny_hf
+
+        hf, tok = tiny_hf(name.split(":", 1)[1])
+        return ci.load_model(hf, tokenizer=tok)
+    return ci.load_model(name)
+
+
+def run_shape(name: str, args) -> None:
+    """F(alpha a) and a . dF/da(alpha a) along the path, per layer, on the first prompt."""
+    import capinterp as ci
+    from capinterp.core.model import neuron_hook
+    from capinterp.core.tokens import encode
+
+    model = load(name)
+    enc = encode(model, list(ci.data.arithmetic(ops="+", n=1, fmt="DG", lang="en", seed=5))[:1], max_target_tokens=1)[0]
+    pos, tgt = len(enc.prompt_ids) - 1, enc.target_ids[0]
+    tokens = torch.tensor([enc.ids], device=model.cfg.device)
+
+    def F(layer, value=None):
+        def put(act, hook):
+            act = act.clone()
+            act[0, pos] = value.to(act.dtype)
+            return act
+
+        hooks = [] if value is None else [(neuron_hook(layer), put)]
+        return torch.softmax(model.run_with_hooks(tokens, fwd_hooks=hooks)[0, pos].float(), -1)[tgt]
+
+    print(f"\n## {name}: integrand along the path, first prompt, target token {tgt}")
+    for layer in [int(x) for x in args.shape.split(",")]:
+        _, cache = model.run_with_cache(tokens)
+        a = cache[neuron_hook(layer)][0, pos].detach().float()
+        w_out = model.blocks[layer].mlp.W_out.detach().float()
+        ms = float((a @ w_out).pow(2).mean())
+        eps = float(getattr(model.cfg, "eps", float("nan")))
+        print(f"layer {layer}: eps {eps:g}, ms(W_out a) {ms:.3g}, alpha_c {(eps / ms) ** 0.5:.2g}")
+        print("| alpha | F(alpha a) | a . dF/da(alpha a) |\n|---|---|---|")
+        for al in [1, 0.6, 0.3, 0.2, 0.1, 0.03, 0.01, 3e-3, 1e-3, 1e-4, 0.0]:
+            z = (al * a).requires_grad_(True)
+            f = F(layer, z)
+            (g,) = torch.autograd.grad(f, z)
+            print(f"| {al:g} | {float(f):.6g} | {float((a * g).sum()):.4g} |")
+    sys.stdout.flush()
 
 
 def report(name, L, args, err, nodes, t, cap_layers) -> None:
@@ -140,12 +256,16 @@ def main() -> None:
     )
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--adaptive-only", action="store_true", help="only the adaptive rule, per schedule")
+    ap.add_argument("--shape", default="", help="comma-separated layers: print the integrand along the path instead")
+    ap.add_argument("--schedules", default="graded,doubling", help="with --adaptive-only: adaptive schedules to run")
     args = ap.parse_args()
     from capinterp.core.settings import set_threads
 
     set_threads(args.threads)
     for name in args.models.split(","):
-        run_model(name.strip(), args)
+        run = run_shape if args.shape else run_adaptive_only if args.adaptive_only else run_model
+        run(name.strip(), args)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ sum is read off four nodes whatever ``steps``: three rows per layer plus the sha
 Completeness, always: every rule gets one more node, alpha = 0 with weight 0 (the baseline; a
 rule with its own node there uses it), so ``F(baseline)`` per layer comes from the same batches
 and ``F(x)`` from the clean run; ``stats`` receives the per-layer completeness error
-(:mod:`capinterp.kernels.completeness`). ``config.rule="adaptive"`` doubles Gauss-Legendre nodes per
-layer until an error estimate is below ``tol``, one batched call per round with only the
+(:mod:`capinterp.kernels.completeness`). ``config.rule="adaptive"`` refines the rule per layer (graded
+towards alpha = 0 where a zero baseline makes the integrand sharp there, Gauss-Legendre doubled
+elsewhere) until an error estimate is below ``tol``, one batched call per round with only the
 unconverged layers (:mod:`capinterp.kernels.adaptive`).
 
 Otherwise every rule costs the same per point: ``n_layers x m`` rows per example (one fewer per
@@ -284,10 +285,13 @@ def ig_scores(
         [n_layers, d_mlp]. ``config.batch_size`` counts rows (one row = one interpolation point of one
         layer); peak memory grows with it. A single :class:`Encoded` gives n_examples = 1.
 
-        ``rule="adaptive"``: per layer, Gauss-Legendre nodes doubled from 4 until the layer's error
-        estimate is <= ``tol`` or the nodes would pass ``max_steps`` (then a
+        ``rule="adaptive"``: per layer, Gauss-Legendre with 4 nodes, then refined until the layer's
+        error estimate is <= ``tol`` or the nodes would pass ``max_steps`` (then a
         :class:`~capinterp.kernels.completeness.CompletenessWarning` names the layers); ``steps`` is
-        not used. One batched call per round with only the unconverged layers
+        not used. Refinement: composite Gauss-Legendre graded towards alpha = 0, deeper and with more
+        nodes each round (8, 20, 36, 56, 80, 108 nodes) for a zero baseline on a scale-invariant model
+        (Gemma 2/3: the integrand is sharp at 0); elsewhere Gauss-Legendre doubled (8, 16, ..., 128).
+        One batched kernel call per round with only the unconverged layers
         (:mod:`capinterp.kernels.adaptive`). It always integrates node by node (no closed form).
 
         ``invariance="auto"``: on models whose FFN output is scale invariant (Gemma 2/3, see
@@ -360,6 +364,8 @@ def ig_scores(
         and scale_invariant(model)
     )
     capped: dict[int, float] = {}
+    # a zero baseline on a scale-invariant FFN output: the integrand is sharp at alpha = 0 (adaptive: graded rule)
+    singular = adaptive and base is None and scale_invariant(model)
     with frozen_params(model), torch.enable_grad():
         for i, enc in it:
             s = site(enc, positions)
@@ -369,7 +375,7 @@ def ig_scores(
                     acts, gsum, f_clean, f_base = rows(s, sub, al, w)
                     return finish(acts, gsum, sub), f_clean, f_base
 
-                res = adaptive_ig(run, lay, config)
+                res = adaptive_ig(run, lay, config, singular_at_zero=singular)
                 ig = torch.stack([res.scores[l] for l in lay])
                 f_clean, f_base = res.f_clean, torch.tensor([res.f_base[l] for l in lay])
                 est = torch.tensor([res.error[l] for l in lay], dtype=torch.float64)

@@ -20,8 +20,11 @@ quadratic through three of them gives the same sum to second order, and their di
 cubic term) must be small for the example to be accepted. Where it is not, the example is
 integrated node by node, so the scores are the rule's sum either way. Used only when the rule
 has at least twice as many nodes (below that the saving does not pay for the substitution's
-own error, ~1e-4 of the largest score: ``benchmarks/bench_invariance.py``). This is also why no quadrature rule converges on Gemma 3 with a zero baseline
-(docs/results.md, "Quadrature rules"): the integrand ``a g(a) / alpha`` is not integrable at 0.
+own error, ~1e-4 of the largest score: ``benchmarks/bench_invariance.py``). This is also why fixed
+quadrature rules converge so slowly on Gemma 3 with a zero baseline (docs/results.md, "Quadrature
+rules"): per neuron the integrand is ``a g(a) / alpha`` down to ``alpha_c ~ sqrt(eps / ms)``, cut
+off only by the norm's eps; the adaptive rule grades its nodes towards 0 for it
+(:mod:`capinterp.kernels.adaptive`).
 """
 
 from __future__ import annotations

@@ -15,12 +15,15 @@ Rules (``steps`` = m = number of evaluation points, i.e. forward/backward rows p
 * ``"trapezoid"``: alpha_k = (k-1)/(m-1), w_k = 1/(m-1), halved at both ends (m >= 2);
 * ``"gauss"``: Gauss-Legendre nodes and weights of [-1, 1] mapped to [0, 1].
 
-``"adaptive"`` (:data:`ADAPTIVE_RULE`) is not a fixed rule: the IG kernel doubles Gauss-Legendre nodes
-per layer until an error estimate is below a tolerance (:mod:`capinterp.kernels.adaptive`);
+``"adaptive"`` (:data:`ADAPTIVE_RULE`) is not a fixed rule: the IG kernel refines a graded rule
+(:func:`graded`: composite Gauss-Legendre on panels shrinking geometrically towards alpha = 0) per
+layer until an error estimate is below a tolerance (:mod:`capinterp.kernels.adaptive`);
 :func:`check_rule` accepts it where a caller allows it, :func:`quadrature` does not.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import torch
@@ -34,6 +37,7 @@ __all__ = [
     "IG_RULES",
     "RULES",
     "check_rule",
+    "graded",
     "ig_preset",
     "quadrature",
 ]
@@ -77,6 +81,44 @@ def quadrature(steps: int, rule: str = "right") -> tuple[Float64[torch.Tensor, "
         return (k - 1) / (m - 1), w
     x, wx = np.polynomial.legendre.leggauss(m)
     return torch.from_numpy((x + 1) / 2), torch.from_numpy(wx / 2)
+
+
+#: Ratio of consecutive panel edges of :func:`graded`.
+GRADED_RATIO = 0.25
+
+
+def graded(
+    levels: int, per_level: int, ratio: float = GRADED_RATIO, growth: int = 0
+) -> tuple[Float64[torch.Tensor, " m"], Float64[torch.Tensor, " m"]]:
+    """Composite Gauss-Legendre graded towards alpha = 0: (nodes, weights), float64 on the CPU.
+
+    Panels ``[0, r^K], [r^K, r^(K-1)], ..., [r, 1]`` (``r = ratio``, ``K = levels``); the ``i``-th
+    from the bottom (``i = 0 .. K``) gets ``per_level + growth * i`` Gauss-Legendre nodes. Nodes in
+    increasing order, exact for polynomials of degree ``2 per_level - 1``; ``levels=0`` is
+    :func:`quadrature` ``"gauss"``. Made for integrands with a sharp feature of width ``c`` at 0,
+    ``h(alpha) / alpha`` with ``h -> 0`` below ``c`` and nearly constant above, or a bump there
+    (zero-baseline IG on Gemma 2/3 per neuron and summed, where the post-FFN RMSNorm makes the
+    layer's output scale invariant down to its ``eps``, :mod:`capinterp.kernels.invariant`): on each panel ``[r x, x]``
+    such an integrand is as smooth relative to the panel's width whatever ``x`` is, and once
+    ``r^K << c`` the bottom panel is smooth too. ``growth > 0`` gives the wider panels above more nodes (the hp rule of
+    Schwab's p/hp finite elements: degree growing linearly away from the singularity), for an
+    integrand that also varies on the scale of the whole path.
+    """
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 0:
+        raise ValueError(f"levels must be an integer >= 0, got {levels!r}")
+    if isinstance(per_level, bool) or not isinstance(per_level, int) or per_level < 1:
+        raise ValueError(f"per_level must be an integer >= 1, got {per_level!r}")
+    if not 0.0 < ratio < 1.0:
+        raise ValueError(f"ratio must be in (0, 1), got {ratio!r}")
+    if isinstance(growth, bool) or not isinstance(growth, int) or growth < 0:
+        raise ValueError(f"growth must be an integer >= 0, got {growth!r}")
+    edges = [0.0] + [ratio**j for j in range(levels, -1, -1)]
+    nodes, weights = [], []
+    for i, (a, b) in enumerate(itertools.pairwise(edges)):
+        x, wx = np.polynomial.legendre.leggauss(per_level + growth * i)
+        nodes.append(a + (b - a) * (x + 1) / 2)
+        weights.append((b - a) * wx / 2)
+    return torch.from_numpy(np.concatenate(nodes)), torch.from_numpy(np.concatenate(weights))
 
 
 IG_RULES = {
