@@ -13,7 +13,9 @@ from capinterp import circuits, data, experiments, interventions, kernels, local
 from capinterp._version import __version__
 from capinterp.app.reproduce import reproduce
 from capinterp.core.example import Example
+from capinterp.core.family import Family, UnsupportedFamily, family_of
 from capinterp.core.model import DEFAULT_MODEL, load_model, model_meta
+from capinterp.core.protocol import Model
 from capinterp.core.settings import set_threads
 from capinterp.interventions import (
     Faithfulness,
@@ -51,17 +53,20 @@ __all__ = [
     "EvalResult",
     "Example",
     "Faithfulness",
+    "Family",
     "FinetuneResult",
     "IGConfig",
     "KeySet",
     "KnowledgeCircuit",
     "KnowledgeEdit",
+    "Model",
     "NeFT",
     "NeuronScores",
     "NeuronSet",
     "QueryLocalization",
     "RomeEdit",
     "UnitSet",
+    "UnsupportedFamily",
     "__version__",
     "amplify",
     "attention_scaling",
@@ -73,6 +78,7 @@ __all__ = [
     "evaluate",
     "experiments",
     "faithfulness",
+    "family_of",
     "finetune",
     "interventions",
     "kernels",

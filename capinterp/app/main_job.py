@@ -12,6 +12,7 @@ from typing import Any
 from capinterp import data
 from capinterp.app.args import data_kwargs
 from capinterp.core.model import load_model
+from capinterp.core.protocol import Model
 from capinterp.interventions.hooks import erase
 from capinterp.kernels.evaluate import EvalResult, evaluate
 from capinterp.localizers.cnl import CNL
@@ -27,7 +28,7 @@ def _say(msg: str) -> None:
 
 
 def choose_examples(
-    model: Any, ds: list, mode: str, batch_size: int, base: EvalResult | None = None
+    model: Model, ds: list, mode: str, batch_size: int, base: EvalResult | None = None
 ) -> tuple[list, dict[str, Any]]:
     """The examples to localize on and how many were used: ``mode="correct"`` keeps those the model
     answers correctly (evaluating them unless ``base`` is given), ``"all"`` keeps every one.

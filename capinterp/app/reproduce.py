@@ -38,6 +38,7 @@ from typing import Any
 
 from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint, model_meta
+from capinterp.core.protocol import Model
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped
 from capinterp.kernels.quadrature import IG_RULES
 from capinterp.plots.html import check_plotlyjs, include_option, write_plotlyjs
@@ -45,7 +46,7 @@ from capinterp.plots.html import check_plotlyjs, include_option, write_plotlyjs
 __all__ = ["report_html", "reproduce"]
 
 
-def _config(model: Any, quick: bool, seed: int, ig_rule: str = "papers") -> dict[str, Any]:
+def _config(model: Model, quick: bool, seed: int, ig_rule: str = "papers") -> dict[str, Any]:
     return {
         "model": model_meta(model)["model"],
         "model_fingerprint": model_fingerprint(model),
@@ -110,7 +111,7 @@ def _load_done(folder: Path, name: str, log: Any) -> ExperimentResult | None:
 
 
 def reproduce(
-    model: Any,
+    model: Model,
     out: str | Path,
     *,
     quick: bool = False,

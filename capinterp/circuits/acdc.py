@@ -28,6 +28,7 @@ import torch
 from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core.example import as_examples
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
 
 __all__ = ["acdc", "match_nll"]
@@ -42,19 +43,19 @@ def _token_nll(logits: torch.Tensor, batch: EncodedBatch) -> torch.Tensor:
     return torch.cat(out)
 
 
-def _nll(model: Any, graph: Graph, chunks: list[EncodedBatch], removed: torch.Tensor | None) -> torch.Tensor:
+def _nll(model: Model, graph: Graph, chunks: list[EncodedBatch], removed: torch.Tensor | None) -> torch.Tensor:
     return torch.cat([_token_nll(run_graph(model, graph, b.tokens, removed=removed).logits, b) for b in chunks])
 
 
 @torch.no_grad()
-def match_nll(model: Any, graph: Graph, facts: Any, removed: torch.Tensor, *, batch_size: int = 16) -> float:
+def match_nll(model: Model, graph: Graph, facts: Any, removed: torch.Tensor, *, batch_size: int = 16) -> float:
     """MatchNLL of the model with ``removed`` edges zero-ablated (0 when nothing is removed)."""
     chunks = _chunks(model, facts, batch_size)
     with graph_mode(model, graph):
         return float((_nll(model, graph, chunks, removed) - _nll(model, graph, chunks, None)).mean())
 
 
-def _chunks(model: Any, facts: Any, batch_size: int) -> list[EncodedBatch]:
+def _chunks(model: Model, facts: Any, batch_size: int) -> list[EncodedBatch]:
     items = encode(model, as_examples(facts))
     if not items:
         raise ValueError("ACDC needs at least one fact")
@@ -64,7 +65,7 @@ def _chunks(model: Any, facts: Any, batch_size: int) -> list[EncodedBatch]:
 
 @torch.no_grad()
 def acdc(
-    model: Any,
+    model: Model,
     graph: Graph,
     facts: Any,
     *,

@@ -44,6 +44,7 @@ from capinterp.circuits.graph import Graph
 from capinterp.core import distributed as dist
 from capinterp.core.example import Example, as_examples
 from capinterp.core.forward import capture
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
 from capinterp.kernels.quadrature import check_rule, quadrature
 
@@ -77,7 +78,7 @@ def _subject_positions(tok: Any, enc: Encoded, subject: str | None) -> list[int]
     return pos or list(range(n_bos, len(enc.prompt_ids)))
 
 
-def make_pairs(model: Any, facts: Any, corrupt: str | Callable = "auto", *, seed: int = 0) -> list[Pair]:
+def make_pairs(model: Model, facts: Any, corrupt: str | Callable = "auto", *, seed: int = 0) -> list[Pair]:
     """Clean/corrupted pairs for every fact (see the module docstring for the rules)."""
     if not (callable(corrupt) or corrupt in ("auto", "noise")):
         raise ValueError(f"corrupt must be 'auto', 'noise' or a callable, got {corrupt!r}")
@@ -129,7 +130,7 @@ def make_pairs(model: Any, facts: Any, corrupt: str | Callable = "auto", *, seed
     return pairs
 
 
-def _custom(model: Any, enc: Encoded, out: Any, i: int) -> Pair:
+def _custom(model: Model, enc: Encoded, out: Any, i: int) -> Pair:
     if isinstance(out, Example):
         prompt, target = out.prompt, out.target
     elif isinstance(out, str):
@@ -169,13 +170,13 @@ def pair_loss(logits: torch.Tensor, pairs: Sequence[Pair], metric: str) -> torch
     return torch.stack(out)
 
 
-def input_embeddings(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+def input_embeddings(model: Model, tokens: torch.Tensor) -> torch.Tensor:
     """The ``input`` node's output (the residual entering block 0), without running the blocks."""
     return capture(model, tokens, "blocks.0.hook_resid_pre").detach().clone()
 
 
 def corrupt_embeddings(
-    model: Any, pairs: Sequence[Pair], index: Sequence[int], tokens: torch.Tensor, sigma: float, seed: int = 0
+    model: Model, pairs: Sequence[Pair], index: Sequence[int], tokens: torch.Tensor, sigma: float, seed: int = 0
 ) -> torch.Tensor:
     """Input embeddings of the corrupted rows ``tokens``, with each noise pair's fixed-seed noise added.
 
@@ -191,7 +192,7 @@ def corrupt_embeddings(
     return e
 
 
-def noise_std(model: Any, graph: Graph, pairs: Sequence[Pair], noise: float, batch_size: int = 8) -> float:
+def noise_std(model: Model, graph: Graph, pairs: Sequence[Pair], noise: float, batch_size: int = 8) -> float:
     """``noise`` x std of the clean input embeddings at the noised positions (over the dataset)."""
     vals = []
     dev = next(model.parameters()).device
@@ -204,7 +205,7 @@ def noise_std(model: Any, graph: Graph, pairs: Sequence[Pair], noise: float, bat
 
 
 def score_edges(
-    model: Any,
+    model: Model,
     graph: Graph,
     pairs: Sequence[Pair],
     *,

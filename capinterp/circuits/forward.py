@@ -45,6 +45,7 @@ from einops import rearrange
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 from capinterp.circuits.probe import Routes, routes
 from capinterp.core.family import family_of
+from capinterp.core.protocol import Model
 
 __all__ = ["GraphRun", "Routes", "check_additive", "graph_mode", "node_params", "run_graph", "supports"]
 
@@ -52,7 +53,7 @@ _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp
 
 
 @contextlib.contextmanager
-def graph_mode(model: Any, graph: Graph) -> Iterator[None]:
+def graph_mode(model: Model, graph: Graph) -> Iterator[None]:
     """Turn on the hooks the graph needs (per-head results, split inputs, mlp_in); restore after."""
     before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS}
     split = {"qkv": "use_split_qkv_input", "head": "use_attn_in"}.get(graph.granularity)
@@ -88,7 +89,7 @@ def graph_mode(model: Any, graph: Graph) -> Iterator[None]:
                 getattr(model, f"set_{f}")(True)
 
 
-def node_params(model: Any, graph: Graph) -> dict[str, int]:
+def node_params(model: Model, graph: Graph) -> dict[str, int]:
     """Parameters each node owns: a head 1/H of its layer's attention (+ ln1), an MLP its weights (+ ln2).
 
     ``input`` and ``logits`` own 0: every circuit touches them, and counting the embedding and
@@ -121,7 +122,7 @@ class GraphRun:
 
 
 def run_graph(
-    model: Any,
+    model: Model,
     graph: Graph,
     tokens: torch.Tensor,
     *,
@@ -258,7 +259,7 @@ def run_graph(
 
 
 @torch.no_grad()
-def check_additive(model: Any, graph: Graph, tol: float = 1e-3) -> float:
+def check_additive(model: Model, graph: Graph, tol: float = 1e-3) -> float:
     """Check every slot input = sum of its upstream outputs + a constant (biases); return the error.
 
     Raises NotImplementedError when the residual stream does not decompose into the graph's node
@@ -285,7 +286,7 @@ def _raw(mod: Any) -> Any:
     return getattr(mod, "original_component", None) or mod
 
 
-def _head_out_weights(model: Any, graph: Graph) -> list[torch.Tensor]:
+def _head_out_weights(model: Model, graph: Graph) -> list[torch.Tensor]:
     """Per layer ``[H, d_head, d_model]``: head h's slice of the output projection, as ``z_h @ W[h]``.
 
     Orientation from the family record (Conv1D stores ``[in, out]``, ``nn.Linear`` ``[out, in]``);
@@ -300,11 +301,11 @@ def _head_out_weights(model: Any, graph: Graph) -> list[torch.Tensor]:
     return out
 
 
-def _has(model: Any, sub: str) -> bool:
+def _has(model: Model, sub: str) -> bool:
     return getattr(model.blocks[0], "submodules", {}).get(sub) is not None or hasattr(model.blocks[0], sub)
 
 
-def _post_attn_gains(model: Any, graph: Graph) -> list[tuple[torch.Tensor, float]]:
+def _post_attn_gains(model: Model, graph: Graph) -> list[tuple[torch.Tensor, float]]:
     """Per layer ``(effective gain, eps)`` of an RMS post-attention norm (Gemma), else ``[]``.
 
     ``norm(x) = x * rsqrt(mean(x^2) + eps) * gain`` is linear in x for a fixed scale, so with the
@@ -324,7 +325,7 @@ def _post_attn_gains(model: Any, graph: Graph) -> list[tuple[torch.Tensor, float
     return out
 
 
-def _hooks(model: Any, graph: Graph) -> dict[str, Any]:
+def _hooks(model: Model, graph: Graph) -> dict[str, Any]:
     slot = {"q": "hook_q_input", "k": "hook_k_input", "v": "hook_v_input", "head": "hook_attn_in"}
     kinds = ("head",) if graph.granularity == "head" else ("q", "k", "v")
     L = range(graph.n_layers)

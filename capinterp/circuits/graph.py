@@ -54,6 +54,7 @@ import torch
 
 from capinterp._version import __version__
 from capinterp.core import validate
+from capinterp.core.protocol import Model
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.units.base import KeySet
 
@@ -63,7 +64,7 @@ GRANULARITIES = ("qkv", "head", "layer")
 INPUT, LOGITS = "input", "logits"
 
 
-def supports(model: Any, flag: str) -> bool:
+def supports(model: Model, flag: str) -> bool:
     """Whether the bridge accepts ``set_<flag>(True)`` (probed, then restored)."""
     before = bool(getattr(model.cfg, flag, False))
     try:
@@ -108,7 +109,7 @@ class Graph:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_model(cls, model: Any, granularity: str = "auto") -> Graph:
+    def from_model(cls, model: Model, granularity: str = "auto") -> Graph:
         """Graph of a TransformerBridge; ``granularity="auto"`` picks q/k/v slots when the model's
         attention exposes per-head q/k/v inputs, else one attention slot per layer (``"layer"``).
         Block layout (parallel or sequential) and head counts come from the family record."""

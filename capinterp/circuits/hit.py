@@ -13,6 +13,7 @@ from capinterp.circuits.eap import _tensor, corrupt_embeddings, make_pairs, nois
 from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Circuit, Graph
 from capinterp.core.example import as_examples
+from capinterp.core.protocol import Model
 from capinterp.core.settings import set_threads
 from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
 
@@ -33,7 +34,7 @@ ABLATIONS = ("zero", "mean", "corrupt")
 
 @torch.no_grad()
 def hit_at_k(
-    model: Any,
+    model: Model,
     circuit: Circuit,
     facts: Any,
     k: int | Sequence[int] = (1, 10),
@@ -98,7 +99,7 @@ def hit_at_k(
     return out
 
 
-def _mean_outputs(model: Any, graph: Graph, batches_: list[EncodedBatch]) -> torch.Tensor:
+def _mean_outputs(model: Model, graph: Graph, batches_: list[EncodedBatch]) -> torch.Tensor:
     """``[n_src, d]``: every node's mean output over the real (unpadded) tokens."""
     total, count = None, 0
     for batch in batches_:

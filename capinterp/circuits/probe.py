@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from capinterp.core.protocol import Model
+
 __all__ = ["Routes", "fired_hooks", "routes", "splits_qkv"]
 
 _CANDIDATES = (
@@ -42,7 +44,7 @@ _CANDIDATES = (
 _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in")
 
 
-def _try_set(model: Any, flag: str, value: bool) -> bool:
+def _try_set(model: Model, flag: str, value: bool) -> bool:
     try:
         getattr(model, f"set_{flag}")(value)
     except (NotImplementedError, ValueError, AttributeError):
@@ -50,7 +52,7 @@ def _try_set(model: Any, flag: str, value: bool) -> bool:
     return True
 
 
-def fired_hooks(model: Any) -> frozenset[str]:
+def fired_hooks(model: Model) -> frozenset[str]:
     """Block hook names (``"blocks.{l}.<name>"``) that fire with the graph flags on (probed once)."""
     cached = getattr(model, "_capinterp_graph_hooks", None)
     if isinstance(cached, frozenset):
@@ -103,12 +105,12 @@ def fired_hooks(model: Any) -> frozenset[str]:
     return out
 
 
-def _every_block(model: Any, name: str) -> bool:
+def _every_block(model: Model, name: str) -> bool:
     fired = fired_hooks(model)
     return all(f"blocks.{l}.{name}" in fired for l in range(int(model.cfg.n_layers)))
 
 
-def splits_qkv(model: Any) -> bool:
+def splits_qkv(model: Model) -> bool:
     """Whether every block fires per-head q/k/v input hooks (granularity ``"qkv"`` is possible)."""
     return all(_every_block(model, f"hook_{k}_input") for k in "qkv")
 
@@ -122,7 +124,7 @@ class Routes:
     layer_attn: str  # "layer" granularity: "ln1_in" | "norm" (ln1(slot) into the attention's input)
 
 
-def routes(model: Any, parallel: bool) -> Routes:
+def routes(model: Model, parallel: bool) -> Routes:
     """The routes this model's hooks allow (see the module docstring); NotImplementedError if none."""
     from capinterp.core.family import family_of
 

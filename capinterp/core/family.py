@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from capinterp.core.protocol import Model
+
 __all__ = [
     "Family",
     "MoE",
@@ -87,7 +89,7 @@ class Family:
         return self.n_layers, self.d_mlp
 
 
-def family_of(model: Any) -> Family:
+def family_of(model: Model) -> Family:
     """The model's :class:`Family`, read once and kept on the model (``model.capinterp_family``)."""
     fam = getattr(model, "capinterp_family", None)
     if isinstance(fam, Family):
@@ -100,7 +102,7 @@ def family_of(model: Any) -> Family:
     return fam
 
 
-def _hf_config(model: Any) -> Any:
+def _hf_config(model: Model) -> Any:
     cfg = getattr(getattr(model, "original_model", None), "config", None)
     if cfg is None or not hasattr(cfg, "to_dict"):
         return None
@@ -139,7 +141,7 @@ def _module_window(hf: Any) -> int | None:
     return None
 
 
-def _fused_qkv(model: Any, sizes: dict[str, Any]) -> bool:
+def _fused_qkv(model: Model, sizes: dict[str, Any]) -> bool:
     """Whether one projection of the first attention computes queries, keys and values together:
     a module whose output is ``(n_heads + 2 n_kv_heads) d_head`` wide (GPT-2's ``c_attn``, NeoX's
     ``query_key_value``, Phi-3's ``qkv_proj``, ...), read from the modules, not the family name."""
@@ -154,7 +156,7 @@ def _fused_qkv(model: Any, sizes: dict[str, Any]) -> bool:
     return False
 
 
-def read_family(model: Any) -> Family:
+def read_family(model: Model) -> Family:
     """Build the :class:`Family` of a ``TransformerBridge`` from its configs (no forward pass)."""
     tl = model.cfg
     common: dict[str, Any] = dict(

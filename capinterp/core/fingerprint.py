@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from capinterp.core.protocol import Model
+
 __all__ = ["architecture_fingerprint", "model_fingerprint", "refresh_fingerprint", "restoring", "weights_digest"]
 
 _CONFIG_KEYS = ("n_layers", "d_model", "d_mlp", "n_heads", "d_vocab", "n_ctx", "act_fn", "architecture")
@@ -38,7 +40,7 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CACHE = "capinterp_weights"
 
 
-def _config_facts(model: Any) -> dict[str, Any]:
+def _config_facts(model: Model) -> dict[str, Any]:
     cfg = model.cfg
     return {k: getattr(cfg, k, None) for k in _CONFIG_KEYS}
 
@@ -47,7 +49,7 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def architecture_fingerprint(model: Any) -> str:
+def architecture_fingerprint(model: Model) -> str:
     """Hash of the config facts that fix the neuron layout (name and weights excluded)."""
     return _hash(_config_facts(model))
 
@@ -66,7 +68,7 @@ def _tensor_sums(t: torch.Tensor) -> tuple[int, int]:
     return int(per_row.sum()), int((per_row * weights).sum())
 
 
-def _params(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
+def _params(model: Model) -> list[tuple[str, torch.nn.Parameter]]:
     return list(model.named_parameters())  # shared parameters appear once
 
 
@@ -74,7 +76,7 @@ def _state(params: list[tuple[str, torch.nn.Parameter]]) -> tuple:
     return tuple((n, id(p), p.data_ptr(), p._version, p.dtype, str(p.device)) for n, p in params)
 
 
-def weights_digest(model: Any) -> str:
+def weights_digest(model: Model) -> str:
     """Hash of every parameter's name, shape, dtype and raw-bit sums; cached until a weight changes."""
     params = _params(model)
     state = _state(params)
@@ -91,14 +93,14 @@ def weights_digest(model: Any) -> str:
     return digest
 
 
-def refresh_fingerprint(model: Any) -> None:
+def refresh_fingerprint(model: Model) -> None:
     """Forget the cached weights digest (after writes that bypass torch's version counter)."""
     if hasattr(model, _CACHE):
         delattr(model, _CACHE)
 
 
 @contextmanager
-def restoring(model: Any) -> Iterator[None]:
+def restoring(model: Model) -> Iterator[None]:
     """For weight writes that the block undoes exactly before it ends (temporary edits).
 
     After a normal exit the cached digest is kept for the restored weights, saving one pass over
@@ -113,7 +115,7 @@ def restoring(model: Any) -> Iterator[None]:
     setattr(model, _CACHE, (_state(_params(model)), digest))
 
 
-def model_fingerprint(model: Any) -> str:
+def model_fingerprint(model: Model) -> str:
     """A short hash of the config facts, the model's name and its weights (:func:`weights_digest`)."""
     facts: dict[str, Any] = _config_facts(model)
     facts["name"] = getattr(model, "capinterp_name", None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from capinterp.core.family import family_of, logit_transform
+from capinterp.core.protocol import Model
 
 __all__ = ["capture", "logits_at", "unembed"]
 
@@ -19,7 +20,7 @@ class _Stop(Exception):
     """Raised by a capture hook to end the forward pass once its value is in hand."""
 
 
-def capture(model, tokens: torch.Tensor, hook_name: str, fwd_hooks=()) -> torch.Tensor:
+def capture(model: Model, tokens: torch.Tensor, hook_name: str, fwd_hooks=()) -> torch.Tensor:
     """The activation at ``hook_name`` for ``tokens``; the forward stops there. Hooks apply."""
     box: list[torch.Tensor] = []
 
@@ -36,7 +37,7 @@ def capture(model, tokens: torch.Tensor, hook_name: str, fwd_hooks=()) -> torch.
     return box[0]
 
 
-def unembed(model, h: torch.Tensor) -> torch.Tensor:
+def unembed(model: Model, h: torch.Tensor) -> torch.Tensor:
     """Final norm + unembedding + the family's own final steps (logit multiplier, soft-cap).
 
     The family facts come from the model's record (:func:`capinterp.core.family.family_of`);
@@ -46,7 +47,7 @@ def unembed(model, h: torch.Tensor) -> torch.Tensor:
     return logit_transform(family_of(model), model.unembed(model.ln_final(h)))
 
 
-def logits_at(model, tokens: torch.Tensor, positions: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
+def logits_at(model: Model, tokens: torch.Tensor, positions: torch.Tensor, fwd_hooks=()) -> torch.Tensor:
     """Logits at ``positions[b]`` of each row ``b``: ``[batch, d_vocab]`` (float32)."""
     resid = capture(model, tokens, "ln_final.hook_in", fwd_hooks)
     rows = torch.arange(tokens.shape[0], device=resid.device)

@@ -30,6 +30,7 @@ import torch
 from capinterp.core.family import UnsupportedFamily, check_supported, family_of, read_family
 from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint, refresh_fingerprint
 from capinterp.core.forward import logits_at
+from capinterp.core.protocol import Model
 from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
 
 __all__ = [
@@ -197,7 +198,7 @@ def _check_placement(device, device_map, max_memory, name, offload_folder=None) 
     return {"device_map": device_map, **{k: v for k, v in extra.items() if v is not None}}
 
 
-def move_model(model, device) -> None:
+def move_model(model: Model, device) -> None:
     """Move ``model`` to ``device`` after checking it (:func:`resolve_device`); None leaves it in place.
 
     Refused before anything changes when the device does not exist or the model is spread over
@@ -240,18 +241,18 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     return bridge
 
 
-def _hook_ids(model) -> frozenset[tuple[str, int]]:
+def _hook_ids(model: Model) -> frozenset[tuple[str, int]]:
     return frozenset((name, key) for name, hp in model.hook_dict.items() for key in hp._forward_hooks)
 
 
-def user_hooks(model) -> list[str]:
+def user_hooks(model: Model) -> list[str]:
     """Hook points with forward hooks that were not there when the model loaded (the bridge's own
     adapter attaches some on a few families): the hooks a caller attached."""
     own: frozenset[tuple[str, int]] = getattr(model, "capinterp_own_hooks", frozenset())
     return sorted({name for name, key in _hook_ids(model) - own})
 
 
-def _probe_tokens(model) -> torch.Tensor:
+def _probe_tokens(model: Model) -> torch.Tensor:
     bos = getattr(model.tokenizer, "bos_token_id", None) or 0
     return torch.tensor([[bos, bos]], device=model.cfg.device)
 
@@ -385,12 +386,12 @@ def neuron_hook(layer: int) -> str:
     return f"blocks.{layer}.mlp.hook_post"
 
 
-def neuron_shape(model) -> tuple[int, int]:
+def neuron_shape(model: Model) -> tuple[int, int]:
     """``(n_layers, d_mlp)``: the shape of every neuron score / mask for this model."""
     return int(model.cfg.n_layers), int(model.cfg.d_mlp)
 
 
-def check_neuron_hooks(model) -> None:
+def check_neuron_hooks(model: Model) -> None:
     """Run two tokens through the model and check every layer's ``hook_post`` is ``d_mlp`` wide.
 
     Some architectures alias ``hook_post`` to the wrong tensor; this catches it at load time.
@@ -412,7 +413,7 @@ def check_neuron_hooks(model) -> None:
         )
 
 
-def neuron_param_info(model) -> dict[str, int]:
+def neuron_param_info(model: Model) -> dict[str, int]:
     """Parameter counts: ``params_per_neuron`` (W_in col, W_gate col, b_in, b_gate, W_out row) and ``n_params``.
 
     A neuron owns every MLP weight entry indexed by it (:func:`capinterp.core.neuron_weights.neuron_params`);
@@ -426,7 +427,7 @@ def neuron_param_info(model) -> dict[str, int]:
     return {"params_per_neuron": int(per), "n_params": int(count_entries(model.parameters()))}
 
 
-def model_meta(model) -> dict[str, Any]:
+def model_meta(model: Model) -> dict[str, Any]:
     """Metadata every result records about the model it was computed on."""
     n_layers, d_mlp = neuron_shape(model)
     return {
@@ -438,7 +439,7 @@ def model_meta(model) -> dict[str, Any]:
     }
 
 
-def check_logit_path(model: Any, tokens: torch.Tensor, rtol: float = 1e-3) -> None:
+def check_logit_path(model: Model, tokens: torch.Tensor, rtol: float = 1e-3) -> None:
     """Refuse a model whose logits capinterp's hand-built path (final norm, unembed, the record's
     transform) does not reproduce: the guard against silently wrong probabilities."""
     fam = family_of(model)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from capinterp.core.family import UnsupportedFamily
+from capinterp.core.protocol import Model
 from capinterp.core.weights import down_projection, value_weight
 
 __all__ = [
@@ -56,12 +57,12 @@ class NeuronParam:
     axis: int  # the parameter's d_mlp axis
 
 
-def _family_name(model: Any) -> str:
+def _family_name(model: Model) -> str:
     fam = getattr(model, "capinterp_family", None)
     return str(getattr(fam, "name", None) or type(getattr(model, "original_model", model)).__name__)
 
 
-def _module(model: Any, layer: int, component: str) -> torch.nn.Module | None:
+def _module(model: Model, layer: int, component: str) -> torch.nn.Module | None:
     """The transformers module behind the bridge MLP's ``component`` (``in`` / ``gate`` / ``out``)."""
     comp = getattr(model.blocks[layer].mlp, component, None)
     if comp is None:
@@ -91,20 +92,20 @@ def _axis(module: torch.nn.Module, p: torch.Tensor, side: str) -> int:
     return out if side == "out" else 1 - out
 
 
-def down_weight(model: Any, layer: int) -> tuple[torch.Tensor, int]:
+def down_weight(model: Model, layer: int) -> tuple[torch.Tensor, int]:
     """The down projection's weight of ``layer`` (the model's own parameter) and its neuron axis:
     1 for ``nn.Linear`` (``[d_model, d_mlp]``), 0 for ``Conv1D`` (``[d_mlp, d_model]``)
     (:func:`capinterp.core.weights.value_weight`)."""
     return value_weight(model, layer)
 
 
-def value_rows(model: Any, layer: int) -> torch.Tensor:
+def value_rows(model: Model, layer: int) -> torch.Tensor:
     """The value vectors of ``layer`` as ``[d_mlp, d_model]``: a view of the down projection's
     weight, so in-place writes (under ``torch.no_grad()``) edit the model itself."""
     return down_projection(model, layer).values()
 
 
-def neuron_params(model: Any, layers: Any = None) -> list[NeuronParam]:
+def neuron_params(model: Model, layers: Any = None) -> list[NeuronParam]:
     """Every parameter entry family indexed by neurons, per layer (``layers``: all by default).
 
     Raises ``UnsupportedFamily`` when a projection's parameter is not one of the model's

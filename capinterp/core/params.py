@@ -17,9 +17,11 @@ from __future__ import annotations
 import copy
 import types
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
+
+from capinterp.core.protocol import Model
 
 __all__ = ["copy_model", "count_entries"]
 
@@ -126,16 +128,17 @@ def _rebind_closures(new: torch.nn.Module, memo: dict[int, Any]) -> None:
                     hooks[hid] = fn
 
 
-def copy_model(model: Any) -> Any:
+def copy_model(model: Model) -> Model:
     """A deep copy of ``model`` sharing its tokenizer (only read): parameters that were views of
     another parameter are again views of the copy's one (same shape, strides and offset), and
     functions set on its modules (patched forwards, hooks) whose closures held the model's own
     objects hold the copy's."""
     tok = getattr(model, "tokenizer", None)
     memo: dict[int, Any] = {id(tok): tok} if tok is not None else {}
-    links = _views(model)
+    module = cast(torch.nn.Module, model)  # a bridge is an nn.Module
+    links = _views(module)
     src = dict(model.named_parameters())
-    new = copy.deepcopy(model, memo=memo)
+    new = copy.deepcopy(module, memo=memo)
     _rebind_closures(new, memo)
     if links:
         dst = dict(new.named_parameters())
@@ -146,4 +149,4 @@ def copy_model(model: Any) -> Any:
                     raise RuntimeError(f"copy_model: {base} changed its layout when copied; cannot re-link {view}")
                 offset = v.storage_offset() - b.storage_offset() + nb.storage_offset()
                 dst[view].data = nb.data.as_strided(v.shape, v.stride(), offset)
-    return new
+    return cast(Model, new)

@@ -28,6 +28,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, check_target
+from capinterp.core.protocol import Model
 
 __all__ = [
     "Encoded",
@@ -96,7 +97,7 @@ def _bos(tokenizer, adds_bos: bool | None = None) -> list[int]:
     return [int(bos)] if adds_bos else []
 
 
-def model_bos(model) -> list[int]:
+def model_bos(model: Model) -> list[int]:
     """BOS ids to prepend for this model (see :func:`_bos`)."""
     tok = getattr(model, "tokenizer", model)
     return _bos(tok, getattr(model, "capinterp_adds_bos", None))

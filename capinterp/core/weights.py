@@ -25,6 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.core.protocol import Model
 
 __all__ = ["DownProjection", "down_projection", "value_weight"]
 
@@ -70,7 +71,7 @@ def _stored_orientation(module: Any, weight: Tensor, d_mlp: int, d_model: int) -
     return None
 
 
-def down_projection(model: Any, layer: int) -> DownProjection:
+def down_projection(model: Model, layer: int) -> DownProjection:
     """Layer ``layer``'s down projection of a loaded model (bridge or TransformerLens-native)."""
     n_layers = len(model.blocks)
     if not isinstance(layer, int) or not 0 <= layer < n_layers:
@@ -94,7 +95,7 @@ def down_projection(model: Any, layer: int) -> DownProjection:
     )
 
 
-def value_weight(model: Any, layer: int) -> tuple[Tensor, int]:
+def value_weight(model: Model, layer: int) -> tuple[Tensor, int]:
     """``(weight, neuron_dim)`` of :func:`down_projection`: the stored weight and its neuron axis."""
     proj = down_projection(model, layer)
     return proj.weight, proj.neuron_dim

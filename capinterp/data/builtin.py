@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import torch
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 
 __all__ = ["builtin_facts", "facts_known_by"]
 
@@ -50,7 +51,7 @@ def builtin_facts(n: int | None = None) -> list[Example]:
 
 @torch.no_grad()
 def facts_known_by(
-    model,
+    model: Model,
     facts: Iterable[Example],
     *,
     batch_size: int = 64,

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 
 from .builtin import builtin_facts, facts_known_by
 
@@ -158,7 +159,7 @@ class NoKnownFacts(ValueError):
 
 
 def known_paraphrases(
-    model: Any,
+    model: Model,
     bags: Sequence[Sequence[Example]],
     *,
     per_fact: int = 5,

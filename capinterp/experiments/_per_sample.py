@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.localizers.kn import KN
 from capinterp.units.neurons import NeuronScores, NeuronSet
@@ -28,13 +28,13 @@ def example_key(ex: Example) -> str:
     return hashlib.sha256(f"{ex.prompt}\x00{ex.target}".encode()).hexdigest()[:12]
 
 
-def with_greedy_targets(model: Any, examples: list[Example]) -> list[Example]:
+def with_greedy_targets(model: Model, examples: list[Example]) -> list[Example]:
     """Examples with an empty target get the model's greedy next token (``meta["target_from"]="greedy"``)."""
     return fill_greedy_targets(model, list(examples))
 
 
 def kn_scores(
-    model: Any, ex: Example, *, steps: int, rule: str = "right", cache: ScoreCache | None = None
+    model: Model, ex: Example, *, steps: int, rule: str = "right", cache: ScoreCache | None = None
 ) -> NeuronScores:
     """IG scores [n_layers, d_mlp] of one prompt for its target's first token (KN's per-prompt scores);
     ``rule``: the IG quadrature (:mod:`capinterp.kernels.quadrature`)."""

@@ -21,6 +21,7 @@ import pandas as pd
 
 from capinterp.core import distributed as dist
 from capinterp.core.model import model_fingerprint
+from capinterp.core.protocol import Model
 from capinterp.data.paraphrases import NoKnownFacts
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
@@ -69,7 +70,7 @@ class ExperimentResult:
 class Context:
     """What an experiment runs with: the model, the size mode, the seed and a cache folder."""
 
-    model: Any
+    model: Model
     quick: bool = False
     seed: int = 0
     workdir: Path | None = None

@@ -25,6 +25,7 @@ from typing import Any
 
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_fingerprint
+from capinterp.core.protocol import Model
 from capinterp.experiments.scoring import TASK_METRICS, greedy_correct, target_scores
 from capinterp.localizers.dataset import fill_greedy_targets
 from capinterp.units.neurons import NeuronScores
@@ -103,7 +104,7 @@ def metric_for(name: str) -> str:
 
 
 def solved_first(
-    model: Any, examples: Sequence[Example], metric: str, n_keep: int, batch_size: int = 16
+    model: Model, examples: Sequence[Example], metric: str, n_keep: int, batch_size: int = 16
 ) -> tuple[list[Example], int]:
     """The ``n_keep`` examples to localize on (solved ones first, then by target probability).
 
@@ -123,7 +124,7 @@ def solved_first(
     return [exs[i] for i in keep], sum(solved[i] for i in keep)
 
 
-def cut_targets(model: Any, examples: Sequence[Example], max_tokens: int) -> list[Example]:
+def cut_targets(model: Model, examples: Sequence[Example], max_tokens: int) -> list[Example]:
     """Targets shortened to their first ``max_tokens`` tokens (in context), where that round-trips.
 
     An example whose shortened target would tokenize differently after its prompt, or be only
@@ -152,7 +153,7 @@ _MEMO: dict[tuple, CapabilityData] = {}
 
 
 def prepare(
-    model: Any,
+    model: Model,
     names: Sequence[str],
     *,
     n_candidates: int,
@@ -271,14 +272,14 @@ def prepared(ctx: Any, s: dict[str, Any]) -> dict[str, CapabilityData]:
     )
 
 
-def default_localize(model: Any) -> Localize:
+def default_localize(model: Model) -> Localize:
     """An uncached ``localize`` (a fresh fit per call), for use outside a reproduction run."""
     from capinterp.experiments.base import Context
 
     return Context(model, progress=False).localize
 
 
-def on_device(model: Any, device: Any) -> Any:
+def on_device(model: Model, device: Any) -> Any:
     """Move ``model`` to ``device`` when one is given (the localizers' convention); return it."""
     from capinterp.core.model import move_model
 

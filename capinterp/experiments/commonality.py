@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capinterp.core.example import Example, as_examples
+from capinterp.core.protocol import Model
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.units import metrics
@@ -64,7 +65,7 @@ def split_stats(a: Any, b: Any) -> dict[str, float]:
 
 
 def commonality_table(
-    model: Any,
+    model: Model,
     datasets: Mapping[str, Sequence[Example]],
     *,
     methods: Sequence[str] = ("cnl", "dcsn"),

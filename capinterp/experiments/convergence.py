@@ -37,6 +37,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
+from capinterp.core.protocol import Model
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.commonality import SPLIT_COLUMNS, split_stats
@@ -103,7 +104,7 @@ QUICK_PLAN: tuple[Track, ...] = (Track("sub", "sub", "generated", 6),)
 QUICK_SIZES = (3, 6)
 
 
-def load_track(model: Any, track: Track, n: int, seed: int = 0) -> list[Example]:
+def load_track(model: Model, track: Track, n: int, seed: int = 0) -> list[Example]:
     """``n`` seeded train-split examples of ``track`` with gold targets (code cut to 5 tokens)."""
     from capinterp.data.capabilities import load_capability
 
@@ -132,7 +133,7 @@ def block_scores(blocks: Sequence[NeuronScores], n_examples: int) -> NeuronScore
 
 
 def convergence_table(
-    model: Any,
+    model: Model,
     datasets: Mapping[str, Sequence[Example]],
     *,
     sizes: Sequence[int],

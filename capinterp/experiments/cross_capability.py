@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from capinterp.core.example import Example, as_examples
+from capinterp.core.protocol import Model
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
@@ -52,7 +53,7 @@ def _rel(base: float, after: float) -> float:
 
 
 def cross_table(
-    model: Any,
+    model: Model,
     neurons: Mapping[str, NeuronSet],
     tests: Mapping[str, Sequence[Example]],
     *,

@@ -22,6 +22,7 @@ import torch
 
 from capinterp.core.example import Example
 from capinterp.core.model import model_meta
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, encode
 from capinterp.data import arithmetic
 from capinterp.localizers.dataset import describe_data
@@ -53,7 +54,7 @@ Scorer = Callable[[str, list[Example]], NeuronScores]
 
 @torch.no_grad()
 def sample_scores(
-    model: Any, examples: Sequence[Example], batch_size: int = 16, norms: str = "raw"
+    model: Model, examples: Sequence[Example], batch_size: int = 16, norms: str = "raw"
 ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
     """Yield ``(indices, scores [b, n_layers, d_mlp], first_token_correct [b])`` per batch (CPU).
 
@@ -66,7 +67,7 @@ def sample_scores(
 
 
 def correct_scores(
-    model: Any,
+    model: Model,
     examples: Sequence[Example],
     *,
     filter: str = "first_token",
@@ -152,7 +153,7 @@ def one_op_name(op: str, seed: int, fmt: str = "DG", lang: str = "en", style: st
     return f"{OP_NAMES[op]}_{fmt}_{lang}_{style}{shots}_s{seed}"
 
 
-def direct_scorer(model: Any, filter: str = "first_token", batch_size: int = 16, norms: str = "raw") -> Scorer:
+def direct_scorer(model: Model, filter: str = "first_token", batch_size: int = 16, norms: str = "raw") -> Scorer:
     """A :data:`Scorer` computing :func:`correct_scores` with no caching (tests, notebooks, scripts)."""
     return lambda name, examples: correct_scores(model, examples, filter=filter, batch_size=batch_size, norms=norms)
 

@@ -26,6 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.data.arithmetic import arithmetic
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores, with_greedy_targets
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -64,7 +65,7 @@ def decoupling_pairs(n: int, seed: int = 0, ops: str = "+-*") -> list[tuple[Exam
 
 
 def locate_pairs(
-    model: Any,
+    model: Model,
     pairs: Sequence[tuple[Example, Example]],
     *,
     steps: int = 20,

@@ -23,6 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capinterp.core.example import Example, as_examples
+from capinterp.core.protocol import Model
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
@@ -74,7 +75,7 @@ def columns(arms: Sequence[str] = ARMS) -> list[str]:
 
 
 def enhance_table(
-    model: Any,
+    model: Model,
     neurons: Mapping[str, NeuronSet],
     train: Mapping[str, Sequence[Example]],
     tests: Mapping[str, Sequence[Example]],

@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
+from capinterp.core.protocol import Model
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.scoring import measure
@@ -80,13 +81,15 @@ def random_sets(neurons: NeuronSet, n_random: int, seed: int = 0) -> list[Neuron
     return [neurons.random_like(seed=seed * 1000 + r) for r in range(n_random)]
 
 
-def _erased(model: Any, neurons: NeuronSet, examples: list[Example], metric: str, batch_size: int) -> dict[str, float]:
+def _erased(
+    model: Model, neurons: NeuronSet, examples: list[Example], metric: str, batch_size: int
+) -> dict[str, float]:
     with erase(model, neurons):
         return measure(model, examples, metric, batch_size)
 
 
 def erase_table(
-    model: Any,
+    model: Model,
     scores: Mapping[str, NeuronScores],
     tests: Mapping[str, Sequence[Example]],
     *,

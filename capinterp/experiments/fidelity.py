@@ -27,6 +27,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -54,7 +55,7 @@ COLUMNS = [
 
 
 def locate_paraphrases(
-    model: Any,
+    model: Model,
     bag: Sequence[Example],
     method: str,
     *,
@@ -101,7 +102,7 @@ def _pair_stats(sets: list[UnitSet]) -> dict[str, float]:
 
 
 def fidelity_table(
-    model: Any,
+    model: Model,
     bags: Sequence[Sequence[Example]],
     *,
     methods: Sequence[str] = METHODS,

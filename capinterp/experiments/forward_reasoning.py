@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.data import arithmetic
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
@@ -75,7 +76,7 @@ def operator_ratio(active: torch.Tensor, sets: Mapping[str, NeuronSet], ops: Seq
 
 
 def activation_ratio(
-    model: Any,
+    model: Model,
     examples: Sequence[Example],
     op_sets: Mapping[str, NeuronSet],
     *,
@@ -104,7 +105,12 @@ def activation_ratio(
 
 
 def reverse_validation(
-    model: Any, examples: Sequence[Example], erase_sets: Mapping[str, NeuronSet], *, seed: int = 0, batch_size: int = 16
+    model: Model,
+    examples: Sequence[Example],
+    erase_sets: Mapping[str, NeuronSet],
+    *,
+    seed: int = 0,
+    batch_size: int = 16,
 ) -> pd.DataFrame:
     """Per group of examples with the same operator set: accuracy and mean p(target) of the
     original model, with the union of the present operators' ``erase_sets`` zeroed, and with a
@@ -131,7 +137,7 @@ def reverse_validation(
 
 
 def forward_reasoning_table(
-    model: Any,
+    model: Model,
     datasets: Mapping[int, list[Example]],
     op_sets: Mapping[str, NeuronSet],
     erase_sets: Mapping[str, NeuronSet],

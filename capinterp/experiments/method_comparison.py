@@ -33,6 +33,7 @@ import torch
 
 from capinterp.core.example import Example
 from capinterp.core.forward import logits_at
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments import capability_data as cd
@@ -66,7 +67,7 @@ COLUMNS = [
 
 
 @torch.no_grad()
-def _prob(model: Any, ex: Example, hooks: list | None = None) -> float:
+def _prob(model: Model, ex: Example, hooks: list | None = None) -> float:
     """p(first target token | prompt) under ``hooks``."""
     enc = encode(model, [ex], max_target_tokens=1)[0]
     tokens = torch.tensor([enc.prompt_ids], device=model.cfg.device)
@@ -80,7 +81,7 @@ def _zero_mlp(layers: Sequence[int]) -> list:
     return [(f"blocks.{int(l)}.hook_mlp_out", lambda act, hook: torch.zeros_like(act)) for l in layers]
 
 
-def rome_ipp(model: Any, ex: Example, layers: Sequence[int], n_random: int, seed: int = 0) -> float:
+def rome_ipp(model: Model, ex: Example, layers: Sequence[int], n_random: int, seed: int = 0) -> float:
     """Zero the MLP output of ``layers`` (every position) vs ``n_random`` random equal-size layer
     sets: IPP of the drop in target probability (a fraction)."""
     n_layers = int(model.cfg.n_layers)
@@ -91,7 +92,7 @@ def rome_ipp(model: Any, ex: Example, layers: Sequence[int], n_random: int, seed
     return metrics.ipp(located, rand)
 
 
-def kc_ipp(model: Any, circuit: Any, facts: Sequence[Example], n_random: int, seed: int = 0) -> float:
+def kc_ipp(model: Model, circuit: Any, facts: Sequence[Example], n_random: int, seed: int = 0) -> float:
     """Remove the circuit's edges vs ``n_random`` random equal-size edge sets: IPP of the drop in
     circuit-complement Hit@10 (a fraction)."""
     from capinterp.circuits.graph import Circuit
@@ -116,7 +117,7 @@ def kc_ipp(model: Any, circuit: Any, facts: Sequence[Example], n_random: int, se
 
 
 def _fact_rows(
-    model: Any,
+    model: Model,
     bags: Sequence[Sequence[Example]],
     *,
     kn_steps: int,
@@ -185,7 +186,7 @@ def _fact_rows(
 
 
 def table4(
-    model: Any,
+    model: Model,
     bags: Sequence[Sequence[Example]],
     capability: cd.CapabilityData,
     *,

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
     OP_NAMES,
@@ -42,7 +43,7 @@ PAPER = {  # Table 5, LLaMA-3-8B: accuracy drop (points), rows = test items, col
 
 
 def per_op(
-    model: Any, tests: Mapping[str, list[Example]], ops: Sequence[str], batch_size: int = 16
+    model: Model, tests: Mapping[str, list[Example]], ops: Sequence[str], batch_size: int = 16
 ) -> dict[str, tuple[float, float]]:
     """(accuracy, mean p(first target token)) of each operator's items.
 
@@ -62,7 +63,7 @@ def per_op(
 
 
 def ablation_matrix(
-    model: Any,
+    model: Model,
     tests: Mapping[str, list[Example]],
     erase_sets: Mapping[str, NeuronSet],
     *,

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 import torch
 
 from capinterp.core.model import neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.faithfulness import sub_and_facts
 from capinterp.interventions.faithfulness import ablated_metric
@@ -56,7 +57,7 @@ def correlations(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(np.corrcoef(a, b)[0, 1]), spearman
 
 
-def unit_effects(model: Any, data: Any, groups: list[torch.Tensor], ablation: str = "zero", batch_size: int = 16):
+def unit_effects(model: Model, data: Any, groups: list[torch.Tensor], ablation: str = "zero", batch_size: int = 16):
     """``[len(groups)]`` exact effects: m(full) - m(the group's neurons ablated), a group being a
     bool ``[n_layers, d_mlp]`` mask; all groups run as rows of the same batches."""
     L, d = neuron_shape(model)
@@ -68,7 +69,7 @@ def unit_effects(model: Any, data: Any, groups: list[torch.Tensor], ablation: st
 
 
 def agreement_table(
-    model: Any,
+    model: Model,
     task: str,
     data: list,
     scores: dict[str, NeuronScores],

@@ -37,6 +37,7 @@ import torch
 
 from capinterp.core.example import Example
 from capinterp.core.forward import logits_at
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments._per_sample import ScoreCache, kn_neurons, kn_scores
@@ -82,7 +83,7 @@ CHAIN_COLUMNS = [
 ]
 
 
-def parameter_chains(model: Any, bags: Sequence[Sequence[Example]], *, kc_top_n: int = 100) -> pd.DataFrame:
+def parameter_chains(model: Model, bags: Sequence[Sequence[Example]], *, kc_top_n: int = 100) -> pd.DataFrame:
     """One row per fact: its EAP circuit's size, parameter share and circuit-only Hit@k.
 
     ``bags``: one list of paraphrased Examples per fact (``meta["subject"]`` set). Hit@k under
@@ -128,7 +129,7 @@ def _last_only(hooks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 @torch.no_grad()
 def target_prob(
-    model: Any, ex: Example, neurons: NeuronSet | None = None, factor: float = 1.0, position: str = "last"
+    model: Model, ex: Example, neurons: NeuronSet | None = None, factor: float = 1.0, position: str = "last"
 ) -> float:
     """p(first target token | prompt), with ``neurons`` scaled by ``factor`` at ``position``."""
     if position not in POSITIONS:
@@ -147,7 +148,7 @@ def target_prob(
 
 
 def reliability_frame(
-    model: Any,
+    model: Model,
     examples: Sequence[Example],
     *,
     neuron_sets: Sequence[NeuronSet] | None = None,

@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.data.capability_sources import data_file
 from capinterp.data.corpus import local_texts
 from capinterp.data.facts import load_counterfact
@@ -69,7 +70,7 @@ BUILTIN = [
 ]
 
 
-def known_counterfact(model: Any, n: int, pool: int = 60) -> list[Example]:
+def known_counterfact(model: Model, n: int, pool: int = 60) -> list[Example]:
     """Up to ``n`` CounterFact facts (first ``pool`` records) on which ``model`` prefers the true object."""
     path = data_file(COUNTERFACT)
     facts = load_counterfact(path, limit=pool) if path is not None else BUILTIN
@@ -85,7 +86,7 @@ def known_counterfact(model: Any, n: int, pool: int = 60) -> list[Example]:
 
 
 def layer_frame(
-    model: Any, facts: Sequence[Example], layers: Sequence[int], ctx: Context | None = None, **rome_params: Any
+    model: Model, facts: Sequence[Example], layers: Sequence[int], ctx: Context | None = None, **rome_params: Any
 ) -> pd.DataFrame:
     """One row per (fact, layer): ROME's three scores before and after the edit at that layer.
 

@@ -21,13 +21,13 @@ probability, so every table can show a probability next to an accuracy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
 from capinterp.core.example import Example
 from capinterp.core.forward import capture, unembed
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.data.parsing import is_correct, parse_answer
 from capinterp.kernels.evaluate import evaluate
@@ -38,7 +38,7 @@ TASK_METRICS: tuple[str, ...] = ("accuracy", "target_prob")
 
 
 @torch.no_grad()
-def target_scores(model: Any, examples: Sequence[Example], batch_size: int = 16) -> dict[str, np.ndarray]:
+def target_scores(model: Model, examples: Sequence[Example], batch_size: int = 16) -> dict[str, np.ndarray]:
     """Per-example teacher-forced target statistics, one forward per batch (hooks on the model apply).
 
     Examples are batched by length (less padding) and returned in input order. Returns arrays
@@ -105,7 +105,7 @@ def surely_wrong(example: Example, first: str) -> bool:
 
 
 def greedy_correct(
-    model: Any, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
+    model: Model, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
 ) -> list[bool]:
     """Per example, :func:`~capinterp.kernels.evaluate.evaluate`'s verdict, decoding only where needed.
 
@@ -136,13 +136,13 @@ def greedy_correct(
 
 
 def greedy_accuracy(
-    model: Any, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
+    model: Model, examples: Sequence[Example], stats: dict[str, np.ndarray] | None = None, batch_size: int = 16
 ) -> float:
     """:func:`~capinterp.kernels.evaluate.evaluate`'s accuracy via :func:`greedy_correct`."""
     return float(np.mean(greedy_correct(model, examples, stats, batch_size)))
 
 
-def measure(model: Any, examples: Sequence[Example], metric: str, batch_size: int = 16) -> dict[str, float]:
+def measure(model: Model, examples: Sequence[Example], metric: str, batch_size: int = 16) -> dict[str, float]:
     """``{"value": the metric, "prob": mean target probability}`` of ``examples`` under ``model``.
 
     ``metric="accuracy"`` is :func:`greedy_accuracy` (greedy decoding only where the teacher-forced

@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.dcsn_common import (
     OP_NAMES,
@@ -197,7 +198,7 @@ def compare_sets(
 
 
 def specificity_table(
-    model: Any,
+    model: Model,
     datasets: Mapping[Key, list[Example]],
     *,
     pairs: Sequence[tuple[str, str, str]],

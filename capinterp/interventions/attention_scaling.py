@@ -33,6 +33,7 @@ import torch
 from capinterp.core import validate
 from capinterp.core.example import Example
 from capinterp.core.model import neuron_hook
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
 from capinterp.interventions.edit_eval import next_token_probs
 from capinterp.kernels.tracing import subject_token_range
@@ -43,7 +44,7 @@ __all__ = ["attention_scaling", "knowledge_synapses", "scale_attention"]
 KeySpec = str | Sequence[int] | Callable[[Any, Example, list[int]], Sequence[int]]
 
 
-def _layers(model, layers: Sequence[int] | None) -> list[int]:
+def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
     n = int(model.cfg.n_layers)
     out = list(range(n)) if layers is None else [int(l) for l in layers]
     if not out or any(not 0 <= l < n for l in out):
@@ -53,7 +54,7 @@ def _layers(model, layers: Sequence[int] | None) -> list[int]:
 
 @contextlib.contextmanager
 def scale_attention(
-    model,
+    model: Model,
     keys: Sequence[int],
     factor: float,
     *,
@@ -94,7 +95,7 @@ def scale_attention(
 
 
 def knowledge_synapses(
-    model, example: Example, which: KeySpec = "subject", k: int = 3, include_first: bool = False
+    model: Model, example: Example, which: KeySpec = "subject", k: int = 3, include_first: bool = False
 ) -> list[int]:
     """Key positions (in the model's token ids, BOS included) that form the KS of ``example``.
 
@@ -125,7 +126,7 @@ def knowledge_synapses(
 
 
 @torch.no_grad()
-def _top_attended(model, ids: list[int], k: int, skip: int) -> list[int]:
+def _top_attended(model: Model, ids: list[int], k: int, skip: int) -> list[int]:
     """The ``k`` keys most attended from the last position (positions < ``skip`` and the last excluded)."""
     names = {f"blocks.{l}.attn.hook_pattern" for l in range(int(model.cfg.n_layers))}
     _, cache = model.run_with_cache(torch.tensor([ids], device=model.cfg.device), names_filter=lambda n: n in names)
@@ -137,7 +138,7 @@ def _top_attended(model, ids: list[int], k: int, skip: int) -> list[int]:
 
 
 @torch.no_grad()
-def _neuron_act(model, ids: list[int], neurons: NeuronSet) -> float:
+def _neuron_act(model: Model, ids: list[int], neurons: NeuronSet) -> float:
     """Sum of the neurons' activations at the last position."""
     box: list[float] = []
     hooks = []
@@ -152,7 +153,7 @@ def _neuron_act(model, ids: list[int], neurons: NeuronSet) -> float:
 
 
 def attention_scaling(
-    model,
+    model: Model,
     examples: Sequence[Any],
     *,
     keys: KeySpec = "subject",

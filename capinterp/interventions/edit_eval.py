@@ -20,6 +20,7 @@ from torch import Tensor
 
 from capinterp.core.example import Example
 from capinterp.core.forward import logits_at
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 
 __all__ = ["EditBaseline", "measure_edit", "next_token_probs", "perplexity", "probe_ids", "prompt_ids"]
@@ -35,18 +36,18 @@ class EditBaseline:
     probs: Tensor | None = None
 
 
-def prompt_ids(model, prompt: str) -> list[int]:
+def prompt_ids(model: Model, prompt: str) -> list[int]:
     """Token ids of ``prompt`` as the model reads it (BOS per its tokenizer's convention)."""
     return model_bos(model) + list(model.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-def probe_ids(model, enc, others: Sequence[Example]) -> list[list[int]]:
+def probe_ids(model: Model, enc, others: Sequence[Example]) -> list[list[int]]:
     """The prompts an edit is measured on: the fact's encoded queries, then the unrelated prompts."""
     return [list(e.prompt_ids) for e in enc] + [prompt_ids(model, o.prompt) for o in others]
 
 
 @torch.no_grad()
-def next_token_probs(model, ids: Sequence[Sequence[int]], batch_size: int = 16) -> Float[Tensor, "n d_vocab"]:
+def next_token_probs(model: Model, ids: Sequence[Sequence[int]], batch_size: int = 16) -> Float[Tensor, "n d_vocab"]:
     """Softmax of the next-token logits after each id sequence: ``[n, d_vocab]`` float32 on the CPU."""
     if not ids:
         return torch.zeros(0, int(model.cfg.d_vocab))
@@ -58,7 +59,7 @@ def next_token_probs(model, ids: Sequence[Sequence[int]], batch_size: int = 16) 
 
 
 @torch.no_grad()
-def perplexity(model, texts: str | Sequence[str], max_tokens: int = 64, batch_size: int = 8) -> float:
+def perplexity(model: Model, texts: str | Sequence[str], max_tokens: int = 64, batch_size: int = 8) -> float:
     """exp(mean token NLL) over all predicted tokens of ``texts`` (each cut to ``max_tokens``).
 
     Each token is predicted from the tokens before it; the first token of a sequence (the BOS,
@@ -83,7 +84,7 @@ def perplexity(model, texts: str | Sequence[str], max_tokens: int = 64, batch_si
 
 
 def measure_edit(
-    model,
+    model: Model,
     edit: Any,
     enc,
     new_ids,

@@ -41,6 +41,7 @@ from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
 from capinterp.core.params import copy_model
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, encode
 from capinterp.core.weights import value_weight
 from capinterp.interventions.edit_eval import EditBaseline, measure_edit, next_token_probs, perplexity, probe_ids
@@ -65,7 +66,7 @@ MODES = ("erase", "update")
 DIRECTIONS = ("unembed", "embed")
 
 
-def _rows(model, layer: int, idx: torch.Tensor) -> torch.Tensor:
+def _rows(model: Model, layer: int, idx: torch.Tensor) -> torch.Tensor:
     """Copies of the value vectors of neurons ``idx`` of ``layer``: ``[k, d_model]``."""
     w, dim = value_weight(model, layer)
     rows = w.detach().index_select(dim, idx.to(w.device))
@@ -73,7 +74,7 @@ def _rows(model, layer: int, idx: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _write(model, layer: int, idx: torch.Tensor, values: torch.Tensor) -> None:
+def _write(model: Model, layer: int, idx: torch.Tensor, values: torch.Tensor) -> None:
     w, dim = value_weight(model, layer)
     v = values.to(device=w.device, dtype=w.dtype)
     if dim == 0:
@@ -95,10 +96,10 @@ class KnowledgeEdit:
     params: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     records: pd.DataFrame | None = None
-    model: Any = None  # the edited model when inplace=True
+    model: Model | None = None  # the edited model when inplace=True
 
     @contextlib.contextmanager
-    def apply(self, model) -> Iterator[Any]:
+    def apply(self, model: Model) -> Iterator[Any]:
         """Write the new value vectors into ``model``; restore the exact old ones on exit."""
         check_neurons(model, self.neurons)
         saved = {l: _rows(model, l, idx) for l, (idx, _) in self.values.items()}
@@ -111,24 +112,24 @@ class KnowledgeEdit:
                 for l, (idx, _) in self.values.items():
                     _write(model, l, idx, saved[l])
 
-    def apply_permanently(self, model) -> Any:
+    def apply_permanently(self, model: Model) -> Any:
         """Write the edit into ``model`` for good; returns the model."""
         check_neurons(model, self.neurons)
         for l, (idx, new) in self.values.items():
             _write(model, l, idx, new)
         return model
 
-    def edited_copy(self, model) -> Any:
+    def edited_copy(self, model: Model) -> Any:
         """A deep copy of ``model`` with the edit kept (``model`` itself is not touched)."""
         return self.apply_permanently(copy_model(model))
 
 
-def _direction(model, token: int, direction: str) -> torch.Tensor:
+def _direction(model: Model, token: int, direction: str) -> torch.Tensor:
     return (model.W_U[:, token] if direction == "unembed" else model.W_E[token]).detach().float()
 
 
 @torch.no_grad()
-def last_activations(model, ids: Sequence[int], neurons: NeuronSet) -> Float[Tensor, "n_layers d_mlp"]:
+def last_activations(model: Model, ids: Sequence[int], neurons: NeuronSet) -> Float[Tensor, "n_layers d_mlp"]:
     """Activations ``[n_layers, d_mlp]`` at the last position of ``ids`` (layers with neurons only)."""
     acts = torch.zeros(neurons.shape)
     layers = [l for l in range(neurons.n_layers) if bool(neurons.mask[l].any())]
@@ -144,7 +145,7 @@ def last_activations(model, ids: Sequence[int], neurons: NeuronSet) -> Float[Ten
 
 
 def new_values(
-    model,
+    model: Model,
     neurons: NeuronSet,
     mode: str,
     old_token: int | None = None,
@@ -219,7 +220,7 @@ def _new_answer(mode: str, new_target: str | None, old: str) -> str | None:
 
 
 def _answer_ids(
-    model, queries: list[Example], query_index: int, mode: str, new_target: str | None
+    model: Model, queries: list[Example], query_index: int, mode: str, new_target: str | None
 ) -> tuple[list[Encoded], list[int] | None]:
     """The queries encoded with their old answer, and the new answer's first token per query
     (update only; refused when it is the old answer's first token)."""
@@ -240,7 +241,7 @@ def _answer_ids(
 
 
 def _fact_neurons(
-    model,
+    model: Model,
     queries: list[Example],
     query_index: int,
     selection: str,
@@ -261,7 +262,7 @@ def _fact_neurons(
 
 
 def edit_knowledge(
-    model,
+    model: Model,
     fact: Sequence[Any],
     selection: str = "consistency-aware",
     mode: str = "erase",
@@ -372,7 +373,7 @@ def edit_knowledge(
 
 
 def edit_table(
-    model,
+    model: Model,
     facts: Any,
     *,
     ql: QueryLocalization | None = None,

@@ -42,6 +42,7 @@ from capinterp.circuits.eap import make_pairs
 from capinterp.core import validate
 from capinterp.core.forward import logits_at
 from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
@@ -99,7 +100,7 @@ def _order(scores: torch.Tensor, by: str) -> torch.Tensor:
     return torch.sort(scores.abs() if by == "abs" else scores, descending=True, stable=True).indices
 
 
-def _ranking(model: Any, units: Any, by: str = "score") -> tuple[str, torch.Tensor, int | None]:
+def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Tensor, int | None]:
     """(unit kind, unit order best first, size of a given set or None for a full ranking)."""
     if isinstance(units, Localizer):  # a fitted localizer: its neuron scores where it has them, else its units
         scores = getattr(units, "scores_", None)
@@ -145,7 +146,7 @@ def _sizes(ks: Any, n_units: int, given: int | None) -> list[int]:
     return sorted(out)
 
 
-def _references(model: Any, items: list[Encoded], ablation: str, reference: Any, corrupt: Any, T: int, bs: int):
+def _references(model: Model, items: list[Encoded], ablation: str, reference: Any, corrupt: Any, T: int, bs: int):
     """The value each ablated neuron takes: ``[L, d]`` (mean / zero) or ``[n, T, L, d]`` (corrupt)."""
     L, d = neuron_shape(model)
     dev = model.cfg.device
@@ -191,7 +192,7 @@ def _metric_rows(logits: torch.Tensor, rows: Sequence[int], items, pairs, metric
 
 
 @torch.no_grad()
-def _run(model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T: int, bs: int) -> torch.Tensor:
+def _run(model: Model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T: int, bs: int) -> torch.Tensor:
     """``[n_configs]`` mean metric; ``keep`` is bool ``[n_configs, L, d]`` (True = the neuron runs)."""
     L = keep.shape[1]
     dev = model.cfg.device
@@ -219,7 +220,7 @@ def _run(model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T:
 
 
 def ablated_metric(
-    model: Any,
+    model: Model,
     data: Any,
     keep: torch.Tensor,
     *,
@@ -258,7 +259,7 @@ def _area(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def faithfulness(
-    model: Any,
+    model: Model,
     units: Any,
     data: Any,
     *,

@@ -45,6 +45,7 @@ from capinterp.core import validate
 from capinterp.core.example import Example
 from capinterp.core.forward import capture, unembed
 from capinterp.core.params import copy_model
+from capinterp.core.protocol import Model
 from capinterp.core.settings import resolve_device
 from capinterp.core.tokens import Encoded, batches, collate, encode, pad_id
 from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
@@ -59,7 +60,7 @@ ARMS: tuple[str, ...] = ("located", "random", "without_located", "full")
 _START = {"located": "original", "random": "original", "full": "original", "without_located": "erased"}
 
 
-def target_loss(model, items: Sequence[Encoded]) -> Float[Tensor, ""]:
+def target_loss(model: Model, items: Sequence[Encoded]) -> Float[Tensor, ""]:
     """Mean cross-entropy of the target tokens, teacher-forced (one scalar with autograd)."""
     dev = torch.device(model.cfg.device)
     batch = collate(items, pad_id(model.tokenizer), device=dev)
@@ -72,7 +73,7 @@ def target_loss(model, items: Sequence[Encoded]) -> Float[Tensor, ""]:
 
 
 @torch.no_grad()
-def mean_target_loss(model, items: Sequence[Encoded], batch_size: int = 16) -> float:
+def mean_target_loss(model: Model, items: Sequence[Encoded], batch_size: int = 16) -> float:
     """Token-weighted mean target cross-entropy over ``items`` (no gradients)."""
     total, count = 0.0, 0
     for chunk in batches(list(items), batch_size):
@@ -133,7 +134,7 @@ def _located(neurons: NeuronSet | None, arm: str) -> NeuronSet:
     return neurons
 
 
-def _trainable(model, arm: str, neurons: NeuronSet | None) -> dict[str, torch.Tensor | None]:
+def _trainable(model: Model, arm: str, neurons: NeuronSet | None) -> dict[str, torch.Tensor | None]:
     """``{parameter name: mask of trained entries, or None for the whole parameter}``."""
     if arm == "full":
         return {name: None for name, _ in model.named_parameters()}
@@ -144,7 +145,7 @@ def _trainable(model, arm: str, neurons: NeuronSet | None) -> dict[str, torch.Te
 
 
 def _train(
-    model,
+    model: Model,
     items: list[Encoded],
     trainable: dict[str, torch.Tensor | None],
     *,
@@ -189,7 +190,7 @@ def _train(
     return history
 
 
-def _fresh_copy(model, spare=None):
+def _fresh_copy(model: Model, spare=None):
     """A trainable copy of ``model``: ``spare`` (a used copy) reset to its weights, else a deep copy.
 
     The tokenizer is shared (it is only read). Training changes parameters only, so copying
@@ -204,7 +205,7 @@ def _fresh_copy(model, spare=None):
     return spare
 
 
-def _measure(model, items: list[Encoded], sets: dict[str, list[Example]], batch_size: int) -> dict[str, Any]:
+def _measure(model: Model, items: list[Encoded], sets: dict[str, list[Example]], batch_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {"train_loss": mean_target_loss(model, items, batch_size)}
     for name, exs in sets.items():
         out[name] = evaluate(model, exs, batch_size=batch_size, progress=False)
@@ -212,7 +213,7 @@ def _measure(model, items: list[Encoded], sets: dict[str, list[Example]], batch_
 
 
 def _arm_neuron_sets(
-    model, arms: Sequence[str], neurons: NeuronSet | None, random_neurons: NeuronSet | None, seed: int
+    model: Model, arms: Sequence[str], neurons: NeuronSet | None, random_neurons: NeuronSet | None, seed: int
 ) -> dict[str, NeuronSet]:
     """The neuron set each neuron arm trains: ``located`` the given one, ``random`` a random draw of
     the same size (``random_neurons``, or ``neurons.random_like(seed)``), checked against the model."""
@@ -229,7 +230,7 @@ def _arm_neuron_sets(
     return sets_neurons
 
 
-def _neuron_counts(model, neurons: NeuronSet | None) -> dict[str, int]:
+def _neuron_counts(model: Model, neurons: NeuronSet | None) -> dict[str, int]:
     """Neurons each arm trains (the table's ``n_neurons``)."""
     all_neurons = int(model.cfg.n_layers) * int(model.cfg.d_mlp)
     n_located = len(neurons) if neurons is not None else 0
@@ -241,7 +242,7 @@ def _neuron_counts(model, neurons: NeuronSet | None) -> dict[str, int]:
     }
 
 
-def _arm_model(model, arm: str, spare, inplace: bool, dev: torch.device, neurons: NeuronSet | None):
+def _arm_model(model: Model, arm: str, spare, inplace: bool, dev: torch.device, neurons: NeuronSet | None):
     """The model an arm trains: the caller's (``inplace``) or a fresh copy, on ``dev``; the
     ``without_located`` arm starts with the located neurons zeroed."""
     work = model if inplace else _fresh_copy(model, spare)
@@ -347,7 +348,7 @@ def _arm_row(
 
 
 def finetune(
-    model,
+    model: Model,
     train: Sequence[Any],
     *,
     neurons: NeuronSet | None = None,

@@ -19,12 +19,13 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.units.neurons import NeuronSet
 
 __all__ = ["amplify", "check_neurons", "erase", "neuron_hooks", "scale"]
 
 
-def check_neurons(model, neurons: NeuronSet, across_models: bool = False) -> None:
+def check_neurons(model: Model, neurons: NeuronSet, across_models: bool = False) -> None:
     """Raise a clear ValueError if ``neurons`` was made for another model (other weights or config).
 
     ``across_models=True`` accepts a set located on another checkpoint of the same architecture
@@ -40,7 +41,9 @@ def check_neurons(model, neurons: NeuronSet, across_models: bool = False) -> Non
         neurons.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)
 
 
-def neuron_hooks(model, neurons: NeuronSet, factor: float, across_models: bool = False) -> list[tuple[str, object]]:
+def neuron_hooks(
+    model: Model, neurons: NeuronSet, factor: float, across_models: bool = False
+) -> list[tuple[str, object]]:
     """Forward hooks multiplying the located neurons' activations by ``factor`` at every position."""
     check_neurons(model, neurons, across_models)
     hooks: list[tuple[str, object]] = []
@@ -61,18 +64,18 @@ def neuron_hooks(model, neurons: NeuronSet, factor: float, across_models: bool =
 
 
 @contextmanager
-def scale(model, neurons: NeuronSet, factor: float, *, across_models: bool = False) -> Iterator[object]:
+def scale(model: Model, neurons: NeuronSet, factor: float, *, across_models: bool = False) -> Iterator[object]:
     """Multiply the located neurons' activations by ``factor`` inside the ``with`` block."""
     factor = validate.finite_float("factor", factor)
     with model.hooks(fwd_hooks=neuron_hooks(model, neurons, factor, across_models)):
         yield model
 
 
-def erase(model, neurons: NeuronSet, *, across_models: bool = False):
+def erase(model: Model, neurons: NeuronSet, *, across_models: bool = False):
     """Zero the located neurons' activations (all positions) inside the ``with`` block."""
     return scale(model, neurons, 0.0, across_models=across_models)
 
 
-def amplify(model, neurons: NeuronSet, factor: float = 2.0, *, across_models: bool = False):
+def amplify(model: Model, neurons: NeuronSet, factor: float = 2.0, *, across_models: bool = False):
     """Multiply the located neurons' activations by ``factor`` (default 2, as in KN and CNL)."""
     return scale(model, neurons, factor, across_models=across_models)

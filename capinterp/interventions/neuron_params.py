@@ -21,6 +21,7 @@ from torch import Tensor
 
 from capinterp.core.neuron_weights import neuron_params
 from capinterp.core.params import count_entries
+from capinterp.core.protocol import Model
 from capinterp.units.neurons import NeuronSet
 
 __all__ = ["NeuronSlice", "count_params", "neuron_masks", "neuron_slices", "zero_neurons"]
@@ -36,7 +37,7 @@ class NeuronSlice:
     axis: int  # the parameter's d_mlp axis
 
 
-def neuron_slices(model) -> list[NeuronSlice]:
+def neuron_slices(model: Model) -> list[NeuronSlice]:
     """Every (layer, weight family) whose entries belong to single neurons, on real parameters.
 
     Raises :class:`~capinterp.core.family.UnsupportedFamily` when a projection is not stored in a
@@ -45,7 +46,7 @@ def neuron_slices(model) -> list[NeuronSlice]:
     return [NeuronSlice(p.layer, p.kind, p.name, p.axis) for p in neuron_params(model)]
 
 
-def neuron_masks(model, neurons: NeuronSet) -> dict[str, Bool[Tensor, ...]]:
+def neuron_masks(model: Model, neurons: NeuronSet) -> dict[str, Bool[Tensor, ...]]:
     """``{parameter name: bool mask}``: True on the entries owned by a neuron of ``neurons``.
 
     Only parameters holding at least one neuron family appear; masks live on each parameter's
@@ -63,7 +64,7 @@ def neuron_masks(model, neurons: NeuronSet) -> dict[str, Bool[Tensor, ...]]:
 
 
 @torch.no_grad()
-def zero_neurons(model, neurons: NeuronSet) -> int:
+def zero_neurons(model: Model, neurons: NeuronSet) -> int:
     """Set every parameter entry owned by ``neurons`` to 0 in place; return how many entries.
 
     With ``W_in``, ``W_gate`` and their biases zeroed the neuron's activation is ``act(0) * 0 = 0``,
@@ -78,6 +79,6 @@ def zero_neurons(model, neurons: NeuronSet) -> int:
     return n
 
 
-def count_params(model) -> int:
+def count_params(model: Model) -> int:
     """Number of distinct parameter entries (tied weights and views of a fused weight counted once)."""
     return count_entries(model.parameters())

@@ -36,6 +36,7 @@ from capinterp.core.example import Example, TokenizationError, check_target
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import model_fingerprint, neuron_hook
 from capinterp.core.params import copy_model
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.second_moment import second_moment
@@ -57,7 +58,7 @@ class RomeEdit:
     model_fingerprint: str
     params: dict[str, Any] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
-    model: Any = field(default=None, repr=False, compare=False)
+    model: Model | None = field(default=None, repr=False, compare=False)
     _active: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _cms: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -66,12 +67,12 @@ class RomeEdit:
         """The weight change as a map from keys to values, ``[d_model, d_mlp]`` float32."""
         return torch.outer(self.delta, self.left)
 
-    def _check(self, model) -> None:
+    def _check(self, model: Model) -> None:
         if model_fingerprint(model) != self.model_fingerprint:
             raise ValueError("this ROME edit was computed for another model (fingerprints differ)")
 
     @torch.no_grad()
-    def _add(self, model) -> torch.Tensor:
+    def _add(self, model: Model) -> torch.Tensor:
         w, dim = value_weight(model, self.layer)
         old = w.detach().clone()
         upd = self.update.to(device=w.device, dtype=torch.float32)
@@ -117,12 +118,15 @@ class RomeEdit:
         self._add(model)
         return model
 
-    def edited_copy(self, model=None) -> Any:
+    def edited_copy(self, model: Model | None = None) -> Any:
         """A deep copy of ``model`` with the edit kept (``model`` itself is not touched)."""
-        return self.apply_permanently(copy_model(self.model if model is None else model))
+        target = self.model if model is None else model
+        if target is None:
+            raise ValueError("edited_copy needs a model: this edit holds none")
+        return self.apply_permanently(copy_model(target))
 
 
-def subject_last_position(model, text: str, subject: str, start: int = 0) -> int:
+def subject_last_position(model: Model, text: str, subject: str, start: int = 0) -> int:
     """Index, in ``model_bos + tokens(text)``, of the last token of ``subject``'s first occurrence at or after ``start``.
 
     The subject must start and end on token boundaries (:func:`capinterp.core.tokens.subject_span`,
@@ -133,7 +137,7 @@ def subject_last_position(model, text: str, subject: str, start: int = 0) -> int
 
 
 @torch.no_grad()
-def sample_prefixes(model, n: int, n_tokens: int, seed: int = 0, top_k: int = 5) -> list[str]:
+def sample_prefixes(model: Model, n: int, n_tokens: int, seed: int = 0, top_k: int = 5) -> list[str]:
     """``n`` short texts sampled from the model (top-``top_k``, seeded), each ending in ". " (ROME's context templates)."""
     if n == 0:
         return []
@@ -194,7 +198,7 @@ class _ValueSearch:
 
 
 def rome_edit(
-    model,
+    model: Model,
     fact: Any,
     new_target: str | None = None,
     *,
@@ -279,7 +283,7 @@ def rome_edit(
     return edit
 
 
-def _checked_fact(model, fact: Any, subject: Any, new_target: str | None) -> tuple[Example, str, str]:
+def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None) -> tuple[Example, str, str]:
     """Step 0: the fact, its subject and the new target, each checked on the model's tokenizer before any work."""
     if subject is not None and not isinstance(subject, str):
         raise TypeError(f"subject must be a string or None, got {type(subject).__name__}")
@@ -290,7 +294,7 @@ def _checked_fact(model, fact: Any, subject: Any, new_target: str | None) -> tup
 
 
 def _key_second_moment(
-    model, layer: int, texts: Sequence[str] | None, data_dir: Any, matrix: torch.Tensor | None
+    model: Model, layer: int, texts: Sequence[str] | None, data_dir: Any, matrix: torch.Tensor | None
 ) -> torch.Tensor:
     """C = E[k k^T] of ``layer``'s keys: the given matrix (shape checked), or estimated from local text."""
     if matrix is None:
@@ -310,7 +314,7 @@ def _left_vector(C: torch.Tensor, key: torch.Tensor, ridge: float) -> torch.Tens
 
 
 @torch.no_grad()
-def _unedited_value(model, layer: int, key: torch.Tensor) -> torch.Tensor:
+def _unedited_value(model: Model, layer: int, key: torch.Tensor) -> torch.Tensor:
     """W k*: what ``layer``'s down projection makes of the key before the edit, on the CPU."""
     w, dim = value_weight(model, layer)
     return (w.float() @ key if dim == 1 else key @ w.float()).cpu()
@@ -331,7 +335,7 @@ class _ValueBatch:
     n_prompts: int
 
 
-def _value_batch(model, prompt: str, subject: str, new_target: str, contexts: list[str]) -> _ValueBatch:
+def _value_batch(model: Model, prompt: str, subject: str, new_target: str, contexts: list[str]) -> _ValueBatch:
     dev = model.cfg.device
     enc = encode(model, [Example(c + prompt, new_target) for c in contexts])
     subj = [subject_last_position(model, c + prompt, subject, len(c)) for c in contexts]
@@ -356,7 +360,7 @@ def _value_batch(model, prompt: str, subject: str, new_target: str, contexts: li
 
 
 def _optimise(
-    model, search: _ValueSearch, prompt: str, subject: str, new_target: str, contexts: list[str]
+    model: Model, search: _ValueSearch, prompt: str, subject: str, new_target: str, contexts: list[str]
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Steps 1 and 2: ``(delta [d_model], k* [d_mlp], losses)``, ROME's key and value optimisation (Eq. 4)."""
     b = _value_batch(model, prompt, subject, new_target, contexts)
@@ -395,7 +399,7 @@ def _optimise(
 
 
 def _descend(
-    model, search: _ValueSearch, b: _ValueBatch, run: Any, kl_before: torch.Tensor, v0_norm: torch.Tensor
+    model: Model, search: _ValueSearch, b: _ValueBatch, run: Any, kl_before: torch.Tensor, v0_norm: torch.Tensor
 ) -> tuple[torch.Tensor, list[float]]:
     """Step 2's Adam loop on delta: NLL + KL + weight decay, ||delta|| clamped; stops early at NLL < 0.05."""
     delta = torch.zeros(int(model.cfg.d_model), device=model.cfg.device, requires_grad=True)

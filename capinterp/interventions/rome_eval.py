@@ -24,6 +24,7 @@ import torch
 
 from capinterp.core.example import Example
 from capinterp.core.forward import capture, unembed
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.interventions.rome import rome_edit
 
@@ -33,7 +34,7 @@ SCORES = ("efficacy", "paraphrase", "neighborhood")
 
 
 @torch.no_grad()
-def target_logprob(model, pairs: Sequence[tuple[str, str]], batch_size: int = 16) -> torch.Tensor:
+def target_logprob(model: Model, pairs: Sequence[tuple[str, str]], batch_size: int = 16) -> torch.Tensor:
     """Mean log-probability per token of each ``target`` after its ``prompt`` (teacher forced): ``[n]``."""
     enc = encode(model, [Example(p, t) for p, t in pairs])
     out: list[torch.Tensor] = []
@@ -63,7 +64,7 @@ def _probes(fact: Example) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def counterfact_scores(model, facts: Sequence[Example], batch_size: int = 16) -> pd.DataFrame:
+def counterfact_scores(model: Model, facts: Sequence[Example], batch_size: int = 16) -> pd.DataFrame:
     """One row per probe (fact, score, prompt, ``success``) under the model as it is now (edited or not)."""
     rows = [(i, *r) for i, f in enumerate(facts) for r in _probes(f)]
     if not rows:
@@ -89,7 +90,7 @@ def summarize(df: pd.DataFrame) -> dict[str, float]:
 
 
 def rome_counterfact(
-    model, facts: Sequence[Example], layer: int, batch_size: int = 16, **rome_params: Any
+    model: Model, facts: Sequence[Example], layer: int, batch_size: int = 16, **rome_params: Any
 ) -> pd.DataFrame:
     """Edit each fact alone at ``layer`` (model restored after each) and score it before and after.
 

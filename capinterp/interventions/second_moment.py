@@ -20,6 +20,7 @@ import torch
 
 from capinterp.core.forward import capture
 from capinterp.core.model import cache_dir, model_fingerprint, neuron_hook
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
 
@@ -27,7 +28,7 @@ __all__ = ["second_moment"]
 
 
 def second_moment(
-    model,
+    model: Model,
     layer: int,
     *,
     texts: Sequence[str] | None = None,

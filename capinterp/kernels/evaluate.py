@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.forward import logits_at
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, encode, pad_id, pad_right
 
 __all__ = ["EvalResult", "evaluate", "greedy_continuations"]
@@ -48,7 +49,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def greedy_continuations(model, prompt_ids: list[list[int]], n_new: int) -> tuple[list[list[int]], torch.Tensor]:
+def greedy_continuations(model: Model, prompt_ids: list[list[int]], n_new: int) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy-decode ``n_new`` tokens for each prompt; also return the first step's probabilities.
 
     Each step re-runs the right-padded batch (few steps are needed for short answers), so any
@@ -72,7 +73,7 @@ def greedy_continuations(model, prompt_ids: list[list[int]], n_new: int) -> tupl
 
 
 def evaluate(
-    model,
+    model: Model,
     dataset: Iterable[Any],
     *,
     batch_size: int = 16,

@@ -78,6 +78,7 @@ from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
 from capinterp.core.model import neuron_hook, neuron_shape, user_hooks
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.adaptive import adaptive_ig
@@ -185,7 +186,7 @@ class _Objective(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def frozen_params(model):
+def frozen_params(model: Model):
     """Switch ``requires_grad`` off on every parameter for the duration; restore it after."""
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -266,7 +267,7 @@ def _weighted(g: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def ig_scores(
-    model,
+    model: Model,
     encoded: Encoded | Sequence[Encoded],
     config: IGConfig = CLOSED_FORM,
     *,
@@ -446,7 +447,7 @@ def _closed_form(rows, s: Site, lay: list[int], alphas: torch.Tensor, weights: t
     return acts, q.to(g.dtype), f_clean, f_base, per_layer.cpu()
 
 
-def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
+def _ig_loop(model: Model, s: Site, lay, alphas, weights, base, objective, batch_size):
     """The straightforward route: per layer, batches of full sequences, full forward + backward."""
     device = torch.device(model.cfg.device)
     tokens = s.seq.to(device).view(1, -1)
@@ -478,7 +479,9 @@ def _ig_loop(model, s: Site, lay, alphas, weights, base, objective, batch_size):
     return acts, gsum, fv, f_clean
 
 
-def _ig_rows(model, s: Site, lay, alphas, weights, base, objective, batch_size, route="fast", checked=None, stats=None):
+def _ig_rows(
+    model: Model, s: Site, lay, alphas, weights, base, objective, batch_size, route="fast", checked=None, stats=None
+):
     """Prefix reuse + (layer, step) rows batched across layers; staircase or bridge route."""
     try:
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=route == "prefix")
@@ -550,7 +553,7 @@ SHARE_CLEAN_ROW = True
 _STAIR_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _stair_ok(model, run, checked: dict) -> bool:
+def _stair_ok(model: Model, run, checked: dict) -> bool:
     if "stair" not in checked:
         key = (str(run.acts.dtype), str(run.acts.device))
         known = _STAIR_OK.setdefault(model, {})
@@ -563,7 +566,7 @@ def _stair_ok(model, run, checked: dict) -> bool:
 
 
 def grad_x_act(
-    model,
+    model: Model,
     encoded: Encoded | Sequence[Encoded],
     *,
     positions: str = "answer",

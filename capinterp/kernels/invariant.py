@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import torch
 
+from capinterp.core.protocol import Model
+
 __all__ = ["N_NODES", "check_tolerance", "lagrange_basis", "scale_invariant", "substitute_nodes"]
 
 
-def scale_invariant(model) -> bool:
+def scale_invariant(model: Model) -> bool:
     """Whether every block's FFN output passes only through an RMSNorm (no bias) before the residual."""
     if not str(getattr(model.cfg, "normalization_type", "")).startswith("RMS"):
         return False

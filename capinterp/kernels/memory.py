@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from capinterp.core.protocol import Model
+
 __all__ = ["auto_batch_size", "forward_row_bytes", "free_bytes", "ig_row_bytes", "is_oom", "peak_bytes", "release"]
 
 
@@ -52,11 +54,11 @@ def auto_batch_size(device: Any, row_bytes: int, *, fraction: float = 0.5, cap: 
     return b
 
 
-def _elem(model) -> int:
+def _elem(model: Model) -> int:
     return torch.finfo(next(model.parameters()).dtype).bits // 8
 
 
-def ig_row_bytes(model, seq_len: int, n_read: int) -> int:
+def ig_row_bytes(model: Model, seq_len: int, n_read: int) -> int:
     """Peak bytes per IG row (one layer x step point, forward + backward over ``seq_len`` tokens).
 
     Activations kept for the backward: ~(10 d_model + 4 d_mlp) per token per block in the model's
@@ -67,7 +69,7 @@ def ig_row_bytes(model, seq_len: int, n_read: int) -> int:
     return acts + 3 * n_read * int(cfg.d_vocab) * 4
 
 
-def forward_row_bytes(model, seq_len: int) -> int:
+def forward_row_bytes(model: Model, seq_len: int) -> int:
     """Peak bytes per row of a no-grad forward: the widest transient (MLP) plus the kept last-token
     activations of every layer and one row of float32 logits."""
     cfg = model.cfg

@@ -43,6 +43,7 @@ from jaxtyping import Float, Int
 
 from capinterp.core.forward import unembed as _unembed
 from capinterp.core.model import neuron_hook
+from capinterp.core.protocol import Model
 
 __all__ = [
     "CleanSuffix",
@@ -102,7 +103,7 @@ class NoCache(RuntimeError):
     """The model gives no reusable KV cache (e.g. TransformerLens-native models)."""
 
 
-def _prefix_forward(model, prefix: torch.Tensor):
+def _prefix_forward(model: Model, prefix: torch.Tensor):
     """HF cache of ``prefix`` ([1, p0]); logits kept for the last position only when supported."""
     # use_cache=True: some configs default to no cache (MPT's use_cache=False), which the
     # bridge would otherwise honour and return none
@@ -165,7 +166,7 @@ def _split_call(block, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, 
 _CACHE_ARG = "__capinterp_cache_arg__"
 
 
-def clean_suffix(model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
+def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)
@@ -347,7 +348,7 @@ def _batched_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
     return args, kw
 
 
-def _batch_layout(model) -> bool:
+def _batch_layout(model: Model) -> bool:
     """Rows in the batch dimension instead of folded into the sequence: for attention modules that
     apply a window by absolute position themselves (the family record's ``module_window``), which
     the folded positions would cut. Every row then reads a per-row view of the prefix K/V."""
@@ -370,7 +371,7 @@ def _edit_batch(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Ten
 
 
 def stair_logits(
-    model,
+    model: Model,
     run: CleanSuffix,
     groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]],
     at: int | None = None,
@@ -434,7 +435,7 @@ def stair_logits(
 
 
 def bridge_logits(
-    model, run: CleanSuffix, groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]]
+    model: Model, run: CleanSuffix, groups: list[tuple[int, Float[torch.Tensor, "c S d_mlp"]]]
 ) -> Float[torch.Tensor, "R S V"]:
     """Same contract as :func:`stair_logits`, through ``run_with_hooks`` with a widened prefix cache."""
     rows = sum(z.shape[0] for _, z in groups)
@@ -450,7 +451,7 @@ def bridge_logits(
     return logits[:, -run.suffix.shape[1] :]
 
 
-def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
+def stair_supported(model: Model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     """Do direct block calls reproduce the model's own clean logits on this run?
 
     Tolerance: ``rtol`` (float32) times the largest logit; in half precision 4 units of the
@@ -471,7 +472,7 @@ def stair_supported(model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     return logits.shape[1:] == ref.shape and bool((logits.float() - ref).abs().max() <= tol)
 
 
-def fallback_warning(model) -> str:
+def fallback_warning(model: Model) -> str:
     """The one-time warning when IG's fast route falls back to the bridge ("prefix") route."""
     from capinterp.core.family import family_of
 

@@ -29,6 +29,7 @@ import torch
 
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.completeness import completeness_error, new_stats
@@ -62,7 +63,7 @@ def check_config(config: IGConfig) -> IGConfig:
 
 
 def sig_scores(
-    model,
+    model: Model,
     enc: Encoded,
     config: IGConfig = DEFAULT,
     *,
@@ -143,7 +144,9 @@ def _finish(out: torch.Tensor, acts: dict[int, torch.Tensor], gsum: dict[int, to
     return out
 
 
-def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc) -> torch.Tensor | None:
+def _fast(
+    model: Model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc
+) -> torch.Tensor | None:
     """Staircase route, one clean run per scaled position t split at t (the tokens before t never
     change); rows of every layer enter at their own block. None where the model cannot take it."""
     last = tokens.shape[1] - 1
@@ -191,7 +194,7 @@ def _fast(model, tokens, pos, lay, alphas, weights, base, target, objective, bat
     return _finish(torch.zeros(n_layers, d_mlp), acts, gsum, base)
 
 
-def _loop(model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc) -> torch.Tensor:
+def _loop(model: Model, tokens, pos, lay, alphas, weights, base, target, objective, batch_size, fv, fc) -> torch.Tensor:
     """Full forward per row, from the first block; rows of one layer per batch."""
     n_layers, d_mlp = neuron_shape(model)
     dev, last = tokens.device, tokens.shape[1] - 1

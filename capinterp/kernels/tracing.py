@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from capinterp.core.forward import capture
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
 
 __all__ = [
@@ -80,7 +81,7 @@ def parse_noise(noise: float | str) -> float:
     return float(noise)
 
 
-def embed_hook(model) -> str:
+def embed_hook(model: Model) -> str:
     """Hook of the token embeddings the noise goes into: the word-embedding module's output.
 
     ``embed.hook_out`` where the bridge has it: before an embedding LayerNorm (BLOOM's
@@ -92,7 +93,7 @@ def embed_hook(model) -> str:
     return "embed.hook_out" if "embed.hook_out" in hooks else "hook_embed"
 
 
-def subject_std(model, prepared: list[dict[str, Any]]) -> float:
+def subject_std(model: Model, prepared: list[dict[str, Any]]) -> float:
     """Std over every scalar of the token embeddings (:func:`embed_hook`) of all subject tokens (in context)."""
     chunks: list[torch.Tensor] = []
     dev = model.cfg.device
@@ -116,7 +117,7 @@ def make_noise(
 # ------------------------------------------------------------------------------ restoration rows
 
 
-def prefix_ok(model, reuse_prefix: bool, T: int) -> bool:
+def prefix_ok(model: Model, reuse_prefix: bool, T: int) -> bool:
     """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
     if reuse_prefix is False:
         return False
@@ -195,7 +196,7 @@ def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]
 # ------------------------------------------------------------------------------ forward passes
 
 
-def last_probs(model, tokens: Int[Tensor, "batch T"], hooks) -> Float[Tensor, "batch d_vocab"]:
+def last_probs(model: Model, tokens: Int[Tensor, "batch T"], hooks) -> Float[Tensor, "batch d_vocab"]:
     """Softmax of the logits at the last position only (the unembedding sees one position a row)."""
     logits = model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("unembed.hook_in", _keep_last)])
     return logits[:, -1].float().softmax(-1)

@@ -23,6 +23,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
 from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
@@ -34,7 +35,7 @@ __all__ = ["AMIG", "mean_activations"]
 
 
 @torch.no_grad()
-def mean_activations(model, texts: Sequence[str], max_tokens: int = 64, batch_size: int = 8) -> torch.Tensor:
+def mean_activations(model: Model, texts: Sequence[str], max_tokens: int = 64, batch_size: int = 8) -> torch.Tensor:
     """Mean ``hook_post`` of every layer over every non-BOS token of ``texts``: ``[n_layers, d_mlp]`` float32 (CPU)."""
     if isinstance(texts, str) or not texts:
         raise ValueError("texts must be a non-empty list of strings")
@@ -92,7 +93,7 @@ class AMIG(KN):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         steps: int = 20,
         baseline: torch.Tensor | None = None,

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar
 
 from capinterp.core import validate
 from capinterp.core.model import model_meta, move_model
+from capinterp.core.protocol import Model
 
 __all__ = [
     "CAPABILITY_VALUES",
@@ -157,7 +158,7 @@ class Localizer:
     #: self-contained (e.g. AMIG's baseline texts); never used otherwise.
     check_params: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, model: Any, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
+    def __init__(self, model: Model, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
         # Store and check hyper-parameters only: nothing here reads, runs or moves the model
         # (scikit-learn's convention), so constructing never fails on the model; ``fit`` does that work.
         batch_size = validate.positive_int("batch_size", batch_size)

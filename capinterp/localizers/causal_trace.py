@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import _ids, encode, model_bos
 from capinterp.kernels.tracing import HOOK as _HOOK
 from capinterp.kernels.tracing import (
@@ -110,7 +111,7 @@ class CausalTrace(Localizer):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         noise: float | str = 3.0,
         noise_std: float | None = None,

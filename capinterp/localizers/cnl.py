@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import ig
 from capinterp.kernels.ig_config import IGConfig
@@ -68,7 +69,7 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         steps: int = 20,
         sigma: float = 6.0,

@@ -17,6 +17,7 @@ from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_fingerprint, neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
@@ -38,7 +39,7 @@ def describe_data(examples: list[Example]) -> str:
 
 
 @torch.no_grad()
-def fill_greedy_targets(model, examples: list[Example]) -> list[Example]:
+def fill_greedy_targets(model: Model, examples: list[Example]) -> list[Example]:
     """Give Examples with an empty target the model's greedy next token (``meta["target_from"] = "greedy"``).
 
     Public entry points validate their data first (:func:`capinterp.core.validate.examples`), which
@@ -82,7 +83,7 @@ class DatasetNeuronLocalizer(Localizer):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         sigma: float = 6.0,
         spread: str = "std",

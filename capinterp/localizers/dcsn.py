@@ -34,6 +34,7 @@ from capinterp.core.family import family_of
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.offload import weights_readable
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, collate, pad_id
 from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
@@ -57,7 +58,7 @@ NORMS: tuple[str, ...] = ("raw", "fold")
 
 @torch.no_grad()
 def last_token_activations(
-    model, items: list[Encoded], extra: tuple[str, ...] = ()
+    model: Model, items: list[Encoded], extra: tuple[str, ...] = ()
 ) -> (
     tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"]]
     | tuple[Float[Tensor, "n n_layers d_mlp"], Float[Tensor, "n d_vocab"], dict[str, Float[Tensor, "n ..."]]]
@@ -98,7 +99,7 @@ def rms_gain(norm: torch.nn.Module, d_model: int) -> Float[Tensor, " d_model"]:
         return norm(torch.ones(1, 1, d_model, device=p.device, dtype=p.dtype))[0, 0].float()
 
 
-def folded_norms(model) -> tuple[list[torch.Tensor | None], torch.Tensor, list[str]]:
+def folded_norms(model: Model) -> tuple[list[torch.Tensor | None], torch.Tensor, list[str]]:
     """Per-layer post-FFN gains (None where a block has no post-FFN norm), the final norm's gain,
     and the hook names of the scales to capture (post-FFN ones in layer order, then the final one)."""
     if not str(getattr(model.cfg, "normalization_type", "")).startswith("RMS"):
@@ -109,28 +110,28 @@ def folded_norms(model) -> tuple[list[torch.Tensor | None], torch.Tensor, list[s
     return post, rms_gain(model.ln_final, d), names
 
 
-def fold_for(model, norms: str) -> tuple | None:
+def fold_for(model: Model, norms: str) -> tuple | None:
     """Check ``norms`` (one of :data:`NORMS`); :func:`folded_norms` for ``"fold"``, None for ``"raw"``."""
     if norms not in NORMS:
         raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
     return folded_norms(model) if norms == "fold" else None
 
 
-def unembed_columns(model, token_ids: Int[Tensor, " n"]) -> Float[Tensor, "d_model n"]:
+def unembed_columns(model: Model, token_ids: Int[Tensor, " n"]) -> Float[Tensor, "d_model n"]:
     """``W_U[:, token_ids]``: the scored tokens' columns, read once and shared by every layer."""
     with weights_readable(model.unembed):
         w_u = model.W_U
         return w_u[:, token_ids.to(w_u.device)]
 
 
-def projection(model, layer: int, w_u: Float[Tensor, "d_model n"]) -> Float[Tensor, "d_mlp n"]:
+def projection(model: Model, layer: int, w_u: Float[Tensor, "d_model n"]) -> Float[Tensor, "d_mlp n"]:
     """``W_out[layer] @ w_u`` -> ``[d_mlp, n]``, with ``w_u`` from :func:`unembed_columns`."""
     with weights_readable(model.blocks[layer].mlp):
         w_out = model.blocks[layer].mlp.W_out.to(w_u.device)  # [d_mlp, d_model], raw weights
         return (w_out @ w_u).float()
 
 
-def direct_gain(model) -> float:
+def direct_gain(model: Model) -> float:
     """The linear factors between a neuron's down-projection output and the logits that the
     weights do not hold: the family's residual multiplier (Granite scales every MLP output
     before it joins the residual) times its logit multiplier (Cohere's logit_scale, Granite's
@@ -143,7 +144,7 @@ def direct_gain(model) -> float:
 
 @torch.no_grad()
 def per_sample_scores(
-    model, items: list[Encoded], target: str = "gold", fold: tuple | None = None
+    model: Model, items: list[Encoded], target: str = "gold", fold: tuple | None = None
 ) -> tuple[Float[Tensor, "n n_layers d_mlp"], Int[Tensor, " n"], Int[Tensor, " n"]]:
     """Single-sample scores ``C_j`` ``[n, n_layers, d_mlp]``, the token ``t_j`` scored ``[n]``, and
     the greedy token at the last prompt position ``[n]``.
@@ -169,7 +170,7 @@ def per_sample_scores(
 
 
 def folded_projection(
-    model, layer: int, w_u: Float[Tensor, "d_model n"], fold: tuple, scales: dict[str, Float[Tensor, "n 1"]]
+    model: Model, layer: int, w_u: Float[Tensor, "d_model n"], fold: tuple, scales: dict[str, Float[Tensor, "n 1"]]
 ) -> Float[Tensor, "n d_mlp"]:
     """``[n, d_mlp]``: each neuron's direct effect on the tokens of ``w_u`` (:func:`unembed_columns`)
     per unit activation, norms folded (scales frozen)."""
@@ -197,7 +198,7 @@ class DCSN(DatasetNeuronLocalizer):
     """
 
     def __init__(
-        self, model: Any, *, sigma: float = 6.0, target: str = "gold", norms: str = "raw", **kwargs: Any
+        self, model: Model, *, sigma: float = 6.0, target: str = "gold", norms: str = "raw", **kwargs: Any
     ) -> None:
         if target not in ("gold", "pred"):
             raise ValueError(f"target must be 'gold' or 'pred', got {target!r}")

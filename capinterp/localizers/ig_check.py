@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any
 
 import pandas as pd
 
 from capinterp.core import validate
 from capinterp.core.model import neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.kernels.completeness import COMPLETENESS_TOL, CompletenessLog, CompletenessWarning, warn_report
 from capinterp.kernels.ig_config import IGConfig
 
@@ -55,7 +55,7 @@ class IGChecked:
     max_steps: int
     completeness_tol: float
     meta_: dict
-    model: Any
+    model: Model
     name: str
     #: Whether the report keeps every example's per-layer errors (per-prompt localizers).
     _ig_per_example: bool = True

@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core import validate
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.kernels import ig
 from capinterp.kernels.ig_config import IGConfig
@@ -65,7 +66,7 @@ class KN(IGChecked, Localizer):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         steps: int = 20,
         threshold: float = 0.2,

@@ -35,6 +35,7 @@ from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core import validate
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.kernels.quadrature import check_rule
 from capinterp.localizers.base import Localizer, register
@@ -73,7 +74,7 @@ class KnowledgeCircuit(Localizer):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         algorithm: str = "eap-ig",
         top_n: int | None = 200,

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from capinterp.core import validate
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.dataset import describe_data
@@ -34,7 +35,7 @@ __all__ = ["NeFT", "neuron_weights"]
 OPTIMIZERS = ("sgd", "adam")
 
 
-def neuron_weights(model, layer: int) -> torch.Tensor:
+def neuron_weights(model: Model, layer: int) -> torch.Tensor:
     """Every neuron's weights of ``layer`` side by side: ``[d_mlp, n_per_neuron]`` (a detached float64 copy: 1 - cos of a short fine-tune is below float32 resolution)."""
     _, d_mlp = neuron_shape(model)
     mlp = model.blocks[layer].mlp
@@ -53,7 +54,7 @@ def neuron_weights(model, layer: int) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def _loss(model, items) -> torch.Tensor:
+def _loss(model: Model, items) -> torch.Tensor:
     """Mean over examples of the mean target-token NLL (teacher forced).
 
     Unembeds the answer positions only (the loss reads nothing else): with Gemma 3's 262k-token
@@ -85,7 +86,7 @@ class NeFT(Localizer):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         steps: int = 20,
         lr: float = 1e-3,

@@ -36,6 +36,7 @@ from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.model import model_meta, neuron_shape
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.kernels.completeness import CompletenessWarning, merge_reports, warn_report, worst_layers
 from capinterp.localizers.base import Localizer, available, get
@@ -132,7 +133,7 @@ class QueryLocalization:
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         localizer: str | Localizer = "kn",
         *,
         tau: float | str = 0.3,

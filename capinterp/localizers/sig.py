@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from capinterp.core.protocol import Model
 from capinterp.kernels import sequential
 from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
@@ -48,7 +49,7 @@ class SIG(KN):
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         *,
         steps: int = 20,
         positions: str = "prompt",

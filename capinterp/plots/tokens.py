@@ -22,12 +22,13 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import model_bos
 
 __all__ = ["attention_pattern", "attention_view", "neuron_activations", "neuron_activations_view", "prompt_tokens"]
 
 
-def prompt_tokens(model, prompt: str) -> tuple[Tensor, list[str]]:
+def prompt_tokens(model: Model, prompt: str) -> tuple[Tensor, list[str]]:
     """Token ids ``[1, T]`` of ``prompt`` (the model's BOS convention) and their ``T`` decoded strings."""
     if not isinstance(prompt, str) or not prompt:
         raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
@@ -36,7 +37,7 @@ def prompt_tokens(model, prompt: str) -> tuple[Tensor, list[str]]:
     return torch.tensor([ids], device=model.cfg.device), [tok.decode([i]) for i in ids]
 
 
-def _neuron_list(model, neurons: Iterable) -> list[tuple[int, int]]:
+def _neuron_list(model: Model, neurons: Iterable) -> list[tuple[int, int]]:
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
     out = []
     for key in neurons:
@@ -52,7 +53,7 @@ def _neuron_list(model, neurons: Iterable) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def neuron_activations(model, prompt: str, neurons: Iterable) -> tuple[list[str], Float[Tensor, "T K"]]:
+def neuron_activations(model: Model, prompt: str, neurons: Iterable) -> tuple[list[str], Float[Tensor, "T K"]]:
     """The prompt's ``T`` tokens and the ``K`` given neurons' ``hook_post`` activations on each (float32, CPU)."""
     keys = _neuron_list(model, neurons)
     ids, strs = prompt_tokens(model, prompt)
@@ -63,7 +64,7 @@ def neuron_activations(model, prompt: str, neurons: Iterable) -> tuple[list[str]
     return strs, acts.float().cpu()
 
 
-def neuron_activations_view(model, prompt: str, neurons: Iterable) -> RenderedHTML:
+def neuron_activations_view(model: Model, prompt: str, neurons: Iterable) -> RenderedHTML:
     """circuitsvis view of each located neuron's activation on each token of ``prompt``.
 
     One selectable entry per neuron, labelled ``L{layer} N{index}``; the tokens are coloured by its
@@ -83,7 +84,7 @@ def neuron_activations_view(model, prompt: str, neurons: Iterable) -> RenderedHT
 
 @torch.no_grad()
 def attention_pattern(
-    model, prompt: str, layer: int, heads: Sequence[int] | None = None
+    model: Model, prompt: str, layer: int, heads: Sequence[int] | None = None
 ) -> tuple[list[str], Float[Tensor, "H T T"]]:
     """The prompt's ``T`` tokens and layer ``layer``'s attention pattern ``[H, query, key]`` (float32, CPU)."""
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
@@ -98,7 +99,7 @@ def attention_pattern(
     return strs, cache[name][0, chosen].float().cpu()
 
 
-def attention_view(model, prompt: str, layer: int, heads: Sequence[int] | None = None) -> RenderedHTML:
+def attention_view(model: Model, prompt: str, layer: int, heads: Sequence[int] | None = None) -> RenderedHTML:
     """circuitsvis view of layer ``layer``'s attention pattern on ``prompt`` (all heads, or ``heads``)."""
     strs, pattern = attention_pattern(model, prompt, layer, heads)
     return attention_patterns(tokens=strs, attention=pattern)

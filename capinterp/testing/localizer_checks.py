@@ -24,6 +24,7 @@ import torch
 from capinterp.circuits.graph import Circuit
 from capinterp.core.example import Example
 from capinterp.core.model import load_model
+from capinterp.core.protocol import Model
 from capinterp.core.tokens import TokenizationError, encode
 from capinterp.localizers.base import CAPABILITY_VALUES, Localizer, get
 from capinterp.units.base import UnitSet
@@ -66,7 +67,7 @@ def untouchable_model() -> Any:
     return _Untouchable()
 
 
-def check_facts(model: Any, n: int = 3) -> list[Example]:
+def check_facts(model: Model, n: int = 3) -> list[Example]:
     """Up to ``n`` facts (with ``meta["subject"]``) whose target is ``model``'s greedy next token."""
     out = []
     for prompt, subject in _PROMPTS:
@@ -104,7 +105,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------- checks
-def check_declared(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_declared(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """Registered under its name, capabilities valid, ``fit(self, data)``, constructor keyword-only."""
     assert isinstance(cls, type) and issubclass(cls, Localizer), f"{cls!r} does not subclass Localizer"
     assert get(cls.name) is cls, f"{cls.__name__} is not registered under its name {cls.name!r}"
@@ -119,7 +120,7 @@ def check_declared(cls: type[Localizer], model: Any, facts: list, params: dict, 
     assert ("checkpoint" in takes) == cls.checkpointable, "checkpointable says whether __init__ takes checkpoint="
 
 
-def check_construction_is_free(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_construction_is_free(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """The constructor stores: it reads nothing from the model, runs nothing, moves nothing; ``fit``
     on something that is not a model is a TypeError naming it."""
     sentinel = untouchable_model()
@@ -140,7 +141,7 @@ def check_construction_is_free(cls: type[Localizer], model: Any, facts: list, pa
         raise AssertionError("fit on a non-model did not raise TypeError")
 
 
-def check_stores_params(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_stores_params(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """``get_params()`` gives back what was passed; rebuilding from it gives the same parameters and repr."""
     loc = cls(model, **params)
     got = loc.get_params()
@@ -153,7 +154,7 @@ def check_stores_params(cls: type[Localizer], model: Any, facts: list, params: d
     assert repr(loc).startswith(f"{cls.__name__}(") and all(f"{k}=" in repr(loc) for k in got)
 
 
-def check_bad_params(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_bad_params(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """Bad hyper-parameters are refused by the constructor, naming the argument."""
     for bad in (0, -1, 2.5):
         try:
@@ -171,7 +172,7 @@ def check_bad_params(cls: type[Localizer], model: Any, facts: list, params: dict
         raise AssertionError("an unknown keyword argument was accepted")
 
 
-def check_bad_data(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_bad_data(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """``fit`` refuses empty data and a bare string with a ValueError / TypeError, and leaves no result."""
     bads: tuple[Any, ...] = ([], "Rome is the capital of")
     for bad in bads:
@@ -185,7 +186,7 @@ def check_bad_data(cls: type[Localizer], model: Any, facts: list, params: dict, 
         assert not hasattr(loc, "units_"), f"fit({bad!r}) failed but left units_"
 
 
-def check_fit(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_fit(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """``fit`` returns self; results end in ``_``; hyper-parameters unchanged; ``units_`` and ``meta_``
     as declared; per-query scores when ``per_query``; a second fit and a fresh instance agree."""
     loc: Any = cls(model, **params)
@@ -219,7 +220,7 @@ def check_fit(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: 
             assert _same(value, other), f"{name} differs between two fits with the same seed"
 
 
-def check_save_load(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_save_load(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """Every result object (``scores_``, ``neurons_`` / ``units_``, ``circuit_``) with ``save`` loads back
     equal, with the same ``method``."""
     loc = cls(model, **params).fit(facts)
@@ -238,7 +239,7 @@ def check_save_load(cls: type[Localizer], model: Any, facts: list, params: dict,
         assert saved >= 2, "a neuron localizer's scores_ and neurons_ save and load"
 
 
-def check_checkpoint(cls: type[Localizer], model: Any, facts: list, params: dict, tmp: Path) -> None:
+def check_checkpoint(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
     """``checkpointable``: a fit with ``checkpoint=`` writes it, and a second fit resumes to the same result."""
     if not cls.checkpointable:
         return
@@ -264,7 +265,11 @@ CHECKS: tuple[Callable[..., None], ...] = (
 
 
 def check_localizer(
-    cls: type[Localizer] | str, *, model: Any = None, params: dict[str, Any] | None = None, facts: list | None = None
+    cls: type[Localizer] | str,
+    *,
+    model: Model | None = None,
+    params: dict[str, Any] | None = None,
+    facts: list | None = None,
 ) -> None:
     """Check a localizer class (or a registered name) against the contract; AssertionError names the check.
 

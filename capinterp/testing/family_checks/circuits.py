@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import torch
 
+from capinterp.core.protocol import Model
 from capinterp.core.tiny import tiny_hf
 from capinterp.testing.family_checks._models import load_pair
 
@@ -241,7 +242,7 @@ def _plain(family: str) -> Any:
     return tiny_hf(family)[0]
 
 
-def _pair(model: Any, tok: Any) -> Any:
+def _pair(model: Model, tok: Any) -> Any:
     from capinterp.circuits.eap import make_pairs
     from capinterp.core.example import Example
 

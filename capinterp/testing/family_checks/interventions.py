@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from capinterp.core.example import Example
+from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
 from capinterp.testing.family_checks._plain import mlps, neuron_entries, plain, plain_params
 from capinterp.units.neurons import NeuronSet
@@ -31,7 +32,7 @@ FACT = (("Rome is the capital of", " Italy"), ("Berlin is the capital of", " Ita
 LR = 1e-3
 
 
-def _neurons(model) -> tuple[dict[int, list[int]], NeuronSet]:
+def _neurons(model: Model) -> tuple[dict[int, list[int]], NeuronSet]:
     """A few neurons in every layer, spread over the FFN width (first, middle, last)."""
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
     chosen = {l: sorted({l, d_mlp // 3 + 2 * l, d_mlp // 2 + 1, d_mlp - 1 - l}) for l in range(n_layers)}

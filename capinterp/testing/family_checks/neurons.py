@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from capinterp.core.family import family_of
+from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._hf_ig import (
     clean_down_inputs,
     down_weight,
@@ -37,7 +38,7 @@ def _right(m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.arange(1, m + 1, dtype=torch.float64) / m, torch.full((m,), 1.0 / m, dtype=torch.float64)
 
 
-def _data(model: Any) -> tuple[list, list]:
+def _data(model: Model) -> tuple[list, list]:
     from capinterp.core.example import Example
     from capinterp.core.tokens import encode
 
