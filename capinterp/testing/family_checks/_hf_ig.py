@@ -12,18 +12,11 @@ from typing import Any
 
 import torch
 
+from capinterp.testing.family_checks._hf import decoder_layers
+
 __all__ = ["clean_down_inputs", "decoder_layers", "down_proj", "ig_reference", "prob"]
 
 _DOWN_NAMES = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj")
-
-
-def decoder_layers(hf: Any) -> torch.nn.ModuleList:
-    """The transformers model's list of decoder layers (the ModuleList as long as the layer count)."""
-    n = hf.config.get_text_config().num_hidden_layers
-    for mod in hf.modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n:
-            return mod
-    raise AssertionError("no ModuleList of decoder layers found")
 
 
 def _in_dim(mod: torch.nn.Module) -> int | None:
