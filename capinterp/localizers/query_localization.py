@@ -378,7 +378,7 @@ class QueryLocalization:
         """Consistency-aware scores of one fact (``[n_layers, d_mlp]``)."""
         k = self.index_of(fact)
         cas = consistency_aware_scores(self.query_scores_[k], self.beta1, self.beta2, self.normalize)
-        return NeuronScores(cas, meta={**self.meta_, "fact": str(self.names_[k]), "rule": "cas"})
+        return NeuronScores(cas, meta={**self.meta_, "fact": str(self.names_[k]), "score": "cas"})
 
     def neurons(self, fact: Any, selection: str = "consistency-aware", query: int = 0) -> NeuronSet:
         """Neurons of one fact: ``"consistency-aware"`` (CAS criterion), ``"query"`` (N_query, the coarse
@@ -388,7 +388,7 @@ class QueryLocalization:
             raise ValueError(f"unknown selection {selection!r}; choose one of {', '.join(NEURON_SELECTIONS)}")
         k = self.index_of(fact)
         sets = self.query_neurons_[k]
-        meta = {**self.meta_, "fact": str(self.names_[k]), "selection": {"rule": selection}}
+        meta = {**self.meta_, "fact": str(self.names_[k]), "selection": {"criterion": selection}}
         if selection == "consistency-aware":
             mask = coarse_mask(self.cas_scores(k).scores, self.cas_threshold)
             meta["selection"].update(beta1=self.beta1, beta2=self.beta2, cas_threshold=self.cas_threshold)

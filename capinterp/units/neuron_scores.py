@@ -65,7 +65,7 @@ class NeuronScores(NeuronTensor):
         return self._make_set(
             mask,
             {
-                "rule": "sigma",
+                "criterion": "sigma",
                 "sigma": float(sigma),
                 "spread": spread,
                 "two_sided": bool(two_sided),
@@ -84,7 +84,7 @@ class NeuronScores(NeuronTensor):
         order = torch.sort(flat.abs() if by == "abs" else flat, descending=True, stable=True).indices
         mask = torch.zeros(n, dtype=torch.bool)
         mask[order[: int(k)]] = True
-        return self._make_set(mask.view(self.shape), {"rule": "top_k", "k": int(k), "by": by})
+        return self._make_set(mask.view(self.shape), {"criterion": "top_k", "k": int(k), "by": by})
 
     def threshold(self, t: float, relative: bool = False) -> NeuronSet:
         """s > t, or with ``relative=True`` s > t * max(s) and s > 0 (only positive scores count)."""
@@ -93,7 +93,7 @@ class NeuronScores(NeuronTensor):
         mask = self.scores > cut
         if relative:
             mask &= self.scores > 0
-        return self._make_set(mask, {"rule": "threshold", "t": float(t), "relative": bool(relative), "cut": cut})
+        return self._make_set(mask, {"criterion": "threshold", "t": float(t), "relative": bool(relative), "cut": cut})
 
     def to_frame(self, top: int | None = None, by: str = "abs") -> pd.DataFrame:
         """Columns layer, neuron, score; with ``top``, the top-n rows by |score| (or score), best first."""

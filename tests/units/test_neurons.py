@@ -55,7 +55,7 @@ def test_select_finds_planted_two_sided():
     sc, pos, neg = planted()
     got = sc.select(sigma=6.0)
     assert set(got) == pos | neg
-    assert got.meta["selection"]["rule"] == "sigma" and got.meta["method"] == "test"
+    assert got.meta["selection"]["criterion"] == "sigma" and got.meta["method"] == "test"
 
 
 def test_select_one_sided_keeps_only_positive():
