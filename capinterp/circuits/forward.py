@@ -135,7 +135,8 @@ def run_graph(
 
     Args:
         resid0: replaces the ``input`` node's output (``[B, T, d]``), e.g. interpolated embeddings.
-        removed: bool ``[n_src, n_slots]``: edges whose contribution is taken out of the slot input.
+        removed: bool ``[n_src, n_slots]``: edges whose contribution is taken out of the slot input;
+            or ``[B, n_src, n_slots]``, one set per batch row.
         ref: ``[B, T, n_src, d]`` value a removed edge's source takes instead (default 0).
         keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
     """
@@ -157,11 +158,15 @@ def run_graph(
 
     def subtract(x: torch.Tensor, cols: slice) -> torch.Tensor:
         n_up = graph.n_upstream(cols.start)
-        r = rem[:n_up, cols]  # type: ignore[index]  # called only when rem is not None
+        r = rem[..., :n_up, cols]  # type: ignore[index]  # called only when rem is not None
         if not r.any():
             return x
         delta = outs[:n_up] if ref_n is None else outs[:n_up] - ref_n[:n_up]
-        sub = rearrange(r.T.to(dtype) @ rearrange(delta, "n b t d -> n (b t d)"), "k (b t d) -> k b t d", b=B, t=T)
+        if r.dim() == 3:  # one removal set per batch row
+            sub = torch.einsum("bnk,nbtd->kbtd", r.to(dtype), delta)
+        else:
+            flat = rearrange(delta, "n b t d -> n (b t d)")
+            sub = rearrange(r.T.to(dtype) @ flat, "k (b t d) -> k b t d", b=B, t=T)
         return x - (rearrange(sub, "k b t d -> b t k d") if x.dim() == 4 else sub[0])
 
     def on_input(x, hook):

@@ -5,7 +5,10 @@ For a ranking of units (neurons, or whole layers' neurons) and a size k, two run
 * **kept**: only the top-k units run; every other unit is ablated;
 * **ablated**: the top-k units are ablated; every other unit runs.
 
-A unit's ablated value is its mean activation over reference data (``ablation="mean"``, the
+Units are neurons, layers (all of a layer's neurons) or circuit edges; an edge's ablation replaces
+its source node's contribution to the downstream node's input
+(:mod:`capinterp.interventions.edge_faithfulness`). A unit's ablated value is its mean activation
+over reference data (``ablation="mean"``, the
 default; the data itself unless ``reference=`` is given), zero (``"zero"``), or its activation on
 the example's corrupted prompt at the same position (``"corrupt"``: subject swaps from
 :func:`capinterp.circuits.eap.make_pairs`, or ``corrupt=`` a callable). Ablation applies at every
@@ -44,6 +47,7 @@ from capinterp.core.forward import logits_at
 from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
+from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking, is_edge_input
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronScores, NeuronSet
@@ -125,7 +129,8 @@ def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Te
         return "layer", _order(s, by), None
     raise TypeError(
         "faithfulness takes NeuronScores, a NeuronSet, a layer KeySet, per-layer scores [n_layers], or a fitted "
-        f"localizer with one of them; got {type(units).__name__} (edge sets are not supported yet)"
+        "localizer with one of them, or circuit edges (a KnowledgeCircuit, Circuit, EdgeSet, or edge scores "
+        f"[n_src, n_slots]); got {type(units).__name__}"
     )
 
 
@@ -276,7 +281,10 @@ def faithfulness(
     """Faithfulness of the top-k units of ``units`` on ``data``, beside random sets of each size.
 
     ``units``: NeuronScores (ranked by score), a NeuronSet or a layer KeySet (its own size, or
-    ``ks`` up to it), per-layer scores ``[n_layers]``, or a fitted localizer. ``ks``: sizes as
+    ``ks`` up to it), per-layer scores ``[n_layers]``, or a fitted localizer; or circuit edges: a
+    fitted KnowledgeCircuit or its Circuit (ranked by its edge scores; without scores, its kept
+    edges as a set), an EdgeSet, or edge scores ``[n_src, n_slots]`` on the model's default graph
+    (see :mod:`capinterp.interventions.edge_faithfulness` for what ablating an edge means). ``ks``: sizes as
     counts or fractions of all units (default MIB's fractions; for a set, the set's size).
     ``by``: rank scores by their value (``"score"``, units that raise the metric first) or by
     ``"abs"`` (any strong effect first, as for CMD-style questions).
@@ -289,9 +297,15 @@ def faithfulness(
     if metric == "logit_diff" and ablation != "corrupt":
         raise ValueError("metric='logit_diff' needs corrupted answers: use it with ablation='corrupt'")
     by = validate.choice("by", by, ("score", "abs"))
-    kind, order, given = _ranking(model, units, by)
-    L, d = neuron_shape(model)
-    n_units = L * d if kind == "neuron" else L
+    graph = None
+    if is_edge_input(units):
+        kind = "edge"
+        graph, order, given = edge_ranking(model, units, by)
+        n_units = graph.n_edges
+    else:
+        kind, order, given = _ranking(model, units, by)
+        L, d = neuron_shape(model)
+        n_units = L * d if kind == "neuron" else L
     sizes = _sizes(ks, n_units, given)
     items = encode(model, validate.examples(data, need_target=True))
 
@@ -304,10 +318,23 @@ def faithfulness(
             m[idx] = True
             unit_masks += [m, ~m]  # kept, ablated
     masks = torch.stack(unit_masks)
-    keep = masks.view(-1, L, d) if kind == "neuron" else masks[:, :, None].expand(-1, L, d)
-    vals = ablated_metric(
-        model, items, keep, ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs
-    )
+    if graph is not None:
+        vals = edge_metric(
+            model,
+            graph,
+            items,
+            masks,
+            ablation=ablation,
+            metric=metric,
+            reference=reference,
+            corrupt=corrupt,
+            batch_size=bs,
+        )
+    else:
+        keep = masks.view(-1, L, d) if kind == "neuron" else masks[:, :, None].expand(-1, L, d)
+        vals = ablated_metric(
+            model, items, keep, ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs
+        )
 
     full, empty = float(vals[0]), float(vals[1])
     span = full - empty

@@ -1,0 +1,158 @@
+"""Faithfulness over circuit edges: every point of the curve against a hand-written patched forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import capinterp as ci
+from capinterp.circuits import Circuit, Graph, graph_mode
+from capinterp.core.tokens import encode
+from capinterp.data import Example
+from capinterp.interventions.faithfulness import faithfulness
+from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+
+FACTS = [
+    Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
+    Example("Berlin is the capital of", " Germany", {"subject": "Berlin"}),
+    Example("The Eiffel Tower is in the city of", " Paris", {"subject": "The Eiffel Tower"}),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return ci.load_model("tiny", threads=1)
+
+
+def _source_hook(name: str) -> tuple[str, int | None]:
+    """The plain model's hook carrying a source node's output (and the head index in it)."""
+    if name == "input":
+        return "blocks.0.hook_resid_pre", None
+    if name.startswith("m"):
+        return f"blocks.{name[1:]}.hook_mlp_out", None
+    layer, head = name[1:].split(".h")
+    return f"blocks.{layer}.attn.hook_result", int(head)
+
+
+def _slot_hook(name: str) -> tuple[str, int | None]:
+    """The plain model's hook carrying a slot's input (and the head / KV group index in it)."""
+    if name == "logits":
+        return "ln_final.hook_in", None
+    if name.startswith("m"):
+        return f"blocks.{name[1:]}.hook_mlp_in", None
+    head, kind = name.split("<")
+    layer, unit = head[1:].split(".")
+    return f"blocks.{layer}.hook_{kind}_input", int(unit[1:])
+
+
+@torch.no_grad()
+def _reference(model, graph: Graph, kept: set, ablation: str) -> float:
+    """Mean p(first target token) with every edge outside ``kept`` ablated, one example at a time:
+    plain hooks record each source's output as the pass computes it, and each slot input loses
+    ``output - reference`` of every removed edge into it (reference: 0, or the source's mean
+    output over all tokens of the facts in a clean run)."""
+    items = encode(model, FACTS)
+    srcs = {s: _source_hook(s) for s in graph.sources}
+    with graph_mode(model, graph):  # only switches on the per-head / per-input hooks
+
+        def outputs(cache, s):
+            name, idx = srcs[s]
+            return cache[name][0] if idx is None else cache[name][0, :, idx]
+
+        ref = {s: torch.zeros(int(model.cfg.d_model)) for s in graph.sources}
+        if ablation == "mean":
+            caches = [model.run_with_cache(torch.tensor([it.ids]))[1] for it in items]
+            ref = {s: torch.cat([outputs(c, s) for c in caches]).mean(0) for s in graph.sources}
+        removed: dict[str, list[str]] = {}
+        for src, slot in graph.edges():
+            if (src, slot) not in kept:
+                removed.setdefault(slot, []).append(src)
+        probs = []
+        for it in items:
+            live: dict[str, torch.Tensor] = {}
+
+            def record(s):
+                def fn(x, hook):
+                    live[s] = x[0] if srcs[s][1] is None else x[0, :, srcs[s][1]]
+
+                return fn
+
+            def cut(slot):
+                name, idx = _slot_hook(slot)
+
+                def fn(x, hook):
+                    x = x.clone()
+                    delta = sum(live[s] - ref[s] for s in removed.get(slot, []))
+                    if idx is None:
+                        x[0] -= delta
+                    else:
+                        x[0, :, idx] -= delta
+                    return x
+
+                return name, fn
+
+            hooks = [(srcs[s][0], record(s)) for s in graph.sources]
+            hooks += [cut(slot) for slot in graph.slots]
+            logits = model.run_with_hooks(torch.tensor([it.ids]), fwd_hooks=hooks)
+            probs.append(float(logits[0, it.last_prompt_pos].softmax(-1)[it.target_ids[0]]))
+    return float(np.mean(probs))
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_every_point_equals_a_hand_written_patched_forward(tiny, ablation):
+    g = Graph.from_model(tiny)
+    scores = torch.randn(g.n_src, g.n_slots, generator=torch.Generator().manual_seed(1)) * g.edge_mask
+    res = faithfulness(tiny, scores, FACTS, ks=[1, 40, g.n_edges], ablation=ablation, random_sets=1)
+    assert res.meta["unit"] == "edge" and res.meta["n_units"] == g.n_edges == 343
+    edges = g.edges()
+    flat = torch.tensor([float(scores[g.sources.index(a), g.slots.index(b)]) for a, b in edges])
+    order = torch.sort(flat, descending=True, stable=True).indices.tolist()
+    full, empty = _reference(tiny, g, set(edges), ablation), _reference(tiny, g, set(), ablation)
+    assert res.full == pytest.approx(full, rel=1e-4)
+    assert res.empty == pytest.approx(empty, rel=1e-3, abs=1e-6)
+    assert abs(res.full - res.empty) > 1e-4
+    for k, kept, ablated in zip(res.table["k"], res.table["kept"], res.table["ablated"]):
+        top = {edges[i] for i in order[:k]}
+        assert kept == pytest.approx(_reference(tiny, g, top, ablation), rel=1e-3, abs=1e-6)
+        assert ablated == pytest.approx(_reference(tiny, g, set(edges) - top, ablation), rel=1e-3, abs=1e-6)
+    last = res.table.iloc[-1]  # every edge kept: the full model; every edge ablated: the empty one
+    assert last["kept"] == pytest.approx(res.full, rel=1e-5) and last["ablated"] == pytest.approx(res.empty, rel=1e-4)
+    assert np.allclose(res.table["faithfulness"], (res.table["kept"] - res.empty) / (res.full - res.empty))
+
+
+def test_full_model_equals_the_plain_forward(tiny):
+    g = Graph.from_model(tiny)
+    res = faithfulness(tiny, Circuit.full(g), FACTS, ablation="zero", random_sets=0)
+    probs = []
+    for it in encode(tiny, FACTS):
+        with torch.no_grad():
+            logits = tiny(torch.tensor([it.ids]))
+        probs.append(float(logits[0, it.last_prompt_pos].softmax(-1)[it.target_ids[0]]))
+    assert res.full == pytest.approx(float(np.mean(probs)), rel=1e-5)
+    assert res.table["k"].tolist() == [g.n_edges]  # a set without scores: its own size
+
+
+def test_knowledge_circuit_circuit_and_edge_set_inputs(tiny):
+    kc = KnowledgeCircuit(tiny, algorithm="eap", top_n=20, progress=False).fit(FACTS)
+    a = faithfulness(tiny, kc, FACTS, ks=[5, 20], by="abs", random_sets=2)
+    b = faithfulness(tiny, kc.circuit_, FACTS, ks=[5, 20], by="abs", random_sets=2)
+    c = faithfulness(tiny, kc.scores_, FACTS, ks=[5, 20], by="abs", random_sets=2)
+    assert a.cpr == b.cpr == c.cpr and a.table["kept"].tolist() == c.table["kept"].tolist()
+    s = faithfulness(tiny, kc.units_, FACTS, random_sets=2)
+    assert s.table["k"].tolist() == [len(kc.units_)]
+    # the EdgeSet's kept value is the circuit's own edges kept, whatever their order
+    circ = faithfulness(tiny, Circuit(kc.graph_, kc.circuit_.mask), FACTS, random_sets=0)
+    assert s.table["kept"].iloc[0] == pytest.approx(circ.table["kept"].iloc[0], rel=1e-6)
+
+
+def test_bad_edge_input_is_refused(tiny):
+    g = Graph.from_model(tiny)
+    with pytest.raises(ValueError, match="n_src, n_slots"):
+        faithfulness(tiny, torch.zeros(3, 4), FACTS)
+    with pytest.raises(ValueError, match="not fitted"):
+        faithfulness(tiny, KnowledgeCircuit(tiny, progress=False), FACTS)
+    with pytest.raises(ValueError, match="not this model's graph"):
+        faithfulness(tiny, Circuit.full(Graph(g.n_layers + 1, g.n_heads, g.n_kv_heads, "qkv")), FACTS)
+    with pytest.raises(ValueError, match="only"):
+        faithfulness(tiny, Circuit.empty(g).units(), FACTS, ks=[3])
