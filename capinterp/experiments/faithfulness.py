@@ -8,8 +8,12 @@ CNL and DCSN (dataset-level neurons), KN / SIG / AMIG (IG per prompt, summed ove
 prompts), causal tracing (layers by their MLP indirect effect; facts only, it needs subjects).
 Mean ablation over the task's data, p(target's first token) as the metric.
 
-Not yet measured here: knowledge-circuit edges (faithfulness of edge sets is not implemented),
-NeFT (a fine-tune per task) and Query Localization's CAS neurons; their rows say so.
+Knowledge circuits (facts only): EAP-IG edge scores over the same facts (``ctx.ig`` steps), edges
+ranked by |score|, an edge's ablation its source's mean output in the downstream node's input
+(:mod:`capinterp.interventions.edge_faithfulness`); the sizes are the same fractions, of all edges.
+
+Not yet measured here: NeFT (a fine-tune per task) and Query Localization's CAS neurons; their
+rows say so.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ __all__ = ["COLUMNS", "NOT_MEASURED", "QUICK_FRACTIONS", "cpr_figure", "faithful
 NAME, TITLE = "faithfulness", "How good is a localization? CPR / CMD of every localizer against chance"
 QUICK_FRACTIONS = (0.01, 0.1, 0.5)
 NOT_MEASURED = {
-    "knowledge_circuit": "edge sets: faithfulness over circuit edges is not implemented yet",
     "neft": "needs a fine-tune per task; not in this experiment yet",
     "query_localization": "CAS neurons per fact; not in this experiment yet",
 }
@@ -56,13 +59,16 @@ COLUMNS = [
 
 
 def _ranking(ctx: Context, method: str, task: str, locate: list, ig: dict[str, Any]) -> Any:
-    """What ``method`` ranks on ``locate``: NeuronScores, or per-layer scores for causal tracing."""
+    """What ``method`` ranks on ``locate``: NeuronScores, per-layer scores for causal tracing, or a
+    fitted KnowledgeCircuit (its edge scores)."""
     from capinterp import localizers
 
     if method in ("cnl", "dcsn"):
         params = {"steps": ig["steps"], "rule": ig["rule"]} if method == "cnl" else {}
         return ctx.localize(method, f"faith_{task}", locate, **params)
     cls: Any = localizers.get(method)
+    if method == "knowledge_circuit":  # EAP-IG edge scores over the facts, ranked by |score|
+        return cls(ctx.model, algorithm="eap-ig", steps=ig["steps"], rule=ig["rule"], progress=False).fit(locate)
     if method == "causal_trace":
         return cls(ctx.model, samples=ctx.size(1, 3), progress=False).fit(locate).layer_scores_
     key = f"faith_{method}_{task}_n{len(locate)}_{ig['rule']}{ig['steps']}"
@@ -153,8 +159,8 @@ def run(ctx: Context) -> ExperimentResult:
     sub, facts = sub_and_facts(ctx, ctx.size(4, 16))
     arithmetic: tuple[str, ...]
     on_facts: tuple[str, ...]
-    if ctx.quick:  # one ranking per kind of localizer: dataset IG, projection, per-prompt IG, layers
-        arithmetic, on_facts = ("cnl", "dcsn"), ("kn", "causal_trace")
+    if ctx.quick:  # one ranking per kind of localizer: dataset IG, projection, per-prompt IG, layers, edges
+        arithmetic, on_facts = ("cnl", "dcsn"), ("kn", "causal_trace", "knowledge_circuit")
     else:
         arithmetic = ("cnl", "dcsn", "kn", "sig", "amig", "neft")
         on_facts = ("cnl", "dcsn", "kn", "sig", "amig", "causal_trace", "knowledge_circuit", "query_localization")
@@ -171,7 +177,8 @@ def run(ctx: Context) -> ExperimentResult:
             "CPR = area under the faithfulness curve (top-k kept, the rest mean-ablated), CMD = area between it "
             "and 1, over the share of units kept (MIB, Mueller et al. 2025); random_* = the same areas for "
             "uniformly random units of each size. MIB's CPR for EAP-IG-inputs on IOI: 1.85 / 1.63 / 3.20 / 2.08 "
-            "(GPT-2 / Qwen-2.5 / Gemma-2 / Llama-3.1), a different task and unit (edges)."
+            "(GPT-2 / Qwen-2.5 / Gemma-2 / Llama-3.1), on edges as the knowledge_circuit row, but a different task "
+            "and graph."
         ),
     }
     return ExperimentResult(NAME, TITLE, table, cpr_figure(table), info)

@@ -273,7 +273,7 @@ def faithfulness(
     metric: str = "prob",
     reference: Any = None,
     corrupt: Any = "auto",
-    by: str = "score",
+    by: str = "auto",
     random_sets: int = 20,
     seed: int = 0,
     batch_size: int = 16,
@@ -287,7 +287,8 @@ def faithfulness(
     (see :mod:`capinterp.interventions.edge_faithfulness` for what ablating an edge means). ``ks``: sizes as
     counts or fractions of all units (default MIB's fractions; for a set, the set's size).
     ``by``: rank scores by their value (``"score"``, units that raise the metric first) or by
-    ``"abs"`` (any strong effect first, as for CMD-style questions).
+    ``"abs"`` (any strong effect first, as for CMD-style questions); ``"auto"`` (default): ``"abs"``
+    for edges (as KnowledgeCircuit selects them), ``"score"`` otherwise.
     """
     validate.model(model)
     ablation = validate.choice("ablation", ablation, ABLATIONS)
@@ -296,13 +297,14 @@ def faithfulness(
     bs = validate.positive_int("batch_size", batch_size)
     if metric == "logit_diff" and ablation != "corrupt":
         raise ValueError("metric='logit_diff' needs corrupted answers: use it with ablation='corrupt'")
-    by = validate.choice("by", by, ("score", "abs"))
+    by = validate.choice("by", by, ("auto", "score", "abs"))
     graph = None
     if is_edge_input(units):
-        kind = "edge"
+        kind, by = "edge", "abs" if by == "auto" else by
         graph, order, given = edge_ranking(model, units, by)
         n_units = graph.n_edges
     else:
+        by = "score" if by == "auto" else by
         kind, order, given = _ranking(model, units, by)
         L, d = neuron_shape(model)
         n_units = L * d if kind == "neuron" else L

@@ -36,3 +36,24 @@ def test_table_rows_equal_direct_calls(tiny, tmp_path):
     assert table["cpr"].iloc[0] == pytest.approx(direct.cpr) and table["cmd"].iloc[0] == pytest.approx(direct.cmd)
     assert table["random_cpr_mean"].iloc[0] == pytest.approx(direct.random_cpr[0])
     assert pd.isna(table["cpr"].iloc[1])
+
+
+def test_knowledge_circuit_row_equals_a_direct_edge_call(tiny, tmp_path):
+    from capinterp.core.example import Example
+    from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+
+    assert "knowledge_circuit" not in FX.NOT_MEASURED
+    facts = [
+        Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
+        Example("Berlin is the capital of", " Germany", {"subject": "Berlin"}),
+    ]
+    ctx = Context(tiny, quick=True, workdir=tmp_path)
+    table = FX.faithfulness_table(ctx, {"facts": (facts, facts, ("knowledge_circuit",))})
+    row = table.iloc[0]
+    assert row["unit"] == "edge" and row["note"] == ""
+    ig = ctx.ig(3, 10)
+    kc = KnowledgeCircuit(tiny, steps=ig["steps"], rule=ig["rule"], progress=False).fit(facts)
+    assert row["n_units"] == kc.graph_.n_edges
+    direct = faithfulness(tiny, kc.scores_, facts, ks=FX.QUICK_FRACTIONS, by="abs", random_sets=2, seed=0)
+    assert row["cpr"] == pytest.approx(direct.cpr) and row["cmd"] == pytest.approx(direct.cmd)
+    assert row["random_cpr_p95"] == pytest.approx(direct.random_cpr[2])
