@@ -56,11 +56,11 @@ def edge_ranking(model: Model, units: Any, by: str) -> tuple[Graph, torch.Tensor
         units = units.circuit_
     if isinstance(units, (torch.Tensor, np.ndarray)):
         graph = Graph.from_model(model)
-        scores = torch.as_tensor(np.asarray(units), dtype=torch.float64)
-        if tuple(scores.shape) != (graph.n_src, graph.n_slots):
+        scores: torch.Tensor | None = torch.as_tensor(units).detach().cpu().double()
+        if tuple(units.shape) != (graph.n_src, graph.n_slots):
             raise ValueError(
                 f"edge scores must be [n_src, n_slots] = {(graph.n_src, graph.n_slots)} for this model's graph, "
-                f"got {tuple(scores.shape)}"
+                f"got {tuple(units.shape)}"
             )
     else:
         graph = units.graph
@@ -71,6 +71,7 @@ def edge_ranking(model: Model, units: Any, by: str) -> tuple[Graph, torch.Tensor
             mask = graph.mask_of(units.keys()) if isinstance(units, EdgeSet) else units.mask
             pos = _flat(graph, mask).nonzero().flatten()
             return graph, pos, int(pos.numel())
+    assert scores is not None
     flat = _flat(graph, scores)
     key = flat.abs() if by == "abs" else flat
     return graph, torch.sort(key, descending=True, stable=True).indices, None
