@@ -33,6 +33,7 @@ from capinterp.circuits.graph import Circuit, EdgeSet, Graph
 from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
+from capinterp.interventions.faithfulness_metric import metric_rows
 
 __all__ = ["edge_metric", "edge_ranking", "is_edge_input", "removal_masks"]
 
@@ -136,8 +137,6 @@ def edge_metric(
 ) -> np.ndarray:
     """``[C]``: the metric averaged over ``items`` with only the edges ``kept`` (bool ``[C, n_edges]``,
     ``graph.edges()`` order) running and every other edge ablated (see the module docstring)."""
-    from capinterp.interventions.faithfulness import _metric_rows
-
     if kept.dim() != 2 or kept.shape[1] != graph.n_edges:
         raise ValueError(f"kept must be [n_configs, {graph.n_edges}], got {tuple(kept.shape)}")
     check_additive(model, graph)
@@ -161,6 +160,6 @@ def edge_metric(
                 ref = rows[ex.to(dev), :T]
             logits = run_graph(model, graph, toks, removed=removed[cfg.to(dev)], ref=ref).logits
             at = logits[torch.arange(B, device=dev), last[ex].to(dev)]
-            vals = _metric_rows(at, ex.tolist(), items, pairs, metric).double().cpu()
+            vals = metric_rows(at, ex.tolist(), items, pairs, metric).double().cpu()
             out.index_add_(0, cfg, vals)
     return (out / len(items)).numpy()

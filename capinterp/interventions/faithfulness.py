@@ -48,6 +48,7 @@ from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking, is_edge_input
+from capinterp.interventions.faithfulness_metric import metric_rows
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronScores, NeuronSet
@@ -185,17 +186,6 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
     return acts, pairs
 
 
-def _metric_rows(logits: torch.Tensor, rows: Sequence[int], items, pairs, metric: str) -> torch.Tensor:
-    target = torch.tensor([items[i].target_ids[0] for i in rows], device=logits.device)
-    r = torch.arange(len(rows), device=logits.device)
-    if metric == "prob":
-        return logits.softmax(-1)[r, target]
-    if metric == "logprob":
-        return logits.log_softmax(-1)[r, target]
-    other = torch.tensor([pairs[i].corrupt_label for i in rows], device=logits.device)
-    return logits[r, target] - logits[r, other]
-
-
 @torch.no_grad()
 def _run(model: Model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T: int, bs: int) -> torch.Tensor:
     """``[n_configs]`` mean metric; ``keep`` is bool ``[n_configs, L, d]`` (True = the neuron runs)."""
@@ -219,7 +209,7 @@ def _run(model: Model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: 
 
         hooks = [(neuron_hook(l), ablate(l)) for l in range(L)]
         logits = logits_at(model, ids[ex].to(dev), last[ex].to(dev), fwd_hooks=hooks)
-        vals = _metric_rows(logits, ex.tolist(), items, pairs, metric).double().cpu()
+        vals = metric_rows(logits, ex.tolist(), items, pairs, metric).double().cpu()
         out.index_add_(0, cfg.cpu(), vals)
     return out / len(items)
 

@@ -121,7 +121,7 @@ def test_bad_input_is_refused_before_any_forward(planted):
         faithfulness(planted, scores.top_k(3), EXAMPLES, ks=[5])
     with pytest.raises(ValueError, match="one per layer"):
         faithfulness(planted, torch.zeros(3), EXAMPLES)
-    with pytest.raises(TypeError, match="edge sets"):
+    with pytest.raises(TypeError, match="circuit edges"):
         faithfulness(planted, {1, 2}, EXAMPLES)
     with pytest.raises(ValueError):
         faithfulness(planted, scores, [])

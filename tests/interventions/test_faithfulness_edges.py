@@ -99,15 +99,15 @@ def _reference(model, graph: Graph, kept: set, ablation: str) -> float:
     return float(np.mean(probs))
 
 
-@pytest.mark.parametrize("ablation", ["zero", "mean"])
-def test_every_point_equals_a_hand_written_patched_forward(tiny, ablation):
+@pytest.mark.parametrize("ablation,by", [("zero", "score"), ("mean", "auto")])
+def test_every_point_equals_a_hand_written_patched_forward(tiny, ablation, by):
     g = Graph.from_model(tiny)
     scores = torch.randn(g.n_src, g.n_slots, generator=torch.Generator().manual_seed(1)) * g.edge_mask
-    res = faithfulness(tiny, scores, FACTS, ks=[1, 40, g.n_edges], ablation=ablation, random_sets=1)
+    res = faithfulness(tiny, scores, FACTS, ks=[1, 40, g.n_edges], ablation=ablation, by=by, random_sets=1)
     assert res.meta["unit"] == "edge" and res.meta["n_units"] == g.n_edges == 343
     edges = g.edges()
     flat = torch.tensor([float(scores[g.sources.index(a), g.slots.index(b)]) for a, b in edges])
-    order = torch.sort(flat, descending=True, stable=True).indices.tolist()
+    order = torch.sort(flat if by == "score" else flat.abs(), descending=True, stable=True).indices.tolist()
     full, empty = _reference(tiny, g, set(edges), ablation), _reference(tiny, g, set(), ablation)
     assert res.full == pytest.approx(full, rel=1e-4)
     assert res.empty == pytest.approx(empty, rel=1e-3, abs=1e-6)
