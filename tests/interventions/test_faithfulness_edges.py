@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.circuits import Circuit, Graph, graph_mode
+from capinterp.circuits import Circuit, Graph, graph_mode, make_pairs
 from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.interventions.faithfulness import faithfulness
@@ -46,13 +46,22 @@ def _slot_hook(name: str) -> tuple[str, int | None]:
     return f"blocks.{layer}.hook_{kind}_input", int(unit[1:])
 
 
+SWAPS = [  # subject swaps of equal token width exist among these on the tiny model's tokenizer
+    Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
+    Example("Berlin is the capital of", " Germany", {"subject": "Berlin"}),
+    Example("Madrid is the capital of", " Spain", {"subject": "Madrid"}),
+    Example("London is the capital of", " England", {"subject": "London"}),
+]
+
+
 @torch.no_grad()
-def _reference(model, graph: Graph, kept: set, ablation: str) -> float:
+def _reference(model, graph: Graph, kept: set, ablation: str, facts: list = FACTS) -> float:
     """Mean p(first target token) with every edge outside ``kept`` ablated, one example at a time:
     plain hooks record each source's output as the pass computes it, and each slot input loses
     ``output - reference`` of every removed edge into it (reference: 0, or the source's mean
-    output over all tokens of the facts in a clean run)."""
-    items = encode(model, FACTS)
+    output over all tokens of the facts in a clean run, or its output at the same position on the
+    example's subject-swapped prompt)."""
+    items = encode(model, facts)
     srcs = {s: _source_hook(s) for s in graph.sources}
     with graph_mode(model, graph):  # only switches on the per-head / per-input hooks
 
@@ -64,12 +73,18 @@ def _reference(model, graph: Graph, kept: set, ablation: str) -> float:
         if ablation == "mean":
             caches = [model.run_with_cache(torch.tensor([it.ids]))[1] for it in items]
             ref = {s: torch.cat([outputs(c, s) for c in caches]).mean(0) for s in graph.sources}
+        per_item = [ref] * len(items)
+        if ablation == "corrupt":
+            pairs = make_pairs(model, facts)
+            assert all(p.mode == "swap" for p in pairs)
+            caches = [model.run_with_cache(torch.tensor([p.corrupt_ids]))[1] for p in pairs]
+            per_item = [{s: outputs(c, s) for s in graph.sources} for c in caches]
         removed: dict[str, list[str]] = {}
         for src, slot in graph.edges():
             if (src, slot) not in kept:
                 removed.setdefault(slot, []).append(src)
         probs = []
-        for it in items:
+        for it, ref in zip(items, per_item):
             live: dict[str, torch.Tensor] = {}
 
             def record(s):
@@ -78,7 +93,7 @@ def _reference(model, graph: Graph, kept: set, ablation: str) -> float:
 
                 return fn
 
-            def cut(slot):
+            def cut(slot, ref=ref):
                 name, idx = _slot_hook(slot)
 
                 def fn(x, hook):
@@ -119,6 +134,27 @@ def test_every_point_equals_a_hand_written_patched_forward(tiny, ablation, by):
     last = res.table.iloc[-1]  # every edge kept: the full model; every edge ablated: the empty one
     assert last["kept"] == pytest.approx(res.full, rel=1e-5) and last["ablated"] == pytest.approx(res.empty, rel=1e-4)
     assert np.allclose(res.table["faithfulness"], (res.table["kept"] - res.empty) / (res.full - res.empty))
+
+
+def test_corrupt_ablation_against_the_hand_written_forward(tiny):
+    """Corrupt: every edge ablated is the subject-swapped run; every point as the reference."""
+    g = Graph.from_model(tiny)
+    scores = torch.randn(g.n_src, g.n_slots, generator=torch.Generator().manual_seed(2)) * g.edge_mask
+    res = faithfulness(tiny, scores, SWAPS, ks=[30], ablation="corrupt", random_sets=0)
+    edges = g.edges()
+    flat = torch.tensor([float(scores[g.sources.index(a), g.slots.index(b)]) for a, b in edges])
+    top = {edges[i] for i in torch.sort(flat.abs(), descending=True, stable=True).indices[:30].tolist()}
+    assert res.table["kept"].iloc[0] == pytest.approx(_reference(tiny, g, top, "corrupt", SWAPS), rel=1e-3, abs=1e-6)
+    assert res.table["ablated"].iloc[0] == pytest.approx(
+        _reference(tiny, g, set(edges) - top, "corrupt", SWAPS), rel=1e-3, abs=1e-6
+    )
+    probs = []  # nothing kept: the corrupted prompts' own p(clean target)
+    for it, p in zip(encode(tiny, SWAPS), make_pairs(tiny, SWAPS)):
+        with torch.no_grad():
+            logits = tiny(torch.tensor([p.corrupt_ids]))
+        probs.append(float(logits[0, it.last_prompt_pos].softmax(-1)[it.target_ids[0]]))
+    assert res.empty == pytest.approx(float(np.mean(probs)), rel=1e-3)
+    assert abs(res.full - res.empty) > 1e-5
 
 
 def test_full_model_equals_the_plain_forward(tiny):
