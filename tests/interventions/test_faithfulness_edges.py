@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.circuits import Circuit, Graph, graph_mode, make_pairs
+from capinterp.circuits import Circuit, EdgeSet, Graph, graph_mode, make_pairs
 from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.interventions.faithfulness import faithfulness
@@ -192,3 +192,25 @@ def test_bad_edge_input_is_refused(tiny):
         faithfulness(tiny, Circuit.full(Graph(g.n_layers + 1, g.n_heads, g.n_kv_heads, "qkv")), FACTS)
     with pytest.raises(ValueError, match="only"):
         faithfulness(tiny, Circuit.empty(g).units(), FACTS, ks=[3])
+
+
+def test_planted_path_is_faithful_far_above_chance():
+    """A 2-layer model whose dominant path is input -> a0.h1 -> m1 -> logits (other heads and m0
+    scaled down): the path's 8 edges keep far more than 8 random edges."""
+    m = ci.load_model("tiny", n_layers=2, threads=1)
+    dh, H = m.cfg.d_head, m.cfg.n_heads
+    with torch.no_grad():
+        for l in range(2):
+            w_o = m.blocks[l].attn.o.original_component.weight  # [d_model, H * d_head]
+            for h in range(H):
+                w_o[:, h * dh : (h + 1) * dh] *= 3.0 if (l, h) == (0, 1) else 0.03
+            m.blocks[l].mlp.out.original_component.weight.mul_(3.0 if l == 1 else 0.03)
+    g = Graph.from_model(m)
+    grp = f"a0.g{1 // (g.n_heads // g.n_kv_heads)}"
+    path = [("input", "a0.h1<q"), ("input", f"{grp}<k"), ("input", f"{grp}<v"), ("input", "m1")]
+    path += [("a0.h1", "m1"), ("m1", "logits"), ("a0.h1", "logits"), ("input", "logits")]
+    res = faithfulness(m, EdgeSet(path, g), FACTS, ablation="mean", random_sets=10)
+    row = res.table.iloc[0]
+    assert row["k"] == 8
+    assert row["faithfulness"] > 0.9 and row["faithfulness"] > row["random_faithfulness_p95"] + 0.5
+    assert abs(row["ablated_faithfulness"]) < 0.1  # ablating the 8 path edges is ablating everything
