@@ -7,11 +7,13 @@ component type, this reports the Pearson and Spearman correlation between the tw
 
 * FFN **neurons**: the top ``n_top`` neurons of each method by |score| plus ``n_random``
   uniformly random neurons (seeded), each ablated alone;
-* FFN **layers**: every layer's neurons ablated together, against the sum of the layer's scores.
+* FFN **layers**: every layer's neurons ablated together, against the sum of the layer's scores;
+* **attention heads**: every head's output (``z_h @ W_O[h]``) ablated alone, against attribution
+  patching (AtP: ``(a_h - ref_h) . dm/da_h``), both from :mod:`capinterp.circuits.head_patching`.
 
 Methods: KN's IG (summed over the task's prompts; CNL's IG is the same quantity on one-token
-answers) and DCSN (activation x unembedding projection). Attention heads and circuit edges
-(EAP, EAP-IG) and the AtP* / RelP corrections are not measured here yet.
+answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP for heads.
+Circuit edges (EAP, EAP-IG) and the AtP* / RelP corrections are not measured here yet.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from capinterp.circuits.head_patching import head_atp, head_effects
 from capinterp.core.model import neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -30,9 +33,9 @@ from capinterp.experiments.faithfulness import sub_and_facts
 from capinterp.interventions.faithfulness import ablated_metric
 from capinterp.units.neurons import NeuronScores
 
-__all__ = ["COLUMNS", "agreement_table", "correlations", "run", "unit_effects"]
+__all__ = ["COLUMNS", "agreement_table", "correlations", "head_table", "run", "unit_effects"]
 
-NAME, TITLE = "patching_agreement", "Attribution scores against exact activation patching (neurons, FFN layers)"
+NAME, TITLE = "patching_agreement", "Attribution scores against exact activation patching (neurons, FFN layers, heads)"
 COLUMNS = ["task", "component", "method", "pearson", "spearman", "n_units", "ablation"]
 
 
@@ -117,6 +120,23 @@ def agreement_table(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def head_table(model: Model, task: str, data: list, *, ablation: str = "zero", batch_size: int = 16) -> pd.DataFrame:
+    """Rows for component ``"attention head"``: AtP against exact single-head patching, every head."""
+    exact = head_effects(model, data, ablation=ablation, batch_size=batch_size).ravel()
+    atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()
+    pearson, spearman = correlations(atp, exact)
+    row = {
+        "task": task,
+        "component": "attention head",
+        "method": "AtP",
+        "pearson": pearson,
+        "spearman": spearman,
+        "n_units": len(exact),
+        "ablation": ablation,
+    }
+    return pd.DataFrame([row], columns=COLUMNS)
+
+
 def _figure(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for method, g in table.groupby("method", sort=False):
@@ -129,7 +149,8 @@ def _figure(table: pd.DataFrame) -> go.Figure:
 
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
-    """KN's IG and DCSN against single-unit zero ablation on arithmetic (``sub``) and known facts."""
+    """KN's IG and DCSN (neurons, layers) and AtP (heads) against single-unit zero ablation on
+    arithmetic (``sub``) and known facts."""
     from capinterp.localizers.dcsn import DCSN
     from capinterp.localizers.kn import KN
 
@@ -157,12 +178,14 @@ def run(ctx: Context) -> ExperimentResult:
                 ctx.model, task, data, scores, n_top=ctx.size(8, 32), n_random=ctx.size(8, 32), seed=ctx.seed
             )
         )
+        parts.append(head_table(ctx.model, task, data))
     table = pd.concat(parts, ignore_index=True)
     info = {
         "notes": (
             "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
-            "the sum of its scores. RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
+            "the sum of its scores; heads: every head's output zero-ablated alone against AtP "
+            "((a - 0) . dm/da through the circuit graph). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
             "(Pearson against activation patching)."
         )
     }
