@@ -30,7 +30,7 @@ from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 
-__all__ = ["HEAD_ABLATIONS", "head_atp", "head_effects", "head_sources"]
+__all__ = ["HEAD_ABLATIONS", "head_atp", "head_atp_qk", "head_effects", "head_sources"]
 
 HEAD_ABLATIONS = ("zero", "mean")
 
@@ -129,3 +129,73 @@ def head_atp(
                 a = a - ref[srcs.to(ref.device)][None, None]
             total += torch.einsum("btnd,btnd->n", a, d_head).double().cpu()
     return (total / len(items)).numpy().reshape(graph.n_layers, graph.n_heads)
+
+
+def _pattern_hooks(model: Model, layers: list[int], store: dict[int, torch.Tensor]):
+    def grab(l: int):
+        def fn(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            store[l] = x
+            return x
+
+        return fn
+
+    return model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", grab(l)) for l in layers])
+
+
+def head_atp_qk(
+    model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
+) -> np.ndarray:
+    """AtP* with the attention-saturation (QK) fix, ``[n_layers, n_heads]`` (Kramar et al. 2024).
+
+    As :func:`head_atp`, except for the paths through the queries and keys of later heads: there,
+    instead of linearizing through the softmax, the later layer's attention pattern is recomputed
+    with head h's output ablated in its q and k inputs only (a graph pass with those edges removed),
+    and its change is weighted by ``dm/dpattern`` of the clean run. Values, MLPs and the logits stay
+    first order. Costs one forward per (head, later layer): for small models and checks, not sweeps.
+    Needs q/k/v input slots (granularity ``"qkv"``).
+    """
+    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    if graph.granularity != "qkv":
+        raise NotImplementedError(
+            f"the QK fix needs separate q/k/v input slots; this model's graph has granularity {graph.granularity!r}"
+        )
+    L, H = graph.n_layers, graph.n_heads
+    srcs = head_sources(graph)
+    qk = torch.zeros(graph.n_slots, dtype=torch.bool)
+    for l in range(L):
+        qk[graph.slot_index(l, "q")] = True
+        qk[graph.slot_index(l, "k")] = True
+    feeds = (graph.edge_mask[torch.tensor(srcs)] & ~qk[None]).float()  # linear paths: v, MLPs, logits
+    total = torch.zeros(len(srcs), dtype=torch.float64)
+    with graph_mode(model, graph):
+        ref = _reference(model, graph, items, ablation, bs)
+        for chunk in batches(items, bs):
+            tokens, last, target = _batch(model, chunk)
+            pats: dict[int, torch.Tensor] = {}
+            with torch.enable_grad(), _pattern_hooks(model, list(range(L)), pats):
+                run = run_graph(model, graph, tokens, keep_slots=True)
+                m = _prob(run.logits, last, target).sum()
+                g = torch.autograd.grad(m, [*run.slot_inputs, *(pats[l] for l in range(L))], allow_unused=True)
+            live = [*run.slot_inputs, *(pats[l] for l in range(L))]
+            g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, live)]
+            grads, g_pat = run.stack_slots(g[: len(run.slot_inputs)]), g[len(run.slot_inputs) :]
+            d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))
+            idx = torch.tensor(srcs, device=tokens.device)
+            a = run.outputs[:, :, idx].float()
+            r = None
+            if ref is not None:
+                a = a - ref[idx.to(ref.device)][None, None]
+                r = ref[None, None].expand(*tokens.shape, *ref.shape)
+            total += torch.einsum("btnd,btnd->n", a, d_head).double().cpu()
+            with torch.no_grad():
+                for i, s in enumerate(srcs):
+                    for l2 in range(i // H + 1, L):
+                        removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
+                        for kind in ("q", "k"):
+                            removed[s, graph.slot_index(l2, kind)] = True
+                        new: dict[int, torch.Tensor] = {}
+                        with _pattern_hooks(model, [l2], new):
+                            run_graph(model, graph, tokens, removed=removed, ref=r)
+                        delta = (new[l2] - pats[l2].detach()).float()
+                        total[i] -= float((g_pat[l2].float() * delta).sum())  # effect = clean - ablated
+    return (total / len(items)).numpy().reshape(L, H)

@@ -12,8 +12,9 @@ component type, this reports the Pearson and Spearman correlation between the tw
   patching (AtP: ``(a_h - ref_h) . dm/da_h``), both from :mod:`capinterp.circuits.head_patching`.
 
 Methods: KN's IG (summed over the task's prompts; CNL's IG is the same quantity on one-token
-answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP for heads.
-Circuit edges (EAP, EAP-IG) and the AtP* / RelP corrections are not measured here yet.
+answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP and AtP*'s
+attention-saturation (QK) fix for heads. Circuit edges (EAP, EAP-IG), AtP*'s GradDrop and RelP
+are not measured here yet.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from capinterp.circuits.head_patching import head_atp, head_effects
+from capinterp.circuits.head_patching import head_atp, head_atp_qk, head_effects
 from capinterp.core.model import neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -120,21 +121,33 @@ def agreement_table(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def head_table(model: Model, task: str, data: list, *, ablation: str = "zero", batch_size: int = 16) -> pd.DataFrame:
-    """Rows for component ``"attention head"``: AtP against exact single-head patching, every head."""
+def head_table(
+    model: Model, task: str, data: list, *, ablation: str = "zero", qk_fix: bool = True, batch_size: int = 16
+) -> pd.DataFrame:
+    """Rows for component ``"attention head"``: AtP (and, with ``qk_fix``, AtP*'s attention-saturation
+    fix where the model's graph has q/k slots) against exact single-head patching, every head."""
     exact = head_effects(model, data, ablation=ablation, batch_size=batch_size).ravel()
-    atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()
-    pearson, spearman = correlations(atp, exact)
-    row = {
-        "task": task,
-        "component": "attention head",
-        "method": "AtP",
-        "pearson": pearson,
-        "spearman": spearman,
-        "n_units": len(exact),
-        "ablation": ablation,
-    }
-    return pd.DataFrame([row], columns=COLUMNS)
+    methods = {"AtP": head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()}
+    if qk_fix:
+        try:
+            methods["AtP* (QK fix)"] = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()
+        except NotImplementedError:
+            pass  # no per-head q/k inputs on this family (granularity "layer"): AtP only
+    rows = []
+    for method, scores in methods.items():
+        pearson, spearman = correlations(scores, exact)
+        rows.append(
+            {
+                "task": task,
+                "component": "attention head",
+                "method": method,
+                "pearson": pearson,
+                "spearman": spearman,
+                "n_units": len(exact),
+                "ablation": ablation,
+            }
+        )
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _figure(table: pd.DataFrame) -> go.Figure:
@@ -185,7 +198,8 @@ def run(ctx: Context) -> ExperimentResult:
             "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
             "the sum of its scores; heads: every head's output zero-ablated alone against AtP "
-            "((a - 0) . dm/da through the circuit graph). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
+            "((a - 0) . dm/da through the circuit graph) and AtP* with the QK fix (later attention patterns "
+            "recomputed with the head ablated in their q/k inputs). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
             "(Pearson against activation patching)."
         )
     }
