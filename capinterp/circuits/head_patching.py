@@ -175,9 +175,9 @@ def head_atp_qk(
             with torch.enable_grad(), _pattern_hooks(model, list(range(L)), pats):
                 run = run_graph(model, graph, tokens, keep_slots=True)
                 m = _prob(run.logits, last, target).sum()
-                g = torch.autograd.grad(m, [*run.slot_inputs, *(pats[l] for l in range(L))], allow_unused=True)
-            live = [*run.slot_inputs, *(pats[l] for l in range(L))]
-            g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, live)]
+                live = [*run.slot_inputs, *(pats[l] for l in range(L))]
+                raw = torch.autograd.grad(m, live, allow_unused=True)
+            g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(raw, live)]
             grads, g_pat = run.stack_slots(g[: len(run.slot_inputs)]), g[len(run.slot_inputs) :]
             d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))
             idx = torch.tensor(srcs, device=tokens.device)
