@@ -11,7 +11,7 @@ the DCSN paper ("Combination Generalization of Capability-Specific Neurons in LL
 specificity (cohesion/separability, Table 3), forward_reasoning (Table 4), operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6);
 Chen et al. (2025): ql_localizers (inconsistent facts per localizer KN / SIG / AMIG, Table 1);
 localization quality (MIB, Mueller et al. 2025): faithfulness (CPR / CMD of every localizer against random units), patching_agreement (attribution
-against exact activation patching).
+against exact activation patching: neurons, FFN layers, attention heads).
 """
 
 from capinterp.experiments import (  # noqa: F401  (registration; the order is ORDER's)

@@ -7,11 +7,14 @@ component type, this reports the Pearson and Spearman correlation between the tw
 
 * FFN **neurons**: the top ``n_top`` neurons of each method by |score| plus ``n_random``
   uniformly random neurons (seeded), each ablated alone;
-* FFN **layers**: every layer's neurons ablated together, against the sum of the layer's scores.
+* FFN **layers**: every layer's neurons ablated together, against the sum of the layer's scores;
+* **attention heads**: every head's output (``z_h @ W_O[h]``) ablated alone, against attribution
+  patching (AtP: ``(a_h - ref_h) . dm/da_h``), both from :mod:`capinterp.circuits.head_patching`.
 
 Methods: KN's IG (summed over the task's prompts; CNL's IG is the same quantity on one-token
-answers) and DCSN (activation x unembedding projection). Attention heads and circuit edges
-(EAP, EAP-IG) and the AtP* / RelP corrections are not measured here yet.
+answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP and AtP*'s
+attention-saturation (QK) fix for heads. Circuit edges (EAP, EAP-IG), AtP*'s GradDrop and RelP
+are not measured here yet.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from capinterp.circuits.head_patching import head_atp, head_atp_qk, head_effects
 from capinterp.core.model import neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -30,9 +34,9 @@ from capinterp.experiments.faithfulness import sub_and_facts
 from capinterp.interventions.faithfulness import ablated_metric
 from capinterp.units.neurons import NeuronScores
 
-__all__ = ["COLUMNS", "agreement_table", "correlations", "run", "unit_effects"]
+__all__ = ["COLUMNS", "agreement_table", "correlations", "head_table", "run", "unit_effects"]
 
-NAME, TITLE = "patching_agreement", "Attribution scores against exact activation patching (neurons, FFN layers)"
+NAME, TITLE = "patching_agreement", "Attribution scores against exact activation patching (neurons, FFN layers, heads)"
 COLUMNS = ["task", "component", "method", "pearson", "spearman", "n_units", "ablation"]
 
 
@@ -117,6 +121,35 @@ def agreement_table(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def head_table(
+    model: Model, task: str, data: list, *, ablation: str = "zero", qk_fix: bool = True, batch_size: int = 16
+) -> pd.DataFrame:
+    """Rows for component ``"attention head"``: AtP (and, with ``qk_fix``, AtP*'s attention-saturation
+    fix where the model's graph has q/k slots) against exact single-head patching, every head."""
+    exact = head_effects(model, data, ablation=ablation, batch_size=batch_size).ravel()
+    methods = {"AtP": head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()}
+    if qk_fix:
+        try:
+            methods["AtP* (QK fix)"] = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()
+        except NotImplementedError:
+            pass  # no per-head q/k inputs on this family (granularity "layer"): AtP only
+    rows = []
+    for method, scores in methods.items():
+        pearson, spearman = correlations(scores, exact)
+        rows.append(
+            {
+                "task": task,
+                "component": "attention head",
+                "method": method,
+                "pearson": pearson,
+                "spearman": spearman,
+                "n_units": len(exact),
+                "ablation": ablation,
+            }
+        )
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
 def _figure(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for method, g in table.groupby("method", sort=False):
@@ -129,7 +162,8 @@ def _figure(table: pd.DataFrame) -> go.Figure:
 
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
-    """KN's IG and DCSN against single-unit zero ablation on arithmetic (``sub``) and known facts."""
+    """KN's IG and DCSN (neurons, layers) and AtP (heads) against single-unit zero ablation on
+    arithmetic (``sub``) and known facts."""
     from capinterp.localizers.dcsn import DCSN
     from capinterp.localizers.kn import KN
 
@@ -157,12 +191,15 @@ def run(ctx: Context) -> ExperimentResult:
                 ctx.model, task, data, scores, n_top=ctx.size(8, 32), n_random=ctx.size(8, 32), seed=ctx.seed
             )
         )
+        parts.append(head_table(ctx.model, task, data))
     table = pd.concat(parts, ignore_index=True)
     info = {
         "notes": (
             "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
-            "the sum of its scores. RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
+            "the sum of its scores; heads: every head's output zero-ablated alone against AtP "
+            "((a - 0) . dm/da through the circuit graph) and AtP* with the QK fix (later attention patterns "
+            "recomputed with the head ablated in their q/k inputs). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
             "(Pearson against activation patching)."
         )
     }

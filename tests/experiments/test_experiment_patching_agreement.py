@@ -70,3 +70,6 @@ def test_quick_run_on_tiny(tiny, tmp_path):
     res = EXPERIMENTS["patching_agreement"][1](Context(tiny, quick=True, workdir=tmp_path))
     assert list(res.table.columns) == PA.COLUMNS and len(res.table) >= 4
     assert ((res.table["pearson"].abs() <= 1) | res.table["pearson"].isna()).all()
+    heads = res.table[res.table["component"] == "attention head"]
+    assert len(heads) >= 1 and (heads["n_units"] == tiny.cfg.n_layers * tiny.cfg.n_heads).all()
+    assert set(heads["method"]) == {"AtP", "AtP* (QK fix)"}

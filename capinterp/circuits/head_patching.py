@@ -1,0 +1,201 @@
+"""Per attention head: exact activation patching and attribution patching (AtP) of the same ablation.
+
+The metric is the mean over the data of p(target's first token) at the last prompt position. A
+head's output is its node output in the circuit graph (``z_h @ W_O[h]``, :mod:`capinterp.circuits.forward`);
+ablating the head replaces that output, at every position, by its reference ``ref_h`` (0 for zero
+ablation, its mean over the data's real positions for mean ablation). Both quantities go through
+:func:`~capinterp.circuits.forward.run_graph`:
+
+* **exact**: ``effect(h) = m(clean) - m(head h ablated)``, one graph pass per head with every
+  outgoing edge of h removed (every downstream slot then reads the residual with ``a_h`` replaced
+  by ``ref_h``, which is the head's output patched in the residual stream);
+* **AtP** (Nanda 2023; Kramar et al. 2024): the first-order estimate
+  ``sum_t (a_h - ref_h) . dm/da_h``, where ``dm/da_h`` is the sum of the gradients at the slots the
+  head feeds (each slot reads the sum of its upstream outputs, so this is the chain rule). One
+  forward and one backward pass give every head.
+
+Scores are ``[n_layers, n_heads]`` float64 arrays, averaged over the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from capinterp.circuits.forward import graph_mode, run_graph
+from capinterp.circuits.graph import Graph
+from capinterp.core import validate
+from capinterp.core.protocol import Model
+from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
+
+__all__ = ["HEAD_ABLATIONS", "head_atp", "head_atp_qk", "head_effects", "head_sources"]
+
+HEAD_ABLATIONS = ("zero", "mean")
+
+
+def head_sources(graph: Graph) -> list[int]:
+    """Source indices of every head, layer-major (``[l * H + h]`` is head ``a{l}.h{h}``)."""
+    return [graph.head_src(l, h) for l in range(graph.n_layers) for h in range(graph.n_heads)]
+
+
+def _items(model: Model, data: Any) -> list[Encoded]:
+    items = data if data and isinstance(data[0], Encoded) else encode(model, validate.examples(data, need_target=True))
+    if not items:
+        raise ValueError("head patching needs at least one example")
+    return items
+
+
+def _batch(model: Model, chunk: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dev = next(model.parameters()).device
+    tokens, lengths = pad_right([it.ids for it in chunk], pad_id(model.tokenizer))
+    last = torch.tensor([it.last_prompt_pos for it in chunk], device=dev)
+    target = torch.tensor([it.target_ids[0] for it in chunk], device=dev)
+    return tokens.to(dev), last, target
+
+
+def _prob(logits: torch.Tensor, last: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    r = torch.arange(len(last), device=logits.device)
+    return logits[r, last].float().softmax(-1)[r, target]
+
+
+def _reference(model: Model, graph: Graph, items: list[Encoded], ablation: str, bs: int) -> torch.Tensor | None:
+    """``[n_src, d]`` mean node outputs over the real positions (mean ablation), None for zero."""
+    if ablation == "zero":
+        return None
+    total, count = None, 0
+    with torch.no_grad():
+        for chunk in batches(items, bs):
+            tokens, _, _ = _batch(model, chunk)
+            lengths = torch.tensor([len(it.ids) for it in chunk], device=tokens.device)
+            real = (torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None]).double()
+            out = run_graph(model, graph, tokens).outputs.double()
+            part = torch.einsum("bt,btnd->nd", real, out)
+            total = part if total is None else total + part
+            count += int(real.sum())
+    assert total is not None
+    return (total / count).float()
+
+
+def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None):
+    ablation = validate.choice("ablation", ablation, HEAD_ABLATIONS)
+    bs = validate.positive_int("batch_size", batch_size)
+    graph = graph or Graph.from_model(model)
+    return _items(model, data), ablation, bs, graph
+
+
+def head_effects(
+    model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
+) -> np.ndarray:
+    """``[n_layers, n_heads]`` exact effects ``m(clean) - m(head ablated)`` (see the module docstring)."""
+    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    srcs = head_sources(graph)
+    total = torch.zeros(len(srcs), dtype=torch.float64)
+    with graph_mode(model, graph):
+        ref = _reference(model, graph, items, ablation, bs)
+        with torch.no_grad():
+            for chunk in batches(items, bs):
+                tokens, last, target = _batch(model, chunk)
+                full = _prob(run_graph(model, graph, tokens).logits, last, target)
+                r = None if ref is None else ref[None, None].expand(*tokens.shape, *ref.shape)
+                for i, s in enumerate(srcs):
+                    removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
+                    removed[s] = True
+                    abl = _prob(run_graph(model, graph, tokens, removed=removed, ref=r).logits, last, target)
+                    total[i] += (full - abl).double().sum().cpu()
+    return (total / len(items)).numpy().reshape(graph.n_layers, graph.n_heads)
+
+
+def head_atp(
+    model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
+) -> np.ndarray:
+    """``[n_layers, n_heads]`` AtP estimates ``sum_t (a_h - ref_h) . dm/da_h`` of :func:`head_effects`."""
+    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    srcs = torch.tensor(head_sources(graph))
+    feeds = graph.edge_mask[srcs].float()  # [n_heads_total, n_slots]: the slots each head feeds
+    total = torch.zeros(len(srcs), dtype=torch.float64)
+    with graph_mode(model, graph):
+        ref = _reference(model, graph, items, ablation, bs)
+        for chunk in batches(items, bs):
+            tokens, last, target = _batch(model, chunk)
+            with torch.enable_grad():
+                run = run_graph(model, graph, tokens, keep_slots=True)
+                g = torch.autograd.grad(_prob(run.logits, last, target).sum(), run.slot_inputs, allow_unused=True)
+            grads = run.stack_slots([torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)])
+            d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))  # dm/da_h
+            a = run.outputs[:, :, srcs.to(tokens.device)].float()
+            if ref is not None:
+                a = a - ref[srcs.to(ref.device)][None, None]
+            total += torch.einsum("btnd,btnd->n", a, d_head).double().cpu()
+    return (total / len(items)).numpy().reshape(graph.n_layers, graph.n_heads)
+
+
+def _pattern_hooks(model: Model, layers: list[int], store: dict[int, torch.Tensor]):
+    def grab(l: int):
+        def fn(x: torch.Tensor, hook: Any) -> torch.Tensor:
+            store[l] = x
+            return x
+
+        return fn
+
+    return model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", grab(l)) for l in layers])
+
+
+def head_atp_qk(
+    model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
+) -> np.ndarray:
+    """AtP* with the attention-saturation (QK) fix, ``[n_layers, n_heads]`` (Kramar et al. 2024).
+
+    As :func:`head_atp`, except for the paths through the queries and keys of later heads: there,
+    instead of linearizing through the softmax, the later layer's attention pattern is recomputed
+    with head h's output ablated in its q and k inputs only (a graph pass with those edges removed),
+    and its change is weighted by ``dm/dpattern`` of the clean run. Values, MLPs and the logits stay
+    first order. Costs one forward per (head, later layer): for small models and checks, not sweeps.
+    Needs q/k/v input slots (granularity ``"qkv"``).
+    """
+    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    if graph.granularity != "qkv":
+        raise NotImplementedError(
+            f"the QK fix needs separate q/k/v input slots; this model's graph has granularity {graph.granularity!r}"
+        )
+    L, H = graph.n_layers, graph.n_heads
+    srcs = head_sources(graph)
+    qk = torch.zeros(graph.n_slots, dtype=torch.bool)
+    for l in range(L):
+        qk[graph.slot_index(l, "q")] = True
+        qk[graph.slot_index(l, "k")] = True
+    feeds = (graph.edge_mask[torch.tensor(srcs)] & ~qk[None]).float()  # linear paths: v, MLPs, logits
+    total = torch.zeros(len(srcs), dtype=torch.float64)
+    with graph_mode(model, graph):
+        ref = _reference(model, graph, items, ablation, bs)
+        for chunk in batches(items, bs):
+            tokens, last, target = _batch(model, chunk)
+            pats: dict[int, torch.Tensor] = {}
+            with torch.enable_grad(), _pattern_hooks(model, list(range(L)), pats):
+                run = run_graph(model, graph, tokens, keep_slots=True)
+                m = _prob(run.logits, last, target).sum()
+                live = [*run.slot_inputs, *(pats[l] for l in range(L))]
+                raw = torch.autograd.grad(m, live, allow_unused=True)
+            g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(raw, live)]
+            grads, g_pat = run.stack_slots(g[: len(run.slot_inputs)]), g[len(run.slot_inputs) :]
+            d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))
+            idx = torch.tensor(srcs, device=tokens.device)
+            a = run.outputs[:, :, idx].float()
+            r = None
+            if ref is not None:
+                a = a - ref[idx.to(ref.device)][None, None]
+                r = ref[None, None].expand(*tokens.shape, *ref.shape)
+            total += torch.einsum("btnd,btnd->n", a, d_head).double().cpu()
+            with torch.no_grad():
+                for i, s in enumerate(srcs):
+                    for l2 in range(i // H + 1, L):
+                        removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
+                        for kind in ("q", "k"):
+                            removed[s, graph.slot_index(l2, kind)] = True
+                        new: dict[int, torch.Tensor] = {}
+                        with _pattern_hooks(model, [l2], new):
+                            run_graph(model, graph, tokens, removed=removed, ref=r)
+                        delta = (new[l2] - pats[l2].detach()).float()
+                        total[i] -= float((g_pat[l2].float() * delta).sum())  # effect = clean - ablated
+    return (total / len(items)).numpy().reshape(L, H)
