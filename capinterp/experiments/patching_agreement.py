@@ -191,7 +191,8 @@ def run(ctx: Context) -> ExperimentResult:
                 ctx.model, task, data, scores, n_top=ctx.size(8, 32), n_random=ctx.size(8, 32), seed=ctx.seed
             )
         )
-        parts.append(head_table(ctx.model, task, data))
+        # AtP*'s QK fix costs a forward per (head, later layer): the full run only
+        parts.append(head_table(ctx.model, task, data, qk_fix=not ctx.quick))
     table = pd.concat(parts, ignore_index=True)
     info = {
         "notes": (
