@@ -27,13 +27,12 @@ import numpy as np
 import torch
 from einops import einsum
 
-from capinterp.circuits.eap import make_pairs
 from capinterp.circuits.forward import check_additive, graph_mode, run_graph
 from capinterp.circuits.graph import Circuit, EdgeSet, Graph
 from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
-from capinterp.interventions.faithfulness_metric import metric_rows
+from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
 
 __all__ = ["edge_metric", "edge_ranking", "is_edge_input", "removal_masks"]
 
@@ -106,13 +105,7 @@ def _references(model: Model, graph: Graph, items: list[Encoded], ablation: str,
             total += einsum(outs, real.double(), "b t n d, b t -> n d")
             count += int(real.sum())
         return (total / count).float(), None, None
-    pairs = make_pairs(model, [it.example for it in items], corrupt=corrupt)
-    noise = [i for i, p in enumerate(pairs) if p.mode == "noise"]
-    if noise:
-        raise ValueError(
-            f"ablation='corrupt' needs a corrupted prompt for every example; {len(noise)} of {len(pairs)} have none "
-            "(no subject swap fits: pass corrupt= a callable, or use ablation='mean')"
-        )
+    pairs = corrupt_pairs(model, items, corrupt)
     T = max(len(it.ids) for it in items)
     rows = torch.zeros(len(items), T, graph.n_src, int(model.cfg.d_model), device=dev)
     for s in range(0, len(pairs), bs):

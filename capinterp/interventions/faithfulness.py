@@ -41,14 +41,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from capinterp.circuits.eap import make_pairs
 from capinterp.core import validate
 from capinterp.core.forward import logits_at
 from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking, is_edge_input
-from capinterp.interventions.faithfulness_metric import metric_rows
+from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronScores, NeuronSet
@@ -169,13 +168,7 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
                 total[l] += (cache[neuron_hook(l)].double() * real[..., None]).sum((0, 1))
             count += int(real.sum())
         return (total / count).float(), None
-    pairs = make_pairs(model, [it.example for it in items], corrupt=corrupt)
-    noise = [i for i, p in enumerate(pairs) if p.mode == "noise"]
-    if noise:
-        raise ValueError(
-            f"ablation='corrupt' needs a corrupted prompt for every example; {len(noise)} of {len(pairs)} have none "
-            "(no subject swap fits: pass corrupt= a callable, or use ablation='mean')"
-        )
+    pairs = corrupt_pairs(model, items, corrupt)
     acts = torch.zeros(len(items), T, L, d, device=dev)
     for s in range(0, len(pairs), bs):
         chunk = pairs[s : s + bs]
