@@ -162,7 +162,7 @@ def test_unfitted_and_unknown_fact(tiny):
         ql.neurons(0, "all")
     with pytest.raises(TypeError):  # the former name of selection is gone
         ql.neurons(0, method="union")
-    assert ql.neurons(0, "union").meta["selection"] == {"rule": "union"}
+    assert ql.neurons(0, "union").meta["selection"] == {"criterion": "union"}
 
 
 # ------------------------------------------------------------------------------ attention (KS)
