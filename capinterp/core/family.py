@@ -76,7 +76,6 @@ class Family:
     residual_multiplier: float = 1.0  # Granite: every attention / MLP output is scaled before joining the residual
     attention_multiplier: float | None = None  # Granite: replaces 1/sqrt(d_head)
     moe: MoE | None = None
-    kv_cache: bool = True
     # a sliding attention window the attention module applies itself by absolute position in the
     # sequence it is given, not through the attention mask (GPT-Neo's "local" layers); IG's fast
     # route then puts its rows in the batch dimension instead of folding them into the sequence,
@@ -196,7 +195,6 @@ def read_family(model: Model) -> Family:
         residual_multiplier=float(_get(hf, "residual_multiplier", default=1.0)),
         attention_multiplier=_get(hf, "attention_multiplier"),
         moe=moe,
-        kv_cache=True,
         module_window=_module_window(hf),
         **common,
     )
