@@ -12,9 +12,19 @@ token scaled, F = p(first answer token), zero baseline, every neuron of every la
 * ``captum-50``: captum's ``IntegratedGradients`` at its default (Gauss-Legendre, 50 steps) on
   the activation of one layer (:func:`bench_scale.captum_neuron_ig`), timed on ``--captum-layers``
   (default: first, middle, last) and scaled by ``n_layers / k`` to all layers;
-* ``captum-eq``: the same with, per layer, the node count the adaptive rule ended with on that
-  prompt (same rule, same nodes: the same accuracy, which the run checks); and, since captum
-  takes one ``n_steps`` for every layer, its time with the most nodes any layer needed.
+* ``captum-eq``: the same with, per layer, the rule the adaptive rule ended with on that prompt
+  (same alphas and weights: the same accuracy, which the run checks; Gauss-Legendre through
+  captum's public ``attribute`` for the doubling schedule, the graded composite rule through
+  ``IntegratedGradients._attribute(step_sizes_and_alphas=...)``, which ``attribute`` calls per
+  batch), timed per point on the captum layers and scaled by all layers' adaptive nodes; and, for
+  the doubling schedule, since captum takes one ``n_steps`` for every layer, its time with the most
+  nodes any layer needed.
+
+``--no-reference`` skips the reference and the fixed rules (the costly part besides captum): the
+adaptive rule's own final error estimates are printed instead, and captum's errors are against
+the adaptive rule's scores. The affordable equal-accuracy run (captum on the middle layer only):
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_ig_accuracy.py --models smollm2 --n 10 --no-reference --captum-layers 15 --threads 1
 
 Per layer it prints the relative L2 error of each method's scores against the reference (max
 over prompts) and the adaptive rule's nodes (mean, max); then the time per prompt and the
@@ -54,47 +64,77 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
+def adaptive_rule(n_nodes: int, schedule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alphas, weights) of the adaptive rule's round that has ``n_nodes`` nodes under ``schedule``
+    (``"graded"`` or ``"doubling"``: :func:`capinterp.kernels.adaptive.rule_of`)."""
+    from capinterp.kernels.adaptive import rule_of
+    from capinterp.kernels.quadrature import graded, quadrature
+
+    for r in range(16):
+        levels, per_level, growth = rule_of(r, schedule)
+        alphas, weights = graded(levels, per_level, growth=growth) if levels else quadrature(per_level, "gauss")
+        if len(alphas) == n_nodes:
+            return alphas, weights
+        if len(alphas) > n_nodes:
+            break
+    raise ValueError(f"no round of the {schedule} schedule has {n_nodes} nodes")
+
+
 def run_model(name: str, args) -> None:
     import capinterp as ci
+    import capinterp.kernels.adaptive as adaptive
     from capinterp.core.tokens import encode
     from capinterp.kernels.ig import ig_scores
     from capinterp.kernels.ig_config import IGConfig
+    from capinterp.kernels.invariant import scale_invariant
 
-    model = ci.load_model(name)
+    model = load(name)
     L = model.cfg.n_layers
     cap_layers = [int(x) for x in args.captum_layers.split(",")] if args.captum_layers else sorted({0, L // 2, L - 1})
+    # the schedule rule="adaptive" takes here (zero baseline): graded on a scale-invariant FFN output
+    schedule = adaptive.SCHEDULE
+    if schedule == "auto":
+        schedule = "graded" if scale_invariant(model) else "doubling"
     data = ci.data.arithmetic(ops="+", n=args.n, fmt="DG", lang="en", seed=5)
     items = encode(model, list(data)[: args.n], max_target_tokens=1)
     cfg = IGConfig(positions="last_prompt", batch_size=args.batch_size, invariance="off")
     err: dict[str, list[list[float]]] = {}
     nodes: list[list[float]] = []
-    t = {"adaptive": 0.0, "captum-50": 0.0, "captum-eq": 0.0, "eq_nodes": 0.0, "eq_nodes_all": 0.0}
+    t = {"adaptive": 0.0, "captum-50": 0.0, "captum-eq": 0.0, "eq_nodes": 0.0, "eq_nodes_all": 0.0, "rows": 0.0}
     ig_scores(model, items[0], cfg.replace(steps=1))  # the route's once-per-model check, outside the timings
+    captum_neuron_ig(model, items[0], 1, cap_layers[0])  # captum's first call, outside the timings
     for i, it in enumerate(items):
-        ref = ig_scores(model, it, cfg.replace(steps=args.ref_steps, rule="gauss"))[0]
+        ref = None if args.no_reference else ig_scores(model, it, cfg.replace(steps=args.ref_steps, rule="gauss"))[0]
         stats: dict = {}
         t0 = time.perf_counter()
         ada = ig_scores(model, it, cfg.replace(rule="adaptive", tol=args.tol, max_steps=args.max_steps), stats=stats)[0]
         t["adaptive"] += time.perf_counter() - t0
+        t["rows"] += stats["rows"]
         nodes.append(stats["nodes"][0].tolist())
-        err.setdefault("adaptive", []).append([rel(ada[l], ref[l]) for l in range(L)])
-        for rule, m in FIXED:
-            s = ig_scores(model, it, cfg.replace(steps=m, rule=rule))[0]
-            err.setdefault(f"{'GL' if rule == 'gauss' else rule}-{m}", []).append([rel(s[l], ref[l]) for l in range(L)])
+        if ref is None:  # the adaptive rule's own estimates; captum is compared with its scores
+            err.setdefault("adaptive estimate", []).append(stats["error_estimate"][0].tolist())
+            ref = ada
+        else:
+            err.setdefault("adaptive", []).append([rel(ada[l], ref[l]) for l in range(L)])
+            for rule, m in FIXED:
+                s = ig_scores(model, it, cfg.replace(steps=m, rule=rule))[0]
+                key = f"{'GL' if rule == 'gauss' else rule}-{m}"
+                err.setdefault(key, []).append([rel(s[l], ref[l]) for l in range(L)])
         c50, ceq = [float("nan")] * L, [float("nan")] * L
         for l in cap_layers:
             t0 = time.perf_counter()
             c50[l] = rel(captum_neuron_ig(model, it, 50, l), ref[l])
             t["captum-50"] += time.perf_counter() - t0
+            n_l = int(nodes[-1][l])
             t0 = time.perf_counter()
-            ceq[l] = rel(captum_neuron_ig(model, it, int(nodes[-1][l]), l), ref[l])
+            ceq[l] = rel(captum_neuron_ig(model, it, n_l, l, rule=adaptive_rule(n_l, schedule)), ref[l])
             t["captum-eq"] += time.perf_counter() - t0
-            t["eq_nodes"] += nodes[-1][l]
+            t["eq_nodes"] += n_l
         t["eq_nodes_all"] += sum(nodes[-1])
         err.setdefault("captum-50", []).append(c50)
         err.setdefault("captum-eq", []).append(ceq)
         print(f"[{name}] prompt {i + 1}/{len(items)} done ({time.perf_counter() - T0:.0f}s)", file=sys.stderr)
-        report(name, L, args, err, nodes, t, cap_layers)
+        report(name, L, args, err, nodes, t, cap_layers, schedule)
 
 
 def run_adaptive_only(name: str, args) -> None:
@@ -199,14 +239,19 @@ def run_shape(name: str, args) -> None:
     sys.stdout.flush()
 
 
-def report(name, L, args, err, nodes, t, cap_layers) -> None:
+def report(name, L, args, err, nodes, t, cap_layers, schedule) -> None:
     """The per-layer table and the time ratios over the prompts done so far."""
     n = len(nodes)
-    scale = L / len(cap_layers)
+    k = len(cap_layers)
     nd = torch.tensor(nodes)
     cols = list(err)
-    print(f"\n## {name}: {L} layers, {n} prompts, tol {args.tol:g}, reference GL-{args.ref_steps}")
-    print("relative L2 error of the layer's scores, max over prompts; adaptive nodes mean / max\n")
+    against = "the adaptive rule's scores" if args.no_reference else f"GL-{args.ref_steps}"
+    print(f"\n## {name}: {L} layers, {n} prompts, tol {args.tol:g}, adaptive schedule {schedule}, reference {against}")
+    print(
+        "relative L2 error of the layer's scores against the reference, max over prompts"
+        + ("; 'adaptive estimate': its own final error estimate" if args.no_reference else "")
+        + f"; captum on layers {cap_layers} only; adaptive nodes mean / max\n"
+    )
     print("| layer | " + " | ".join(cols) + " | adaptive nodes |")
     print("|---" * (len(cols) + 2) + "|")
     for l in range(L):
@@ -217,27 +262,42 @@ def report(name, L, args, err, nodes, t, cap_layers) -> None:
         print(f"| {l} | " + " | ".join(vals) + f" | {float(nd[:, l].mean()):.0f} / {int(nd[:, l].max())} |")
     worst = {c: max(x for e in err[c] for x in e if x == x) for c in cols}
     print("\nworst layer error over all prompts: " + ", ".join(f"{c} {v:.2g}" for c, v in worst.items()))
-    # captum's cost is linear in its steps (one full sequence per step): GL-50 on every layer is the
-    # measured layers' time x L / k; at equal accuracy, the measured time per step x all layers' nodes
-    c50 = t["captum-50"] * scale / n
-    ceq = t["captum-eq"] / max(t["eq_nodes"], 1) * t["eq_nodes_all"] / n
+    # captum's cost is linear in its points (one full sequence each): measured on k layers, so GL-50 on
+    # every layer is the measured time x L / k; at equal accuracy (the adaptive rule's own rule and nodes
+    # per layer), the measured time per point x all layers' nodes
+    per50 = t["captum-50"] / (50 * k * n)
+    pereq = t["captum-eq"] / max(t["eq_nodes"], 1)
+    c50 = per50 * 50 * L
+    ceq = pereq * t["eq_nodes_all"] / n
     ada = t["adaptive"] / n
     print(
-        f"time per prompt, all {L} layers: adaptive {ada:.2f}s; captum-50 {c50:.1f}s (measured on layers "
-        f"{cap_layers}, x{scale:.1f}); captum-eq {ceq:.1f}s (measured per step on those layers, x all layers' nodes)"
+        f"measured per prompt: adaptive {ada:.2f}s on all {L} layers ({t['rows'] / n:.0f} rows, "
+        f"{t['eq_nodes_all'] / n:.0f} nodes over the layers); captum on layers {cap_layers}: GL-50 "
+        f"{t['captum-50'] / n:.1f}s ({per50:.3f}s a point), adaptive's rule "
+        f"{t['captum-eq'] / n:.1f}s ({t['eq_nodes'] / n:.0f} points, {pereq:.3f}s a point)"
     )
     print(
-        f"ratio captum / adaptive: default GL-50 {c50 / ada:.1f}x, at equal accuracy (adaptive's nodes) "
+        f"scaled to all {L} layers: captum-50 {c50:.1f}s (x{L / k:.1f} layers); captum-eq {ceq:.1f}s "
+        f"(its time a point x all layers' adaptive nodes)"
+    )
+    print(
+        f"ratio captum / adaptive: default GL-50 {c50 / ada:.1f}x, at equal accuracy (adaptive's rule and nodes) "
         f"{ceq / ada:.1f}x ({torch.get_num_threads()} thread(s), {n} prompt(s))"
     )
-    # captum has one n_steps for all layers: the same accuracy on every layer needs the worst layer's
-    # nodes everywhere (per step: the GL-50 runs' time / 50)
-    uni = int(torch.tensor(nodes).max())
-    cuni = t["captum-50"] / (50 * len(cap_layers) * n) * L * uni
-    print(
-        f"captum with one node count for all layers (the most any layer needed, GL-{uni}): {cuni:.1f}s, "
-        f"ratio {cuni / ada:.1f}x"
-    )
+    if schedule == "doubling":
+        # captum's public attribute takes one n_steps for all layers: the same accuracy on every layer
+        # needs the worst layer's Gauss-Legendre nodes everywhere (its GL-50 time a point)
+        uni = int(nd.max())
+        cuni = per50 * L * uni
+        print(
+            f"captum with one node count for all layers (the most any layer needed, GL-{uni}): {cuni:.1f}s, "
+            f"ratio {cuni / ada:.1f}x"
+        )
+    else:
+        print(
+            f"(schedule {schedule}: captum's public attribute has no graded rule; captum-eq runs the adaptive "
+            "rule's alphas and weights through IntegratedGradients._attribute)"
+        )
     sys.stdout.flush()
 
 
@@ -253,6 +313,12 @@ def main() -> None:
     ap.add_argument("--ref-steps", type=int, default=200)
     ap.add_argument(
         "--captum-layers", default="", help="comma-separated layers timed for captum (default: first, middle, last)"
+    )
+    ap.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the GL-200 reference and the fixed rules: the adaptive rule's estimates stand in, captum is "
+        "compared with the adaptive scores",
     )
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)

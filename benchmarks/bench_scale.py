@@ -150,11 +150,18 @@ def captum_ig(model, item, steps: int, layers: list[int]) -> None:
         )
 
 
-def captum_neuron_ig(model, item, steps: int, layer: int, method: str = "gausslegendre") -> torch.Tensor:
+def captum_neuron_ig(
+    model, item, steps: int, layer: int, method: str = "gausslegendre", rule: tuple | None = None
+) -> torch.Tensor:
     """KN's integral with captum's ``IntegratedGradients``: layer ``layer``'s down-projection input at
     the last prompt token scaled from 0 (all neurons jointly), F = p(first target token), full
     sequences through the plain transformers model, ``steps`` points in one batch. Attributions
-    [d_mlp] (float32, CPU); the same integral as ``ig_scores(..., positions="last_prompt")``."""
+    [d_mlp] (float32, CPU); the same integral as ``ig_scores(..., positions="last_prompt")``.
+
+    ``rule=(alphas, weights)`` replaces captum's ``method`` by that rule (e.g. the adaptive rule's
+    composite Gauss-Legendre, which captum's public ``attribute`` cannot take): it goes through
+    captum's own ``IntegratedGradients._attribute(step_sizes_and_alphas=...)``, the call
+    ``attribute`` makes per batch, all ``len(alphas)`` points in one batch."""
     from captum.attr import IntegratedGradients
 
     hf = model.original_model
@@ -180,9 +187,14 @@ def captum_neuron_ig(model, item, steps: int, layer: int, method: str = "gaussle
             hook.remove()
 
     a = clean[0][None].float()
-    out = IntegratedGradients(prob).attribute(
-        a, baselines=torch.zeros_like(a), n_steps=steps, method=method, internal_batch_size=steps
-    )
+    ig = IntegratedGradients(prob)
+    if rule is not None:
+        alphas, weights = (x.tolist() for x in rule)
+        (out,) = ig._attribute(
+            (a,), (torch.zeros_like(a),), n_steps=len(alphas), step_sizes_and_alphas=(weights, alphas)
+        )
+        return out[0].detach().float().cpu()
+    out = ig.attribute(a, baselines=torch.zeros_like(a), n_steps=steps, method=method, internal_batch_size=steps)
     return out[0].detach().float().cpu()
 
 
