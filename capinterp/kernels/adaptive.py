@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from capinterp.kernels.completeness import completeness_error_l1
 from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.quadrature import graded, quadrature
 
@@ -83,8 +84,7 @@ class AdaptiveResult:
 
 
 def _estimate(cur: torch.Tensor, prev: torch.Tensor | None, f_clean: float, f_base: float) -> float:
-    delta = f_clean - f_base
-    comp = abs(float(cur.sum()) - delta) / max(abs(delta), float(cur.abs().sum()), 1e-30)
+    comp = completeness_error_l1(float(cur.sum()), float(cur.abs().sum()), f_clean, f_base)
     if prev is None:
         return comp
     nested = float((cur - prev).norm()) / max(float(cur.norm()), 1e-30)

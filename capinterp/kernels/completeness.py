@@ -12,6 +12,12 @@ is a free check of its accuracy (it is a lower bound on the error of the scores'
 error there means the scores are off at least that much). ``F(x)`` is the clean row the
 kernel already runs, ``F(baseline)`` one extra row per layer in the same batches.
 
+The same violation relative to ``max(|F(x) - F(baseline)|, ||IG||_1)`` instead
+(:func:`completeness_error_l1`) is the one the adaptive rule's estimate uses
+(:mod:`capinterp.kernels.adaptive`): a lower bound on the relative L1 error of the scores. The two
+differ where a layer's scores cancel (``||IG||_1`` far above ``|F(x) - F(baseline)|``): there a
+small absolute error of the sum is a large fraction of ``F(x) - F(baseline)`` but not of the scores.
+
 This module turns the kernel's per-example, per-layer records (the ``stats`` of
 :func:`capinterp.kernels.ig.ig_scores` and :func:`capinterp.kernels.sequential.sig_scores`)
 into JSON metadata and one warning.
@@ -30,6 +36,7 @@ __all__ = [
     "CompletenessLog",
     "CompletenessWarning",
     "completeness_error",
+    "completeness_error_l1",
     "merge_reports",
     "new_stats",
     "warn_report",
@@ -42,9 +49,9 @@ __all__ = [
 COMPLETENESS_TOL = 0.05
 #: Per-example, per-layer records a kernel's ``stats`` receives ([n, n_layers] float64, NaN where
 #: a layer was not attributed): F at the baseline, the attributions' sum, the completeness error,
-#: the quadrature error estimate (adaptive rule, closed form; NaN for a fixed rule) and the nodes
-#: (gradient rows) per layer.
-STAT_KEYS = ("f_base", "attr_sum", "completeness", "error_estimate", "nodes")
+#: the quadrature error estimate (adaptive rule, closed form; NaN for a fixed rule), the nodes
+#: (gradient rows) per layer and the attributions' L1 norm ``||IG||_1`` (:func:`completeness_error_l1`).
+STAT_KEYS = ("f_base", "attr_sum", "completeness", "error_estimate", "nodes", "attr_l1")
 _TINY = 1e-30
 
 
@@ -60,6 +67,16 @@ def completeness_error(attr_sum: float, f_clean: float, f_base: float) -> float:
     if err == 0.0:
         return 0.0
     return err / abs(delta) if abs(delta) > _TINY else math.inf
+
+
+def completeness_error_l1(attr_sum: float, attr_l1: float, f_clean: float, f_base: float) -> float:
+    """``|attr_sum - (f_clean - f_base)| / max(|f_clean - f_base|, attr_l1)``: the completeness
+    violation relative to the larger of the change and the scores' L1 norm (the adaptive rule's
+    normalization; at most :func:`completeness_error`)."""
+    err = abs(attr_sum - (f_clean - f_base))
+    if err == 0.0:
+        return 0.0
+    return err / max(abs(f_clean - f_base), attr_l1, _TINY)
 
 
 def new_stats(n: int, n_layers: int) -> dict[str, torch.Tensor]:
@@ -99,6 +116,7 @@ class CompletenessLog:
 
     def report(self, *, per_example: bool = False, tol: float = COMPLETENESS_TOL, rule: str = "") -> dict:
         """JSON metadata: per layer ``completeness_max`` / ``completeness_mean`` (over examples),
+        ``completeness_l1_max`` (:func:`completeness_error_l1`, the adaptive rule's normalization),
         ``error_estimate_max``, ``nodes_max`` / ``nodes_mean``; with ``per_example`` also the
         ``[n][n_layers]`` completeness errors. Layers never attributed are None."""
         n = self.n_examples
@@ -108,6 +126,10 @@ class CompletenessLog:
         comp = self.stacked("completeness")
         rep["completeness_max"] = _floats(_nanmax(comp))
         rep["completeness_mean"] = _floats(comp.nanmean(0))
+        delta = (self.stacked("f_clean")[:, None] - self.stacked("f_base")).abs()
+        viol = (self.stacked("attr_sum") - (self.stacked("f_clean")[:, None] - self.stacked("f_base"))).abs()
+        scale = torch.maximum(delta, self.stacked("attr_l1")).clamp_min(_TINY)
+        rep["completeness_l1_max"] = _floats(_nanmax(torch.where(viol == 0, 0.0, viol / scale)))
         rep["error_estimate_max"] = _floats(_nanmax(self.stacked("error_estimate")))
         nodes = self.stacked("nodes")
         rep["nodes_max"] = _floats(_nanmax(nodes))
@@ -163,7 +185,9 @@ def merge_reports(reports: list[dict]) -> dict:
     n = sum(r["n_examples"] for r in reports)
     out: dict = {k: reports[0][k] for k in ("tol", "rule", "aggregate") if k in reports[0]}
     out["n_examples"] = n
-    for key in ("completeness_max", "error_estimate_max", "nodes_max"):
+    for key in ("completeness_max", "completeness_l1_max", "error_estimate_max", "nodes_max"):
+        if not all(key in r for r in reports):
+            continue
         cols = list(zip(*(r[key] for r in reports)))
         out[key] = [None if all(v is None for v in c) else max(v for v in c if v is not None) for c in cols]
     for key in ("completeness_mean", "nodes_mean"):

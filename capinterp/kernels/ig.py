@@ -309,7 +309,8 @@ def ig_scores(
         :data:`capinterp.kernels.completeness.STAT_KEYS`: ``f_base``, ``attr_sum``, ``completeness``
         (:func:`~capinterp.kernels.completeness.completeness_error`), ``error_estimate`` (adaptive: its
         final estimate; closed form: its check, the top-degree term relative to the layer's largest
-        score; NaN for a fixed rule) and ``nodes`` (gradient rows per layer; 4 in closed form).
+        score; NaN for a fixed rule), ``nodes`` (gradient rows per layer; 4 in closed form) and
+        ``attr_l1`` (the scores' L1 norm).
     """
     check_config(config)
     positions, objective, route, batch_size = config.positions, config.objective, config.route, config.batch_size
@@ -400,6 +401,7 @@ def ig_scores(
             rec["f_clean"][i] = f_clean
             rec["f_base"][i, lay] = f_base.double()
             rec["attr_sum"][i, lay] = sums
+            rec["attr_l1"][i, lay] = ig.abs().sum(-1).cpu()
             rec["completeness"][i, lay] = torch.tensor(
                 [completeness_error(float(a), f_clean, float(b)) for a, b in zip(sums, f_base)], dtype=torch.float64
             )

@@ -133,6 +133,7 @@ def sig_scores(
             rec["f_base"][0, l], rec["attr_sum"][0, l] = fc[0] - change, total
             rec["completeness"][0, l] = completeness_error(total, fc[0], fc[0] - change)
             rec["nodes"][0, l] = n_rule
+            rec["attr_l1"][0, l] = float(scores[l].double().abs().sum())
         stats.update(rec)
     return scores
 

@@ -25,10 +25,12 @@ __all__ = ["COMPLETENESS_TOL", "IGChecked", "ig_check_frame", "quiet_kernel_warn
 
 
 def ig_check_frame(report: dict) -> pd.DataFrame:
-    """One row per layer: completeness error (max, mean over examples), error estimate, nodes."""
+    """One row per layer: completeness error (max, mean over examples; max relative to
+    max(|F(x) - F(baseline)|, ||IG||_1)), error estimate, nodes."""
     cols = {
         "completeness_max": "completeness_max",
         "completeness_mean": "completeness_mean",
+        "completeness_l1_max": "completeness_l1_max",
         "error_estimate_max": "error_estimate_max",
         "nodes_max": "nodes_max",
         "nodes_mean": "nodes_mean",

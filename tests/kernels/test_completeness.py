@@ -16,7 +16,13 @@ from ig_reference import ref_objective
 
 from capinterp.core.example import Example
 from capinterp.core.tokens import encode
-from capinterp.kernels.completeness import CompletenessWarning, completeness_error
+from capinterp.kernels.completeness import (
+    CompletenessLog,
+    CompletenessWarning,
+    completeness_error,
+    completeness_error_l1,
+    merge_reports,
+)
 from capinterp.kernels.ig import ig_scores
 from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.sequential import DEFAULT, sig_scores
@@ -78,6 +84,35 @@ def test_coarse_right_rule_error_equals_independent_value(tiny, encs, with_basel
     assert float(fine["completeness"].max()) < 1e-4 < float(comp.max())
 
 
+def test_l1_normalized_completeness_is_recorded_and_reported(tiny, encs):
+    """``attr_l1`` is the scores' L1 norm; the report's ``completeness_l1_max`` is the violation
+    over max(|F(x) - F(b)|, ||IG||_1), here from plain forwards and the returned scores."""
+    L = tiny.cfg.n_layers
+    stats: dict = {}
+    scores = ig_scores(tiny, encs, IGConfig(steps=3, rule="right"), stats=stats)
+    assert torch.allclose(stats["attr_l1"], scores.double().abs().sum(-1), rtol=1e-5)
+    log = CompletenessLog(L)
+    log.add(stats)
+    rep = log.report()
+    expect = torch.zeros(len(encs), L, dtype=torch.float64)
+    for i, enc in enumerate(encs):
+        for l in range(L):
+            fx, fb = _independent(tiny, enc, "answer", l, None)
+            s = scores[i, l].double()
+            expect[i, l] = abs(float(s.sum()) - (fx - fb)) / max(abs(fx - fb), float(s.abs().sum()))
+    assert rep["completeness_l1_max"] == pytest.approx(expect.max(0).values.tolist(), rel=1e-3, abs=1e-7)
+    # never above the |F(x) - F(b)|-normalized error, and strictly below where the scores cancel
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(rep["completeness_l1_max"], rep["completeness_max"]))
+    merged = merge_reports([rep, rep])
+    assert merged["completeness_l1_max"] == rep["completeness_l1_max"]
+
+
+def test_completeness_error_l1_definition():
+    assert completeness_error_l1(0.5, 2.0, 1.0, 0.25) == pytest.approx(0.25 / 2.0)  # ||IG||_1 dominates
+    assert completeness_error_l1(0.5, 0.6, 1.0, 0.25) == pytest.approx(0.25 / 0.75)  # the change dominates
+    assert completeness_error_l1(0.75, 1.0, 1.0, 0.25) == 0.0
+
+
 def test_completeness_error_definition():
     assert completeness_error(0.5, 1.0, 0.25) == pytest.approx(abs(0.5 - 0.75) / 0.75)
     assert completeness_error(0.0, 1.0, 1.0) == 0.0
@@ -91,8 +126,9 @@ def test_sig_completeness_sums_over_positions(tiny):
         fine: dict = {}
         pos = list(range(1, enc.last_prompt_pos + 1))
         sig_scores(tiny, enc, DEFAULT.replace(steps=3, rule="right", route=method), at=pos, stats=coarse)
-        sig_scores(tiny, enc, DEFAULT.replace(steps=24, rule="gauss", route=method), at=pos, stats=fine)
+        out = sig_scores(tiny, enc, DEFAULT.replace(steps=24, rule="gauss", route=method), at=pos, stats=fine)
         assert float(fine["completeness"].max()) < 1e-4 < float(coarse["completeness"].max())
+        assert torch.allclose(fine["attr_l1"][0], out.double().abs().sum(-1), rtol=1e-5)
     # the effective baseline value: F(x) - sum_t (F(x) - F(x with a_t = 0)), from plain forwards
     last, layer = enc.last_prompt_pos, 1
     with torch.no_grad():
