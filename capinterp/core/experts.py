@@ -194,6 +194,11 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
             f"{where}: a norm follows each expert's down projection, so the layer's output is not a sum over "
             "neurons; expert neurons are not defined"
         )
+    if any(p.device.type == "meta" for p in experts.parameters()):
+        raise UnsupportedFamily(
+            f"{where}: the experts' weights are offloaded (meta device); capinterp's expert forward reads them "
+            "directly, so place the model on devices without CPU / disk offload"
+        )
     n_experts = int(down.shape[0])
     d_expert = int(down.shape[1] if experts.is_transposed else down.shape[2])
     shared = _unwrap(getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None))
