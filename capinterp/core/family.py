@@ -43,12 +43,26 @@ class UnsupportedFamily(NotImplementedError):
 
 @dataclass(frozen=True)
 class MoE:
-    """A mixture-of-experts FFN: ``n_experts`` routed experts, ``top_k`` per token, shared experts."""
+    """A mixture-of-experts FFN: ``n_experts`` routed experts of ``d_expert`` neurons, ``top_k`` per
+    token, and ``n_shared`` shared experts of ``d_shared`` neurons in all (:mod:`capinterp.core.experts`)."""
 
     n_experts: int
     top_k: int
     d_expert: int
     n_shared: int = 0
+    d_shared: int = 0
+
+    @property
+    def width(self) -> int:
+        """Neurons per layer: the routed experts' (expert-major), then the shared experts'."""
+        return self.n_experts * self.d_expert + self.d_shared
+
+    def locate(self, neuron: int) -> tuple[int | None, int]:
+        """``(expert, index in it)`` of flat neuron ``neuron``; expert ``None`` is the shared expert."""
+        if not 0 <= neuron < self.width:
+            raise ValueError(f"neuron {neuron} is outside this layer's {self.width} neurons")
+        routed = self.n_experts * self.d_expert
+        return (None, neuron - routed) if neuron >= routed else divmod(neuron, self.d_expert)
 
 
 @dataclass(frozen=True)
@@ -59,7 +73,7 @@ class Family:
     architecture: str  # e.g. "GPT2LMHeadModel"
     n_layers: int
     d_model: int
-    d_mlp: int  # FFN width: the neurons per layer (per expert for MoE)
+    d_mlp: int  # FFN width: the neurons per layer (MoE: all experts' neurons, MoE.width)
     n_heads: int
     n_kv_heads: int
     d_head: int
@@ -123,9 +137,12 @@ def _moe(hf: Any, d_model: int) -> MoE | None:
     top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", default=1))
     d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
     shared = _get(hf, "n_shared_experts", "num_shared_experts", default=None)
+    d_shared = _get(hf, "shared_expert_intermediate_size", default=None)
     if shared is None:
-        shared = 1 if _get(hf, "shared_expert_intermediate_size") else 0
-    return MoE(n_experts=int(n), top_k=top_k, d_expert=d_expert, n_shared=int(shared))
+        shared = 1 if d_shared else 0
+    if d_shared is None:
+        d_shared = int(shared) * d_expert
+    return MoE(n_experts=int(n), top_k=top_k, d_expert=d_expert, n_shared=int(shared), d_shared=int(d_shared))
 
 
 def _ffn_width(hf: Any, d_model: int) -> int:
@@ -186,7 +203,7 @@ def read_family(model: Model) -> Family:
     return Family(
         name=name,
         architecture=str(arch),
-        d_mlp=moe.d_expert if moe else _ffn_width(hf, common["d_model"]),
+        d_mlp=moe.width if moe else _ffn_width(hf, common["d_model"]),
         fused_qkv=_fused_qkv(model, common),
         conv1d=any(type(m).__name__ == "Conv1D" for m in model.original_model.modules()),
         logit_multiplier=logit_multiplier,
@@ -201,14 +218,13 @@ def read_family(model: Model) -> Family:
 
 
 def check_supported(fam: Family) -> None:
-    """Refuse, naming the family and what is missing, a model capinterp cannot serve correctly."""
-    if fam.moe is not None:
-        m = fam.moe
-        raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}) has a mixture-of-experts FFN ({m.n_experts} experts, top-{m.top_k}"
-            f"{f', {m.n_shared} shared' if m.n_shared else ''}): its neurons are (layer, expert, neuron) units, "
-            "which capinterp does not localize yet; only dense FFN models are supported"
-        )
+    """Refuse, naming the family and what is missing, a model capinterp cannot serve correctly.
+
+    Mixture-of-experts models pass here; their modules are checked when
+    :func:`capinterp.core.experts.install` serves them at load.
+    """
+    if fam.moe is not None and fam.moe.n_experts * fam.moe.d_expert <= 0:
+        raise UnsupportedFamily(f"{fam.name} ({fam.architecture}): its config gives experts no neurons ({fam.moe})")
 
 
 def logit_transform(fam: Family, logits: torch.Tensor) -> torch.Tensor:

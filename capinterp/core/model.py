@@ -231,6 +231,10 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     fam = read_family(bridge)
     check_supported(fam)  # refused here, naming the family, never partway through a run
     bridge.capinterp_family = fam
+    if fam.moe is not None:  # expert neurons at blocks.{l}.mlp.hook_post (refused here if it cannot be done)
+        from capinterp.core.experts import install
+
+        install(bridge)
     bridge.capinterp_own_hooks = _hook_ids(bridge)  # the bridge's own (OPT, XGLM attach some): not the user's
     if (
         int(bridge.cfg.d_mlp) != fam.d_mlp
@@ -422,8 +426,8 @@ def neuron_param_info(model: Model) -> dict[str, int]:
     from capinterp.core.neuron_weights import neuron_params
     from capinterp.core.params import count_entries
 
-    _, d_mlp = neuron_shape(model)
-    per = sum(p.param.numel() // d_mlp for p in neuron_params(model, [0]))
+    first = torch.zeros(1, dtype=torch.long)  # neuron 0 of layer 0 (an expert's neuron on MoE models)
+    per = sum(p.param[p.entries(first.to(p.param.device))].numel() for p in neuron_params(model, [0]))
     return {"params_per_neuron": int(per), "n_params": int(count_entries(model.parameters()))}
 
 
@@ -436,7 +440,17 @@ def model_meta(model: Model) -> dict[str, Any]:
         "architecture_fingerprint": architecture_fingerprint(model),
         "shape": [n_layers, d_mlp],
         **neuron_param_info(model),
+        **_moe_meta(model),
     }
+
+
+def _moe_meta(model: Model) -> dict[str, Any]:
+    """``{"moe": {n_experts, d_expert, d_shared, top_k}}`` on mixture-of-experts models (heatmaps
+    and expert keys read the neuron layout from it), nothing on dense ones."""
+    moe = family_of(model).moe
+    if moe is None:
+        return {}
+    return {"moe": {"n_experts": moe.n_experts, "d_expert": moe.d_expert, "d_shared": moe.d_shared, "top_k": moe.top_k}}
 
 
 def check_logit_path(model: Model, tokens: torch.Tensor, rtol: float = 1e-3) -> None:

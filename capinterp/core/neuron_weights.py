@@ -18,6 +18,7 @@ Anything that cannot be related to ``d_mlp`` unambiguously raises ``UnsupportedF
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,13 +49,25 @@ KINDS: tuple[str, ...] = tuple(_KINDS)
 
 @dataclass(frozen=True, eq=False)
 class NeuronParam:
-    """Parameter ``name`` (``param``) holds layer ``layer``'s ``kind`` with neurons on axis ``axis``."""
+    """Parameter ``name`` (``param``) holds layer ``layer``'s ``kind`` with neurons on axis ``axis``.
+
+    On a mixture-of-experts layer a neuron's entries are spread over the experts' 3-D weights:
+    ``where`` maps flat neuron indices to the index of their entries
+    (:func:`capinterp.core.experts.owned_entries`) and ``axis`` is -1.
+    """
 
     layer: int
-    kind: str  # one of KINDS
+    kind: str  # one of KINDS (MoE adds "W_gate_up" / "b_gate_up": fused gate and up rows)
     name: str  # the parameter's name in ``model.named_parameters()``
     param: torch.nn.Parameter
-    axis: int  # the parameter's d_mlp axis
+    axis: int  # the parameter's d_mlp axis (-1: see ``where``)
+    where: Callable[[torch.Tensor], tuple] | None = None
+
+    def entries(self, neurons: torch.Tensor) -> tuple:
+        """Index (for ``param[...]``) of the entries owned by the layer's neurons ``neurons`` (1-D long)."""
+        if self.where is not None:
+            return self.where(neurons)
+        return (slice(None),) * self.axis + (neurons,)
 
 
 def _family_name(model: Model) -> str:
@@ -114,6 +127,8 @@ def neuron_params(model: Model, layers: Any = None) -> list[NeuronParam]:
     """
     d_mlp = int(model.cfg.d_mlp)
     names = {id(p): n for n, p in model.named_parameters()}
+    if getattr(model, "capinterp_experts", None):
+        return _expert_params(model, names, layers)
     out: list[NeuronParam] = []
     for layer in range(int(model.cfg.n_layers)) if layers is None else layers:
         down_weight(model, layer)  # every layer must have a down projection
@@ -129,4 +144,18 @@ def neuron_params(model: Model, layers: Any = None) -> list[NeuronParam]:
             if p.shape[axis] != d_mlp:
                 raise UnsupportedFamily(f"{_family_name(model)}: {where} has {p.shape[axis]} neurons, not {d_mlp}")
             out.append(NeuronParam(layer, kind, names[id(p)], p, axis))  # type: ignore[arg-type]
+    return out
+
+
+def _expert_params(model: Model, names: dict[int, str], layers: Any) -> list[NeuronParam]:
+    from capinterp.core.experts import expert_block, owned_entries
+
+    out: list[NeuronParam] = []
+    for layer in range(int(model.cfg.n_layers)) if layers is None else layers:
+        for kind, attr, p, where in owned_entries(expert_block(model, layer)):
+            if id(p) not in names:
+                raise UnsupportedFamily(
+                    f"{_family_name(model)}: layer {layer}'s {attr} is not a parameter of the model"
+                )
+            out.append(NeuronParam(layer, kind, names[id(p)], p, -1, where))  # type: ignore[arg-type]
     return out

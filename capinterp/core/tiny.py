@@ -184,7 +184,7 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
     """``(hf_model, tokenizer)``: a tiny random model of a transformers family (``TINY_FAMILIES``).
 
     Built from the family's own config class (``AutoConfig.for_model``) with 2 layers, d_model 32
-    and the tiny tokenizer; 2-D weights drawn with ``std`` (as :func:`tiny_llama_hf`), so outputs
+    and the tiny tokenizer; 2-D weights (and MoE experts' 3-D stacks) drawn with ``std`` (as :func:`tiny_llama_hf`), so outputs
     depend on the neurons. ``overrides`` set further config fields.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -211,7 +211,7 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg)
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() in (2, 3):  # matrices, and the stacked experts of MoE families
                 torch.nn.init.normal_(p, std=std)
     cfg.architectures = [type(model).__name__]
     return model.eval(), tok

@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.core.experts import ExpertValues, expert_block
 from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 
@@ -52,6 +53,11 @@ class DownProjection:
         self.values().copy_(values.to(device=self.weight.device, dtype=self.weight.dtype))
 
     @torch.no_grad()
+    def write_rows(self, neurons: Tensor, rows: Float[Tensor, "k d_model"]) -> None:
+        """Replace the value vectors of ``neurons`` (1-D indices) by ``rows``, in the weight's dtype."""
+        self.values()[neurons.to(self.weight.device)] = rows.to(device=self.weight.device, dtype=self.weight.dtype)
+
+    @torch.no_grad()
     def add(self, delta: Float[Tensor, "d_mlp d_model"]) -> None:
         """``W += delta`` (``[d_mlp, d_model]``), summed in float32 and stored in the weight's dtype."""
         v = self.values()
@@ -71,11 +77,14 @@ def _stored_orientation(module: Any, weight: Tensor, d_mlp: int, d_model: int) -
     return None
 
 
-def down_projection(model: Model, layer: int) -> DownProjection:
-    """Layer ``layer``'s down projection of a loaded model (bridge or TransformerLens-native)."""
+def down_projection(model: Model, layer: int) -> DownProjection | ExpertValues:
+    """Layer ``layer``'s down projection of a loaded model (bridge or TransformerLens-native); on a
+    mixture-of-experts model, all its experts' (:class:`capinterp.core.experts.ExpertValues`)."""
     n_layers = len(model.blocks)
     if not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
+    if getattr(model, "capinterp_experts", None):
+        return ExpertValues(layer, expert_block(model, layer))
     d_mlp, d_model = int(model.cfg.d_mlp), int(model.cfg.d_model)
     mlp = model.blocks[layer].mlp
     out = getattr(getattr(mlp, "out", None), "original_component", None)
@@ -96,6 +105,16 @@ def down_projection(model: Model, layer: int) -> DownProjection:
 
 
 def value_weight(model: Model, layer: int) -> tuple[Tensor, int]:
-    """``(weight, neuron_dim)`` of :func:`down_projection`: the stored weight and its neuron axis."""
+    """``(weight, neuron_dim)`` of :func:`down_projection`: the stored weight and its neuron axis.
+
+    Not defined on mixture-of-experts models (their value vectors sit in several 3-D weights):
+    :class:`~capinterp.core.family.UnsupportedFamily`; use :func:`down_projection`'s write / add.
+    """
     proj = down_projection(model, layer)
+    if isinstance(proj, ExpertValues):
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): editing a single stored down-projection weight is not defined "
+            "for mixture-of-experts layers (each expert has its own); this method does not support experts yet"
+        )
     return proj.weight, proj.neuron_dim

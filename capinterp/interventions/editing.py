@@ -2,7 +2,8 @@
 
 A neuron (l, i)'s *value vector* v is what it writes into the residual stream: row i of
 ``W_out[l]`` (``[d_mlp, d_model]``; input i of the HF down projection, a column of an ``nn.Linear``,
-a row of GPT-2's ``Conv1D``: :func:`capinterp.core.weights.value_weight`). Two edits:
+a row of GPT-2's ``Conv1D``; on a mixture-of-experts layer, its expert's down-projection entry:
+:func:`capinterp.core.weights.down_projection`). Two edits:
 
 - ``mode="erase"``:  v <- 0;
 - ``mode="update"``: v <- v + s * (-lambda1 * e(y_old) + lambda2 * e(y_new)), with
@@ -43,7 +44,7 @@ from capinterp.core.model import neuron_hook
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, encode
-from capinterp.core.weights import value_weight
+from capinterp.core.weights import down_projection, value_weight
 from capinterp.interventions.edit_eval import EditBaseline, measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
@@ -68,19 +69,13 @@ DIRECTIONS = ("unembed", "embed")
 
 def _rows(model: Model, layer: int, idx: torch.Tensor) -> torch.Tensor:
     """Copies of the value vectors of neurons ``idx`` of ``layer``: ``[k, d_model]``."""
-    w, dim = value_weight(model, layer)
-    rows = w.detach().index_select(dim, idx.to(w.device))
-    return (rows if dim == 0 else rows.T).clone()
+    values = down_projection(model, layer).values()
+    return values.detach()[idx.to(values.device)].clone()
 
 
 @torch.no_grad()
 def _write(model: Model, layer: int, idx: torch.Tensor, values: torch.Tensor) -> None:
-    w, dim = value_weight(model, layer)
-    v = values.to(device=w.device, dtype=w.dtype)
-    if dim == 0:
-        w[idx.to(w.device)] = v
-    else:
-        w[:, idx.to(w.device)] = v.T
+    down_projection(model, layer).write_rows(idx, values)
 
 
 @dataclass

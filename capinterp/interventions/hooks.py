@@ -20,6 +20,7 @@ import torch
 from capinterp.core import validate
 from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.protocol import Model
+from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronSet
 
 __all__ = ["amplify", "check_neurons", "erase", "neuron_hooks", "scale"]
@@ -42,9 +43,19 @@ def check_neurons(model: Model, neurons: NeuronSet, across_models: bool = False)
 
 
 def neuron_hooks(
-    model: Model, neurons: NeuronSet, factor: float, across_models: bool = False
+    model: Model, neurons: NeuronSet | KeySet, factor: float, across_models: bool = False
 ) -> list[tuple[str, object]]:
-    """Forward hooks multiplying the located neurons' activations by ``factor`` at every position."""
+    """Forward hooks multiplying the located neurons' activations by ``factor`` at every position.
+
+    ``neurons`` may also be a KeySet of ``(layer, expert)`` keys (:mod:`capinterp.units.experts`):
+    every neuron of those experts (erasing an expert zeroes its output, routing unchanged).
+    """
+    if isinstance(neurons, KeySet):
+        if neurons.kind != "expert":
+            raise TypeError(f"neurons must be a NeuronSet or a KeySet of experts, got a KeySet of {neurons.kind!r}")
+        from capinterp.units.experts import expert_neurons
+
+        neurons = expert_neurons(model, neurons)
     check_neurons(model, neurons, across_models)
     hooks: list[tuple[str, object]] = []
     dev = model.cfg.device
@@ -64,18 +75,18 @@ def neuron_hooks(
 
 
 @contextmanager
-def scale(model: Model, neurons: NeuronSet, factor: float, *, across_models: bool = False) -> Iterator[object]:
+def scale(model: Model, neurons: NeuronSet | KeySet, factor: float, *, across_models: bool = False) -> Iterator[object]:
     """Multiply the located neurons' activations by ``factor`` inside the ``with`` block."""
     factor = validate.finite_float("factor", factor)
     with model.hooks(fwd_hooks=neuron_hooks(model, neurons, factor, across_models)):
         yield model
 
 
-def erase(model: Model, neurons: NeuronSet, *, across_models: bool = False):
+def erase(model: Model, neurons: NeuronSet | KeySet, *, across_models: bool = False):
     """Zero the located neurons' activations (all positions) inside the ``with`` block."""
     return scale(model, neurons, 0.0, across_models=across_models)
 
 
-def amplify(model: Model, neurons: NeuronSet, factor: float = 2.0, *, across_models: bool = False):
+def amplify(model: Model, neurons: NeuronSet | KeySet, factor: float = 2.0, *, across_models: bool = False):
     """Multiply the located neurons' activations by ``factor`` (default 2, as in KN and CNL)."""
     return scale(model, neurons, factor, across_models=across_models)

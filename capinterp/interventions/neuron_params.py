@@ -52,14 +52,12 @@ def neuron_masks(model: Model, neurons: NeuronSet) -> dict[str, Bool[Tensor, ...
     Only parameters holding at least one neuron family appear; masks live on each parameter's
     device and have its shape.
     """
-    params = dict(model.named_parameters())
     masks: dict[str, torch.Tensor] = {}
-    for s in neuron_slices(model):
-        p = params[s.name]
-        mask = masks.setdefault(s.name, torch.zeros_like(p, dtype=torch.bool))
-        idx = neurons.mask[s.layer].nonzero().flatten().to(p.device)
+    for s in neuron_params(model):
+        mask = masks.setdefault(s.name, torch.zeros_like(s.param, dtype=torch.bool))
+        idx = neurons.mask[s.layer].nonzero().flatten().to(s.param.device)
         if idx.numel():
-            mask.index_fill_(s.axis, idx, True)
+            mask[s.entries(idx)] = True
     return masks
 
 

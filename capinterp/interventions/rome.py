@@ -33,6 +33,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, check_target
+from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import model_fingerprint, neuron_hook
 from capinterp.core.params import copy_model
@@ -243,6 +244,7 @@ def rome_edit(
     """
     validate.model(model)
     search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
+    _check_dense(model)
     validate.nonneg_int("n_prefixes", n_prefixes)
     validate.positive_int("prefix_tokens", prefix_tokens)
     validate.finite_float("ridge", ridge, low=0.0)
@@ -281,6 +283,18 @@ def rome_edit(
     if inplace:
         edit.apply_permanently(model)
     return edit
+
+
+def _check_dense(model: Model) -> None:
+    """ROME's key covariance is ``[d_mlp, d_mlp]``; on a mixture-of-experts layer the keys are every
+    expert's neurons, so it is refused before any work (editing one expert's down projection is
+    the natural MoE version, not built yet)."""
+    fam = family_of(model)
+    if fam.moe is not None:
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): ROME on a mixture-of-experts layer would need the covariance of all "
+            f"{fam.moe.width} expert neurons' keys and edit every expert at once; per-expert ROME is not supported yet"
+        )
 
 
 def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None) -> tuple[Example, str, str]:

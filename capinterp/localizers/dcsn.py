@@ -36,6 +36,7 @@ from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.offload import weights_readable
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, collate, pad_id
+from capinterp.core.weights import down_projection
 from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
@@ -127,7 +128,7 @@ def unembed_columns(model: Model, token_ids: Int[Tensor, " n"]) -> Float[Tensor,
 def projection(model: Model, layer: int, w_u: Float[Tensor, "d_model n"]) -> Float[Tensor, "d_mlp n"]:
     """``W_out[layer] @ w_u`` -> ``[d_mlp, n]``, with ``w_u`` from :func:`unembed_columns`."""
     with weights_readable(model.blocks[layer].mlp):
-        w_out = model.blocks[layer].mlp.W_out.to(w_u.device)  # [d_mlp, d_model], raw weights
+        w_out = down_projection(model, layer).values().to(w_u.device)  # [d_mlp, d_model], raw weights
         return (w_out @ w_u).float()
 
 
@@ -177,7 +178,7 @@ def folded_projection(
     post, g_final, _ = fold
     w_u = w_u.float()
     with weights_readable(model.blocks[layer].mlp):
-        w = model.blocks[layer].mlp.W_out.to(w_u.device).float() * g_final.to(w_u.device)  # [d_mlp, d_model]
+        w = down_projection(model, layer).values().to(w_u.device).float() * g_final.to(w_u.device)  # [d_mlp, d_model]
     s = scales["ln_final.hook_scale"][:, 0].to(w_u.device)
     if post[layer] is not None:
         w = w * post[layer].to(w_u.device)

@@ -38,6 +38,10 @@ OPTIMIZERS = ("sgd", "adam")
 def neuron_weights(model: Model, layer: int) -> torch.Tensor:
     """Every neuron's weights of ``layer`` side by side: ``[d_mlp, n_per_neuron]`` (a detached float64 copy: 1 - cos of a short fine-tune is below float32 resolution)."""
     _, d_mlp = neuron_shape(model)
+    if getattr(model, "capinterp_experts", None):  # gate, up and value rows of every expert neuron
+        from capinterp.core.experts import expert_block
+
+        return expert_block(model, layer).neuron_rows().detach().double().clone()
     mlp = model.blocks[layer].mlp
     parts = []
     for name in ("in", "gate", "out"):

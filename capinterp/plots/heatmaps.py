@@ -13,6 +13,7 @@ by attribute, so this module imports no result type: a ``NeuronSet`` (anything w
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,7 +65,9 @@ def neuron_heatmap(
 ) -> go.Figure:
     """Binned layer x neuron heatmap.
 
-    Scores: cell (l, b) = max_{i in block b} |s(l, i)| (``abs=True``), or the signed score of that
+    On a mixture-of-experts model (``meta["moe"]``, recorded by every result) dotted lines separate
+    the experts, the x axis names them, blocks never straddle two, and the hover names each block's
+    expert. Scores: cell (l, b) = max_{i in block b} |s(l, i)| (``abs=True``), or the signed score of that
     argmax neuron (``abs=False``, diverging colours centred at 0). Sets: cell = number of located
     neurons in the block. Blocks are ``bin_size`` consecutive neurons (default ceil(d_mlp / 128));
     the last block may be shorter. Hover: layer, neuron range, value, and the argmax neuron (scores)
@@ -73,6 +76,10 @@ def neuron_heatmap(
     obj = _coerce(scores_or_set)
     n_layers, d_mlp = obj.values.shape
     b = default_bin_size(d_mlp) if bin_size is None else int(bin_size)
+    moe = obj.meta.get("moe")
+    if bin_size is None and moe:  # blocks never straddle two experts
+        while int(moe["d_expert"]) % b or (moe.get("d_shared") and int(moe["d_shared"]) % b):
+            b -= 1
     if b < 1:
         raise ValueError(f"bin_size must be >= 1, got {bin_size}")
     n_bins = math.ceil(d_mlp / b)
@@ -125,12 +132,31 @@ def neuron_heatmap(
         )
     )
     kind = "located neurons" if obj.is_set else ("max |score|" if abs else "score")
+    _mark_experts(fig, obj.meta.get("moe"), d_mlp, starts)
     fig.update_layout(
         title=title or f"{obj.label}: {kind} per block of {b} neurons",
         xaxis_title=f"neuron (blocks of {b})",
         yaxis_title="layer",
     )
     return fig
+
+
+def _mark_experts(fig: go.Figure, moe: dict | None, d_mlp: int, starts: np.ndarray) -> None:
+    """On a mixture-of-experts model (results record ``meta["moe"]``): a line between experts, each
+    expert's name under its neurons, and the expert of each block in the hover text."""
+    if not moe or moe.get("n_experts", 0) * moe.get("d_expert", 0) + moe.get("d_shared", 0) != d_mlp:
+        return
+    d, n = int(moe["d_expert"]), int(moe["n_experts"])
+    bounds = [e * d for e in range(n + 1)] + ([d_mlp] if moe.get("d_shared") else [])
+    for x in bounds[1:-1]:
+        fig.add_vline(x=x - 0.5, line_width=1, line_dash="dot", line_color="grey")
+    names = [f"expert {e}" for e in range(n)] + (["shared"] if moe.get("d_shared") else [])
+    centres = [(lo + hi - 1) / 2 for lo, hi in itertools.pairwise(bounds)]
+    step = max(1, len(names) // 16)  # at most ~16 labels
+    fig.update_xaxes(tickmode="array", tickvals=centres[::step], ticktext=names[::step])
+    trace = fig.data[0]
+    experts = [names[int(i) // d] if i < n * d else "shared" for i in starts]  # the expert of a block's first neuron
+    trace.text = [[f"{experts[k]}: {cell}" for k, cell in enumerate(row)] for row in trace.text]
 
 
 def layer_profile(set_or_scores: Any, title: str | None = None) -> go.Figure:

@@ -60,9 +60,26 @@ def test_parallel_blocks_flagged(family):
 
 
 @pytest.mark.parametrize("family", MOE)
-def test_moe_refused_at_load_naming_the_family(family):
+def test_moe_loads_with_expert_neurons(family):
+    """An MoE model loads; its neurons are every expert's (plus the shared expert's), on hook_post,
+    and only the routed experts' neurons are non-zero on a token (top_k experts of d_expert)."""
     hf, tok = tiny_hf(family)
-    with pytest.raises(UnsupportedFamily, match=f"{family}.*mixture-of-experts"):
+    model = ci.load_model(hf, tokenizer=tok)
+    moe = family_of(model).moe
+    assert moe is not None and model.cfg.d_mlp == moe.n_experts * moe.d_expert + moe.d_shared
+    _, cache = model.run_with_cache(tok("1+2=3", return_tensors="pt")["input_ids"])
+    act = cache["blocks.0.mlp.hook_post"][0]
+    assert act.shape[-1] == moe.width
+    routed = act[:, : moe.n_experts * moe.d_expert].reshape(act.shape[0], moe.n_experts, moe.d_expert)
+    active = (routed != 0).any(-1).sum(-1)
+    assert (active == moe.top_k).all(), f"{family}: experts active per token {active.tolist()}"
+    assert moe.locate(moe.d_expert + 3) == (1, 3)
+
+
+def test_moe_with_dense_layers_refused_at_load():
+    """Dense and expert layers mixed in one model (Qwen2-MoE's mlp_only_layers) are refused, with the reason."""
+    hf, tok = tiny_hf("qwen2_moe", mlp_only_layers=[0])
+    with pytest.raises(UnsupportedFamily, match="qwen2_moe.*layer 0.*mixed"):
         ci.load_model(hf, tokenizer=tok)
 
 

@@ -33,7 +33,10 @@ def _one(module: torch.nn.Module, names: tuple[str, ...], skip: str | None = Non
     found = [
         m
         for n, m in module.named_modules()
-        if n and n.split(".")[-1] in names and (skip is None or n.split(".")[0] != skip)
+        if n
+        and n.split(".")[-1] in names
+        and (skip is None or n.split(".")[0] != skip)
+        and "shared_expert" not in n  # a densified MoE block's own down_proj stands for it (._moe_ref)
     ]
     if len(found) != 1:
         raise LookupError(f"expected one of {names} in {type(module).__name__}, found {len(found)}")

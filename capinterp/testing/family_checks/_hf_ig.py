@@ -174,6 +174,9 @@ def neuron_weight_change(hf: Any, items: list[tuple[list[int], list[int]]], lr: 
         for layer in layers
     ]
     before = [[(m, m.weight.detach().clone()) for m in mods] for mods in ffn]
+    from capinterp.testing.family_checks._moe_ref import is_moe, moe_neuron_rows
+
+    rows0 = [r.clone() for r in moe_neuron_rows(twin)] if is_moe(twin) else []
     loss = sum(_nll(twin, prompt, target) for prompt, target in items) / len(items)
     assert isinstance(loss, torch.Tensor)
     loss.backward()
@@ -181,6 +184,11 @@ def neuron_weight_change(hf: Any, items: list[tuple[list[int], list[int]]], lr: 
         for p in twin.parameters():
             if p.grad is not None:
                 p -= lr * p.grad
+    if is_moe(twin):
+        moved = moe_neuron_rows(twin)
+        return torch.stack(
+            [1 - torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=1) for a, b in zip(rows0, moved)]
+        )
     scores = []
     for mods in before:
         w0, w1 = [], []

@@ -22,8 +22,12 @@ _FUSED = ("gate_up_proj",)  # Phi-3: rows [gate (d_mlp); up (d_mlp)]
 @functools.lru_cache(maxsize=1)
 def plain(family: str) -> Any:
     """A fresh, unwrapped transformers model of the family (same seed as the bridge's). Cached: do
-    not modify; :func:`capinterp.core.tiny.tiny_hf` gives one to modify."""
-    return tiny_hf(family)[0]
+    not modify; :func:`capinterp.core.tiny.tiny_hf` gives one to modify. Mixture-of-experts
+    models are made dense (:func:`._moe_ref.densify`)."""
+    from capinterp.testing.family_checks._moe_ref import densify, is_moe
+
+    hf = tiny_hf(family)[0]
+    return densify(hf) if is_moe(hf) else hf
 
 
 class Mlp:
@@ -33,12 +37,17 @@ class Mlp:
         found: dict[str, list[tuple[str, torch.nn.Module]]] = {"down": [], "up": [], "gate": [], "fused": []}
         for name, mod in layer.named_modules():
             path = name.split(".")
-            if any("attn" in part or "attention" in part for part in path):
-                continue  # GPT-2's attention has a c_proj too
+            if any("attn" in part or "attention" in part or "shared_expert" in part for part in path):
+                continue  # GPT-2's attention has a c_proj too; a densified MoE's down_proj covers its shared expert
             for role, names in (("down", _DOWN), ("up", _UP), ("gate", _GATE), ("fused", _FUSED)):
                 if path[-1] in names:
                     found[role].append((f"{prefix}.{name}", mod))
-        if len(found["down"]) != 1 or len(found["up"]) + len(found["fused"]) != 1 or len(found["gate"]) > 1:
+        from capinterp.testing.family_checks._moe_ref import ExpertsDown
+
+        dense_moe = len(found["down"]) == 1 and isinstance(found["down"][0][1], ExpertsDown)  # no up / gate modules
+        if not dense_moe and (
+            len(found["down"]) != 1 or len(found["up"]) + len(found["fused"]) != 1 or len(found["gate"]) > 1
+        ):
             raise AssertionError(f"plain model layer {prefix}: cannot find its FFN projections: {found}")
         self.down = found["down"][0]
         self.up = found["up"][0] if found["up"] else None
@@ -76,6 +85,10 @@ def neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Te
     """``{parameter name: bool mask}`` of the entries the given neurons own, by hand: up / gate rows
     (columns for Conv1D) and bias entries, the fused gate+up rows ``i`` and ``d_mlp + i``, and the
     down projection's input column (row for Conv1D)."""
+    from capinterp.testing.family_checks._moe_ref import is_moe, moe_neuron_entries
+
+    if is_moe(hf):
+        return moe_neuron_entries(hf, neurons)
     params = plain_params(hf)
     masks = {n: torch.zeros_like(p, dtype=torch.bool) for n, p in params.items()}
     for layer, mlp in enumerate(mlps(hf)):

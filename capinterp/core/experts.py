@@ -1,0 +1,348 @@
+"""Mixture-of-experts FFNs as neurons: ``(layer, expert, neuron)`` units on one neuron axis per layer.
+
+A sparse MoE layer routes each token to ``top_k`` of ``n_experts`` experts and sums their
+outputs weighted by the router: ``out = sum_e w_e(x) * down_e(act_e(x))``. capinterp gives
+the layer one neuron axis, ``n_experts * d_expert`` wide (expert ``e``'s neuron ``i`` is
+flat neuron ``e * d_expert + i``), followed by the shared expert's neurons where the family
+has one (Qwen2-MoE; its sigmoid gate plays the router weight). A neuron's activation is
+
+    a[e, i] = w_e(x) * act_e(x)[i]   on tokens routed to expert e,   0 on the others,
+
+the router weight folded in, so the layer's output is exactly ``sum_f a[f] * W_out[f]`` (plus
+gpt-oss's expert biases, weighted by the router and owned by no neuron): the dense-FFN picture
+every method relies on (value vectors, DCSN's projection, erasure, masks on owned weights).
+The router weight stays in the gradient path: attributions to ``a`` are attributions to
+``w_e * act_e`` (scaling one scales the other), and later layers' routers see the change.
+Routing is decided on the layer's input before the neurons' hook runs, so writing a value into
+the neurons of an expert a token was not routed to has no effect on that token: an expert
+takes part only where the router sent the token. Erasing a neuron or a whole expert zeroes
+its output and keeps the routing (the other chosen experts keep their weights).
+
+:func:`install` replaces each MoE block's forward of a loaded ``TransformerBridge`` by one that
+computes exactly the transformers block's output (experts read through transformers' own flags:
+``has_gate``, ``has_bias``, ``is_transposed``, ``_apply_gate``, so Mixtral, Qwen2/3-MoE, OLMoE
+and gpt-oss share one path) and exposes the neurons at ``blocks.{l}.mlp.hook_post``
+(``[batch, pos, n_experts * d_expert + d_shared]``), TransformerLens' name for an MLP's
+neurons; the block's output stays at ``hook_out``. What cannot be served this way (dense and
+MoE layers mixed in one model, experts normalized after the down projection, an experts
+module without transformers' stacked weights) is refused at load with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from capinterp.core.family import MoE, UnsupportedFamily, family_of
+from capinterp.core.protocol import Model
+
+__all__ = ["ExpertBlock", "ExpertValues", "expert_block", "install", "is_moe"]
+
+_HOOK = "hook_neurons"  # the HookPoint's own name; blocks.{l}.mlp.hook_post is its alias
+
+
+def _unwrap(module: Any) -> Any:
+    """The transformers module behind bridge wrappers."""
+    while isinstance(getattr(module, "original_component", None), torch.nn.Module):
+        module = module.original_component
+    return module
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertBlock:
+    """One MoE layer's modules: the routed experts, the router, the optional shared expert."""
+
+    layer: int
+    # transformers modules, typed Any: their attributes are read by transformers' own names
+    block: Any  # the transformers sparse-MoE block
+    router: Any  # as the block holds it (the bridge's wrapper: its hooks still fire)
+    experts: Any  # transformers' stacked experts (3-D parameters, has_gate / has_bias / is_transposed flags)
+    shared: Any  # shared expert MLP (gate_proj / up_proj / down_proj), or None
+    shared_gate: Any  # its sigmoid gate (Linear d_model -> 1), or None
+    n_experts: int
+    d_expert: int
+    d_shared: int
+    returns_scores: bool  # the block returns (output, router scores) (gpt-oss)
+
+    # ---- the experts' arithmetic, read from transformers' own flags
+
+    def _proj(self, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        y = x @ w if self.experts.is_transposed else x @ w.T
+        return y if b is None else y + b
+
+    def activation(self, e: int, x: Tensor) -> Tensor:
+        """``act_e(x)``: expert ``e``'s neurons on rows ``x`` (``[n, d_model] -> [n, d_expert]``)."""
+        ex = self.experts
+        if ex.has_gate:
+            h = self._proj(x, ex.gate_up_proj[e], ex.gate_up_proj_bias[e] if ex.has_bias else None)
+            return ex._apply_gate(h)
+        h = self._proj(x, ex.up_proj[e], ex.up_proj_bias[e] if ex.has_bias else None)
+        return ex.act_fn(h)
+
+    def down(self, e: int, a: Tensor) -> Tensor:
+        """Expert ``e``'s down projection of neurons ``a``, without its bias."""
+        return self._proj(a, self.experts.down_proj[e], None)
+
+    def down_bias(self, e: int) -> Tensor | None:
+        return self.experts.down_proj_bias[e] if self.experts.has_bias else None
+
+    def values(self) -> Tensor:
+        """The layer's value vectors, ``[n_experts * d_expert + d_shared, d_model]``: a copy, in
+        neuron order (routed experts', then the shared expert's)."""
+        w = self.experts.down_proj  # [E, d, H] transposed, [E, H, d] otherwise
+        rows = (w if self.experts.is_transposed else w.transpose(1, 2)).reshape(
+            -1, w.shape[-1 if self.experts.is_transposed else 1]
+        )
+        if self.shared is None:
+            return rows
+        return torch.cat([rows, self.shared.down_proj.weight.T.to(rows.dtype)])
+
+    def neuron_rows(self) -> Tensor:
+        """Every neuron's weights side by side, ``[d_mlp, 3 * d_model]``: its gate row, up row
+        (input row where the experts are not gated: ``[d_mlp, 2 * d_model]``) and value vector (a copy)."""
+        ex, d = self.experts, self.d_expert
+        name = "gate_up_proj" if ex.has_gate else "up_proj"
+        w = getattr(ex, name)
+        w = w.transpose(1, 2) if ex.is_transposed else w  # [E, out, H]
+        if ex.has_gate:
+            concat = getattr(ex, "is_concatenated", True)
+            halves: tuple[Tensor, ...] = (w[:, :d], w[:, d:]) if concat else (w[:, 0::2], w[:, 1::2])
+        else:
+            halves = (w,)
+        rows = torch.cat([h.reshape(-1, h.shape[-1]) for h in halves] + [self.values()[: self.n_experts * d]], dim=1)
+        if self.shared is None:
+            return rows
+        sh = self.shared
+        shared = [sh.gate_proj.weight, sh.up_proj.weight][: len(halves)] + [sh.down_proj.weight.T]
+        return torch.cat([rows, torch.cat(shared, dim=1).to(rows.dtype)])
+
+    # ---- the block's forward
+
+    def forward(self, hook: torch.nn.Module, hidden_states: Tensor) -> Any:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        _, weights, index = self.router(x)
+        n_tok, width = x.shape[0], self.n_experts * self.d_expert
+        acts = x.new_zeros(n_tok, self.n_experts, self.d_expert)
+        routed = []
+        for e in index.unique().tolist():
+            tok, slot = torch.where(index == e)
+            w = weights[tok, slot, None]
+            acts[tok, e] = (self.activation(e, x[tok]) * w).to(x.dtype)
+            routed.append((e, tok, w))
+        parts = [acts.reshape(n_tok, width)]
+        if self.shared is not None:
+            s = self.shared.act_fn(self.shared.gate_proj(x)) * self.shared.up_proj(x)
+            if self.shared_gate is not None:
+                s = torch.sigmoid(self.shared_gate(x)) * s
+            parts.append(s.to(x.dtype))
+        neurons = hook(torch.cat(parts, dim=-1).reshape(*shape[:-1], -1)).reshape(n_tok, -1)
+        acts = neurons[:, :width].reshape(n_tok, self.n_experts, self.d_expert)
+        out = x.new_zeros(x.shape)
+        for e, tok, w in routed:
+            y = self.down(e, acts[tok, e])
+            b = self.down_bias(e)
+            if b is not None:
+                y = y + w * b
+            out = out.index_add(0, tok, y.to(x.dtype))
+        if self.shared is not None:
+            out = out + self.shared.down_proj(neurons[:, width:])
+        out = out.reshape(shape)
+        return (out, weights) if self.returns_scores else out
+
+
+def is_moe(model: Model) -> bool:
+    """Whether the model's FFNs are mixtures of experts (their neurons are ``(layer, expert, neuron)``)."""
+    return family_of(model).moe is not None
+
+
+def expert_block(model: Model, layer: int) -> ExpertBlock:
+    """Layer ``layer``'s :class:`ExpertBlock` of a model :func:`install` served."""
+    blocks = getattr(model, "capinterp_experts", None)
+    if not blocks:
+        fam = family_of(model)
+        raise ValueError(f"{fam.name} is not a mixture-of-experts model loaded by capinterp (no expert layers)")
+    return blocks[layer]
+
+
+def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
+    fam = family_of(model)
+    mlp = model.blocks[layer].mlp
+    block = _unwrap(mlp)
+    where = f"{fam.name} ({fam.architecture}), layer {layer}"
+    experts = _unwrap(getattr(block, "experts", None))
+    router = getattr(block, "router", None) or getattr(block, "gate", None)
+    if experts is None or router is None:
+        kind = type(block).__name__
+        raise UnsupportedFamily(
+            f"{where}: the FFN ({kind}) is not a sparse mixture-of-experts block with an 'experts' module and a "
+            "router; capinterp needs every layer of a mixture-of-experts model to be one (dense and expert layers "
+            "mixed in one model are not supported: their neuron widths differ)"
+        )
+    down = getattr(experts, "down_proj", None)
+    if not (isinstance(down, torch.Tensor) and down.dim() == 3 and hasattr(experts, "is_transposed")):
+        raise UnsupportedFamily(
+            f"{where}: {type(experts).__name__} does not store its experts as transformers' stacked 3-D weights "
+            "(down_proj [n_experts, ...] with is_transposed); its expert neurons cannot be read"
+        )
+    if getattr(experts, "has_post_expert_norm", False):
+        raise UnsupportedFamily(
+            f"{where}: a norm follows each expert's down projection, so the layer's output is not a sum over "
+            "neurons; expert neurons are not defined"
+        )
+    if any(p.device.type == "meta" for p in experts.parameters()):
+        raise UnsupportedFamily(
+            f"{where}: the experts' weights are offloaded (meta device); capinterp's expert forward reads them "
+            "directly, so place the model on devices without CPU / disk offload"
+        )
+    n_experts = int(down.shape[0])
+    d_expert = int(down.shape[1] if experts.is_transposed else down.shape[2])
+    shared = _unwrap(getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None))
+    if shared is not None and not all(hasattr(shared, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        raise UnsupportedFamily(f"{where}: the shared expert {type(shared).__name__} is not a gated MLP")
+    d_shared = int(shared.down_proj.in_features) if shared is not None else 0
+    if (n_experts, d_expert, d_shared) != (moe.n_experts, moe.d_expert, moe.d_shared):
+        raise UnsupportedFamily(
+            f"{where}: the experts hold {n_experts} x {d_expert} neurons (+{d_shared} shared), the config says "
+            f"{moe.n_experts} x {moe.d_expert} (+{moe.d_shared})"
+        )
+    spec = ExpertBlock(
+        layer=layer,
+        block=block,
+        router=router,
+        experts=experts,
+        shared=shared,
+        shared_gate=getattr(block, "shared_expert_gate", None) if shared is not None else None,
+        n_experts=n_experts,
+        d_expert=d_expert,
+        d_shared=d_shared,
+        returns_scores=False,
+    )
+    with torch.no_grad():  # the block's return convention: a tensor, or (output, router scores)
+        probe = block(torch.zeros(1, 1, fam.d_model, dtype=down.dtype, device=down.device))
+    return ExpertBlock(**{**spec.__dict__, "returns_scores": isinstance(probe, tuple)})
+
+
+def install(model: Model) -> None:
+    """Serve every MoE layer of ``model`` through :class:`ExpertBlock`'s forward, its neurons at
+    ``blocks.{l}.mlp.hook_post``; refused with :class:`UnsupportedFamily` where it cannot be done."""
+    from transformer_lens.hook_points import HookPoint
+
+    moe = family_of(model).moe
+    if moe is None or getattr(model, "capinterp_experts", None):
+        return
+    blocks = [_read_block(model, layer, moe) for layer in range(len(model.blocks))]
+    for spec in blocks:
+        mlp = model.blocks[spec.layer].mlp
+        hook = HookPoint()
+        mlp.add_module(_HOOK, hook)
+        aliases = dict(getattr(mlp, "hook_aliases", {}) or {})
+        mlp.hook_aliases = {**aliases, "hook_post": _HOOK}
+        if "hook_post" in mlp.__dict__:
+            object.__setattr__(mlp, "hook_post", hook)
+        spec.block.forward = functools.partial(spec.forward, hook)
+    model.capinterp_experts = blocks
+    model.clear_hook_registry()
+    model._scan_existing_hooks(model, "")
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertValues:
+    """An MoE layer's down projections as one ``[n_experts * d_expert + d_shared, d_model]`` matrix of
+    value vectors (the interface of :class:`capinterp.core.weights.DownProjection`): read as a
+    copy, written back into each expert's own weight."""
+
+    layer: int
+    spec: ExpertBlock
+
+    def values(self) -> Tensor:
+        """The value vectors, one row per neuron (a copy: the experts' weights are 3-D)."""
+        return self.spec.values()
+
+    def apply(self, keys: Tensor) -> Tensor:
+        """``keys @ values()`` in float32: the layer's output from its neurons, without biases."""
+        return keys.float() @ self.values().float().to(keys.device)
+
+    @torch.no_grad()
+    def write(self, values: Tensor) -> None:
+        """Replace every value vector by the rows of ``values`` (``[d_mlp, d_model]``)."""
+        spec, w = self.spec, self.spec.experts.down_proj
+        routed = values[: spec.n_experts * spec.d_expert].reshape(spec.n_experts, spec.d_expert, -1)
+        (w if spec.experts.is_transposed else w.transpose(1, 2)).copy_(routed.to(device=w.device, dtype=w.dtype))
+        if spec.shared is not None:
+            s = spec.shared.down_proj.weight
+            s.copy_(values[spec.n_experts * spec.d_expert :].T.to(device=s.device, dtype=s.dtype))
+
+    @torch.no_grad()
+    def write_rows(self, neurons: Tensor, rows: Tensor) -> None:
+        """Replace the value vectors of ``neurons`` (1-D flat indices) by ``rows``, in each expert's own weight."""
+        spec, w = self.spec, self.spec.experts.down_proj
+        routed = spec.n_experts * spec.d_expert
+        for i, row in zip(neurons.tolist(), rows):
+            if i < routed:
+                e, j = divmod(i, spec.d_expert)
+                target = w[e, j] if spec.experts.is_transposed else w[e, :, j]
+            else:
+                assert spec.shared is not None
+                target = spec.shared.down_proj.weight[:, i - routed]
+            target.copy_(row.to(device=target.device, dtype=target.dtype))
+
+    @torch.no_grad()
+    def add(self, delta: Tensor) -> None:
+        """``W += delta`` (``[d_mlp, d_model]``), summed in float32, stored in each weight's dtype."""
+        self.write(self.values().float() + delta.float().to(self.spec.experts.down_proj.device))
+
+
+def _pick(idx: Tensor, lo: int, hi: int) -> Tensor:
+    return idx[(idx >= lo) & (idx < hi)] - lo
+
+
+def owned_entries(spec: ExpertBlock) -> list[tuple[str, str, Tensor, Any]]:
+    """``(kind, attribute, parameter, where)`` for every parameter of layer ``spec`` that holds
+    entries owned by single neurons; ``where(flat neuron indices)`` is the index (for ``p[...]``)
+    of the entries those neurons own. An expert neuron owns its gate and up rows (and their bias
+    entries) and its value vector in its expert's 3-D weights; the shared expert's neurons own
+    their rows of its Linear layers. The experts' down biases are owned by no neuron."""
+    ex, d, routed = spec.experts, spec.d_expert, spec.n_experts * spec.d_expert
+    out_axis = 2 if ex.is_transposed else 1  # where a projection's outputs sit in [E, ., .]
+
+    def inputs(concatenated: bool, gated: bool):
+        def where(idx: Tensor) -> tuple:
+            idx = _pick(idx, 0, routed)
+            e, i = idx // d, idx % d
+            if gated:
+                e, i = torch.cat([e, e]), (torch.cat([i, i + d]) if concatenated else torch.cat([2 * i, 2 * i + 1]))
+            return (e, i) if out_axis == 1 else (e, slice(None), i)
+
+        return where
+
+    def bias(concatenated: bool, gated: bool):
+        rows = inputs(concatenated, gated)
+        return lambda idx: tuple(t for t in rows(idx) if not isinstance(t, slice))
+
+    def values(idx: Tensor) -> tuple:
+        idx = _pick(idx, 0, routed)
+        e, i = idx // d, idx % d
+        return (e, i) if ex.is_transposed else (e, slice(None), i)
+
+    gated, concat = bool(ex.has_gate), bool(getattr(ex, "is_concatenated", True))
+    name = "gate_up_proj" if gated else "up_proj"
+    found = [("W_gate_up" if gated else "W_in", name, getattr(ex, name), inputs(concat, gated))]
+    if ex.has_bias:
+        found.append(
+            ("b_gate_up" if gated else "b_in", f"{name}_bias", getattr(ex, f"{name}_bias"), bias(concat, gated))
+        )
+    found.append(("W_out", "down_proj", ex.down_proj, values))
+    if spec.shared is not None:
+        sh = spec.shared
+        rows = lambda idx: (_pick(idx, routed, routed + spec.d_shared),)  # noqa: E731
+        found += [
+            ("W_gate", "shared.gate_proj", sh.gate_proj.weight, rows),
+            ("W_in", "shared.up_proj", sh.up_proj.weight, rows),
+            ("W_out", "shared.down_proj", sh.down_proj.weight, lambda idx: (slice(None), *rows(idx))),
+        ]
+    return found

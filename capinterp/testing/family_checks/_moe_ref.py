@@ -1,0 +1,188 @@
+"""The reference side for mixture-of-experts families: a plain transformers MoE model made dense.
+
+:func:`densify` gives each sparse MoE block of a plain transformers model a reference forward that
+computes *every* expert on *every* token from transformers' own expert weights and gate function
+(``experts._apply_gate`` / ``act_fn``), weights them by the router's top-k weights scattered to a
+dense ``[tokens, n_experts]`` matrix (0 for experts not chosen), and hands the resulting neurons
+``[batch, pos, n_experts * d_expert (+ shared)]`` to one module named ``down_proj``
+(:class:`ExpertsDown`: neurons @ stacked value vectors, plus the router-weighted expert biases).
+So the dense references of the other checks (pre-hooks on the down projection's input, its
+weight as ``[d_mlp, d_model]`` value rows) apply unchanged. Written here independently of
+:mod:`capinterp.core.experts` (dense over all experts, where capinterp loops over routed ones);
+:func:`densify` checks that the model's logits do not change.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+__all__ = ["ExpertsDown", "densify", "is_moe", "moe_neuron_entries", "moe_neuron_rows", "split_values"]
+
+
+def is_moe(hf: Any) -> bool:
+    """Whether a plain transformers model has sparse MoE blocks (an ``experts`` submodule)."""
+    return any(hasattr(m, "experts") and isinstance(m.experts, torch.nn.Module) for m in hf.modules())
+
+
+def _blocks(hf: Any) -> list[tuple[str, Any]]:
+    return [(n, m) for n, m in hf.named_modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)]
+
+
+class ExpertsDown(torch.nn.Module):
+    """``neurons [..., W] -> [..., d_model]``: the stacked value vectors (routed experts' then the
+    shared expert's), plus ``weights @ down_proj_bias`` where the experts have biases. ``weight`` is
+    ``[W, d_model]`` (Conv1D-like ``[in, out]``), read live from the experts' parameters."""
+
+    def __init__(self, block: Any, shared: Any) -> None:
+        super().__init__()
+        self._refs = types.SimpleNamespace(block=block, shared=shared)  # not submodules: no duplicate params
+
+    @property
+    def weight(self) -> torch.Tensor:
+        ex = self._refs.block.experts
+        w = ex.down_proj if ex.is_transposed else ex.down_proj.transpose(1, 2)  # [E, d, H]
+        rows = [w.reshape(-1, w.shape[-1])]
+        if self._refs.shared is not None:
+            rows.append(self._refs.shared.down_proj.weight.T)
+        return torch.cat(rows)
+
+    def forward(self, neurons: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        ex = self._refs.block.experts
+        if weights is not None:  # an expert takes part only on the tokens routed to it
+            d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
+            routed = (weights != 0).to(neurons.dtype).repeat_interleave(d, dim=-1)  # [tokens, E * d]
+            rest = torch.ones(weights.shape[0], neurons.shape[-1] - routed.shape[-1], dtype=neurons.dtype)
+            neurons = neurons * torch.cat([routed, rest], -1).reshape(neurons.shape)
+        out = neurons @ self.weight.to(neurons.dtype)
+        if weights is not None and getattr(ex, "has_bias", False):
+            out = out + (weights @ ex.down_proj_bias).reshape(out.shape)
+        return out
+
+
+def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
+    ex, shared = block.experts, block._ref_shared
+    router = getattr(block, "router", None) or block.gate
+    B, T, H = hidden.shape
+    x = hidden.reshape(-1, H)
+    _, top_w, top_i = router(x)
+    dense_w = torch.zeros(x.shape[0], ex.down_proj.shape[0], dtype=top_w.dtype).scatter(1, top_i, top_w)
+    acts = []
+    for e in range(ex.down_proj.shape[0]):
+        name = "gate_up_proj" if ex.has_gate else "up_proj"
+        w = getattr(ex, name)[e]
+        h = x @ w if ex.is_transposed else x @ w.T
+        if ex.has_bias:
+            h = h + getattr(ex, f"{name}_bias")[e]
+        a = ex._apply_gate(h) if ex.has_gate else ex.act_fn(h)
+        acts.append(a * dense_w[:, e : e + 1])
+    neurons = [torch.stack(acts, 1).reshape(x.shape[0], -1)]
+    if shared is not None:
+        s = shared.act_fn(shared.gate_proj(x)) * shared.up_proj(x)
+        gate = getattr(block, "shared_expert_gate", None)
+        neurons.append(torch.sigmoid(gate(x)) * s if gate is not None else s)
+    out = block.down_proj(torch.cat(neurons, -1).reshape(B, T, -1).to(hidden.dtype), dense_w.to(hidden.dtype))
+    return (out, top_w) if block._ref_returns_scores else out
+
+
+@torch.no_grad()
+def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
+    """Give every sparse MoE block of ``hf`` the dense reference forward (in place; returns ``hf``).
+
+    The shared expert stays where it is (name searches skip paths through ``shared_expert``, so
+    ``down_proj`` is the only down projection they find); ``ids`` (default: a few tokens) check
+    that the logits stay what transformers computes, to 1e-5.
+    """
+    if getattr(hf, "_ref_dense", False):
+        return hf
+    ids = torch.tensor([[1, 5, 9, 30, 7, 2]]) if ids is None else ids
+    before = hf(ids).logits
+    for _, block in _blocks(hf):
+        probe = block(torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]))
+        shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+        object.__setattr__(block, "_ref_shared", shared)
+        object.__setattr__(block, "_ref_returns_scores", isinstance(probe, tuple))
+        block.add_module("down_proj", ExpertsDown(block, shared))
+        block.forward = types.MethodType(_dense_forward, block)
+    after = hf(ids).logits
+    err = (after - before).abs().max().item()
+    assert err <= 1e-5 * max(1.0, before.abs().max().item()), f"the dense MoE reference changed the logits by {err:.3g}"
+    hf._ref_dense = True
+    return hf
+
+
+def moe_neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Tensor]:
+    """``{parameter name: bool mask}`` of the entries the given flat neurons own in a (densified)
+    MoE model, by hand: expert ``e = i // d``'s gate and up rows ``j = i % d`` (halves ``j``, ``d + j``
+    of ``gate_up_proj``, or ``2j``, ``2j + 1`` where interleaved) with their bias entries, and
+    its value vector ``j`` in ``down_proj``; the shared expert's rows past the routed neurons."""
+    names = {id(p): n.replace("._original_component", "") for n, p in hf.named_parameters()}
+    masks: dict[str, torch.Tensor] = {}
+    for layer, (_, block) in enumerate(_blocks(hf)):
+        ex = block.experts
+        n_exp = ex.down_proj.shape[0]
+        d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
+        for i in neurons.get(layer, []):
+
+            def mark(p: torch.Tensor, index: tuple) -> None:
+                masks.setdefault(names[id(p)], torch.zeros_like(p, dtype=torch.bool))[index] = True
+
+            if i < n_exp * d:
+                e, j = divmod(i, d)
+                name = "gate_up_proj" if ex.has_gate else "up_proj"
+                rows = (
+                    ([j, d + j] if getattr(ex, "is_concatenated", True) else [2 * j, 2 * j + 1]) if ex.has_gate else [j]
+                )
+                mark(getattr(ex, name), (e, slice(None), rows) if ex.is_transposed else (e, rows))
+                if ex.has_bias:
+                    mark(getattr(ex, f"{name}_bias"), (e, rows))
+                mark(ex.down_proj, (e, j) if ex.is_transposed else (e, slice(None), j))
+            else:
+                j, sh = i - n_exp * d, block._ref_shared
+                mark(sh.gate_proj.weight, (j,))
+                mark(sh.up_proj.weight, (j,))
+                mark(sh.down_proj.weight, (slice(None), j))
+    return masks
+
+
+def moe_neuron_rows(hf: Any) -> list[torch.Tensor]:
+    """Per MoE layer, ``[W, k]``: each flat neuron's gate row, up row and value vector side by side,
+    read by hand neuron by neuron (slow and obvious) from the experts' and shared expert's weights."""
+    out = []
+    for _, block in _blocks(hf):
+        ex, sh = block.experts, block._ref_shared
+        n_exp = ex.down_proj.shape[0]
+        d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
+        name = "gate_up_proj" if ex.has_gate else "up_proj"
+        w = getattr(ex, name)
+        rows = []
+        for e in range(n_exp):
+            for j in range(d):
+                picks = (
+                    ([j, d + j] if getattr(ex, "is_concatenated", True) else [2 * j, 2 * j + 1]) if ex.has_gate else [j]
+                )
+                ins = [w[e, :, r] if ex.is_transposed else w[e, r] for r in picks]
+                value = ex.down_proj[e, j] if ex.is_transposed else ex.down_proj[e, :, j]
+                rows.append(torch.cat([*ins, value]))
+        if sh is not None:
+            for j in range(sh.down_proj.weight.shape[1]):
+                rows.append(torch.cat([sh.gate_proj.weight[j], sh.up_proj.weight[j], sh.down_proj.weight[:, j]]))
+        out.append(torch.stack(rows).detach())
+    return out
+
+
+def split_values(hf: Any, layer: int, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{parameter name: new tensor}`` holding the stacked value vectors ``values`` (``[W, d_model]``,
+    :class:`ExpertsDown` order) in layer ``layer``'s experts' ``down_proj`` and shared expert."""
+    name, block = _blocks(hf)[layer]
+    ex, sh = block.experts, block._ref_shared
+    n_exp, w = ex.down_proj.shape[0], ex.down_proj
+    d = w.shape[1] if ex.is_transposed else w.shape[2]
+    routed = values[: n_exp * d].reshape(n_exp, d, -1)
+    out = {f"{name}.experts.down_proj": (routed if ex.is_transposed else routed.transpose(1, 2)).contiguous()}
+    if sh is not None:
+        key = "shared_expert" if getattr(block, "shared_expert", None) is sh else "shared_experts"
+        out[f"{name}.{key}.down_proj.weight"] = values[n_exp * d :].T.contiguous()
+    return out

@@ -1,0 +1,92 @@
+"""Experts as units: ``(layer, expert)`` keys of a mixture-of-experts model.
+
+An MoE layer's neurons are flat on one axis (:mod:`capinterp.core.experts`): expert ``e``'s
+neuron ``i`` is ``e * d_expert + i``, the shared expert's neurons come last (its key is
+``(layer, "shared")``). :func:`expert_scores` sums neuron scores per expert, :func:`top_experts`
+keeps the best ``k`` as a :class:`~capinterp.units.base.KeySet` of kind ``"expert"``, and
+:func:`expert_neurons` turns expert keys into the :class:`NeuronSet` of all their neurons, which
+``erase`` / ``scale`` / ``finetune`` take: erasing an expert zeroes its output on the tokens
+routed to it and keeps the routing (the other chosen experts keep their router weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+import torch
+from torch import Tensor
+
+from capinterp.core.family import MoE, family_of
+from capinterp.core.protocol import Model
+from capinterp.units.base import KeySet
+from capinterp.units.neurons import NeuronScores, NeuronSet
+
+__all__ = ["expert_keys", "expert_neurons", "expert_scores", "moe_of", "top_experts"]
+
+
+def moe_of(model: Model) -> MoE:
+    """The model's :class:`~capinterp.core.family.MoE` record; a clear error on dense models."""
+    fam = family_of(model)
+    if fam.moe is None:
+        raise ValueError(f"{fam.name} ({fam.architecture}) has dense FFNs: it has no experts")
+    return fam.moe
+
+
+def expert_keys(moe: MoE) -> list[Hashable]:
+    """The expert indices of one layer: ``0 .. n_experts - 1``, then ``"shared"`` where there is one."""
+    return [*range(moe.n_experts), *(["shared"] if moe.d_shared else [])]
+
+
+def expert_scores(model: Model, scores: NeuronScores | Tensor, *, absolute: bool = False) -> Tensor:
+    """``[n_layers, n_experts (+1 shared)]``: each expert's summed neuron scores (``absolute``: of |scores|)."""
+    moe = moe_of(model)
+    s = scores.scores if isinstance(scores, NeuronScores) else torch.as_tensor(scores)
+    if s.dim() != 2 or s.shape[1] != moe.width:
+        raise ValueError(f"scores must be [n_layers, {moe.width}] for this model, got {tuple(s.shape)}")
+    s = s.abs() if absolute else s
+    routed = moe.n_experts * moe.d_expert
+    per = s[:, :routed].reshape(s.shape[0], moe.n_experts, moe.d_expert).sum(-1)
+    if moe.d_shared:
+        per = torch.cat([per, s[:, routed:].sum(-1, keepdim=True)], dim=1)
+    return per
+
+
+def _space(model: Model, moe: MoE) -> tuple:
+    return ("expert", int(model.cfg.n_layers), moe.n_experts, moe.d_shared > 0)
+
+
+def top_experts(model: Model, scores: NeuronScores | Tensor, k: int, *, absolute: bool = False) -> KeySet:
+    """The ``k`` experts with the highest :func:`expert_scores`, as a KeySet of ``(layer, expert)``."""
+    moe = moe_of(model)
+    per = expert_scores(model, scores, absolute=absolute)
+    if not 1 <= int(k) <= per.numel():
+        raise ValueError(f"k must be in [1, {per.numel()}], got {k}")
+    names = expert_keys(moe)
+    flat = per.flatten().topk(int(k)).indices.tolist()
+    keys = [(i // per.shape[1], names[i % per.shape[1]]) for i in flat]
+    return KeySet(keys, "expert", _space(model, moe), n_units=per.numel())
+
+
+def expert_neurons(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]]) -> NeuronSet:
+    """Every neuron of the given ``(layer, expert)`` keys (``"shared"`` for the shared expert)."""
+    moe = moe_of(model)
+    n_layers = int(model.cfg.n_layers)
+    keys = experts.keys() if isinstance(experts, KeySet) else list(experts)
+    if isinstance(experts, KeySet) and experts.kind != "expert":
+        raise ValueError(f"expected a KeySet of kind 'expert', got kind {experts.kind!r}")
+    mask = torch.zeros(n_layers, moe.width, dtype=torch.bool)
+    routed = moe.n_experts * moe.d_expert
+    for layer, e in keys:
+        if not 0 <= int(layer) < n_layers:
+            raise ValueError(f"layer {layer} out of range for a model with {n_layers} layers")
+        if e == "shared":
+            if not moe.d_shared:
+                raise ValueError("this model has no shared expert")
+            mask[layer, routed:] = True
+        elif isinstance(e, int) and 0 <= e < moe.n_experts:
+            mask[layer, e * moe.d_expert : (e + 1) * moe.d_expert] = True
+        else:
+            raise ValueError(f"expert {e!r} is not one of 0..{moe.n_experts - 1}{' or shared' if moe.d_shared else ''}")
+    from capinterp.core.model import model_meta
+
+    return NeuronSet(mask, meta={**model_meta(model), "experts": sorted(map(str, keys))})

@@ -1,0 +1,137 @@
+"""Experts as units on tiny MoE models, against plain transformers: erasing an expert, routed-only
+attribution, weights and owned entries of expert neurons, refusals."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import capinterp as ci
+from capinterp.core.family import UnsupportedFamily
+from capinterp.core.tiny import tiny_hf
+from capinterp.core.weights import down_projection
+from capinterp.data import Example
+from capinterp.interventions.neuron_params import neuron_masks, zero_neurons
+from capinterp.units.base import KeySet
+from capinterp.units.experts import expert_keys, expert_neurons, expert_scores, top_experts
+
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+TEXT = "The Eiffel Tower is in the city of"
+
+
+def _load(family):
+    hf, tok = tiny_hf(family)
+    plain = copy.deepcopy(hf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ci.load_model(hf, tokenizer=tok)
+    return model, plain, tok
+
+
+def _experts(hf, layer):
+    return hf.model.layers[layer].mlp.experts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_erasing_an_expert_is_zeroing_its_down_projection_in_transformers(family):
+    model, plain, tok = _load(family)
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    keys = KeySet([(1, 2), (1, 3), (0, 0), (0, 1)], "expert")
+    with torch.no_grad():
+        before = model(ids)[0, -1]
+        with ci.erase(model, keys):
+            got = model(ids)[0, -1]
+        for layer, e in keys:
+            _experts(plain, layer).down_proj[e] = 0.0  # the expert writes nothing (gpt-oss: its bias stays)
+        want = plain(ids).logits[0, -1]
+    assert (got - want).abs().max() < 1e-5 * want.abs().max()
+    assert (got - before).abs().max() > 1e-3, "erasing four experts changed nothing"
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_shared_expert_is_a_unit(family):
+    model, plain, tok = _load(family)
+    moe = model.capinterp_family.moe
+    assert expert_keys(moe)[-1] == ("shared" if moe.d_shared else moe.n_experts - 1)
+    if not moe.d_shared:
+        with pytest.raises(ValueError, match="no shared expert"):
+            expert_neurons(model, [(0, "shared")])
+        return
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        with ci.erase(model, expert_neurons(model, [(1, "shared")])):
+            got = model(ids)[0, -1]
+        plain.model.layers[1].mlp.shared_expert.down_proj.weight.zero_()
+        want = plain(ids).logits[0, -1]
+    assert (got - want).abs().max() < 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attribution_only_on_routed_experts(family):
+    """KN's IG at the last token: experts the router did not choose there score exactly 0."""
+    model, plain, tok = _load(family)
+    moe = model.capinterp_family.moe
+    scores = ci.localizers.get("kn")(model, progress=False).fit([Example(TEXT, " Paris")]).scores_.scores
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    for layer, block in enumerate(plain.model.layers):
+        router = getattr(block.mlp, "router", None) or block.mlp.gate
+        x = {}
+        h = block.post_attention_layernorm.register_forward_hook(lambda m, i, o: x.__setitem__("x", o))
+        with torch.no_grad():
+            plain(ids)
+        h.remove()
+        chosen = set(router(x["x"][0, -1:])[2][0].tolist())
+        per = scores[layer, : moe.n_experts * moe.d_expert].reshape(moe.n_experts, moe.d_expert)
+        for e in range(moe.n_experts):
+            assert (per[e] != 0).any() == (e in chosen), f"{family} layer {layer} expert {e}: chosen {chosen}"
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "qwen2_moe"])
+def test_value_vectors_and_owned_entries(family):
+    model, plain, tok = _load(family)
+    moe = model.capinterp_family.moe
+    ex = _experts(plain, 1)
+    values = down_projection(model, 1).values()
+    e, j = 3, 5
+    want = ex.down_proj[e, j] if ex.is_transposed else ex.down_proj[e, :, j]
+    assert torch.equal(values[e * moe.d_expert + j], want)
+    ns = expert_neurons(model, [(1, 3)])
+    masks = neuron_masks(model, ns)
+    owned = sum(int(m.sum()) for m in masks.values())
+    per_neuron = 3 * model.cfg.d_model + (2 if ex.has_bias else 0)  # gate row, up row, value (+ 2 biases)
+    assert owned == moe.d_expert * per_neuron
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        with ci.erase(model, ns):
+            erased = model(ids)[0, -1]
+        assert zero_neurons(model, ns) == owned
+        zeroed = model(ids)[0, -1]
+    assert (erased - zeroed).abs().max() < 1e-6
+
+
+def test_expert_rankings_and_bad_input():
+    model, _, _ = _load("qwen2_moe")
+    moe = model.capinterp_family.moe
+    scores = torch.zeros(model.cfg.n_layers, moe.width)
+    scores[1, 2 * moe.d_expert : 3 * moe.d_expert] = 1.0
+    scores[0, -1] = 0.5
+    per = expert_scores(model, scores)
+    assert per.shape == (2, moe.n_experts + 1) and per[1, 2] == moe.d_expert and per[0, -1] == 0.5
+    assert top_experts(model, scores, 2).keys() == {(1, 2), (0, "shared")}
+    with pytest.raises(ValueError, match="scores must be"):
+        expert_scores(model, scores[:, :-1])
+    with pytest.raises(ValueError, match="not one of"):
+        expert_neurons(model, [(0, 9)])
+    dense = ci.load_model("tiny")
+    with pytest.raises(ValueError, match="dense FFNs"):
+        expert_scores(dense, torch.zeros(dense.cfg.n_layers, dense.cfg.d_mlp))
+
+
+def test_rome_refused_on_experts_before_any_work():
+    model, _, _ = _load("olmoe")
+    fact = Example("The Eiffel Tower is in", " Paris")
+    with pytest.raises(UnsupportedFamily, match="olmoe.*mixture-of-experts"):
+        ci.rome_edit(model, fact, subject="Eiffel Tower", new_target=" Rome", layer=0)

@@ -1,0 +1,114 @@
+"""A neuron planted in one expert of tiny MoE models: every neuron localizer ranks it first, and its
+expert ranks first among experts (issue 27: experts as first-class units).
+
+The plant is written by hand on the transformers weights (not through capinterp): the router
+sends the prompts' last token to expert E (its router row points along the layer's input there),
+neuron J of E reads that input through its gate and up rows, and its value vector writes the
+target's unembedding direction.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import capinterp as ci
+from capinterp.core.tiny import tiny_hf
+from capinterp.data import Example
+from capinterp.units.experts import expert_neurons, expert_scores, top_experts
+
+FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss", "qwen2_moe")
+LAYER, EXPERT, NEURON = 1, 2, 7
+PROMPTS = ("The Eiffel Tower is in the city of", "The Eiffel Tower is located in", "Paris is the capital of")
+
+
+def _block(hf, layer: int):
+    return hf.model.layers[layer].mlp
+
+
+@torch.no_grad()
+def _plant(model, hf, tok) -> int:
+    target = tok(" Paris")["input_ids"][0]  # the first target token (the localizers score it)
+    ids = [tok(p, return_tensors="pt")["input_ids"] for p in PROMPTS]
+    name = f"blocks.{LAYER}.ln2.hook_out"
+    x = torch.stack([model.run_with_cache(i, names_filter=lambda n: n == name)[1][name][0, -1] for i in ids])
+    u = torch.nn.functional.normalize(x.mean(0), dim=0)
+    block = _block(hf, LAYER)
+    router = getattr(block, "router", None) or block.gate
+    router = getattr(router, "original_component", router)
+    router.weight[EXPERT] = 4.0 * u
+    ex = getattr(block.experts, "original_component", block.experts)
+    d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
+    rows = [NEURON, d + NEURON] if ex.is_concatenated else [2 * NEURON, 2 * NEURON + 1]
+    if ex.is_transposed:
+        ex.gate_up_proj[EXPERT][:, rows] = 1.5 * u[:, None]
+    else:
+        ex.gate_up_proj[EXPERT][rows] = 1.5 * u
+    if ex.has_bias:
+        ex.gate_up_proj_bias[EXPERT][rows] = 0.0
+    w_u = model.W_U[:, target]
+    value = 0.3 * w_u / w_u.norm()
+    if ex.is_transposed:
+        ex.down_proj[EXPERT][NEURON] = value
+    else:
+        ex.down_proj[EXPERT][:, NEURON] = value
+    return target
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def planted(request):
+    hf, tok = tiny_hf(request.param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ci.load_model(hf, tokenizer=tok)
+    target = _plant(model, hf, tok)
+    model.capinterp_fingerprint = None  # weights changed after load
+    data = [Example(p, " Paris") for p in PROMPTS]
+    return request.param, model, tok, target, data
+
+
+def _top(scores) -> tuple[int, int]:
+    flat = int(scores.flatten().argmax())
+    return divmod(flat, scores.shape[1])
+
+
+def test_plant_changes_the_prediction(planted):
+    family, model, tok, target, data = planted
+    with torch.no_grad():
+        probs = [model(tok(p, return_tensors="pt")["input_ids"])[0, -1].softmax(-1)[target].item() for p in PROMPTS]
+    planted_neuron = expert_neurons(model, [(LAYER, EXPERT)])
+    with ci.erase(model, planted_neuron), torch.no_grad():
+        erased = [model(tok(p, return_tensors="pt")["input_ids"])[0, -1].softmax(-1)[target].item() for p in PROMPTS]
+    assert min(probs) > 0.02, f"{family}: the plant does not drive p(Paris): {probs}"
+    assert max(e / p for e, p in zip(erased, probs)) < 0.5, f"{family}: erasing the expert kept p(Paris): {erased}"
+
+
+@pytest.mark.parametrize("method", ["kn", "cnl", "dcsn"])
+def test_localizers_rank_the_planted_neuron_and_expert_first(planted, method):
+    family, model, _, _, data = planted
+    cls = ci.localizers.get(method)
+    loc = (cls(model) if method == "dcsn" else cls(model, progress=False)).fit(data)
+    scores = loc.scores_.scores
+    d_expert = model.capinterp_family.moe.d_expert
+    assert _top(scores) == (LAYER, EXPERT * d_expert + NEURON), f"{family} {method}: top neuron {_top(scores)}"
+    per = expert_scores(model, loc.scores_)
+    assert _top(per) == (LAYER, EXPERT), f"{family} {method}: top expert {_top(per)}"
+    assert top_experts(model, loc.scores_, 1).keys() == {(LAYER, EXPERT)}
+
+
+def test_heatmap_shows_experts(planted):
+    """The heatmap of MoE scores separates and names the experts, and its hover names each block's expert."""
+    from capinterp.plots import neuron_heatmap
+
+    family, model, _, _, data = planted
+    scores = ci.localizers.get("dcsn")(model).fit(data).scores_
+    moe = model.capinterp_family.moe
+    fig = neuron_heatmap(scores)
+    ticks = list(fig.layout.xaxis.ticktext)
+    assert ticks[:2] == ["expert 0", "expert 1"] and (ticks[-1] == "shared") == bool(moe.d_shared)
+    assert len(fig.layout.shapes) == moe.n_experts - 1 + bool(moe.d_shared)
+    row = fig.data[0].text[LAYER]
+    hover = [cell for cell in row if f"at neuron {EXPERT * moe.d_expert + NEURON}" in cell]
+    assert hover and hover[0].startswith(f"expert {EXPERT}: "), row[:3]
