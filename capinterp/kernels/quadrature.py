@@ -47,7 +47,7 @@ _MIN_STEPS = {"linspace": 2, "trapezoid": 2}
 #: The adaptive rule's name, its default tolerance and node cap (per layer).
 ADAPTIVE_RULE = "adaptive"
 ADAPTIVE_TOL = 1e-3
-ADAPTIVE_MAX_STEPS = 128
+ADAPTIVE_MAX_STEPS = 256  # SmolLM2's layer 0 needs 256 on one of the 10 benchmark prompts (docs/results.md)
 
 
 def check_rule(steps: int, rule: str, *, adaptive: bool = False) -> None:

@@ -51,7 +51,7 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
         **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
             running sums are saved after every example and resumed from).
         tol: the adaptive rule's tolerance on each layer's error estimate (1e-3).
-        max_steps: the adaptive rule's node cap per layer (128; a layer that reaches it warns).
+        max_steps: the adaptive rule's node cap per layer (256; a layer that reaches it warns).
         completeness_tol: warn (once, naming the worst layers) when a layer's completeness error
             ``|sum IG - (F(x) - F(0))| / |F(x) - F(0)|`` exceeds it on some example (0.05).
 

@@ -241,4 +241,4 @@ def test_adaptive_meets_tol_on_every_layer_of_tiny_gemma3(gemma3_tiny, monkeypat
 
     monkeypatch.setattr(adaptive, "SCHEDULE", "doubling")
     with pytest.warns(CompletenessWarning, match="max_steps=128"):
-        ig_scores(bridge, enc, IGConfig(rule="adaptive", tol=tol, positions="last_prompt"))
+        ig_scores(bridge, enc, IGConfig(rule="adaptive", tol=tol, max_steps=128, positions="last_prompt"))

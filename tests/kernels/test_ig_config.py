@@ -59,7 +59,7 @@ def test_presets_are_the_papers_settings():
     assert (PAPERS.positions, PAPERS.objective, PAPERS.route) == ("answer", "prob", "fast")
     assert CLOSED_FORM == PAPERS.replace(invariance="auto") == IGConfig()  # the default
     assert (GAUSS_LEGENDRE.rule, GAUSS_LEGENDRE.steps) == ("gauss", 10)
-    assert (ADAPTIVE.rule, ADAPTIVE.tol, ADAPTIVE.max_steps, ADAPTIVE.adaptive) == ("adaptive", 1e-3, 128, True)
+    assert (ADAPTIVE.rule, ADAPTIVE.tol, ADAPTIVE.max_steps, ADAPTIVE.adaptive) == ("adaptive", 1e-3, 256, True)
     assert not PAPERS.adaptive
     assert {ci.PAPERS, ci.CLOSED_FORM, ci.GAUSS_LEGENDRE, ci.ADAPTIVE} == {
         PAPERS,
