@@ -135,3 +135,46 @@ def test_rome_refused_on_experts_before_any_work():
     fact = Example("The Eiffel Tower is in", " Paris")
     with pytest.raises(UnsupportedFamily, match="olmoe.*mixture-of-experts"):
         ci.rome_edit(model, fact, subject="Eiffel Tower", new_target=" Rome", layer=0)
+
+
+def test_router_weights_stay_in_the_gradient_path():
+    """d p(target) / d a for layer-0 expert neurons equals the finite difference of the model's own
+    output (routing unchanged for a small step), and detaching the later router's weights changes
+    it: the router weights are in the gradient path, as the attribution methods need."""
+    model, _, tok = _load("mixtral")
+    ids = tok(TEXT, return_tensors="pt")["input_ids"]
+    target = tok(" Paris")["input_ids"][0]
+    name = "blocks.0.mlp.hook_post"
+    _, cache = model.run_with_cache(ids, names_filter=lambda n: n == name)
+    clean = cache[name].detach()
+    neurons = clean[0, -1].nonzero().flatten()[:4].tolist()  # routed neurons at the last token
+
+    def p_of(act: torch.Tensor) -> torch.Tensor:
+        logits = model.run_with_hooks(ids, fwd_hooks=[(name, lambda a, hook: act)])
+        return logits[0, -1].softmax(-1)[target]
+
+    def grad(detach_router: bool) -> torch.Tensor:
+        handles = []
+        if detach_router:
+            router = model.capinterp_experts[1].router
+            handles.append(router.register_forward_hook(lambda m, i, o: tuple(t.detach() for t in o)))
+        act = clean.clone().requires_grad_(True)
+        try:
+            (g,) = torch.autograd.grad(p_of(act), act)
+        finally:
+            for h in handles:
+                h.remove()
+        return g[0, -1, neurons]
+
+    eps = 1e-2
+    fd = []
+    with torch.no_grad():
+        for i in neurons:
+            up, down = clean.clone(), clean.clone()
+            up[0, -1, i] += eps
+            down[0, -1, i] -= eps
+            fd.append(float(p_of(up) - p_of(down)) / (2 * eps))
+    fd_t = torch.tensor(fd)
+    full, detached = grad(False), grad(True)
+    assert torch.allclose(full, fd_t, rtol=2e-2, atol=1e-6), (full, fd_t)
+    assert (detached - full).abs().max() > 1e-3 * full.abs().max(), "the later router's weights carry no gradient"
