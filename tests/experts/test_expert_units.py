@@ -178,3 +178,16 @@ def test_router_weights_stay_in_the_gradient_path():
     full, detached = grad(False), grad(True)
     assert torch.allclose(full, fd_t, rtol=2e-2, atol=1e-6), (full, fd_t)
     assert (detached - full).abs().max() > 1e-3 * full.abs().max(), "the later router's weights carry no gradient"
+
+
+def test_docs_example_runs():
+    """The usage example of docs/models.md (mixture of experts), on a tiny OLMoE."""
+    model, _, _ = _load("olmoe")
+    kn = ci.KN(model, progress=False).fit([ci.Example("The Eiffel Tower is in the city of", " Paris")])
+    layer, flat = divmod(int(kn.scores_.scores.argmax()), model.cfg.d_mlp)
+    expert, neuron = model.capinterp_family.moe.locate(flat)
+    assert flat == expert * model.capinterp_family.moe.d_expert + neuron
+    top = top_experts(model, kn.scores_, k=3)
+    assert len(top) == 3 and all(0 <= l < model.cfg.n_layers for l, _ in top)
+    with ci.erase(model, top):
+        pass
