@@ -118,9 +118,12 @@ def test_kn_scores_match_hand_ig(pair):
 
     model, hf, _ = pair
     example = Example(prompt=PROMPTS[0], target=" Paris")
-    with warnings.catch_warnings():  # 6 steps are far from the exact integral: both sides use the same rule
-        warnings.simplefilter("ignore", CompletenessWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         kn = KN(model, steps=STEPS, rule="right", refine=False, invariance="off", progress=False).fit([example])
+    # 6 steps are far from the exact integral (a CompletenessWarning): both sides use the same rule
+    others = [str(w.message) for w in caught if not issubclass(w.category, CompletenessWarning)]
+    assert not [m for m in others if "route" in m or "stair" in m], f"the fast IG route fell back: {others}"
     item = encode(model, [example])[0]
     ids, target = torch.tensor([item.prompt_ids]), int(item.target_ids[0])
     alphas = torch.arange(1, STEPS + 1, dtype=torch.float64) / STEPS  # the right rule, written out
