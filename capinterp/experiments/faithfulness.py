@@ -5,7 +5,8 @@ Two tasks: arithmetic (the ``sub`` capability: located on its locate split, meas
 held-out test split) and facts (known builtin facts; located and measured on the same facts,
 as a fact's neurons are fact-specific). Per task, each localizer that applies ranks its units:
 CNL and DCSN (dataset-level neurons), KN / SIG / AMIG (IG per prompt, summed over the task's
-prompts), causal tracing (layers by their MLP indirect effect; facts only, it needs subjects).
+prompts; AMIG's baseline is the mean activation over 32 texts of the local data folder, or over
+the task's own prompts and answers without one), causal tracing (layers by their MLP indirect effect; facts only, it needs subjects).
 Mean ablation over the task's data, p(target's first token) as the metric.
 
 Knowledge circuits (facts only): EAP-IG edge scores over the same facts (``ctx.ig`` steps), edges
@@ -27,7 +28,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from capinterp.core.example import Example
+from capinterp.core.example import Example, as_examples
+from capinterp.data.capability_sources import shared_data_dir
+from capinterp.data.corpus import local_texts
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -95,9 +98,13 @@ def _ranking(ctx: Context, method: str, task: str, locate: list, ig: dict[str, A
 
         n = sum(len(b) for b in bags)
         return ctx.scores(f"faith_ql_cas_{task}_f{len(bags)}_n{n}_{ig['rule']}{ig['steps']}", cas)
+    extra: dict[str, Any] = {}
+    if method == "amig":  # baseline: the local corpus's mean activation, or the task's own text without one
+        own = [e.prompt + e.target for e in as_examples(locate)]
+        extra["baseline_texts"] = local_texts(n=32, seed=ctx.seed) if shared_data_dir() is not None else own
     key = f"faith_{method}_{task}_n{len(locate)}_{ig['rule']}{ig['steps']}"
     return ctx.scores(
-        key, lambda: cls(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False).fit(locate).scores_
+        key, lambda: cls(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False, **extra).fit(locate).scores_
     )
 
 

@@ -31,8 +31,9 @@ def test_table_rows_equal_direct_calls(tiny, tmp_path):
 
     ctx = Context(tiny, quick=True, workdir=tmp_path)
     data = [("3+4=", "7"), ("5+2=", "7"), ("1+6=", "7")]
-    table = FX.faithfulness_table(ctx, {"t": (data, data, ("dcsn", "neft"))})
-    assert table["method"].tolist() == ["dcsn", "neft"] and table["note"].tolist() == ["", ""]
+    table = FX.faithfulness_table(ctx, {"t": (data, data, ("dcsn", "neft", "amig"))})
+    assert table["method"].tolist() == ["dcsn", "neft", "amig"] and table["note"].tolist() == ["", "", ""]
+    assert math.isfinite(table["cpr"].iloc[2])  # AMIG's baseline without a data folder: the task's own text
     scores = ctx.localize("dcsn", "faith_t", data)
     direct = faithfulness(tiny, scores, data, ks=FX.QUICK_FRACTIONS, random_sets=2, seed=0)
     assert table["cpr"].iloc[0] == pytest.approx(direct.cpr) and table["cmd"].iloc[0] == pytest.approx(direct.cmd)
