@@ -174,7 +174,7 @@ def run(ctx: Context) -> ExperimentResult:
     if facts:
         tasks["facts"] = facts
     ig = ctx.ig(4, 10)
-    parts = []
+    parts, edge_facts = [], 0
     for task, data in tasks.items():
         key = f"patch_{task.split()[0]}_n{len(data)}"
 
@@ -200,8 +200,10 @@ def run(ctx: Context) -> ExperimentResult:
             found = edge_table(ctx.model, data, ig, n_top=n, n_random=n, seed=ctx.seed, batch_size=ctx.batch_size)
             if found is not None:
                 parts.append(edge_rows(task, found, correlations))
+                edge_facts = found[3]
     table = pd.concat(parts, ignore_index=True)
-    info = {
+    info: dict[str, Any] = {
+        "edge_facts": edge_facts,  # facts with a subject swap among them (the edge rows' data)
         "notes": (
             "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
@@ -211,6 +213,6 @@ def run(ctx: Context) -> ExperimentResult:
             "against the exact change of logit[answer] - logit[swapped subject's answer] when one edge carries the "
             "subject-swapped run's value (each method's top edges by |score| plus random ones). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
             "(Pearson against activation patching)."
-        )
+        ),
     }
     return ExperimentResult(NAME, TITLE, table, _figure(table), info)
