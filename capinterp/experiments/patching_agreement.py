@@ -38,7 +38,10 @@ from capinterp.units.neurons import NeuronScores
 
 __all__ = ["COLUMNS", "agreement_table", "correlations", "head_table", "run", "unit_effects"]
 
-NAME, TITLE = "patching_agreement", "Attribution scores against exact activation patching (neurons, FFN layers, heads)"
+NAME, TITLE = (
+    "patching_agreement",
+    "Attribution scores against exact activation patching (neurons, FFN layers, heads, edges)",
+)
 COLUMNS = ["task", "component", "method", "pearson", "spearman", "n_units", "ablation"]
 
 
