@@ -99,10 +99,12 @@ def _ranking(ctx: Context, method: str, task: str, locate: list, ig: dict[str, A
         n = sum(len(b) for b in bags)
         return ctx.scores(f"faith_ql_cas_{task}_f{len(bags)}_n{n}_{ig['rule']}{ig['steps']}", cas)
     extra: dict[str, Any] = {}
-    if method == "amig":  # baseline: the local corpus's mean activation, or the task's own text without one
-        own = [e.prompt + e.target for e in as_examples(locate)]
-        extra["baseline_texts"] = local_texts(n=32, seed=ctx.seed) if shared_data_dir() is not None else own
     key = f"faith_{method}_{task}_n{len(locate)}_{ig['rule']}{ig['steps']}"
+    if method == "amig":  # baseline: the local corpus's mean activation, or the task's own text without one
+        corpus = shared_data_dir() is not None
+        own = [e.prompt + e.target for e in as_examples(locate)]
+        extra["baseline_texts"] = local_texts(n=32, seed=ctx.seed) if corpus else own
+        key += "_corpus" if corpus else "_own"
     return ctx.scores(
         key, lambda: cls(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False, **extra).fit(locate).scores_
     )
