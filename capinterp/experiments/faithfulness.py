@@ -5,15 +5,18 @@ Two tasks: arithmetic (the ``sub`` capability: located on its locate split, meas
 held-out test split) and facts (known builtin facts; located and measured on the same facts,
 as a fact's neurons are fact-specific). Per task, each localizer that applies ranks its units:
 CNL and DCSN (dataset-level neurons), KN / SIG / AMIG (IG per prompt, summed over the task's
-prompts), causal tracing (layers by their MLP indirect effect; facts only, it needs subjects).
+prompts; AMIG's baseline is the mean activation over 32 texts of the local data folder, or over
+the task's own prompts and answers without one), causal tracing (layers by their MLP indirect effect; facts only, it needs subjects).
 Mean ablation over the task's data, p(target's first token) as the metric.
 
 Knowledge circuits (facts only): EAP-IG edge scores over the same facts (``ctx.ig`` steps), edges
 ranked by |score|, an edge's ablation its source's mean output in the downstream node's input
 (:mod:`capinterp.interventions.edge_faithfulness`); the sizes are the same fractions, of all edges.
 
-Not yet measured here: NeFT (a fine-tune per task) and Query Localization's CAS neurons; their
-rows say so.
+NeFT: neurons ranked by how far a short SGD fine-tune on the task's locate data turns their
+weights (1 - cos; ``ctx.size(3, 20)`` steps). Query Localization (facts only): KN's per-query IG
+over each fact's known paraphrases (``ctx.size(2, 4)`` per fact; facts with fewer than two are
+left out), the consistency-aware scores (CAS, normalized per query) summed over the facts.
 """
 
 from __future__ import annotations
@@ -23,21 +26,31 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 
-from capinterp.core.example import Example
+from capinterp.core.example import Example, as_examples
+from capinterp.data.capability_sources import shared_data_dir
+from capinterp.data.corpus import local_texts
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
 from capinterp.experiments import capability_data as cd
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.interventions.faithfulness import MIB_FRACTIONS, faithfulness
+from capinterp.units.neurons import NeuronScores
 
-__all__ = ["COLUMNS", "NOT_MEASURED", "QUICK_FRACTIONS", "cpr_figure", "faithfulness_table", "run", "sub_and_facts"]
+__all__ = [
+    "COLUMNS",
+    "NOT_MEASURED",
+    "QUICK_FRACTIONS",
+    "cpr_figure",
+    "faithfulness_table",
+    "paraphrase_bags",
+    "run",
+    "sub_and_facts",
+]
 
 NAME, TITLE = "faithfulness", "How good is a localization? CPR / CMD of every localizer against chance"
 QUICK_FRACTIONS = (0.01, 0.1, 0.5)
-NOT_MEASURED = {
-    "neft": "needs a fine-tune per task; not in this experiment yet",
-    "query_localization": "CAS neurons per fact; not in this experiment yet",
-}
+NOT_MEASURED: dict[str, str] = {}  # method -> why its row has no numbers
 COLUMNS = [
     "task",
     "method",
@@ -58,28 +71,57 @@ COLUMNS = [
 ]
 
 
-def _ranking(ctx: Context, method: str, task: str, locate: list, ig: dict[str, Any]) -> Any:
+def _ranking(ctx: Context, method: str, task: str, locate: list, ig: dict[str, Any], bags: list) -> Any:
     """What ``method`` ranks on ``locate``: NeuronScores, per-layer scores for causal tracing, or a
-    fitted KnowledgeCircuit (its edge scores)."""
+    fitted KnowledgeCircuit (its edge scores); Query Localization ranks on the paraphrase ``bags``."""
     from capinterp import localizers
+    from capinterp.localizers.query_localization import QueryLocalization
 
     if method in ("cnl", "dcsn"):
         params = {"steps": ig["steps"], "rule": ig["rule"]} if method == "cnl" else {}
         return ctx.localize(method, f"faith_{task}", locate, **params)
-    cls: Any = localizers.get(method)
+    cls: Any = None if method == "query_localization" else localizers.get(method)
     if method == "knowledge_circuit":  # EAP-IG edge scores over the facts, ranked by |score|
         return cls(ctx.model, algorithm="eap-ig", steps=ig["steps"], rule=ig["rule"], progress=False).fit(locate)
     if method == "causal_trace":
         return cls(ctx.model, samples=ctx.size(1, 3), progress=False).fit(locate).layer_scores_
+    if method == "neft":
+        steps = ctx.size(3, 20)
+        fit = cls(ctx.model, steps=steps, batch_size=ctx.batch_size, progress=False).fit
+        return ctx.scores(f"faith_neft_{task}_n{len(locate)}_s{steps}", lambda: fit(locate).scores_)
+    if method == "query_localization":
+
+        def cas() -> NeuronScores:
+            ql = QueryLocalization(ctx.model, "kn", steps=ig["steps"], rule=ig["rule"], progress=False).fit(bags)
+            total = torch.stack([ql.cas_scores(k).scores for k in range(len(bags))]).sum(0)
+            return NeuronScores(total, meta={**ql.meta_, "score": "cas summed over facts", "n_facts": len(bags)})
+
+        n = sum(len(b) for b in bags)
+        return ctx.scores(f"faith_ql_cas_{task}_f{len(bags)}_n{n}_{ig['rule']}{ig['steps']}", cas)
+    extra: dict[str, Any] = {}
     key = f"faith_{method}_{task}_n{len(locate)}_{ig['rule']}{ig['steps']}"
+    if method == "amig":  # baseline: the local corpus's mean activation, or the task's own text without one
+        corpus = shared_data_dir() is not None
+        own = [e.prompt + e.target for e in as_examples(locate)]
+        extra["baseline_texts"] = local_texts(n=32, seed=ctx.seed) if corpus else own
+        key += "_corpus" if corpus else "_own"
     return ctx.scores(
-        key, lambda: cls(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False).fit(locate).scores_
+        key, lambda: cls(ctx.model, steps=ig["steps"], rule=ig["rule"], progress=False, **extra).fit(locate).scores_
     )
 
 
-def faithfulness_table(ctx: Context, tasks: Mapping[str, tuple[list, list, tuple[str, ...]]]) -> pd.DataFrame:
+def faithfulness_table(
+    ctx: Context,
+    tasks: Mapping[str, tuple[list, list, tuple[str, ...]]],
+    paraphrases: Mapping[str, list[list[Example]]] | None = None,
+) -> pd.DataFrame:
     """One row per (task, method): CPR / CMD and the random band; ``tasks``: name -> (locate
-    examples, measure examples, methods)."""
+    examples, measure examples, methods); ``paraphrases``: task -> its facts' paraphrase bags
+    (at least two queries each), which Query Localization locates on."""
+    bags = dict(paraphrases or {})
+    for task, (_, _, methods) in tasks.items():
+        if "query_localization" in methods and task not in bags:
+            raise ValueError(f"task {task!r}: query_localization needs the facts' paraphrase bags (paraphrases=)")
     ig = ctx.ig(3, 10)
     ks = QUICK_FRACTIONS if ctx.quick else MIB_FRACTIONS
     rows: list[dict[str, Any]] = []
@@ -88,7 +130,10 @@ def faithfulness_table(ctx: Context, tasks: Mapping[str, tuple[list, list, tuple
             if method in NOT_MEASURED:
                 rows.append({"task": task, "method": method, "note": NOT_MEASURED[method]})
                 continue
-            ranking = _ranking(ctx, method, task, locate, ig)
+            if method == "query_localization" and not bags[task]:
+                rows.append({"task": task, "method": method, "note": "no fact has two known paraphrases"})
+                continue
+            ranking = _ranking(ctx, method, task, locate, ig, bags.get(task, []))
             res = faithfulness(
                 ctx.model,
                 ranking,
@@ -115,7 +160,7 @@ def faithfulness_table(ctx: Context, tasks: Mapping[str, tuple[list, list, tuple
                     "full": res.full,
                     "all_ablated": res.empty,
                     "n_examples": res.meta["n_examples"],
-                    "note": "",
+                    "note": f"CAS over {len(bags[task])} facts" if method == "query_localization" else "",
                 }
             )
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -153,23 +198,35 @@ def sub_and_facts(ctx: Context, max_facts: int) -> tuple[cd.CapabilityData, list
     return sub, [bag[0] for bag in bags]
 
 
+def paraphrase_bags(ctx: Context, facts: list[Example], per_fact: int) -> list[list[Example]]:
+    """Per fact (in order), up to ``per_fact`` builtin paraphrases the model answers; facts with
+    fewer than two are left out. A fact's first known paraphrase is the fact's own prompt."""
+    builtin = {bag[0].meta["fact_id"]: bag for bag in builtin_paraphrases()}
+    mine = [builtin[f.meta["fact_id"]] for f in facts]
+    return known_paraphrases(ctx.model, mine, per_fact=per_fact, min_prompts=2, allow_empty=True)
+
+
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """Arithmetic (``sub``) and known facts; every localizer's CPR / CMD beside chance."""
     sub, facts = sub_and_facts(ctx, ctx.size(4, 16))
     arithmetic: tuple[str, ...]
     on_facts: tuple[str, ...]
-    if ctx.quick:  # one ranking per kind of localizer: dataset IG, projection, per-prompt IG, layers, edges
-        arithmetic, on_facts = ("cnl", "dcsn"), ("kn", "causal_trace", "knowledge_circuit")
+    if ctx.quick:  # one ranking per kind: dataset IG, projection, fine-tune, per-prompt IG, CAS, layers, edges
+        arithmetic = ("cnl", "dcsn", "neft")
+        on_facts = ("kn", "query_localization", "causal_trace", "knowledge_circuit")
     else:
         arithmetic = ("cnl", "dcsn", "kn", "sig", "amig", "neft")
-        on_facts = ("cnl", "dcsn", "kn", "sig", "amig", "causal_trace", "knowledge_circuit", "query_localization")
+        on_facts = ("cnl", "dcsn", "kn", "sig", "amig", "neft", "query_localization", "causal_trace")
+        on_facts += ("knowledge_circuit",)
     tasks: dict[str, tuple[list, list, tuple[str, ...]]] = {
         "arithmetic (sub)": (sub.locate, sub.test[: ctx.size(6, 32)], arithmetic)
     }
+    bags: dict[str, list[list[Example]]] = {}
     if facts:
         tasks["facts"] = (facts, facts, on_facts)
-    table = faithfulness_table(ctx, tasks)
+        bags["facts"] = paraphrase_bags(ctx, facts, ctx.size(2, 4))
+    table = faithfulness_table(ctx, tasks, bags)
     info = {
         "n_facts": len(facts),
         "ks": list(QUICK_FRACTIONS if ctx.quick else MIB_FRACTIONS),

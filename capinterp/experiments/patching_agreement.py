@@ -13,8 +13,9 @@ component type, this reports the Pearson and Spearman correlation between the tw
 
 Methods: KN's IG (summed over the task's prompts; CNL's IG is the same quantity on one-token
 answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP and AtP*'s
-attention-saturation (QK) fix for heads. Circuit edges (EAP, EAP-IG), AtP*'s GradDrop and RelP
-are not measured here yet.
+attention-saturation (QK) fix for heads; for **circuit edges** (facts with subject swaps), EAP and
+EAP-IG against exact single-edge patching with the corrupted run's value
+(:mod:`capinterp.experiments.edge_agreement`). AtP*'s GradDrop and RelP are not built.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ from capinterp.circuits.head_patching import head_atp, head_atp_qk, head_effects
 from capinterp.core.model import neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.experiments.edge_agreement import edge_rows, edge_table
 from capinterp.experiments.faithfulness import sub_and_facts
 from capinterp.interventions.faithfulness import ablated_metric
 from capinterp.units.neurons import NeuronScores
 
 __all__ = ["COLUMNS", "agreement_table", "correlations", "head_table", "run", "unit_effects"]
 
-NAME, TITLE = "patching_agreement", "Attribution scores against exact activation patching (neurons, FFN layers, heads)"
+NAME, TITLE = (
+    "patching_agreement",
+    "Attribution scores against exact activation patching (neurons, FFN layers, heads, edges)",
+)
 COLUMNS = ["task", "component", "method", "pearson", "spearman", "n_units", "ablation"]
 
 
@@ -172,7 +177,7 @@ def run(ctx: Context) -> ExperimentResult:
     if facts:
         tasks["facts"] = facts
     ig = ctx.ig(4, 10)
-    parts = []
+    parts, edge_facts = [], 0
     for task, data in tasks.items():
         key = f"patch_{task.split()[0]}_n{len(data)}"
 
@@ -193,15 +198,24 @@ def run(ctx: Context) -> ExperimentResult:
         )
         # AtP*'s QK fix costs a forward per (head, later layer): the full run only
         parts.append(head_table(ctx.model, task, data, qk_fix=not ctx.quick))
+        if task == "facts":  # edges need subject swaps (corrupted runs); none on arithmetic
+            n = ctx.size(8, 32)
+            found = edge_table(ctx.model, data, ig, n_top=n, n_random=n, seed=ctx.seed, batch_size=ctx.batch_size)
+            if found is not None:
+                parts.append(edge_rows(task, found, correlations))
+                edge_facts = found[3]
     table = pd.concat(parts, ignore_index=True)
-    info = {
+    info: dict[str, Any] = {
+        "edge_facts": edge_facts,  # facts with a subject swap among them (the edge rows' data)
         "notes": (
             "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
             "the sum of its scores; heads: every head's output zero-ablated alone against AtP "
             "((a - 0) . dm/da through the circuit graph) and AtP* with the QK fix (later attention patterns "
-            "recomputed with the head ablated in their q/k inputs). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
+            "recomputed with the head ablated in their q/k inputs); circuit edges (facts): EAP / EAP-IG scores "
+            "against the exact change of logit[answer] - logit[swapped subject's answer] when one edge carries the "
+            "subject-swapped run's value (each method's top edges by |score| plus random ones). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
             "(Pearson against activation patching)."
-        )
+        ),
     }
     return ExperimentResult(NAME, TITLE, table, _figure(table), info)
