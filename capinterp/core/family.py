@@ -136,7 +136,7 @@ def _moe(hf: Any, d_model: int) -> MoE | None:
         return None
     top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", default=1))
     d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
-    shared = _get(hf, "n_shared_experts", "num_shared_experts", default=None)
+    shared = _get(hf, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=None)
     d_shared = _get(hf, "shared_expert_intermediate_size", default=None)
     if shared is None:
         shared = 1 if d_shared else 0
