@@ -284,7 +284,7 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
     x = x.to(device=like.device, dtype=like.dtype)
     try:
         want = spec.block(x)
-    except Exception as err:  # noqa: BLE001 - any failure of the block on its own is a refusal
+    except Exception as err:  # any failure of the block on its own is a refusal
         raise UnsupportedFamily(
             f"{where}: the MoE block ({type(spec.block).__name__}) cannot run on the layer's input alone "
             f"({type(err).__name__}: {err}); capinterp's expert forward cannot stand in for it"
@@ -299,7 +299,7 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
         candidate = replace(spec, router_3d=router_3d)
         try:
             got = candidate.forward(HookPoint(), x)
-        except Exception as err:  # noqa: BLE001 - a router that reads the other layout
+        except Exception as err:  # a router that reads the other layout
             found.append(f"{type(err).__name__}: {err}")
             continue
         got_t = got[0] if isinstance(got, tuple) else got

@@ -410,7 +410,7 @@ def check_neuron_hooks(model: Model) -> None:
     try:
         with torch.no_grad():
             model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
-    except Exception as err:  # noqa: BLE001 - the first forward at load: any failure means this family cannot run
+    except Exception as err:  # the first forward at load: any failure means this family cannot run
         fam = family_of(model)
         raise UnsupportedFamily(
             f"{fam.name} ({fam.architecture}): the TransformerBridge's forward fails on this model "

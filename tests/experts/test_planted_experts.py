@@ -19,7 +19,21 @@ from capinterp.core.tiny import tiny_hf
 from capinterp.data import Example
 from capinterp.units.experts import expert_neurons, expert_scores, top_experts
 
-FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss", "qwen2_moe")
+FAMILIES = (
+    "mixtral",
+    "qwen3_moe",
+    "olmoe",
+    "gpt_oss",
+    "qwen2_moe",
+    "granitemoe",
+    "flex_olmo",
+    "minimax_m2",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "afmoe",
+    "laguna",
+)
 LAYER, EXPERT, NEURON = 1, 2, 7
 PROMPTS = ("The Eiffel Tower is in the city of", "The Eiffel Tower is located in", "Paris is the capital of")
 
@@ -38,7 +52,8 @@ def _plant(model, hf, tok) -> int:
     block = _block(hf, LAYER)
     router = getattr(block, "router", None) or block.gate
     router = getattr(router, "original_component", router)
-    router.weight[EXPERT] = 4.0 * u
+    weight = router.weight if isinstance(getattr(router, "weight", None), torch.Tensor) else router.gate.weight
+    weight[EXPERT] = 4.0 * u  # the router's logits (AFMoE's are its inner Linear's)
     ex = getattr(block.experts, "original_component", block.experts)
     d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
     rows = [NEURON, d + NEURON] if ex.is_concatenated else [2 * NEURON, 2 * NEURON + 1]
