@@ -291,7 +291,7 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
         ) from err
     spec = replace(spec, returns_scores=isinstance(want, tuple))
     want_t = want[0] if isinstance(want, tuple) else want
-    tol = max(1e-4, 64 * torch.finfo(like.dtype).eps) * max(1.0, float(want_t.abs().max()))
+    tol = max(1e-4, 16 * torch.finfo(like.dtype).eps) * max(1.0, float(want_t.abs().max()))
     from transformer_lens.hook_points import HookPoint
 
     found = []

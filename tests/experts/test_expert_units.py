@@ -45,8 +45,15 @@ def _load(family):
     return model, plain, tok
 
 
+def _moe(hf, layer):
+    """The layer's MoE block: its child with an ``experts`` module (``mlp``; GraniteMoE's ``block_sparse_moe``)."""
+    return next(
+        m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
+    )
+
+
 def _experts(hf, layer):
-    return hf.model.layers[layer].mlp.experts
+    return _moe(hf, layer).experts
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -78,7 +85,7 @@ def test_shared_expert_is_a_unit(family):
     with torch.no_grad():
         with ci.erase(model, expert_neurons(model, [(1, "shared")])):
             got = model(ids)[0, -1]
-        block = plain.model.layers[1].mlp
+        block = _moe(plain, 1)
         shared = getattr(block, "shared_expert", None) or block.shared_experts  # Qwen2-MoE's, with its gate
         shared.down_proj.weight.zero_()
         want = plain(ids).logits[0, -1]
@@ -92,8 +99,9 @@ def test_attribution_only_on_routed_experts(family):
     moe = model.capinterp_family.moe
     scores = ci.localizers.get("kn")(model, progress=False).fit([Example(TEXT, " Paris")]).scores_.scores
     ids = tok(TEXT, return_tensors="pt")["input_ids"]
-    for layer, block in enumerate(plain.model.layers):
-        router = getattr(block.mlp, "router", None) or block.mlp.gate
+    for layer in range(len(plain.model.layers)):
+        block = _moe(plain, layer)
+        router = getattr(block, "router", None) or block.gate
         out = {}  # the experts transformers' router chose, as the block ran it
         h = router.register_forward_hook(lambda m, i, o: out.__setitem__("index", o[2]))
         with torch.no_grad():
