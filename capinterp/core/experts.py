@@ -23,9 +23,13 @@ computes exactly the transformers block's output (experts read through transform
 ``has_gate``, ``has_bias``, ``is_transposed``, ``_apply_gate``, so Mixtral, Qwen2/3-MoE, OLMoE
 and gpt-oss share one path) and exposes the neurons at ``blocks.{l}.mlp.hook_post``
 (``[batch, pos, n_experts * d_expert + d_shared]``), TransformerLens' name for an MLP's
-neurons; the block's output stays at ``hook_out``. What cannot be served this way (dense and
-MoE layers mixed in one model, experts normalized after the down projection, an experts
-module without transformers' stacked weights) is refused at load with the reason.
+neurons; the block's output stays at ``hook_out``. How the block calls its router is read from
+the modules (extra router arguments by name from the block, such as an expert score bias; rows or
+``[batch, pos, d_model]`` input), and at load each layer's forward is checked against the
+transformers block's own on random inputs. What cannot be served this way (dense and MoE layers
+mixed in one model, a layer without an FFN, experts normalized after the down projection, an
+experts module without transformers' stacked weights, a block that routes by more than its
+input, any block whose output the check finds different) is refused at load with the reason.
 """
 
 from __future__ import annotations
@@ -250,8 +254,9 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
 
 def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
     """Names of the block attributes the router takes after the hidden states (MiniMax-M2's and
-    AFMoE's expert score bias), read from the router's signature; refused where one is not an
-    attribute of the block (DeepSeek-V4's hash routing takes the token ids)."""
+    AFMoE's expert score bias), read from the router's signature; refused where the block's own
+    forward takes more than its input, or the router takes something the block does not hold
+    (DeepSeek-V4's hash routing takes the token ids)."""
     extra = [p.name for p in list(inspect.signature(block.forward).parameters.values())[1:]]
     if extra:
         raise UnsupportedFamily(
