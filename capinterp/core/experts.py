@@ -23,15 +23,20 @@ computes exactly the transformers block's output (experts read through transform
 ``has_gate``, ``has_bias``, ``is_transposed``, ``_apply_gate``, so Mixtral, Qwen2/3-MoE, OLMoE
 and gpt-oss share one path) and exposes the neurons at ``blocks.{l}.mlp.hook_post``
 (``[batch, pos, n_experts * d_expert + d_shared]``), TransformerLens' name for an MLP's
-neurons; the block's output stays at ``hook_out``. What cannot be served this way (dense and
-MoE layers mixed in one model, experts normalized after the down projection, an experts
-module without transformers' stacked weights) is refused at load with the reason.
+neurons; the block's output stays at ``hook_out``. How the block calls its router is read from
+the modules (extra router arguments by name from the block, such as an expert score bias; rows or
+``[batch, pos, d_model]`` input), and at load each layer's forward is checked against the
+transformers block's own on random inputs. What cannot be served this way (dense and MoE layers
+mixed in one model, a layer without an FFN, experts normalized after the down projection, an
+experts module without transformers' stacked weights, a block that routes by more than its
+input, any block whose output the check finds different) is refused at load with the reason.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import inspect
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -67,6 +72,8 @@ class ExpertBlock:
     d_expert: int
     d_shared: int
     returns_scores: bool  # the block returns (output, router scores) (gpt-oss)
+    router_args: tuple[str, ...] = ()  # block attributes the router takes after the hidden states (a score bias)
+    router_3d: bool = False  # the router reads [batch, pos, d_model], not one row per token
 
     # ---- the experts' arithmetic, read from transformers' own flags
 
@@ -125,7 +132,11 @@ class ExpertBlock:
     def forward(self, hook: torch.nn.Module, hidden_states: Tensor) -> Any:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
-        _, weights, index = self.router(x)
+        # the router's input: one row per token, or the block's own [batch, pos, d_model] (AFMoE's
+        # router reads three axes), as found at load (_checked); its choices flattened to one row per token
+        r_in = hidden_states if self.router_3d else x
+        _, weights, index = self.router(r_in, *(getattr(self.block, n) for n in self.router_args))
+        weights, index = weights.reshape(x.shape[0], -1), index.reshape(x.shape[0], -1)
         n_tok, width = x.shape[0], self.n_experts * self.d_expert
         acts = x.new_zeros(n_tok, self.n_experts, self.d_expert)
         routed = []
@@ -169,19 +180,34 @@ def expert_block(model: Model, layer: int) -> ExpertBlock:
     return blocks[layer]
 
 
+def _has_experts(module: Any) -> bool:
+    return isinstance(getattr(_unwrap(module), "experts", None), torch.nn.Module)
+
+
 def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     fam = family_of(model)
-    mlp = model.blocks[layer].mlp
+    mlp = getattr(model.blocks[layer], "mlp", None)
     block = _unwrap(mlp)
     where = f"{fam.name} ({fam.architecture}), layer {layer}"
     experts = _unwrap(getattr(block, "experts", None))
     router = getattr(block, "router", None) or getattr(block, "gate", None)
+    if mlp is None:
+        raise UnsupportedFamily(
+            f"{where}: the bridge's block has no MLP module (a hybrid layer: state-space, convolution or "
+            "linear-attention mixer); capinterp needs every layer of a mixture-of-experts model to be an expert FFN"
+        )
     if experts is None or router is None:
         kind = type(block).__name__
+        mixed = any(_has_experts(getattr(b, "mlp", None)) for b in model.blocks)
         raise UnsupportedFamily(
             f"{where}: the FFN ({kind}) is not a sparse mixture-of-experts block with an 'experts' module and a "
-            "router; capinterp needs every layer of a mixture-of-experts model to be one (dense and expert layers "
-            "mixed in one model are not supported: their neuron widths differ)"
+            "router; "
+            + (
+                "capinterp needs every layer of a mixture-of-experts model to be one (dense and expert layers "
+                "mixed in one model are not supported: their neuron widths differ)"
+                if mixed
+                else "capinterp reads experts only from transformers' stacked-experts modules"
+            )
         )
     down = getattr(experts, "down_proj", None)
     if not (isinstance(down, torch.Tensor) and down.dim() == 3 and hasattr(experts, "is_transposed")):
@@ -221,10 +247,76 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         d_expert=d_expert,
         d_shared=d_shared,
         returns_scores=False,
+        router_args=_router_args(where, block, router),
     )
-    with torch.no_grad():  # the block's return convention: a tensor, or (output, router scores)
-        probe = block(torch.zeros(1, 1, fam.d_model, dtype=down.dtype, device=down.device))
-    return ExpertBlock(**{**spec.__dict__, "returns_scores": isinstance(probe, tuple)})
+    return _checked(where, spec, down)
+
+
+def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
+    """Names of the block attributes the router takes after the hidden states (MiniMax-M2's and
+    AFMoE's expert score bias), read from the router's signature; refused where the block's own
+    forward takes more than its input, or the router takes something the block does not hold
+    (DeepSeek-V4's hash routing takes the token ids)."""
+    extra = [p.name for p in list(inspect.signature(block.forward).parameters.values())[1:]]
+    if extra:
+        raise UnsupportedFamily(
+            f"{where}: the MoE block ({type(block).__name__}) takes {extra} besides the layer's input (routing by "
+            "token ids or other state); capinterp's expert forward, which routes by the input alone, cannot stand in"
+        )
+    params = list(inspect.signature(_unwrap(router).forward).parameters.values())[1:]
+    names = tuple(
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    )
+    missing = [n for n in names if not hasattr(block, n)]
+    if missing:
+        raise UnsupportedFamily(
+            f"{where}: the router takes {missing}, which the block does not hold (routing by something other than "
+            "the layer's input, such as token ids); capinterp's expert forward cannot route these tokens"
+        )
+    return names
+
+
+@torch.no_grad()
+def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
+    """``spec`` with the block's return convention (a tensor, or (output, router scores)), after
+    checking that its forward computes what the transformers block computes on random inputs:
+    a block whose routing or experts need a step :class:`ExpertBlock` does not take (router weights
+    applied to the input, a soft-cap, a post-expert norm...) is refused here, never a wrong number."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, int(like.shape[-1] if spec.experts.is_transposed else like.shape[1]), generator=gen)
+    x = x.to(device=like.device, dtype=like.dtype)
+    try:
+        want = spec.block(x)
+    except Exception as err:  # any failure of the block on its own is a refusal
+        raise UnsupportedFamily(
+            f"{where}: the MoE block ({type(spec.block).__name__}) cannot run on the layer's input alone "
+            f"({type(err).__name__}: {err}); capinterp's expert forward cannot stand in for it"
+        ) from err
+    spec = replace(spec, returns_scores=isinstance(want, tuple))
+    want_t = want[0] if isinstance(want, tuple) else want
+    tol = max(1e-4, 16 * torch.finfo(like.dtype).eps) * max(1.0, float(want_t.abs().max()))
+    from transformer_lens.hook_points import HookPoint
+
+    found = []
+    for router_3d in (False, True):  # the router's input as the block gives it: rows, or [batch, pos, d_model]
+        candidate = replace(spec, router_3d=router_3d)
+        try:
+            got = candidate.forward(HookPoint(), x)
+        except Exception as err:  # a router that reads the other layout
+            found.append(f"{type(err).__name__}: {err}")
+            continue
+        got_t = got[0] if isinstance(got, tuple) else got
+        err_max = float((got_t.float() - want_t.float()).abs().max())
+        if err_max <= tol:
+            return candidate
+        found.append(f"differs by {err_max:.3g}")
+    raise UnsupportedFamily(
+        f"{where}: the layer's output is not the router-weighted sum of its experts' neurons that capinterp "
+        f"computes ({type(spec.block).__name__}: {'; '.join(found)}; its routing or experts take a step capinterp "
+        "does not know); expert neurons are not defined"
+    )
 
 
 def install(model: Model) -> None:

@@ -95,6 +95,9 @@ class Family:
     # route then puts its rows in the batch dimension instead of folding them into the sequence,
     # which such a window would cut (capinterp.kernels.prefix, docs/models.md)
     module_window: int | None = None
+    # layer kinds other than softmax attention (config ``layer_types``: Qwen3-Next's "linear_attention",
+    # Mamba or convolution mixers): refused at load (check_supported)
+    hybrid_layers: tuple[str, ...] = ()
 
     @property
     def neurons(self) -> tuple[int, int]:
@@ -136,13 +139,20 @@ def _moe(hf: Any, d_model: int) -> MoE | None:
         return None
     top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", default=1))
     d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
-    shared = _get(hf, "n_shared_experts", "num_shared_experts", default=None)
+    shared = _get(hf, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=None)
     d_shared = _get(hf, "shared_expert_intermediate_size", default=None)
     if shared is None:
         shared = 1 if d_shared else 0
     if d_shared is None:
         d_shared = int(shared) * d_expert
     return MoE(n_experts=int(n), top_k=top_k, d_expert=d_expert, n_shared=int(shared), d_shared=int(d_shared))
+
+
+def _hybrid_layers(hf: Any) -> tuple[str, ...]:
+    kinds = getattr(hf, "layer_types", None)
+    if not isinstance(kinds, (list, tuple)):
+        return ()
+    return tuple(sorted({str(k) for k in kinds if k == "linear_attention" or "attention" not in str(k)}))
 
 
 def _ffn_width(hf: Any, d_model: int) -> int:
@@ -213,6 +223,7 @@ def read_family(model: Model) -> Family:
         attention_multiplier=_get(hf, "attention_multiplier"),
         moe=moe,
         module_window=_module_window(hf),
+        hybrid_layers=_hybrid_layers(hf),
         **common,
     )
 
@@ -223,6 +234,12 @@ def check_supported(fam: Family) -> None:
     Mixture-of-experts models pass here; their modules are checked when
     :func:`capinterp.core.experts.install` serves them at load.
     """
+    if fam.hybrid_layers:
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): its layers include {list(fam.hybrid_layers)} mixers besides "
+            "softmax attention (a hybrid model); capinterp's circuits, causal tracing and IG's prefix reuse need "
+            "attention with a key/value cache in every layer"
+        )
     if fam.moe is not None and fam.moe.n_experts * fam.moe.d_expert <= 0:
         raise UnsupportedFamily(f"{fam.name} ({fam.architecture}): its config gives experts no neurons ({fam.moe})")
 

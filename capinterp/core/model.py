@@ -430,8 +430,15 @@ def check_neuron_hooks(model: Model) -> None:
         widths[int(hook.name.split(".")[1])] = act.shape[-1]
 
     tokens = _probe_tokens(model)
-    with torch.no_grad():
-        model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
+    try:
+        with torch.no_grad():
+            model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
+    except Exception as err:  # the first forward at load: any failure means this family cannot run
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): the TransformerBridge's forward fails on this model "
+            f"({type(err).__name__}: {str(err)[:300]}); capinterp cannot run it"
+        ) from err
     bad = {l: w for l, w in widths.items() if w != d_mlp}
     missing = sorted(set(range(n_layers)) - set(widths))
     if bad or missing:

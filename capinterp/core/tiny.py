@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_FAMILIES", "tiny_hf", "tiny_llama_hf", "tiny_native_config", "tiny_tokenizer"]
+__all__ = ["TINY_FAMILIES", "TINY_REFUSED", "tiny_hf", "tiny_llama_hf", "tiny_native_config", "tiny_tokenizer"]
 
 _SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
@@ -177,6 +177,120 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3_moe": dict(moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2, head_dim=8),
     "olmoe": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
     "gpt_oss": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+    # every layer an expert layer: these families' default first dense layers are refused (mixed widths)
+    "granitemoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    "flex_olmo": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
+    "minimax_m2": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+    "ernie4_5_moe": dict(
+        moe_intermediate_size=48, moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=0
+    ),
+    "glm4_moe": dict(
+        moe_intermediate_size=48,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        head_dim=8,
+        first_k_dense_replace=0,
+        n_group=1,
+        topk_group=1,
+    ),
+    "glm4_moe_lite": dict(
+        moe_intermediate_size=48,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        mlp_layer_types=["sparse", "sparse"],
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=8,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+    ),
+    "afmoe": dict(
+        moe_intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_shared_experts=1,
+        num_dense_layers=0,
+        head_dim=8,
+    ),
+    # DeepSeek's multi-head latent attention: head_dim is the rotary part (set with it: tiny_hf sets
+    # fields after the config computed its derived ones)
+    "deepseek_v2": dict(
+        moe_intermediate_size=48,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=0,
+        n_group=1,
+        topk_group=1,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        qk_rope_head_dim=4,
+        head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=8,
+    ),
+    "deepseek_v3": dict(
+        moe_intermediate_size=48,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=0,
+        n_group=1,
+        topk_group=1,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        qk_rope_head_dim=4,
+        head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=8,
+    ),
+    "laguna": dict(
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        mlp_layer_types=["sparse", "sparse"],
+    ),
+}
+
+
+# Mixture-of-experts families capinterp refuses at load (the reason: tests/families/test_family_record.py,
+# docs/models.md); tiny models of them test that the refusal names the family and the reason.
+TINY_REFUSED: dict[str, dict[str, Any]] = {
+    "jetmoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),  # ParallelExperts
+    "llama4_text": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+    "granitemoehybrid": dict(
+        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention"]
+    ),
+    "deepseek_v4": dict(
+        moe_intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        mlp_layer_types=["hash_moe", "moe"],
+    ),
+    # hybrids (refused: a linear-attention layer, gated delta net, then a full-attention one)
+    "qwen3_next": dict(
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    ),
+    "qwen3_5_moe_text": dict(
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    ),
 }
 
 
@@ -189,8 +303,9 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if family not in TINY_FAMILIES:
-        raise ValueError(f"unknown tiny family {family!r}: one of {sorted(TINY_FAMILIES)}")
+    known = {**TINY_FAMILIES, **TINY_REFUSED}
+    if family not in known:
+        raise ValueError(f"unknown tiny family {family!r}: one of {sorted(known)}")
     tok = tiny_tokenizer()
     cfg = AutoConfig.for_model(family)
     fields = dict(
@@ -205,7 +320,7 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
     )
     if hasattr(cfg, "num_key_value_heads"):
         fields["num_key_value_heads"] = 2
-    for key, value in {**fields, **TINY_FAMILIES[family], **overrides}.items():
+    for key, value in {**fields, **known[family], **overrides}.items():
         setattr(cfg, key, value)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -312,7 +312,9 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
         run, ("mask", id(mask), n_pre, R), lambda: _fold_mask(mask, n_pre, S, R, run.suffix.device)
     )
     pe = kw.get("position_embeddings")
-    if pe is not None:
+    if isinstance(pe, torch.Tensor):  # one table (DeepSeek-V2's complex [batch, pos, rotary / 2] freqs_cis)
+        kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: _tile(pe, R, S, -2))
+    elif pe is not None:  # (cos, sin)
         kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: tuple(_tile(t, R, S, -2) for t in pe))
     for name in _PER_KEY:
         bias = kw.get(name)

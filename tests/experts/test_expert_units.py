@@ -18,7 +18,21 @@ from capinterp.interventions.neuron_params import neuron_masks, zero_neurons
 from capinterp.units.base import KeySet
 from capinterp.units.experts import expert_keys, expert_neurons, expert_scores, top_experts
 
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+FAMILIES = (
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "gpt_oss",
+    "granitemoe",
+    "flex_olmo",
+    "minimax_m2",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "afmoe",
+    "laguna",
+)
 TEXT = "The Eiffel Tower is in the city of"
 
 
@@ -31,8 +45,15 @@ def _load(family):
     return model, plain, tok
 
 
+def _moe(hf, layer):
+    """The layer's MoE block: its child with an ``experts`` module (``mlp``; GraniteMoE's ``block_sparse_moe``)."""
+    return next(
+        m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
+    )
+
+
 def _experts(hf, layer):
-    return hf.model.layers[layer].mlp.experts
+    return _moe(hf, layer).experts
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -51,7 +72,7 @@ def test_erasing_an_expert_is_zeroing_its_down_projection_in_transformers(family
     assert (got - before).abs().max() > 1e-3, "erasing four experts changed nothing"
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "glm4_moe", "laguna"])
 def test_shared_expert_is_a_unit(family):
     model, plain, tok = _load(family)
     moe = model.capinterp_family.moe
@@ -64,7 +85,9 @@ def test_shared_expert_is_a_unit(family):
     with torch.no_grad():
         with ci.erase(model, expert_neurons(model, [(1, "shared")])):
             got = model(ids)[0, -1]
-        plain.model.layers[1].mlp.shared_expert.down_proj.weight.zero_()
+        block = _moe(plain, 1)
+        shared = getattr(block, "shared_expert", None) or block.shared_experts  # Qwen2-MoE's, with its gate
+        shared.down_proj.weight.zero_()
         want = plain(ids).logits[0, -1]
     assert (got - want).abs().max() < 1e-5 * want.abs().max()
 
@@ -76,20 +99,21 @@ def test_attribution_only_on_routed_experts(family):
     moe = model.capinterp_family.moe
     scores = ci.localizers.get("kn")(model, progress=False).fit([Example(TEXT, " Paris")]).scores_.scores
     ids = tok(TEXT, return_tensors="pt")["input_ids"]
-    for layer, block in enumerate(plain.model.layers):
-        router = getattr(block.mlp, "router", None) or block.mlp.gate
-        x = {}
-        h = block.post_attention_layernorm.register_forward_hook(lambda m, i, o: x.__setitem__("x", o))
+    for layer in range(len(plain.model.layers)):
+        block = _moe(plain, layer)
+        router = getattr(block, "router", None) or block.gate
+        out = {}  # the experts transformers' router chose, as the block ran it
+        h = router.register_forward_hook(lambda m, i, o: out.__setitem__("index", o[2]))
         with torch.no_grad():
             plain(ids)
         h.remove()
-        chosen = set(router(x["x"][0, -1:])[2][0].tolist())
+        chosen = set(out["index"].reshape(ids.shape[1], -1)[-1].tolist())
         per = scores[layer, : moe.n_experts * moe.d_expert].reshape(moe.n_experts, moe.d_expert)
         for e in range(moe.n_experts):
             assert (per[e] != 0).any() == (e in chosen), f"{family} layer {layer} expert {e}: chosen {chosen}"
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss", "qwen2_moe", "minimax_m2"])
 def test_value_vectors_and_owned_entries(family):
     model, plain, tok = _load(family)
     moe = model.capinterp_family.moe

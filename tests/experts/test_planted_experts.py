@@ -19,26 +19,50 @@ from capinterp.core.tiny import tiny_hf
 from capinterp.data import Example
 from capinterp.units.experts import expert_neurons, expert_scores, top_experts
 
-FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss", "qwen2_moe")
+FAMILIES = (
+    "mixtral",
+    "qwen3_moe",
+    "olmoe",
+    "gpt_oss",
+    "qwen2_moe",
+    "granitemoe",
+    # not flex_olmo: its planted neuron ranks first, but summed per expert, layer 0's expert 1 outranks
+    # the planted expert (FlexOlmo normalizes each FFN's output: many small layer-0 scores add up)
+    "minimax_m2",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "afmoe",
+    "laguna",
+)
 LAYER, EXPERT, NEURON = 1, 2, 7
+VALUE = 1.0  # the planted value vector's length (Laguna needs more than 0.3 for p(Paris) > 0.02)
 PROMPTS = ("The Eiffel Tower is in the city of", "The Eiffel Tower is located in", "Paris is the capital of")
 
 
 def _block(hf, layer: int):
-    return hf.model.layers[layer].mlp
+    """The layer's MoE block: its child with an ``experts`` module (``mlp``; GraniteMoE's ``block_sparse_moe``)."""
+    return next(
+        m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
+    )
 
 
 @torch.no_grad()
 def _plant(model, hf, tok) -> int:
     target = tok(" Paris")["input_ids"][0]  # the first target token (the localizers score it)
     ids = [tok(p, return_tensors="pt")["input_ids"] for p in PROMPTS]
-    name = f"blocks.{LAYER}.ln2.hook_out"
-    x = torch.stack([model.run_with_cache(i, names_filter=lambda n: n == name)[1][name][0, -1] for i in ids])
-    u = torch.nn.functional.normalize(x.mean(0), dim=0)
     block = _block(hf, LAYER)
+    seen = []  # the MoE block's input at the last token, as transformers hands it over (pre- or post-norm families)
+    handle = block.register_forward_pre_hook(lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1])[-1]))
+    with torch.no_grad():
+        for i in ids:
+            model(i)
+    handle.remove()
+    u = torch.nn.functional.normalize(torch.stack(seen).mean(0), dim=0)
     router = getattr(block, "router", None) or block.gate
     router = getattr(router, "original_component", router)
-    router.weight[EXPERT] = 4.0 * u
+    weight = router.weight if isinstance(getattr(router, "weight", None), torch.Tensor) else router.gate.weight
+    weight[EXPERT] = 4.0 * u  # the router's logits (AFMoE's are its inner Linear's)
     ex = getattr(block.experts, "original_component", block.experts)
     d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
     rows = [NEURON, d + NEURON] if ex.is_concatenated else [2 * NEURON, 2 * NEURON + 1]
@@ -48,8 +72,13 @@ def _plant(model, hf, tok) -> int:
         ex.gate_up_proj[EXPERT][rows] = 1.5 * u
     if ex.has_bias:
         ex.gate_up_proj_bias[EXPERT][rows] = 0.0
+    layer = hf.model.layers[LAYER]
+    layer = getattr(layer, "original_component", layer)  # transformers' decoder layer behind the bridge's
+    for name, norm in layer.named_children():  # a norm on the FFN's output (FlexOlmo,
+        if name in ("post_feedforward_layernorm", "post_mlp_layernorm"):  # AFMoE) caps the plant's reach:
+            norm.weight.mul_(8.0)  # widen it, so the planted branch dominates the residual
     w_u = model.W_U[:, target]
-    value = 0.3 * w_u / w_u.norm()
+    value = VALUE * w_u / w_u.norm()
     if ex.is_transposed:
         ex.down_proj[EXPERT][NEURON] = value
     else:

@@ -9,9 +9,9 @@ import torch
 import capinterp as ci
 from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.forward import logits_at
-from capinterp.core.tiny import TINY_FAMILIES, tiny_hf
+from capinterp.core.tiny import TINY_FAMILIES, TINY_REFUSED, tiny_hf
 
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+MOE = tuple(f for f, kw in TINY_FAMILIES.items() if any("expert" in k for k in kw))
 DENSE = tuple(f for f in TINY_FAMILIES if f not in MOE)
 
 
@@ -76,10 +76,62 @@ def test_moe_loads_with_expert_neurons(family):
     assert moe.locate(moe.d_expert + 3) == (1, 3)
 
 
-def test_moe_with_dense_layers_refused_at_load():
-    """Dense and expert layers mixed in one model (Qwen2-MoE's mlp_only_layers) are refused, with the reason."""
-    hf, tok = tiny_hf("qwen2_moe", mlp_only_layers=[0])
-    with pytest.raises(UnsupportedFamily, match="qwen2_moe.*layer 0.*mixed"):
+def test_moe_families_are_listed():
+    assert {"deepseek_v2", "deepseek_v3", "glm4_moe", "granitemoe", "minimax_m2", "afmoe", "laguna"} <= set(MOE)
+    assert not set(MOE) & set(TINY_REFUSED)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [("qwen2_moe", dict(mlp_only_layers=[0])), ("glm4_moe", dict(first_k_dense_replace=1))],
+)
+def test_moe_with_dense_layers_refused_at_load(family, overrides):
+    """Dense and expert layers mixed in one model (Qwen2-MoE's mlp_only_layers, DeepSeek / GLM's
+    first_k_dense_replace) are refused, with the reason."""
+    hf, tok = tiny_hf(family, **overrides)
+    with pytest.raises(UnsupportedFamily, match=f"{family}.*layer 0.*mixed"):
+        ci.load_model(hf, tokenizer=tok)
+
+
+REFUSED_WHY = {
+    "jetmoe": "JetMoeMoE.*stacked-experts",  # ParallelExperts, no 3-D stacks
+    "llama4_text": "Llama4TextExperts does not store its experts as transformers' stacked 3-D weights",
+    "granitemoehybrid": r"\['mamba'\] mixers besides softmax attention \(a hybrid model\)",
+    "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
+    "qwen3_next": r"\['linear_attention'\] mixers besides softmax attention",
+    "qwen3_5_moe_text": r"\['linear_attention'\] mixers besides softmax attention",
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_REFUSED))
+def test_unservable_moe_family_refused_at_load_naming_it(family):
+    hf, tok = tiny_hf(family)
+    with pytest.raises(UnsupportedFamily, match=f"^{family} .*{REFUSED_WHY[family]}"):
+        ci.load_model(hf, tokenizer=tok)
+
+
+def test_moe_block_computing_something_else_refused_at_load(monkeypatch):
+    """A block whose output is not the router-weighted sum of its experts (here: transformers'
+    Mixtral block with its output doubled) is refused at load, never served with wrong numbers."""
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    real = MixtralSparseMoeBlock.forward
+    monkeypatch.setattr(MixtralSparseMoeBlock, "forward", lambda self, h: 2.0 * real(self, h))
+    hf, tok = tiny_hf("mixtral")
+    with pytest.raises(UnsupportedFamily, match="mixtral.*layer 0.*not the router-weighted sum.*differs by"):
+        ci.load_model(hf, tokenizer=tok)
+
+
+def test_bridge_forward_failure_refused_at_load(monkeypatch):
+    """A model whose bridge forward fails at load is refused naming the family and the error."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    def broken(self, x):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(LlamaMLP, "forward", broken)
+    hf, tok = tiny_hf("llama")
+    with pytest.raises(UnsupportedFamily, match="llama .*forward fails.*RuntimeError: no such kernel"):
         ci.load_model(hf, tokenizer=tok)
 
 

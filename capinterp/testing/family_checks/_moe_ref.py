@@ -67,7 +67,14 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
     router = getattr(block, "router", None) or block.gate
     B, T, H = hidden.shape
     x = hidden.reshape(-1, H)
-    _, top_w, top_i = router(x)
+    seen: dict[str, Any] = {}  # the routing transformers' own block forward decides (its router's output)
+    handle = router.register_forward_hook(lambda _m, _i, out: seen.setdefault("out", out))
+    try:
+        type(block).forward(block, hidden)  # transformers' own forward (its output is not used)
+    finally:
+        handle.remove()
+    _, top_w, top_i = seen["out"]
+    top_w, top_i = top_w.reshape(x.shape[0], -1), top_i.reshape(x.shape[0], -1)
     dense_w = torch.zeros(x.shape[0], ex.down_proj.shape[0], dtype=top_w.dtype).scatter(1, top_i, top_w)
     acts = []
     for e in range(ex.down_proj.shape[0]):
