@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from edge_hooks import slot_hook, source_hook
 
 import capinterp as ci
 from capinterp.circuits import Graph, graph_mode, make_pairs
@@ -30,25 +31,6 @@ def tiny():
     return ci.load_model("tiny", threads=1)
 
 
-def _src(name: str) -> tuple[str, int | None]:
-    if name == "input":
-        return "blocks.0.hook_resid_pre", None
-    if name.startswith("m"):
-        return f"blocks.{name[1:]}.hook_mlp_out", None
-    layer, head = name[1:].split(".h")
-    return f"blocks.{layer}.attn.hook_result", int(head)
-
-
-def _slot(name: str) -> tuple[str, int | None]:
-    if name == "logits":
-        return "ln_final.hook_in", None
-    if name.startswith("m"):
-        return f"blocks.{name[1:]}.hook_mlp_in", None
-    head, kind = name.split("<")
-    layer, unit = head[1:].split(".")
-    return f"blocks.{layer}.hook_{kind}_input", int(unit[1:])
-
-
 @torch.no_grad()
 def _hand_logit_diff(model, graph: Graph, edge: tuple[str, str] | None) -> float:
     """Mean logit[answer] - logit[corrupted answer], with ``edge``'s source output in its slot's input
@@ -60,7 +42,7 @@ def _hand_logit_diff(model, graph: Graph, edge: tuple[str, str] | None) -> float
         for it, p in zip(items, pairs):
             hooks = []
             if edge is not None:
-                (sname, sidx), (vname, vidx) = _src(edge[0]), _slot(edge[1])
+                (sname, sidx), (vname, vidx) = source_hook(edge[0]), slot_hook(edge[1])
                 cache = model.run_with_cache(torch.tensor([p.corrupt_ids]))[1]
                 ref = cache[sname][0] if sidx is None else cache[sname][0, :, sidx]
                 live: dict[str, torch.Tensor] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from edge_hooks import slot_hook, source_hook
 
 import capinterp as ci
 from capinterp.circuits import Circuit, EdgeSet, Graph, graph_mode, make_pairs
@@ -25,27 +26,6 @@ def tiny():
     return ci.load_model("tiny", threads=1)
 
 
-def _source_hook(name: str) -> tuple[str, int | None]:
-    """The plain model's hook carrying a source node's output (and the head index in it)."""
-    if name == "input":
-        return "blocks.0.hook_resid_pre", None
-    if name.startswith("m"):
-        return f"blocks.{name[1:]}.hook_mlp_out", None
-    layer, head = name[1:].split(".h")
-    return f"blocks.{layer}.attn.hook_result", int(head)
-
-
-def _slot_hook(name: str) -> tuple[str, int | None]:
-    """The plain model's hook carrying a slot's input (and the head / KV group index in it)."""
-    if name == "logits":
-        return "ln_final.hook_in", None
-    if name.startswith("m"):
-        return f"blocks.{name[1:]}.hook_mlp_in", None
-    head, kind = name.split("<")
-    layer, unit = head[1:].split(".")
-    return f"blocks.{layer}.hook_{kind}_input", int(unit[1:])
-
-
 SWAPS = [  # subject swaps of equal token width exist among these on the tiny model's tokenizer
     Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
     Example("Berlin is the capital of", " Germany", {"subject": "Berlin"}),
@@ -62,7 +42,7 @@ def _reference(model, graph: Graph, kept: set, ablation: str, facts: list = FACT
     output over all tokens of the facts in a clean run, or its output at the same position on the
     example's subject-swapped prompt)."""
     items = encode(model, facts)
-    srcs = {s: _source_hook(s) for s in graph.sources}
+    srcs = {s: source_hook(s) for s in graph.sources}
     with graph_mode(model, graph):  # only switches on the per-head / per-input hooks
 
         def outputs(cache, s):
@@ -94,7 +74,7 @@ def _reference(model, graph: Graph, kept: set, ablation: str, facts: list = FACT
                 return fn
 
             def cut(slot, ref=ref):
-                name, idx = _slot_hook(slot)
+                name, idx = slot_hook(slot)
 
                 def fn(x, hook):
                     x = x.clone()
