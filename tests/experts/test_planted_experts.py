@@ -26,8 +26,7 @@ FAMILIES = (
     "gpt_oss",
     "qwen2_moe",
     "granitemoe",
-    # not flex_olmo: its planted neuron ranks first, but summed per expert, layer 0's expert 1 outranks
-    # the planted expert (FlexOlmo normalizes each FFN's output: many small layer-0 scores add up)
+    "flex_olmo",
     "minimax_m2",
     "ernie4_5_moe",
     "glm4_moe",
@@ -36,6 +35,10 @@ FAMILIES = (
     "laguna",
 )
 LAYER, EXPERT, NEURON = 1, 2, 7
+# FlexOlmo normalizes each FFN's output: summed over an expert, the many small scores of layer 0's
+# expert 1 outrank the planted expert across layers (it still ranks first in its layer, and the
+# planted neuron first of all)
+GLOBAL_EXCEPTIONS = {"flex_olmo"}
 VALUE = 1.0  # the planted value vector's length (Laguna needs more than 0.3 for p(Paris) > 0.02)
 PROMPTS = ("The Eiffel Tower is in the city of", "The Eiffel Tower is located in", "Paris is the capital of")
 
@@ -123,6 +126,9 @@ def test_localizers_rank_the_planted_neuron_and_expert_first(planted, method):
     d_expert = model.capinterp_family.moe.d_expert
     assert _top(scores) == (LAYER, EXPERT * d_expert + NEURON), f"{family} {method}: top neuron {_top(scores)}"
     per = expert_scores(model, loc.scores_)
+    assert int(per[LAYER].argmax()) == EXPERT, f"{family} {method}: top expert of layer {LAYER}: {per[LAYER]}"
+    if family in GLOBAL_EXCEPTIONS:
+        return
     assert _top(per) == (LAYER, EXPERT), f"{family} {method}: top expert {_top(per)}"
     assert top_experts(model, loc.scores_, 1).keys() == {(LAYER, EXPERT)}
 
