@@ -13,6 +13,8 @@ ablation, its mean over the data's real positions for mean ablation). Both quant
   ``sum_t (a_h - ref_h) . dm/da_h``, where ``dm/da_h`` is the sum of the gradients at the slots the
   head feeds (each slot reads the sum of its upstream outputs, so this is the chain rule). One
   forward and one backward pass give every head.
+* **AtP*** corrections (Kramar et al. 2024): the QK fix (:func:`head_atp_qk`) and GradDrop
+  (:func:`head_atp_graddrop`).
 
 Scores are ``[n_layers, n_heads]`` float64 arrays, averaged over the data.
 """
@@ -30,7 +32,7 @@ from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 
-__all__ = ["HEAD_ABLATIONS", "head_atp", "head_atp_qk", "head_effects", "head_sources"]
+__all__ = ["HEAD_ABLATIONS", "head_atp", "head_atp_graddrop", "head_atp_qk", "head_effects", "head_sources"]
 
 HEAD_ABLATIONS = ("zero", "mean")
 
@@ -198,4 +200,59 @@ def head_atp_qk(
                             run_graph(model, graph, tokens, removed=removed, ref=r)
                         delta = (new[l2] - pats[l2].detach()).float()
                         total[i] -= float((g_pat[l2].float() * delta).sum())  # effect = clean - ablated
+    return (total / len(items)).numpy().reshape(L, H)
+
+
+def head_atp_graddrop(
+    model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
+) -> np.ndarray:
+    """AtP* GradDrop, ``[n_layers, n_heads]``: ``mean_x (1/(L-1)) sum_l |I_AtP+GD_l(h; x)|``.
+
+    Kramar, Lieberum, Shah, Nanda (2024), "AtP*: An efficient and scalable method for localizing LLM
+    behaviour to components", arXiv:2403.00745, section 3.1.2 (GradDrop, their eq. 11): for every
+    layer ``l``, ``I_AtP+GD_l(h; x)`` is the AtP estimate of prompt ``x`` computed with the gradient
+    through layer ``l``'s residual contribution set to zero (the backward pass skips block ``l``, its
+    skip connection stays); the estimate is the mean over prompts of ``1/(L-1)`` times the sum over
+    the ``L`` layers of its absolute values. Dropping the head's own layer zeroes its gradient, so
+    this is the mean over the other ``L - 1`` layers. Unsigned, as in the paper: compare it with the
+    magnitude of the exact effect. One forward and ``L`` backward passes per batch.
+    """
+    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    L, H, spl = graph.n_layers, graph.n_heads, graph.slots_per_layer
+    if L < 2:
+        raise ValueError("GradDrop needs at least two layers (it averages over the L - 1 other layers)")
+    srcs = torch.tensor(head_sources(graph))
+    feeds = graph.edge_mask[srcs].float()
+    total = torch.zeros(len(srcs), dtype=torch.float64)
+    with graph_mode(model, graph):
+        ref = _reference(model, graph, items, ablation, bs)
+        for chunk in batches(items, bs):
+            tokens, last, target = _batch(model, chunk)
+            with torch.enable_grad():
+                run = run_graph(model, graph, tokens, keep_slots=True)
+                m = _prob(run.logits, last, target).sum()
+            a = run.outputs[:, :, srcs.to(tokens.device)].float()
+            if ref is not None:
+                a = a - ref[srcs.to(ref.device)][None, None]
+            firsts = [0]
+            for t in run.slot_inputs[:-1]:
+                firsts.append(firsts[-1] + (t.shape[2] if t.dim() == 4 else 1))
+            per_item = torch.zeros(len(chunk), len(srcs), dtype=torch.float64)
+            for l in range(L):
+                in_l = [i for i, f in enumerate(firsts) if l * spl <= f < (l + 1) * spl]
+                handles = [run.slot_inputs[i].register_hook(torch.zeros_like) for i in in_l]
+                try:
+                    with torch.enable_grad():
+                        g = torch.autograd.grad(m, run.slot_inputs, retain_graph=True, allow_unused=True)
+                finally:
+                    for hd in handles:
+                        hd.remove()
+                grads = run.stack_slots(
+                    [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
+                )
+                grads[:, :, l * spl : (l + 1) * spl] = 0  # no gradient through block l
+                d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))
+                d_head[:, :, l * H : (l + 1) * H] = 0  # block l's own heads: their contribution's gradient is 0
+                per_item += torch.einsum("btnd,btnd->bn", a, d_head).double().abs().cpu()
+            total += per_item.sum(0) / (L - 1)
     return (total / len(items)).numpy().reshape(L, H)

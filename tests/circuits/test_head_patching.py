@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.circuits.head_patching import head_atp, head_atp_qk, head_effects
+from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.experiments import patching_agreement as PA
@@ -153,6 +153,76 @@ def test_planted_head_makes_atp_agree_with_patching():
     assert pearson > 0.9 and spearman > 0.9
     qk = head_atp_qk(m, EXAMPLES)  # AtP* with the QK fix agrees as well; last-layer heads are unchanged
     assert min(PA.correlations(qk.ravel(), exact.ravel())) > 0.9 and np.array_equal(qk[-1], atp[-1])
+
+
+def _graddrop_reference(m, hf, items, ablation):
+    """AtP* GradDrop by hand on the plain HF model: for each dropped layer ld, decoder layer ld returns
+    ``x + (layer(x) - x).detach()`` (same forward, no gradient through its residual contribution); the
+    per-head gradient is dm/dz at o_proj's input (z + eps); |I| per prompt, summed over ld, / (L-1)."""
+    L, H, dh = m.cfg.n_layers, m.cfg.n_heads, m.cfg.d_head
+    means = _z_means(m, items, dh)
+    expected = torch.zeros(L, H, dtype=torch.float64)
+    for it in items:
+        for ld in range(L):
+            zs: dict[int, torch.Tensor] = {}
+            eps = [torch.zeros(len(it.prompt_ids), H * dh, requires_grad=True) for _ in range(L)]
+            inp: dict[str, torch.Tensor] = {}
+
+            def grab(mod, args, l):
+                zs[l] = args[0].detach()
+                return (args[0] + eps[l],)
+
+            def pre(mod, args, kwargs):
+                inp["x"] = kwargs.get("hidden_states", args[0] if args else None)
+
+            def drop(mod, args, kwargs, out):
+                x = inp["x"]
+                y = out[0] if isinstance(out, tuple) else out
+                y = x + (y - x).detach()
+                return (y, *out[1:]) if isinstance(out, tuple) else y
+
+            layer = hf.model.layers[ld]
+            handles = [_o_proj(hf, l).register_forward_pre_hook(lambda mod, a, l=l: grab(mod, a, l)) for l in range(L)]
+            handles += [
+                layer.register_forward_pre_hook(pre, with_kwargs=True),
+                layer.register_forward_hook(drop, with_kwargs=True),
+            ]
+            try:
+                p = hf(torch.tensor([it.prompt_ids])).logits[0, -1].float().softmax(-1)[it.target_ids[0]]
+            finally:
+                for hd in handles:
+                    hd.remove()
+            grads = torch.autograd.grad(p, eps, allow_unused=True)
+            for l in range(L):
+                if grads[l] is None:
+                    continue
+                diff = zs[l][0] - (0 if ablation == "zero" else means[l])
+                expected[l] += (diff * grads[l]).reshape(-1, H, dh).sum((0, 2)).double().abs()
+    return (expected / (L - 1) / len(items)).numpy()
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_graddrop_equals_a_hand_written_per_layer_dropped_gradient(model, ablation):
+    m = model
+    hf = _plain_hf(m)
+    items = encode(m, EXAMPLES)
+    expected = _graddrop_reference(m, hf, items, ablation)
+    got = head_atp_graddrop(m, EXAMPLES, ablation=ablation)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-9)
+    # it must differ from plain AtP: unsigned, and the later blocks' paths are dropped one at a time
+    atp = head_atp(m, EXAMPLES, ablation=ablation)
+    assert np.abs(expected).max() > 1e-5 and np.all(got >= 0)
+    assert not np.allclose(got, np.abs(atp), rtol=1e-2, atol=1e-7)
+    if ablation == "mean":  # the mean ablation's reference depends on the whole data set
+        return
+    # last-layer heads keep their direct gradient under the L - 1 other drops: the mean |AtP| per prompt
+    per_prompt = np.mean([np.abs(head_atp(m, [ex], ablation=ablation)[-1]) for ex in EXAMPLES], axis=0)
+    np.testing.assert_allclose(got[-1], per_prompt, rtol=1e-5, atol=1e-9)
+
+
+def test_graddrop_refuses_a_bad_ablation(model):
+    with pytest.raises(ValueError, match="ablation"):
+        head_atp_graddrop(model, EXAMPLES, ablation="corrupt")
 
 
 def test_bad_ablation_is_refused(model):
