@@ -15,7 +15,9 @@ Methods: KN's IG (summed over the task's prompts; CNL's IG is the same quantity 
 answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP and AtP*'s
 attention-saturation (QK) fix for heads; for **circuit edges** (facts with subject swaps), EAP and
 EAP-IG against exact single-edge patching with the corrupted run's value
-(:mod:`capinterp.experiments.edge_agreement`). AtP*'s GradDrop and RelP are not built.
+(:mod:`capinterp.experiments.edge_agreement`). AtP*'s GradDrop is unsigned (a mean of absolute
+per-prompt estimates): its row, and the ``|AtP|`` row beside it on the same footing, are correlated with
+the magnitude of the exact effect. RelP is not built.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from capinterp.circuits.head_patching import head_atp, head_atp_qk, head_effects
+from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.core.model import neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -127,20 +129,34 @@ def agreement_table(
 
 
 def head_table(
-    model: Model, task: str, data: list, *, ablation: str = "zero", qk_fix: bool = True, batch_size: int = 16
+    model: Model,
+    task: str,
+    data: list,
+    *,
+    ablation: str = "zero",
+    qk_fix: bool = True,
+    graddrop: bool = True,
+    batch_size: int = 16,
 ) -> pd.DataFrame:
     """Rows for component ``"attention head"``: AtP (and, with ``qk_fix``, AtP*'s attention-saturation
-    fix where the model's graph has q/k slots) against exact single-head patching, every head."""
+    fix where the model's graph has q/k slots) against exact single-head patching, every head; with
+    ``graddrop``, AtP*'s GradDrop and ``|AtP|`` against ``|exact|`` (GradDrop is unsigned)."""
     exact = head_effects(model, data, ablation=ablation, batch_size=batch_size).ravel()
-    methods = {"AtP": head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()}
+    atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()
+    methods = {"AtP": (atp, exact)}
     if qk_fix:
         try:
-            methods["AtP* (QK fix)"] = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()
+            qk = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()
+            methods["AtP* (QK fix)"] = (qk, exact)
         except NotImplementedError:
             pass  # no per-head q/k inputs on this family (granularity "layer"): AtP only
+    if graddrop:
+        gd = head_atp_graddrop(model, data, ablation=ablation, batch_size=batch_size).ravel()
+        methods["|AtP| vs |effect|"] = (np.abs(atp), np.abs(exact))
+        methods["AtP* (GradDrop) vs |effect|"] = (gd, np.abs(exact))
     rows = []
-    for method, scores in methods.items():
-        pearson, spearman = correlations(scores, exact)
+    for method, (scores, target) in methods.items():
+        pearson, spearman = correlations(scores, target)
         rows.append(
             {
                 "task": task,
@@ -196,7 +212,8 @@ def run(ctx: Context) -> ExperimentResult:
                 ctx.model, task, data, scores, n_top=ctx.size(8, 32), n_random=ctx.size(8, 32), seed=ctx.seed
             )
         )
-        # AtP*'s QK fix costs a forward per (head, later layer): the full run only
+        # AtP*'s QK fix costs a forward per (head, later layer): the full run only; GradDrop costs one
+        # backward per layer and batch, cheaper than the exact per-head ablations: both variants
         parts.append(head_table(ctx.model, task, data, qk_fix=not ctx.quick))
         if task == "facts":  # edges need subject swaps (corrupted runs); none on arithmetic
             n = ctx.size(8, 32)
@@ -211,8 +228,10 @@ def run(ctx: Context) -> ExperimentResult:
             "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
             "the sum of its scores; heads: every head's output zero-ablated alone against AtP "
-            "((a - 0) . dm/da through the circuit graph) and AtP* with the QK fix (later attention patterns "
-            "recomputed with the head ablated in their q/k inputs); circuit edges (facts): EAP / EAP-IG scores "
+            "((a - 0) . dm/da through the circuit graph), AtP* with the QK fix (later attention patterns "
+            "recomputed with the head ablated in their q/k inputs; full run only) and AtP*'s GradDrop (mean over "
+            "prompts of (1/(L-1)) sum over layers l of |AtP with no gradient through block l|, Kramar et al. 2024 "
+            "eq. 11; unsigned, so it and |AtP| are correlated with |effect|); circuit edges (facts): EAP / EAP-IG scores "
             "against the exact change of logit[answer] - logit[swapped subject's answer] when one edge carries the "
             "subject-swapped run's value (each method's top edges by |score| plus random ones). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
             "(Pearson against activation patching)."
