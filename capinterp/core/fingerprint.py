@@ -115,9 +115,33 @@ def restoring(model: Model) -> Iterator[None]:
     setattr(model, _CACHE, (_state(_params(model)), digest))
 
 
+def _hf_config_facts(model: Model) -> dict[str, Any] | None:
+    """The wrapped transformers model's config (public fields), or None for a model without one.
+
+    Fields such as a sliding window, rotary settings or norm epsilons change every activation
+    while the weights stay the same, so caches keyed by the fingerprint must see them. The
+    checkpoint's path, the transformers version and run-time switches (use_cache, output_*)
+    are left out: they change no number.
+    """
+    hf = getattr(getattr(model, "original_model", None), "config", None)
+    to_dict = getattr(hf, "to_dict", None)
+    if not callable(to_dict):
+        return None
+    skip = {
+        "transformers_version",
+        "architectures",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+    }
+    return {k: v for k, v in to_dict().items() if not k.startswith("_") and k not in skip}
+
+
 def model_fingerprint(model: Model) -> str:
-    """A short hash of the config facts, the model's name and its weights (:func:`weights_digest`)."""
+    """A short hash of the config facts (the transformers config's too), the model's name and its weights."""
     facts: dict[str, Any] = _config_facts(model)
+    facts["hf_config"] = _hf_config_facts(model)
     facts["name"] = getattr(model, "capinterp_name", None)
     facts["weights"] = weights_digest(model)
     return _hash(facts)

@@ -169,6 +169,21 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "falcon": dict(ffn_hidden_size=96),
     "bloom": dict(),  # FFN fixed at 4 x d_model
     "mpt": dict(),  # FFN fixed at 4 x d_model (transformers ignores expansion_ratio)
+    # more decoder-only dense families of the bridge (head_dim set: these configs derive it before tiny_hf sets sizes)
+    "glm4": dict(intermediate_size=96, head_dim=8),  # fused gate_up, partial rotary, post-attn/post-MLP norms
+    "exaone4": dict(  # QK norm, post-norms; a 4-token sliding window on layer 0 so the window bites
+        intermediate_size=96, head_dim=8, layer_types=["sliding_attention", "full_attention"], sliding_window=4
+    ),
+    "ernie4_5": dict(intermediate_size=96, head_dim=8),  # tied embeddings
+    "smollm3": dict(intermediate_size=96, head_dim=8, layer_types=["full_attention"] * 2, no_rope_layers=[1, 0]),
+    "olmo3": dict(
+        intermediate_size=96, head_dim=8, layer_types=["sliding_attention", "full_attention"], sliding_window=4
+    ),
+    "seed_oss": dict(intermediate_size=96, head_dim=8),  # q/k/v biases
+    "apertus": dict(intermediate_size=96, head_dim=8),  # xIELU activation, QK norm, ungated MLP
+    "hunyuan_v1_dense": dict(intermediate_size=96, head_dim=8),  # QK norm
+    "ministral3": dict(intermediate_size=96, head_dim=8),
+    "bitnet": dict(intermediate_size=96, head_dim=8),  # sub-norms before o_proj and down_proj
     # mixture of experts: refused at load today (capinterp.core.family.check_supported)
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(

@@ -57,6 +57,20 @@ def test_fingerprint_depends_on_shape():
     assert model_meta(b)["shape"] == [4, 96]
 
 
+def test_fingerprint_sees_config_fields_that_change_activations():
+    """Same weights, another sliding window: another model (caches such as ROME's key moment must not be shared)."""
+    from capinterp.core.tiny import tiny_hf
+
+    def fp(**overrides):
+        hf, tok = tiny_hf("mistral", **overrides)
+        return model_fingerprint(load_model(hf, tokenizer=tok))
+
+    wide = fp(sliding_window=64)
+    assert fp(sliding_window=64) == wide  # a rebuild of the same model
+    assert fp(sliding_window=4) != wide
+    assert fp(sliding_window=64, rms_norm_eps=1e-2) != wide
+
+
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown model 'nonexistent-model'"):
         load_model("nonexistent-model")
