@@ -115,6 +115,9 @@ def restoring(model: Model) -> Iterator[None]:
     setattr(model, _CACHE, (_state(_params(model)), digest))
 
 
+_HF_FACTS = "capinterp_hf_config_facts"
+
+
 def _hf_config_facts(model: Model) -> dict[str, Any] | None:
     """The wrapped transformers model's config (public fields), or None for a model without one.
 
@@ -123,6 +126,9 @@ def _hf_config_facts(model: Model) -> dict[str, Any] | None:
     checkpoint's path, the transformers version and run-time switches (use_cache, output_*)
     are left out: they change no number.
     """
+    frozen = getattr(model, _HF_FACTS, None)
+    if frozen is not None:  # read once, as loaded: transformers and TransformerLens set some fields at run time
+        return frozen
     hf = getattr(getattr(model, "original_model", None), "config", None)
     to_dict = getattr(hf, "to_dict", None)
     if not callable(to_dict):
@@ -135,7 +141,12 @@ def _hf_config_facts(model: Model) -> dict[str, Any] | None:
         "output_hidden_states",
         "return_dict",
     }
-    return {k: v for k, v in to_dict().items() if not k.startswith("_") and k not in skip}
+    facts = {k: v for k, v in to_dict().items() if not k.startswith("_") and k not in skip}
+    try:
+        setattr(model, _HF_FACTS, facts)
+    except (AttributeError, TypeError):  # pragma: no cover - a model that refuses attributes
+        pass
+    return facts
 
 
 def model_fingerprint(model: Model) -> str:

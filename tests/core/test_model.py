@@ -71,6 +71,21 @@ def test_fingerprint_sees_config_fields_that_change_activations():
     assert fp(sliding_window=64, rms_norm_eps=1e-2) != wide
 
 
+def test_fingerprint_reads_the_config_as_loaded():
+    """Fields transformers or the bridge set on the config at run time do not change a model's
+    identity (a checkpoint written before them must still resume)."""
+    from capinterp.core.fingerprint import refresh_fingerprint
+    from capinterp.core.tiny import tiny_hf
+
+    hf, tok = tiny_hf("mistral")
+    model = load_model(hf, tokenizer=tok)
+    before = model_fingerprint(model)
+    hf.config.pad_token_id = 3
+    hf.config.sliding_window = 7
+    refresh_fingerprint(model)
+    assert model_fingerprint(model) == before
+
+
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown model 'nonexistent-model'"):
         load_model("nonexistent-model")
