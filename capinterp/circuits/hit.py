@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from einops import einsum, repeat
+from einops import repeat
 
 from capinterp.circuits.eap import _tensor, corrupt_embeddings, make_pairs, noise_std
 from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Circuit, Graph
 from capinterp.core.example import as_examples
+from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
 from capinterp.core.settings import set_threads
 from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
@@ -50,7 +51,7 @@ def hit_at_k(
     """Circuit-only Hit@k: the share of facts whose first target token ranks in the top k.
 
     Every edge outside ``circuit`` is ablated: ``"zero"`` (KC / CNL's convention), ``"mean"`` (the
-    source's mean output over the facts' tokens) or ``"corrupt"`` (its output on the corrupted prompt,
+    source's mean output over the facts' tokens, first positions apart) or ``"corrupt"`` (its output on the corrupted prompt,
     made as for EAP with ``corrupt`` / ``noise`` / ``seed``: the EAP-IG library's convention).
     Returns ``{"hit@1": ..., "hit@10": ..., "n": N}``; ``full=True`` adds the unablated model's
     ``"full_hit@k"``.
@@ -81,7 +82,7 @@ def hit_at_k(
         for chunk in chunks:
             batch = collate([items[i] for i in chunk], pad, with_target=False, device=dev)
             B, T = batch.tokens.shape
-            ref = None if mean is None else repeat(mean, "n d -> b t n d", b=B, t=T)
+            ref = None if mean is None else repeat(at_positions(mean, T), "t n d -> b t n d", b=B)
             if pairs:
                 gp = [pairs[i] for i in chunk]
                 toks = _tensor([p.corrupt_ids[: len(p.clean.prompt_ids)] for p in gp], pad, dev)
@@ -100,14 +101,11 @@ def hit_at_k(
 
 
 def _mean_outputs(model: Model, graph: Graph, batches_: list[EncodedBatch]) -> torch.Tensor:
-    """``[n_src, d]``: every node's mean output over the real (unpadded) tokens."""
-    total, count = None, 0
-    for batch in batches_:
-        outs = run_graph(model, graph, batch.tokens).outputs.float()
-        real = (torch.arange(outs.shape[1], device=outs.device)[None] < batch.lengths[:, None]).float()
-        part = einsum(outs, real, "b t n d, b t -> n d")
-        total = part if total is None else total + part
-        count += int(real.sum())
-    if total is None:
+    """``[2, n_src, d]``: every node's mean output over the real (unpadded) tokens, first positions
+    apart from the later ones (:mod:`capinterp.core.position_mean`)."""
+    if not batches_:
         raise ValueError("_mean_outputs needs at least one batch")
-    return total / count
+    acc = SplitMean()
+    for batch in batches_:
+        acc.add(run_graph(model, graph, batch.tokens).outputs, batch.lengths)
+    return acc.result()

@@ -7,9 +7,10 @@ removed edge ``(u, v)`` reads ``resid(v) - (a_u - ref_u)``, where ``a_u`` is u's
 (ablated) pass, so ablations compound downstream as in ACDC, and the residual stream itself is
 untouched. ``ref_u`` is
 
-* ``"mean"``: u's output averaged over every real token (prompt + target, no padding) of the
-  reference data (the measured data unless ``reference=`` is given), one ``[d_model]`` vector per
-  node used at every position;
+* ``"mean"``: u's output averaged over the real tokens (prompt + target, no padding) of the
+  reference data (the measured data unless ``reference=`` is given): first positions apart from
+  the later ones (the attention sink, :mod:`capinterp.core.position_mean`), one ``[d_model]``
+  vector per node for each;
 * ``"zero"``: 0;
 * ``"corrupt"``: u's output on the example's corrupted prompt (subject swap of
   :func:`capinterp.circuits.eap.make_pairs`) at the same position, from an unablated run.
@@ -25,11 +26,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from einops import einsum
 
 from capinterp.circuits.forward import check_additive, graph_mode, run_graph
 from capinterp.circuits.graph import Circuit, EdgeSet, Graph
 from capinterp.core import validate
+from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
@@ -90,21 +91,19 @@ def removal_masks(graph: Graph, kept: torch.Tensor) -> torch.Tensor:
 
 
 def _references(model: Model, graph: Graph, items: list[Encoded], ablation: str, reference: Any, corrupt: Any, bs: int):
-    """``([n_src, d] or None, [n, T, n_src, d] or None, pairs)`` for mean / zero / corrupt."""
+    """``([2, n_src, d] or None, [n, T, n_src, d] or None, pairs)`` for mean / zero / corrupt (the mean's
+    first row is for first positions, its second for the later ones: :mod:`capinterp.core.position_mean`)."""
     dev = model.cfg.device
     pad = pad_id(model.tokenizer)
     if ablation == "zero":
         return None, None, None
     if ablation == "mean":
         ref_items = items if reference is None else encode(model, validate.examples(reference, "reference"))
-        total, count = torch.zeros(graph.n_src, int(model.cfg.d_model), dtype=torch.float64, device=dev), 0
+        acc = SplitMean()
         for chunk in batches(ref_items, bs):
             tokens, lengths = pad_right([it.ids for it in chunk], pad)
-            real = (torch.arange(tokens.shape[1])[None] < lengths[:, None]).to(dev)
-            outs = run_graph(model, graph, tokens.to(dev)).outputs.double()
-            total += einsum(outs, real.double(), "b t n d, b t -> n d")
-            count += int(real.sum())
-        return (total / count).float(), None, None
+            acc.add(run_graph(model, graph, tokens.to(dev)).outputs, lengths)
+        return acc.result(), None, None
     pairs = corrupt_pairs(model, items, corrupt)
     T = max(len(it.ids) for it in items)
     rows = torch.zeros(len(items), T, graph.n_src, int(model.cfg.d_model), device=dev)
@@ -148,7 +147,7 @@ def edge_metric(
             B, T = toks.shape
             ref = None
             if mean is not None:
-                ref = mean[None, None].expand(B, T, -1, -1)
+                ref = at_positions(mean, T)[None].expand(B, -1, -1, -1)
             elif rows is not None:
                 ref = rows[ex.to(dev), :T]
             logits = run_graph(model, graph, toks, removed=removed[cfg.to(dev)], ref=ref).logits

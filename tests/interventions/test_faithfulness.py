@@ -36,14 +36,16 @@ def _planted_scores(model) -> ci.NeuronScores:
 @torch.no_grad()
 def _reference(model, keep: torch.Tensor, ref: torch.Tensor) -> float:
     """Mean p(first target token): the plain model's own full logits, neurons outside ``keep``
-    replaced by ``ref[l]`` at every position, one example at a time."""
+    replaced by ``ref[0, l]`` at the first position and ``ref[1, l]`` after it, one example at a time."""
+
+    def put(a, l):
+        r = torch.cat([ref[0, l][None], ref[1, l][None].expand(a.shape[1] - 1, -1)])  # [T, d]
+        return torch.where(keep[l], a, r.to(a.dtype))
+
     probs = []
     for it in encode(model, EXAMPLES):
         ids, target = torch.tensor([it.prompt_ids]), it.target_ids[0]
-        hooks = [
-            (neuron_hook(l), lambda a, hook, l=l: torch.where(keep[l], a, ref[l].to(a.dtype)))
-            for l in range(keep.shape[0])
-        ]
+        hooks = [(neuron_hook(l), lambda a, hook, l=l: put(a, l)) for l in range(keep.shape[0])]
         logits = model.run_with_hooks(ids, fwd_hooks=hooks)
         probs.append(float(logits[0, -1].softmax(-1)[target]))
     return float(np.mean(probs))
@@ -67,13 +69,13 @@ def test_every_point_equals_a_hand_written_ablation(planted, ablation):
     scores = _planted_scores(planted)
     res = faithfulness(planted, scores, EXAMPLES, ks=[3, 40], ablation=ablation, random_sets=0)
     if ablation == "zero":
-        ref = torch.zeros(L, d)
-    else:  # mean over every real token of the data (prompt + target)
+        ref = torch.zeros(2, L, d)
+    else:  # means over the data's real tokens (prompt + target): first positions, and all later ones
         acts = []
         for it in encode(planted, EXAMPLES):
             _, cache = planted.run_with_cache(torch.tensor([it.ids]))
             acts.append(torch.stack([cache[neuron_hook(l)][0] for l in range(L)], 1))  # [T, L, d]
-        ref = torch.cat(acts).mean(0)
+        ref = torch.stack([torch.stack([a[0] for a in acts]).mean(0), torch.cat([a[1:] for a in acts]).mean(0)])
     full = _reference(planted, torch.ones(L, d, dtype=torch.bool), ref)
     empty = _reference(planted, torch.zeros(L, d, dtype=torch.bool), ref)
     assert res.full == pytest.approx(full, rel=1e-5) and res.empty == pytest.approx(empty, rel=1e-4, abs=1e-7)

@@ -39,8 +39,8 @@ def _reference(model, graph: Graph, kept: set, ablation: str, facts: list = FACT
     """Mean p(first target token) with every edge outside ``kept`` ablated, one example at a time:
     plain hooks record each source's output as the pass computes it, and each slot input loses
     ``output - reference`` of every removed edge into it (reference: 0, or the source's mean
-    output over all tokens of the facts in a clean run, or its output at the same position on the
-    example's subject-swapped prompt)."""
+    output over the facts' first tokens at position 0 and over all their later tokens after it, in a
+    clean run, or its output at the same position on the example's subject-swapped prompt)."""
     items = encode(model, facts)
     srcs = {s: source_hook(s) for s in graph.sources}
     with graph_mode(model, graph):  # only switches on the per-head / per-input hooks
@@ -52,7 +52,17 @@ def _reference(model, graph: Graph, kept: set, ablation: str, facts: list = FACT
         ref = {s: torch.zeros(int(model.cfg.d_model)) for s in graph.sources}
         if ablation == "mean":
             caches = [model.run_with_cache(torch.tensor([it.ids]))[1] for it in items]
-            ref = {s: torch.cat([outputs(c, s) for c in caches]).mean(0) for s in graph.sources}
+            ref = {
+                s: torch.stack(
+                    [
+                        torch.stack([outputs(c, s)[0] for c in caches]).mean(0),
+                        torch.cat([outputs(c, s)[1:] for c in caches]).mean(0),
+                    ]
+                )
+                for s in graph.sources
+            }
+        else:
+            ref = {s: r[None].expand(2, -1) for s, r in ref.items()}
         per_item = [ref] * len(items)
         if ablation == "corrupt":
             pairs = make_pairs(model, facts)
@@ -78,7 +88,9 @@ def _reference(model, graph: Graph, kept: set, ablation: str, facts: list = FACT
 
                 def fn(x, hook):
                     x = x.clone()
-                    delta = sum(live[s] - ref[s] for s in removed.get(slot, []))
+                    T = x.shape[1]
+                    at = slice(None) if ablation == "corrupt" else [0] + [1] * (T - 1)  # [2, d] -> [T, d]
+                    delta = sum(live[s] - ref[s][at] for s in removed.get(slot, []))
                     if idx is None:
                         x[0] -= delta
                     else:
