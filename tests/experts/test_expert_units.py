@@ -3,53 +3,28 @@ attribution, weights and owned entries of expert neurons, refusals."""
 
 from __future__ import annotations
 
-import copy
-import warnings
-
 import pytest
 import torch
+from moe_tiny import MOE_FAMILIES, load_tiny_moe, moe_block
 
 import capinterp as ci
 from capinterp.core.family import UnsupportedFamily
-from capinterp.core.tiny import tiny_hf
 from capinterp.core.weights import down_projection
 from capinterp.data import Example
 from capinterp.interventions.neuron_params import neuron_masks, zero_neurons
 from capinterp.units.base import KeySet
 from capinterp.units.experts import expert_keys, expert_neurons, expert_scores, top_experts
 
-FAMILIES = (
-    "mixtral",
-    "qwen2_moe",
-    "qwen3_moe",
-    "olmoe",
-    "gpt_oss",
-    "granitemoe",
-    "flex_olmo",
-    "minimax_m2",
-    "ernie4_5_moe",
-    "glm4_moe",
-    "glm4_moe_lite",
-    "afmoe",
-    "laguna",
-)
+FAMILIES = MOE_FAMILIES
 TEXT = "The Eiffel Tower is in the city of"
 
 
 def _load(family):
-    hf, tok = tiny_hf(family)
-    plain = copy.deepcopy(hf)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ci.load_model(hf, tokenizer=tok)
+    model, plain, tok, _ = load_tiny_moe(family)
     return model, plain, tok
 
 
-def _moe(hf, layer):
-    """The layer's MoE block: its child with an ``experts`` module (``mlp``; GraniteMoE's ``block_sparse_moe``)."""
-    return next(
-        m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
-    )
+_moe = moe_block
 
 
 def _experts(hf, layer):

@@ -9,31 +9,15 @@ target's unembedding direction.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from moe_tiny import MOE_FAMILIES, load_tiny_moe, moe_block
 
 import capinterp as ci
-from capinterp.core.tiny import tiny_hf
 from capinterp.data import Example
 from capinterp.units.experts import expert_neurons, expert_scores, top_experts
 
-FAMILIES = (
-    "mixtral",
-    "qwen3_moe",
-    "olmoe",
-    "gpt_oss",
-    "qwen2_moe",
-    "granitemoe",
-    "flex_olmo",
-    "minimax_m2",
-    "ernie4_5_moe",
-    "glm4_moe",
-    "glm4_moe_lite",
-    "afmoe",
-    "laguna",
-)
+FAMILIES = MOE_FAMILIES
 LAYER, EXPERT, NEURON = 1, 2, 7
 # FlexOlmo normalizes each FFN's output: summed over an expert, the many small scores of layer 0's
 # expert 1 outrank the planted expert across layers (it still ranks first in its layer, and the
@@ -43,11 +27,7 @@ VALUE = 1.0  # the planted value vector's length (Laguna needs more than 0.3 for
 PROMPTS = ("The Eiffel Tower is in the city of", "The Eiffel Tower is located in", "Paris is the capital of")
 
 
-def _block(hf, layer: int):
-    """The layer's MoE block: its child with an ``experts`` module (``mlp``; GraniteMoE's ``block_sparse_moe``)."""
-    return next(
-        m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
-    )
+_block = moe_block
 
 
 @torch.no_grad()
@@ -91,10 +71,7 @@ def _plant(model, hf, tok) -> int:
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def planted(request):
-    hf, tok = tiny_hf(request.param)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ci.load_model(hf, tokenizer=tok)
+    model, _, tok, hf = load_tiny_moe(request.param)
     target = _plant(model, hf, tok)
     model.capinterp_fingerprint = None  # weights changed after load
     data = [Example(p, " Paris") for p in PROMPTS]

@@ -1,0 +1,46 @@
+"""Tiny MoE models for the expert tests: the families served, loading beside an untouched copy, and
+the transformers MoE block of a layer (read on the plain model, never through capinterp)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+
+import capinterp as ci
+from capinterp.core.tiny import tiny_hf
+
+#: every MoE family of the matrix whose experts are stacked 3-D weights (all of them today)
+MOE_FAMILIES = (
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "gpt_oss",
+    "granitemoe",
+    "flex_olmo",
+    "minimax_m2",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "afmoe",
+    "laguna",
+)
+
+
+def load_tiny_moe(family: str):
+    """``(capinterp model, plain transformers copy made before loading, tokenizer, the hf model capinterp wraps)``."""
+    hf, tok = tiny_hf(family)
+    plain = copy.deepcopy(hf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ci.load_model(hf, tokenizer=tok)
+    return model, plain, tok, hf
+
+
+def moe_block(hf, layer: int) -> torch.nn.Module:
+    """The layer's MoE block: its child with an ``experts`` module (``mlp``; GraniteMoE's ``block_sparse_moe``)."""
+    return next(
+        m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
+    )
