@@ -18,6 +18,7 @@ The packaged GGUF weights are dequantized to float32 once and cached in
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -29,6 +30,8 @@ from typing import Any
 
 import torch
 
+from capinterp.core.embedding_norm import final_norm_on_embeddings
+from capinterp.core.embedding_norm import install as install_embedding_norm
 from capinterp.core.family import UnsupportedFamily, check_supported, family_of, read_family
 from capinterp.core.fingerprint import (
     _hf_config_facts,
@@ -256,6 +259,10 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
         bridge.tokenizer.padding_side = "right"
     fam = read_family(bridge)
     check_supported(fam)  # refused here, naming the family, never partway through a run
+    if final_norm_on_embeddings(bridge, _probe_tokens(bridge)):  # NanoChat: ln_final also runs on the embeddings
+        fam = dataclasses.replace(fam, embedding_norm=True)
+        bridge.capinterp_family = fam
+        install_embedding_norm(bridge)
     bridge.capinterp_family = fam
     _hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
     if fam.moe is not None:  # expert neurons at blocks.{l}.mlp.hook_post (refused here if it cannot be done)

@@ -190,6 +190,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "arcee": dict(intermediate_size=96, head_dim=8),  # ungated ReLU^2 MLP
     "jais2": dict(intermediate_size=96, head_dim=8),
     "vaultgemma": dict(intermediate_size=96, head_dim=8, sliding_window=4),  # layer 0 sliding, layer 1 full
+    # weightless norms, the final norm also on the embeddings (capinterp.core.embedding_norm), logit soft-cap 15
+    "nanochat": dict(intermediate_size=96, head_dim=8),
     # mixture of experts: refused at load today (capinterp.core.family.check_supported)
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(
