@@ -53,6 +53,10 @@ class _BeforeBlocks(torch.nn.Module):
     """Stands in for the final norm where the transformers model calls it: the plain module until
     the first block has run in this forward, the bridge's ``ln_final`` (with its hooks) after."""
 
+    _norm: torch.nn.Module
+    _plain: torch.nn.Module
+    _started: list[bool]
+
     def __init__(self, bridge_norm: torch.nn.Module, plain: torch.nn.Module, first_block: torch.nn.Module):
         super().__init__()
         # kept outside the module tree: the bridge already owns both, and no parameter may appear twice
