@@ -259,10 +259,6 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
         bridge.tokenizer.padding_side = "right"
     fam = read_family(bridge)
     check_supported(fam)  # refused here, naming the family, never partway through a run
-    if final_norm_on_embeddings(bridge, _probe_tokens(bridge)):  # NanoChat: ln_final also runs on the embeddings
-        fam = dataclasses.replace(fam, embedding_norm=True)
-        bridge.capinterp_family = fam
-        install_embedding_norm(bridge)
     bridge.capinterp_family = fam
     _hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
     if fam.moe is not None:  # expert neurons at blocks.{l}.mlp.hook_post (refused here if it cannot be done)
@@ -274,7 +270,10 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
         int(bridge.cfg.d_mlp) != fam.d_mlp
     ):  # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM)
         bridge.cfg.d_mlp = fam.d_mlp
-    check_neuron_hooks(bridge)
+    check_neuron_hooks(bridge)  # the first forward: a failing one is refused there, naming the error
+    if final_norm_on_embeddings(bridge, _probe_tokens(bridge)):  # NanoChat: ln_final also runs on the embeddings
+        bridge.capinterp_family = dataclasses.replace(fam, embedding_norm=True)
+        install_embedding_norm(bridge)
     check_logit_path(bridge, _probe_tokens(bridge))
     return bridge
 
