@@ -98,6 +98,10 @@ class Family:
     # layer kinds other than softmax attention (config ``layer_types``: Qwen3-Next's "linear_attention",
     # Mamba or convolution mixers): refused at load (check_supported)
     hybrid_layers: tuple[str, ...] = ()
+    # the final norm module also normalizes the embeddings before the first layer (NanoChat): found by
+    # a probe forward at load, which then routes that first call around ln_final's hooks
+    # (capinterp.core.embedding_norm), so ln_final.hook_in carries only the last residual
+    embedding_norm: bool = False
 
     @property
     def neurons(self) -> tuple[int, int]:

@@ -23,31 +23,34 @@ class SplitMean:
     """Running sums of ``[B, T, *shape]`` values over real tokens, first positions apart."""
 
     def __init__(self) -> None:
-        self._first: torch.Tensor | None = None
-        self._rest: torch.Tensor | None = None
-        self._n_first = 0
-        self._n_rest = 0
+        self._sums: list[torch.Tensor] = []  # first positions, later positions
+        self._counts: list[torch.Tensor] = []
 
-    def add(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
-        """``values`` ``[B, T, ...]``; ``lengths`` ``[B]``: how many leading positions are real."""
+    def add(self, values: torch.Tensor, lengths: torch.Tensor, takes_part: torch.Tensor | None = None) -> None:
+        """``values`` ``[B, T, ...]``; ``lengths`` ``[B]``: how many leading positions are real;
+        ``takes_part`` (bool, ``values``' shape): which entries count (default: all of a real token's;
+        an expert's neurons count only on the tokens routed to it)."""
         v = values.double()
-        lengths = lengths.to(v.device)
-        later = (torch.arange(1, v.shape[1], device=v.device)[None] < lengths[:, None]).double()  # [B, T-1]
-        first = (lengths > 0).double()
-        f = torch.einsum("b...,b->...", v[:, 0], first)
-        r = torch.einsum("bt...,bt->...", v[:, 1:], later)
-        self._first = f if self._first is None else self._first + f
-        self._rest = r if self._rest is None else self._rest + r
-        self._n_first += int(first.sum())
-        self._n_rest += int(later.sum())
+        real = (torch.arange(v.shape[1], device=v.device)[None] < lengths.to(v.device)[:, None]).double()
+        w = real.reshape(*real.shape, *([1] * (v.dim() - 2))).expand_as(v)
+        if takes_part is not None:
+            w = w * takes_part.to(v.device).double()
+        sums = [(v[:, :1] * w[:, :1]).sum((0, 1)), (v[:, 1:] * w[:, 1:]).sum((0, 1))]
+        counts = [w[:, :1].sum((0, 1)), w[:, 1:].sum((0, 1))]
+        if not self._sums:
+            self._sums, self._counts = sums, counts
+        else:
+            self._sums = [a + b for a, b in zip(self._sums, sums)]
+            self._counts = [a + b for a, b in zip(self._counts, counts)]
 
     def result(self) -> torch.Tensor:
-        """``[2, *shape]`` float32: the first-position mean, then the later positions' mean (the
-        first-position mean stands in where no prompt has a second token)."""
-        if self._first is None or self._rest is None or not self._n_first:
+        """``[2, *shape]`` float32: the first-position mean, then the later positions' mean; an
+        entry that never counted at later positions takes its first-position mean, one never
+        counted at all 0."""
+        if not self._sums or not float(self._counts[0].max() if self._counts[0].numel() else 0):
             raise ValueError("a mean over the reference data needs at least one token")
-        first = self._first / self._n_first
-        rest = self._rest / self._n_rest if self._n_rest else first
+        first = self._sums[0] / self._counts[0].clamp_min(1)
+        rest = torch.where(self._counts[1] > 0, self._sums[1] / self._counts[1].clamp_min(1), first)
         return torch.stack([first, rest]).float()
 
 

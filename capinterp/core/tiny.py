@@ -137,18 +137,20 @@ def tiny_native_config(
 # and an FFN 96 wide (3 x d_model, so a bridge that assumes 4 x d_model is caught).
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(intermediate_size=96),
-    "mistral": dict(intermediate_size=96),
+    "mistral": dict(intermediate_size=96, sliding_window=4),  # every layer sliding: a 4-token window bites
     "qwen2": dict(intermediate_size=96),
     "qwen3": dict(intermediate_size=96, head_dim=8),
     "gemma": dict(intermediate_size=96, head_dim=8),
-    "gemma2": dict(intermediate_size=96, head_dim=8),
-    "gemma3_text": dict(intermediate_size=96, head_dim=8),
+    # sliding windows of 4 tokens, below the check prompts' 6 and 11 tokens, so the window bites
+    # (layer types: Gemma 2 sliding then full, Gemma 3 both sliding)
+    "gemma2": dict(intermediate_size=96, head_dim=8, sliding_window=4),
+    "gemma3_text": dict(intermediate_size=96, head_dim=8, sliding_window=4),
     "olmo": dict(intermediate_size=96),
     "olmo2": dict(intermediate_size=96),
     "stablelm": dict(intermediate_size=96),
-    "starcoder2": dict(intermediate_size=96),
+    "starcoder2": dict(intermediate_size=96, sliding_window=4),  # released checkpoints slide (4096)
     "phi": dict(intermediate_size=96, partial_rotary_factor=0.5),
-    "phi3": dict(intermediate_size=96),
+    "phi3": dict(intermediate_size=96, sliding_window=4),  # Phi-3-mini slides (2047)
     "nemotron": dict(intermediate_size=96),
     "cohere": dict(intermediate_size=96, logit_scale=0.5),
     "granite": dict(
@@ -162,7 +164,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "gpt_bigcode": dict(n_inner=96),
     "gptj": dict(n_inner=96, rotary_dim=4),
     "codegen": dict(n_inner=96, rotary_dim=4),
-    "gpt_neo": dict(intermediate_size=96, attention_types=[[["global", "local"], 1]], num_layers=2, window_size=16),
+    "gpt_neo": dict(intermediate_size=96, attention_types=[[["global", "local"], 1]], num_layers=2, window_size=4),
     "gpt_neox": dict(intermediate_size=96, rotary_pct=0.5),
     "opt": dict(ffn_dim=96, word_embed_proj_dim=32),
     "xglm": dict(ffn_dim=96),
@@ -184,6 +186,12 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "hunyuan_v1_dense": dict(intermediate_size=96, head_dim=8),  # QK norm
     "ministral3": dict(intermediate_size=96, head_dim=8),
     "bitnet": dict(intermediate_size=96, head_dim=8),  # sub-norms before o_proj and down_proj
+    "glm": dict(intermediate_size=96, head_dim=8),  # GLM (first generation): fused gate_up, partial rotary
+    "arcee": dict(intermediate_size=96, head_dim=8),  # ungated ReLU^2 MLP
+    "jais2": dict(intermediate_size=96, head_dim=8),
+    "vaultgemma": dict(intermediate_size=96, head_dim=8, sliding_window=4),  # layer 0 sliding, layer 1 full
+    # weightless norms, the final norm also on the embeddings (capinterp.core.embedding_norm), logit soft-cap 15
+    "nanochat": dict(intermediate_size=96, head_dim=8),
     # mixture of experts: refused at load today (capinterp.core.family.check_supported)
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(
@@ -191,7 +199,9 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     ),
     "qwen3_moe": dict(moe_intermediate_size=48, num_experts=4, num_experts_per_tok=2, head_dim=8),
     "olmoe": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
-    "gpt_oss": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+    "gpt_oss": dict(
+        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=4
+    ),  # layer 0 sliding (with attention sinks), layer 1 full
     # every layer an expert layer: these families' default first dense layers are refused (mixed widths)
     "granitemoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     "flex_olmo": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
@@ -230,6 +240,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         num_shared_experts=1,
         num_dense_layers=0,
         head_dim=8,
+        sliding_window=4,  # both layers sliding
     ),
     # DeepSeek's multi-head latent attention: head_dim is the rotary part (set with it: tiny_hf sets
     # fields after the config computed its derived ones)
@@ -270,6 +281,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         num_experts_per_tok=2,
         head_dim=8,
         mlp_layer_types=["sparse", "sparse"],
+        layer_types=["sliding_attention", "full_attention"],  # all full by default, its window unused
+        sliding_window=4,
     ),
 }
 

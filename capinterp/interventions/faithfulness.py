@@ -5,9 +5,14 @@ For a ranking of units (neurons, or whole layers' neurons) and a size k, two run
 * **kept**: only the top-k units run; every other unit is ablated;
 * **ablated**: the top-k units are ablated; every other unit runs.
 
-Units are neurons, layers (all of a layer's neurons) or circuit edges; an edge's ablation replaces
+Units are neurons, layers (all of a layer's neurons), experts of a mixture-of-experts model (all of
+an expert's neurons, :mod:`capinterp.units.experts`) or circuit edges; an edge's ablation replaces
 its source node's contribution to the downstream node's input
-(:mod:`capinterp.interventions.edge_faithfulness`). A unit's ablated value is its mean activation
+(:mod:`capinterp.interventions.edge_faithfulness`). Ablating an expert is what ``ci.erase`` does to
+an expert KeySet: its neurons take their ablated values and the routing is kept, so zero ablation
+zeroes its output on the tokens routed to it, and mean ablation writes there its mean output over
+the reference tokens routed to it (on MoE models every expert neuron's mean is over the tokens its
+expert takes part in; an expert's neurons written on a token not routed to it would have no effect). A unit's ablated value is its mean activation
 over reference data (``ablation="mean"``, the
 default; the data itself unless ``reference=`` is given; first positions averaged apart from the
 rest, see :mod:`capinterp.core.position_mean`), zero (``"zero"``), or its activation on
@@ -43,6 +48,7 @@ import pandas as pd
 import torch
 
 from capinterp.core import validate
+from capinterp.core.family import family_of
 from capinterp.core.forward import logits_at
 from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.position_mean import SplitMean, at_positions
@@ -52,6 +58,7 @@ from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking,
 from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
+from capinterp.units.experts import expert_columns, expert_index, expert_keys, moe_of
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = [
@@ -132,6 +139,11 @@ def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Te
     if isinstance(units, NeuronSet):
         units.check_compatible((L, d), model_fingerprint(model), model_name=name)
         return "neuron", units.mask.flatten().nonzero().flatten(), len(units)
+    if isinstance(units, KeySet) and units.kind == "expert":
+        idx = expert_index(model, units)
+        return "expert", idx, len(idx)
+    if _expert_score_shape(model, units):
+        return "expert", _order(torch.as_tensor(units, dtype=torch.float64).flatten(), by), None
     if isinstance(units, KeySet) and units.kind == "layer":
         layers = sorted(int(cast(int, k)) for k in units)
         if units.n_units not in (None, L) or any(not 0 <= k < L for k in layers):
@@ -143,10 +155,20 @@ def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Te
             raise ValueError(f"per-layer scores need {L} values (one per layer), got {s.numel()}")
         return "layer", _order(s, by), None
     raise TypeError(
-        "faithfulness takes NeuronScores, a NeuronSet, a layer KeySet, per-layer scores [n_layers], or a fitted "
+        "faithfulness takes NeuronScores, a NeuronSet, a layer KeySet, per-layer scores [n_layers], an expert "
+        "KeySet or expert scores [n_layers, n_experts (+1 shared)] (capinterp.units.experts), or a fitted "
         "localizer with one of them, or circuit edges (a KnowledgeCircuit, Circuit, EdgeSet, or edge scores "
         f"[n_src, n_slots]); got {type(units).__name__}"
     )
+
+
+def _expert_score_shape(model: Model, units: Any) -> bool:
+    """Whether ``units`` are per-expert scores ``[n_layers, n_experts (+1 shared)]`` of this MoE model
+    (never edge scores: a graph has more sources than the model has layers)."""
+    fam_moe = family_of(model).moe
+    if fam_moe is None or not isinstance(units, (torch.Tensor, np.ndarray)) or np.ndim(units) != 2:
+        return False
+    return tuple(units.shape) == (neuron_shape(model)[0], len(expert_keys(fam_moe)))
 
 
 def _sizes(ks: Any, n_units: int, given: int | None) -> list[int]:
@@ -175,12 +197,14 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
         return torch.zeros(2, L, d, device=dev), None
     if ablation == "mean":
         ref_items = items if reference is None else encode(model, validate.examples(reference, "reference"))
+        moe = family_of(model).moe
         accs = [SplitMean() for _ in range(L)]
         for chunk in batches(ref_items, bs):
             tokens, lengths = pad_right([it.ids for it in chunk], pad_id(model.tokenizer))
             _, cache = model.run_with_cache(tokens.to(dev), names_filter=lambda n: n.endswith("mlp.hook_post"))
             for l, acc in enumerate(accs):
-                acc.add(cache[neuron_hook(l)], lengths)
+                act = cache[neuron_hook(l)]
+                acc.add(act, lengths, None if moe is None else _takes_part(act, moe))
         return torch.stack([acc.result() for acc in accs], 1), None
     pairs = corrupt_pairs(model, items, corrupt)
     acts = torch.zeros(len(items), T, L, d, device=dev)
@@ -191,6 +215,18 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
         for l in range(L):
             acts[s : s + len(chunk), : tokens.shape[1], l] = cache[neuron_hook(l)].float()
     return acts, pairs
+
+
+def _takes_part(act: torch.Tensor, moe: Any) -> torch.Tensor:
+    """``[batch, pos, d]`` bool: where an MoE layer's neuron takes part in the token: an expert's
+    neurons where the router sent the token to it (some neuron of the expert is non-zero), the
+    shared expert's always. A neuron's mean is over these tokens, so an expert's mean output is its
+    mean when it runs, and ablating it writes that where it runs."""
+    routed = moe.n_experts * moe.d_expert
+    experts = act[..., :routed].unflatten(-1, (moe.n_experts, moe.d_expert)).ne(0).any(-1)
+    return torch.cat(
+        [experts.repeat_interleave(moe.d_expert, -1), torch.ones_like(act[..., routed:], dtype=torch.bool)], -1
+    )
 
 
 @torch.no_grad()
@@ -280,8 +316,11 @@ def faithfulness(
 ) -> Faithfulness:
     """Faithfulness of the top-k units of ``units`` on ``data``, beside random sets of each size.
 
-    ``units``: NeuronScores (ranked by score), a NeuronSet or a layer KeySet (its own size, or
-    ``ks`` up to it), per-layer scores ``[n_layers]``, or a fitted localizer; or circuit edges: a
+    ``units``: NeuronScores (ranked by score), a NeuronSet, a layer KeySet or an expert KeySet
+    (:func:`capinterp.units.experts.top_experts`; its own size, or ``ks`` up to it), per-layer
+    scores ``[n_layers]``, per-expert scores ``[n_layers, n_experts (+1 shared)]``
+    (:func:`capinterp.units.experts.expert_scores`; random sets are then random experts), or a
+    fitted localizer; or circuit edges: a
     fitted KnowledgeCircuit or its Circuit (ranked by its edge scores; without scores, its kept
     edges as a set), an EdgeSet, or edge scores ``[n_src, n_slots]`` on the model's default graph
     (see :mod:`capinterp.interventions.edge_faithfulness` for what ablating an edge means). ``ks``: sizes as
@@ -299,7 +338,7 @@ def faithfulness(
         raise ValueError("metric='logit_diff' needs corrupted answers: use it with ablation='corrupt'")
     by = validate.choice("by", by, ("auto", "score", "abs"))
     graph = None
-    if is_edge_input(units):
+    if is_edge_input(units) and not _expert_score_shape(model, units):
         kind, by = "edge", "abs" if by == "auto" else by
         graph, order, given = edge_ranking(model, units, by)
         n_units = graph.n_edges
@@ -307,7 +346,7 @@ def faithfulness(
         by = "score" if by == "auto" else by
         kind, order, given = _ranking(model, units, by)
         L, d = neuron_shape(model)
-        n_units = L * d if kind == "neuron" else L
+        n_units = {"neuron": L * d, "layer": L}.get(kind) or L * len(expert_keys(moe_of(model)))
     sizes = _sizes(ks, n_units, given)
     items = encode(model, validate.examples(data, need_target=True))
 
@@ -333,7 +372,12 @@ def faithfulness(
             batch_size=bs,
         )
     else:
-        keep = masks.view(-1, L, d) if kind == "neuron" else masks[:, :, None].expand(-1, L, d)
+        if kind == "neuron":
+            keep = masks.view(-1, L, d)
+        elif kind == "expert":  # an expert's neurons run or are ablated together
+            keep = masks.view(masks.shape[0], L, -1)[:, :, expert_columns(moe_of(model))]
+        else:
+            keep = masks[:, :, None].expand(-1, L, d)
         vals = ablated_metric(
             model, items, keep, ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs
         )

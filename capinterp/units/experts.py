@@ -21,7 +21,15 @@ from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
-__all__ = ["expert_keys", "expert_neurons", "expert_scores", "moe_of", "top_experts"]
+__all__ = [
+    "expert_columns",
+    "expert_index",
+    "expert_keys",
+    "expert_neurons",
+    "expert_scores",
+    "moe_of",
+    "top_experts",
+]
 
 
 def moe_of(model: Model) -> MoE:
@@ -90,3 +98,19 @@ def expert_neurons(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]
     from capinterp.core.model import model_meta
 
     return NeuronSet(mask, meta={**model_meta(model), "experts": sorted(map(str, keys))})
+
+
+def expert_columns(moe: MoE) -> Tensor:
+    """``[width]``: each neuron's expert column in :func:`expert_scores` (the shared expert's is the last)."""
+    routed = torch.arange(moe.n_experts).repeat_interleave(moe.d_expert)
+    return torch.cat([routed, torch.full((moe.d_shared,), moe.n_experts)])
+
+
+def expert_index(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]]) -> Tensor:
+    """Flat indices ``layer * n_columns + column`` of ``(layer, expert)`` keys, in the layout of
+    :func:`expert_scores` flattened (checked as :func:`expert_neurons` checks them)."""
+    moe = moe_of(model)
+    expert_neurons(model, experts)  # validates the kind, layers and expert names
+    keys = experts.keys() if isinstance(experts, KeySet) else list(experts)
+    names = expert_keys(moe)
+    return torch.tensor(sorted(int(layer) * len(names) + names.index(e) for layer, e in keys), dtype=torch.long)

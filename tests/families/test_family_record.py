@@ -168,3 +168,28 @@ def test_bridge_own_hooks_are_not_the_users():
     finally:
         model.reset_hooks(including_permanent=False)
     assert user_hooks(model) == []
+
+
+def test_final_norm_on_the_embeddings_fires_ln_final_once():
+    """NanoChat calls its final norm on the embeddings too: capinterp finds that at load, and
+    ln_final.hook_in then carries only the last layer's output (HF's, read by a hook on a plain copy),
+    also on a deep copy of the model; other families are unaffected."""
+    from capinterp.core.params import copy_model
+
+    hf, tok, model = _load("nanochat")
+    plain = tiny_hf("nanochat")[0]
+    assert family_of(model).embedding_norm and not family_of(_load("llama")[2]).embedding_norm
+    ids = tok("3+4=7 The Eiffel Tower is in", return_tensors="pt")["input_ids"]
+    last: list[torch.Tensor] = []
+    h = plain.model.layers[-1].register_forward_hook(
+        lambda m, a, out: last.append(out[0] if isinstance(out, tuple) else out)
+    )
+    with torch.no_grad():
+        want = plain(ids).logits[0, -1]
+    h.remove()
+    for m in (model, copy_model(model)):
+        fired: list[torch.Tensor] = []
+        m.run_with_hooks(ids, fwd_hooks=[("ln_final.hook_in", lambda x, hook: fired.append(x.detach()))])
+        assert len(fired) == 1 and torch.allclose(fired[0], last[0], atol=1e-5)
+        got = logits_at(m, ids, torch.tensor([ids.shape[1] - 1]))[0]
+        assert (got - want).abs().max().item() < 1e-4

@@ -19,7 +19,10 @@ from capinterp.testing.family_checks._models import PROMPTS
 
 __all__ = ["CHECKS"]
 
-PROMPT, SUBJECT, NEW = "Rome is the capital of", "Rome", " Paris"
+# the subject's last token one position before the prompt's end: on families whose every layer
+# has a 4-token sliding window (Mistral, Gemma 3, AFMoE tiny models) an edit further back would
+# never reach the answer, its NLL gradient would be zero, and Adam would chase rounding noise
+PROMPT, SUBJECT, NEW = "The capital of Rome is", "Rome", " Paris"
 CONTEXTS = ("", "Tokyo Japan London England. ")
 TEXTS = ("The Eiffel Tower is in the city of Paris .", "Berlin is the capital of Germany .", "1+2=3 4+5=9")
 LAYER, STEPS, LR, KL, WD, CLAMP, RIDGE = 0, 6, 0.5, 0.0625, 0.5, 4.0, 1e-3
