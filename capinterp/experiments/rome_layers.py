@@ -142,9 +142,10 @@ def r_squared(y: np.ndarray, x: np.ndarray) -> float:
 def edit_regression(frame: pd.DataFrame, effects: dict[tuple[Any, int], float]) -> pd.DataFrame:
     """Hase et al. (2023, Sec. 4): how much of edit success the edit layer explains (one
     indicator per layer), how much the tracing effect at that (fact, layer) explains, and both
-    together; R² per score after the edit. Rows without a traced effect are dropped."""
+    together; R² per score after the edit. Rows without a traced effect, or without an edit (a layer
+    that cannot reach the answer: NaN scores), are dropped."""
     effect = np.array([effects.get((c, l), np.nan) for c, l in zip(frame["case_id"], frame["layer"])])
-    keep = ~np.isnan(effect)
+    keep = ~np.isnan(effect) & frame[[f"{s}_after" for s in SCORES]].notna().all(axis=1).to_numpy()
     f, effect = frame[keep], effect[keep]
     layers = pd.get_dummies(f["layer"].astype(int), drop_first=True).to_numpy(dtype=float)
     rows = []

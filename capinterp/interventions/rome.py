@@ -42,7 +42,11 @@ from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.second_moment import second_moment
 
-__all__ = ["RomeEdit", "rome_edit", "subject_last_position"]
+__all__ = ["EditUnreachable", "RomeEdit", "rome_edit", "subject_last_position"]
+
+
+class EditUnreachable(ValueError):
+    """The edited layer's value at the subject's last token cannot reach the answer at all."""
 
 
 @dataclass
@@ -412,6 +416,19 @@ def _optimise(
     return delta.detach(), key, losses
 
 
+def _check_reach(grad: torch.Tensor, layer: int) -> None:
+    """Refuse an edit whose value cannot move the new target's probability at all (a zero gradient
+    before the first step): Adam would otherwise turn rounding noise into a large, meaningless delta."""
+    if not bool(grad.ne(0).any()):
+        raise EditUnreachable(
+            f"ROME at layer {layer}: a change of the value at the subject's last token does not reach the answer "
+            "(the gradient of the new target's log-probability is exactly 0): no later attention layer can carry it "
+            "from the subject to the prompt's end (the subject ends too far before it for a sliding window, or the "
+            "edited layer is the last one and the subject does not end the prompt); edit an earlier layer or move "
+            "the subject closer to the end of the prompt"
+        )
+
+
 def _descend(
     model: Model, search: _ValueSearch, b: _ValueBatch, run: Any, kl_before: torch.Tensor, v0_norm: torch.Tensor
 ) -> tuple[torch.Tensor, list[float]]:
@@ -427,6 +444,8 @@ def _descend(
         losses.append(float(nll.detach()))
         if losses[-1] < 5e-2:
             break
+        if len(losses) == 1:
+            _check_reach(torch.autograd.grad(nll, delta, retain_graph=True)[0], search.layer)
         opt.zero_grad()
         loss.backward()
         opt.step()

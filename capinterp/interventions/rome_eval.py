@@ -26,7 +26,7 @@ from capinterp.core.example import Example
 from capinterp.core.forward import capture, unembed
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
-from capinterp.interventions.rome import rome_edit
+from capinterp.interventions.rome import EditUnreachable, rome_edit
 
 __all__ = ["SCORES", "counterfact_scores", "rome_counterfact", "summarize", "target_logprob"]
 
@@ -95,21 +95,30 @@ def rome_counterfact(
     """Edit each fact alone at ``layer`` (model restored after each) and score it before and after.
 
     One row per fact: ``case_id``, and ``efficacy / paraphrase / neighborhood`` with suffixes
-    ``_before`` and ``_after`` (each 0..1 for one fact), plus the edit's final NLL.
+    ``_before`` and ``_after`` (each 0..1 for one fact), plus the edit's final NLL. Where the layer
+    cannot reach the answer at all (:class:`~capinterp.interventions.rome.EditUnreachable`: the last
+    layer, the subject mid-prompt), the ``_after`` scores and the NLL are NaN and ``note`` says why.
     """
     out = []
     for i, f in enumerate(facts):
         before = summarize(counterfact_scores(model, [f], batch_size))
-        edit = rome_edit(model, f, f.meta.get("target_new"), layer=layer, **rome_params)
-        with edit.apply(model):
-            after = summarize(counterfact_scores(model, [f], batch_size))
+        note = ""
+        try:
+            edit = rome_edit(model, f, f.meta.get("target_new"), layer=layer, **rome_params)
+        except EditUnreachable as err:
+            after, losses, note = {k: float("nan") for k in before}, [], str(err)
+        else:
+            with edit.apply(model):
+                after = summarize(counterfact_scores(model, [f], batch_size))
+            losses = edit.losses
         out.append(
             {
                 "case_id": f.meta.get("case_id", i),
                 "layer": layer,
                 **{f"{k}_before": v for k, v in before.items()},
                 **{f"{k}_after": v for k, v in after.items()},
-                "final_nll": edit.losses[-1] if edit.losses else float("nan"),
+                "final_nll": losses[-1] if losses else float("nan"),
+                "note": note,
             }
         )
     return pd.DataFrame(out)

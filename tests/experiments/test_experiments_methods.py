@@ -108,3 +108,8 @@ def test_hase_regression_separates_layer_from_tracing_effect():
     r2 = table[table["score"] == "efficacy"].set_index("predictors")["r2"]
     assert r2["layer"] == pytest.approx(1.0) and r2["tracing effect"] < 0.2
     assert r2["layer + tracing effect"] == pytest.approx(1.0) and (table["n"] == 48).all()
+    # a layer that could not edit (NaN scores: EditUnreachable) is left out, not a NaN R²
+    rows += [{"case_id": c, "layer": 4, **{f"{s}_after": float("nan") for s in SCORES}} for c in range(12)]
+    effects.update({(c, 4): 0.0 for c in range(12)})
+    again = edit_regression(pd.DataFrame(rows), effects)
+    assert (again["n"] == 48).all() and again["r2"].notna().all()

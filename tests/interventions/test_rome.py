@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from capinterp.data import Example, load_counterfact, local_texts
 from capinterp.data.capability_sources import shared_data_dir
 from capinterp.interventions.edit_eval import next_token_probs, prompt_ids
 from capinterp.interventions.editing import value_weight
-from capinterp.interventions.rome import rome_edit, subject_last_position
+from capinterp.interventions.rome import EditUnreachable, rome_edit, subject_last_position
 from capinterp.interventions.rome_eval import counterfact_scores, rome_counterfact, summarize, target_logprob
 from capinterp.interventions.second_moment import second_moment
 
@@ -256,3 +257,16 @@ def test_causal_trace_and_rome_share_the_subject_rule(tiny_model):
     with pytest.raises(TokenizationError, match="does not end on a token boundary") as b:
         rome_edit(tiny_model, bad, " Rome", layer=1, texts=TEXTS, steps=1)
     assert str(b.value) in str(a.value)  # the same message, from the same function
+
+
+def test_an_edit_that_cannot_reach_the_answer_is_refused(tiny_model):
+    """At the last layer no attention follows, so a value written at the subject's last token never
+    reaches the prompt's end: the target's gradient is exactly 0 and the edit is refused (Adam on a
+    zero gradient would turn rounding noise into a large delta). The same edit one layer down runs."""
+    last = int(tiny_model.cfg.n_layers) - 1
+    with pytest.raises(EditUnreachable, match="does not reach the answer"):
+        rome_edit(tiny_model, FACT, layer=last, texts=TEXTS, steps=3)
+    ends = Example("The city of the Eiffel Tower", " Paris", {"subject": "Eiffel Tower", "target_new": " Rome"})
+    assert rome_edit(tiny_model, ends, layer=last, texts=TEXTS, steps=3).losses  # the subject ends the prompt
+    row = rome_counterfact(tiny_model, [FACT], last, texts=TEXTS, steps=3).iloc[0]  # a layer sweep goes on
+    assert np.isnan(row["efficacy_after"]) and np.isnan(row["final_nll"]) and "does not reach" in row["note"]
