@@ -5,16 +5,20 @@
 The data are those of ``capinterp reproduce --quick --only patching_agreement`` (the ``sub``
 capability's quick locate set, and the builtin facts the model knows, same sizes and seed), so the
 AtP and RelP rows repeat that run's and the QK fix row is new. The QK fix costs one forward per
-(head, later layer) and batch, which is why the quick reproduction leaves it out. Writes
+(head, later layer) and batch, which is why the quick reproduction leaves it out. ``--rule-ablation``
+adds RelP with subsets of its rules (:data:`capinterp.circuits.relp.RELP_RULES`). Writes
 ``DIR/head_corrections.csv`` (the head table's columns plus the seconds each method took) and prints it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 import capinterp as ci
@@ -31,6 +35,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-qk", action="store_true", help="leave the QK fix out (AtP and RelP only)")
+    ap.add_argument("--rule-ablation", action="store_true", help="also RelP with each rule alone and all but one")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +45,10 @@ def main() -> None:
     tasks = {"arithmetic (sub)": sub.locate[: ctx.size(4, 16)]}
     if facts:
         tasks["facts"] = facts
-    methods = {"AtP": head_atp, "RelP": head_relp}
+    methods: dict[str, Callable[..., np.ndarray]] = {"AtP": head_atp, "RelP": head_relp}
+    if args.rule_ablation:
+        for rules in (("ln",), ("attn",), ("act", "half"), ("act", "half", "attn"), ("ln", "act", "half")):
+            methods[f"RelP ({'+'.join(rules)})"] = functools.partial(head_relp, rules=rules)
     if not args.no_qk:
         methods["AtP* (QK fix)"] = head_atp_qk
     rows = []

@@ -211,6 +211,29 @@ def _pattern_hooks(model: Model, layers: list[int], store: dict[int, torch.Tenso
     return model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", grab(l)) for l in layers])
 
 
+class _PatternReady(Exception):
+    """Raised by the hook that has the pattern it needs: the rest of the forward is not run."""
+
+
+def _pattern_only(
+    model: Model, graph: Graph, tokens: torch.Tensor, layer: int, removed: torch.Tensor, ref: torch.Tensor | None
+) -> torch.Tensor:
+    """Layer ``layer``'s attention pattern in a graph pass with ``removed`` edges; the pass stops there
+    (the later layers and the unembedding, most of the cost on a large vocabulary, are skipped)."""
+    got: dict[str, torch.Tensor] = {}
+
+    def grab(x: torch.Tensor, hook: Any) -> None:
+        got["pattern"] = x
+        raise _PatternReady
+
+    try:
+        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", grab)]):
+            run_graph(model, graph, tokens, removed=removed, ref=ref)
+    except _PatternReady:
+        pass
+    return got["pattern"]
+
+
 def head_atp_qk(
     model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
 ) -> np.ndarray:
@@ -220,7 +243,8 @@ def head_atp_qk(
     instead of linearizing through the softmax, the later layer's attention pattern is recomputed
     with head h's output ablated in its q and k inputs only (a graph pass with those edges removed),
     and its change is weighted by ``dm/dpattern`` of the clean run. Values, MLPs and the logits stay
-    first order. Costs one forward per (head, later layer): for small models and checks, not sweeps.
+    first order. Costs one forward up to the later layer per (head, later layer): for small models
+    and checks, not sweeps.
     Needs q/k/v input slots (granularity ``"qkv"``).
     """
     runs = HeadRuns(model, data, ablation, batch_size, graph, patterns=True)
@@ -242,10 +266,8 @@ def head_atp_qk(
                     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
                     for kind in ("q", "k"):
                         removed[s, graph.slot_index(l2, kind)] = True
-                    new: dict[int, torch.Tensor] = {}
-                    with _pattern_hooks(model, [l2], new):
-                        run_graph(model, graph, step.tokens, removed=removed, ref=step.ref_full)
-                    delta = (new[l2] - step.patterns[l2].detach()).float()
+                    new = _pattern_only(model, graph, step.tokens, l2, removed, step.ref_full)
+                    delta = (new - step.patterns[l2].detach()).float()
                     total[i] -= float((g_pat[l2].float() * delta).sum())  # effect = clean - ablated
     return runs.result(total)
 
