@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-qk", action="store_true", help="leave the QK fix out (AtP and RelP only)")
+    ap.add_argument("--tasks", default="sub,facts", help="comma-separated: sub, facts (default both)")
     ap.add_argument("--rule-ablation", action="store_true", help="also RelP with each rule alone and all but one")
     args = ap.parse_args()
     out = Path(args.out)
@@ -45,6 +46,9 @@ def main() -> None:
     tasks = {"arithmetic (sub)": sub.locate[: ctx.size(4, 16)]}
     if facts:
         tasks["facts"] = facts
+    wanted = {"sub": "arithmetic (sub)", "facts": "facts"}
+    keep = [wanted[t] for t in args.tasks.split(",")]
+    tasks = {k: v for k, v in tasks.items() if k in keep}
     methods: dict[str, Callable[..., np.ndarray]] = {"AtP": head_atp, "RelP": head_relp}
     if args.rule_ablation:
         for rules in (("ln",), ("attn",), ("act", "half"), ("act", "half", "attn"), ("ln", "act", "half")):
