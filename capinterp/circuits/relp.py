@@ -68,6 +68,8 @@ class _Norm:
             eps = getattr(mod, "variance_epsilon", None)
         if isinstance(eps, tuple):
             eps = eps[0]
+        if eps is None and not list(mod.parameters()) and hasattr(mod, "normalized_shape"):
+            eps = 1e-5  # a parameter-free LayerNorm module (OLMo's) calls F.layer_norm's default; checked below
         if eps is None:
             raise UnsupportedFamily(f"RelP's LN-rule: normalization {name} ({type(mod).__name__}) exposes no eps")
         self.eps = float(eps)
@@ -122,7 +124,8 @@ def _norms(model: Model) -> list[tuple[str, torch.nn.Module]]:
     for name, mod in root.named_modules():
         if _is_bridge(mod) or id(mod) in seen or "norm" not in type(mod).__name__.lower():
             continue
-        if any(_is_bridge(c) for c in mod.modules()) or (not list(mod.parameters()) and not hasattr(mod, "eps")):
+        bare = not list(mod.parameters()) and not hasattr(mod, "eps") and not hasattr(mod, "normalized_shape")
+        if any(_is_bridge(c) for c in mod.modules()) or bare:
             continue
         seen.add(id(mod))
         out.append((name, mod))

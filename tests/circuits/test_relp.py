@@ -137,7 +137,7 @@ def test_relp_rules_keep_the_forward_values(pair):
         assert torch.equal(before, m(toks))  # and every hook is gone after
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "gpt2"])
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt2", "olmo"])
 def test_relp_rules_keep_forward_values_on_other_families(family):
     hf, tok = tiny_hf(family)
     m = ci.load_model(hf, tokenizer=tok)
