@@ -5,6 +5,8 @@
 - :mod:`~capinterp.circuits.eap`: EAP / EAP-IG edge scores, clean/corrupted pairs;
 - :mod:`~capinterp.circuits.acdc`: greedy zero-ablation pruning with MatchNLL;
 - :mod:`~capinterp.circuits.forward`: the graph forward pass (per-edge ablation), :func:`hit_at_k`;
+- :mod:`~capinterp.circuits.head_patching` / :mod:`~capinterp.circuits.relp`: per-head exact patching
+  against AtP, AtP*'s QK fix and GradDrop, and RelP (AtP with LRP rules in the backward pass);
 - :mod:`~capinterp.plots.circuits`: layered circuit graph and edge-score heatmap (plotly).
 
 The localizer is :class:`capinterp.localizers.knowledge_circuit.KnowledgeCircuit` (``"knowledge_circuit"``).

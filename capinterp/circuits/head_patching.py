@@ -21,18 +21,31 @@ Scores are ``[n_layers, n_heads]`` float64 arrays, averaged over the data.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from capinterp.circuits.forward import graph_mode, run_graph
+from capinterp.circuits.forward import GraphRun, graph_mode, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 
-__all__ = ["HEAD_ABLATIONS", "head_atp", "head_atp_graddrop", "head_atp_qk", "head_effects", "head_sources"]
+__all__ = [
+    "HEAD_ABLATIONS",
+    "HeadRuns",
+    "HeadStep",
+    "head_atp",
+    "head_atp_graddrop",
+    "head_atp_qk",
+    "head_effects",
+    "head_sources",
+    "qk_slots",
+]
 
 HEAD_ABLATIONS = ("zero", "mean")
 
@@ -109,28 +122,82 @@ def head_effects(
     return (total / len(items)).numpy().reshape(graph.n_layers, graph.n_heads)
 
 
+class HeadRuns:
+    """The set-up every head estimator shares, and per batch one graph run with the slots kept.
+
+    Iterating yields a :class:`HeadStep` per batch (inside :func:`graph_mode`); :meth:`result` turns
+    the accumulated ``[n_heads_total]`` sums into the ``[n_layers, n_heads]`` mean over the data.
+    ``patterns``: also capture every layer's attention pattern live (``step.patterns``).
+    """
+
+    def __init__(
+        self, model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None, patterns: bool = False
+    ):
+        self.items, self.ablation, self.bs, self.graph = _setup(model, data, ablation, batch_size, graph)
+        self.model, self.patterns = model, patterns
+        self.srcs = head_sources(self.graph)
+        self.feeds = self.graph.edge_mask[torch.tensor(self.srcs)].float()  # [n_heads_total, n_slots]
+
+    def __iter__(self) -> Iterator[HeadStep]:
+        model, graph = self.model, self.graph
+        L = graph.n_layers
+        with graph_mode(model, graph):
+            ref = _reference(model, graph, self.items, self.ablation, self.bs)
+            for chunk in batches(self.items, self.bs):
+                tokens, last, target = _batch(model, chunk)
+                pats: dict[int, torch.Tensor] = {}
+                grab = _pattern_hooks(model, list(range(L)), pats) if self.patterns else contextlib.nullcontext()
+                with torch.enable_grad(), grab:
+                    run = run_graph(model, graph, tokens, keep_slots=True)
+                    metric = _prob(run.logits, last, target).sum()
+                idx = torch.tensor(self.srcs, device=tokens.device)
+                diff = run.outputs[:, :, idx].float()
+                ref_full = None
+                if ref is not None:
+                    diff = diff - ref[idx.to(ref.device)][None, None]
+                    ref_full = ref[None, None].expand(*tokens.shape, *ref.shape)
+                yield HeadStep(len(chunk), tokens, run, metric, diff, ref_full, [pats[l] for l in sorted(pats)])
+
+    def result(self, total: torch.Tensor) -> np.ndarray:
+        return (total / len(self.items)).numpy().reshape(self.graph.n_layers, self.graph.n_heads)
+
+
+@dataclass
+class HeadStep:
+    """One batch of :class:`HeadRuns`: the graph run (grad on), its metric and ``a_h - ref_h``."""
+
+    n: int
+    tokens: torch.Tensor
+    run: GraphRun
+    metric: torch.Tensor  # sum over the batch of p(target)
+    diff: torch.Tensor  # [B, T, n_heads_total, d]: a_h - ref_h
+    ref_full: torch.Tensor | None  # [B, T, n_src, d] reference for removal passes (None: zero)
+    patterns: list[torch.Tensor]  # live attention patterns per layer (HeadRuns(patterns=True))
+
+    def grads(self, extra: Sequence[torch.Tensor] = (), retain: bool = False) -> list[torch.Tensor]:
+        """``[dm/dslots as [B, T, n_slots, d], *dm/d(extra)]``, zeros where the metric does not depend."""
+        live = [*self.run.slot_inputs, *extra]
+        with torch.enable_grad():
+            raw = torch.autograd.grad(self.metric, live, retain_graph=retain, allow_unused=True)
+        g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(raw, live)]
+        n = len(self.run.slot_inputs)
+        return [self.run.stack_slots(g[:n]), *g[n:]]
+
+    def estimate(self, grads: torch.Tensor, feeds: torch.Tensor, per_item: bool = False) -> torch.Tensor:
+        """``sum_t (a_h - ref_h) . sum_{slots v h feeds} dm/dv``: ``[n_heads_total]`` (or ``[B, n]``)."""
+        d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))
+        return torch.einsum("btnd,btnd->bn" if per_item else "btnd,btnd->n", self.diff, d_head).double().cpu()
+
+
 def head_atp(
     model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
 ) -> np.ndarray:
     """``[n_layers, n_heads]`` AtP estimates ``sum_t (a_h - ref_h) . dm/da_h`` of :func:`head_effects`."""
-    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
-    srcs = torch.tensor(head_sources(graph))
-    feeds = graph.edge_mask[srcs].float()  # [n_heads_total, n_slots]: the slots each head feeds
-    total = torch.zeros(len(srcs), dtype=torch.float64)
-    with graph_mode(model, graph):
-        ref = _reference(model, graph, items, ablation, bs)
-        for chunk in batches(items, bs):
-            tokens, last, target = _batch(model, chunk)
-            with torch.enable_grad():
-                run = run_graph(model, graph, tokens, keep_slots=True)
-                g = torch.autograd.grad(_prob(run.logits, last, target).sum(), run.slot_inputs, allow_unused=True)
-            grads = run.stack_slots([torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)])
-            d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))  # dm/da_h
-            a = run.outputs[:, :, srcs.to(tokens.device)].float()
-            if ref is not None:
-                a = a - ref[srcs.to(ref.device)][None, None]
-            total += torch.einsum("btnd,btnd->n", a, d_head).double().cpu()
-    return (total / len(items)).numpy().reshape(graph.n_layers, graph.n_heads)
+    runs = HeadRuns(model, data, ablation, batch_size, graph)
+    total = torch.zeros(len(runs.srcs), dtype=torch.float64)
+    for step in runs:
+        total += step.estimate(step.grads()[0], runs.feeds)
+    return runs.result(total)
 
 
 def _pattern_hooks(model: Model, layers: list[int], store: dict[int, torch.Tensor]):
@@ -144,6 +211,29 @@ def _pattern_hooks(model: Model, layers: list[int], store: dict[int, torch.Tenso
     return model.hooks(fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", grab(l)) for l in layers])
 
 
+class _PatternReady(Exception):
+    """Raised by the hook that has the pattern it needs: the rest of the forward is not run."""
+
+
+def _pattern_only(
+    model: Model, graph: Graph, tokens: torch.Tensor, layer: int, removed: torch.Tensor, ref: torch.Tensor | None
+) -> torch.Tensor:
+    """Layer ``layer``'s attention pattern in a graph pass with ``removed`` edges; the pass stops there
+    (the later layers and the unembedding, most of the cost on a large vocabulary, are skipped)."""
+    got: dict[str, torch.Tensor] = {}
+
+    def grab(x: torch.Tensor, hook: Any) -> None:
+        got["pattern"] = x
+        raise _PatternReady
+
+    try:
+        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", grab)]):
+            run_graph(model, graph, tokens, removed=removed, ref=ref)
+    except _PatternReady:
+        pass
+    return got["pattern"]
+
+
 def head_atp_qk(
     model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
 ) -> np.ndarray:
@@ -153,54 +243,43 @@ def head_atp_qk(
     instead of linearizing through the softmax, the later layer's attention pattern is recomputed
     with head h's output ablated in its q and k inputs only (a graph pass with those edges removed),
     and its change is weighted by ``dm/dpattern`` of the clean run. Values, MLPs and the logits stay
-    first order. Costs one forward per (head, later layer): for small models and checks, not sweeps.
+    first order. Costs one forward up to the later layer per (head, later layer): for small models
+    and checks, not sweeps.
     Needs q/k/v input slots (granularity ``"qkv"``).
     """
-    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    runs = HeadRuns(model, data, ablation, batch_size, graph, patterns=True)
+    graph = runs.graph
     if graph.granularity != "qkv":
         raise NotImplementedError(
             f"the QK fix needs separate q/k/v input slots; this model's graph has granularity {graph.granularity!r}"
         )
     L, H = graph.n_layers, graph.n_heads
-    srcs = head_sources(graph)
+    qk = qk_slots(graph)
+    feeds = runs.feeds * (~qk[None]).float()  # linear paths: v, MLPs, logits
+    total = torch.zeros(len(runs.srcs), dtype=torch.float64)
+    for step in runs:
+        grads, *g_pat = step.grads(step.patterns)
+        total += step.estimate(grads, feeds)
+        with torch.no_grad():
+            for i, s in enumerate(runs.srcs):
+                for l2 in range(i // H + 1, L):
+                    removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
+                    for kind in ("q", "k"):
+                        removed[s, graph.slot_index(l2, kind)] = True
+                    new = _pattern_only(model, graph, step.tokens, l2, removed, step.ref_full)
+                    delta = (new - step.patterns[l2].detach()).float()
+                    total[i] -= float((g_pat[l2].float() * delta).sum())  # effect = clean - ablated
+    return runs.result(total)
+
+
+def qk_slots(graph: Graph) -> torch.Tensor:
+    """Bool ``[n_slots]``: the query and key input slots (granularity ``"qkv"``; none otherwise)."""
     qk = torch.zeros(graph.n_slots, dtype=torch.bool)
-    for l in range(L):
-        qk[graph.slot_index(l, "q")] = True
-        qk[graph.slot_index(l, "k")] = True
-    feeds = (graph.edge_mask[torch.tensor(srcs)] & ~qk[None]).float()  # linear paths: v, MLPs, logits
-    total = torch.zeros(len(srcs), dtype=torch.float64)
-    with graph_mode(model, graph):
-        ref = _reference(model, graph, items, ablation, bs)
-        for chunk in batches(items, bs):
-            tokens, last, target = _batch(model, chunk)
-            pats: dict[int, torch.Tensor] = {}
-            with torch.enable_grad(), _pattern_hooks(model, list(range(L)), pats):
-                run = run_graph(model, graph, tokens, keep_slots=True)
-                m = _prob(run.logits, last, target).sum()
-                live = [*run.slot_inputs, *(pats[l] for l in range(L))]
-                raw = torch.autograd.grad(m, live, allow_unused=True)
-            g = [torch.zeros_like(t) if gi is None else gi for gi, t in zip(raw, live)]
-            grads, g_pat = run.stack_slots(g[: len(run.slot_inputs)]), g[len(run.slot_inputs) :]
-            d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))
-            idx = torch.tensor(srcs, device=tokens.device)
-            a = run.outputs[:, :, idx].float()
-            r = None
-            if ref is not None:
-                a = a - ref[idx.to(ref.device)][None, None]
-                r = ref[None, None].expand(*tokens.shape, *ref.shape)
-            total += torch.einsum("btnd,btnd->n", a, d_head).double().cpu()
-            with torch.no_grad():
-                for i, s in enumerate(srcs):
-                    for l2 in range(i // H + 1, L):
-                        removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
-                        for kind in ("q", "k"):
-                            removed[s, graph.slot_index(l2, kind)] = True
-                        new: dict[int, torch.Tensor] = {}
-                        with _pattern_hooks(model, [l2], new):
-                            run_graph(model, graph, tokens, removed=removed, ref=r)
-                        delta = (new[l2] - pats[l2].detach()).float()
-                        total[i] -= float((g_pat[l2].float() * delta).sum())  # effect = clean - ablated
-    return (total / len(items)).numpy().reshape(L, H)
+    if graph.granularity == "qkv":
+        for l in range(graph.n_layers):
+            qk[graph.slot_index(l, "q")] = True
+            qk[graph.slot_index(l, "k")] = True
+    return qk
 
 
 def head_atp_graddrop(
@@ -217,42 +296,27 @@ def head_atp_graddrop(
     this is the mean over the other ``L - 1`` layers. Unsigned, as in the paper: compare it with the
     magnitude of the exact effect. One forward and ``L`` backward passes per batch.
     """
-    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
-    L, H, spl = graph.n_layers, graph.n_heads, graph.slots_per_layer
+    runs = HeadRuns(model, data, ablation, batch_size, graph)
+    L, H, spl = runs.graph.n_layers, runs.graph.n_heads, runs.graph.slots_per_layer
     if L < 2:
         raise ValueError("GradDrop needs at least two layers (it averages over the L - 1 other layers)")
-    srcs = torch.tensor(head_sources(graph))
-    feeds = graph.edge_mask[srcs].float()
-    total = torch.zeros(len(srcs), dtype=torch.float64)
-    with graph_mode(model, graph):
-        ref = _reference(model, graph, items, ablation, bs)
-        for chunk in batches(items, bs):
-            tokens, last, target = _batch(model, chunk)
-            with torch.enable_grad():
-                run = run_graph(model, graph, tokens, keep_slots=True)
-                m = _prob(run.logits, last, target).sum()
-            a = run.outputs[:, :, srcs.to(tokens.device)].float()
-            if ref is not None:
-                a = a - ref[srcs.to(ref.device)][None, None]
-            firsts = [0]
-            for t in run.slot_inputs[:-1]:
-                firsts.append(firsts[-1] + (t.shape[2] if t.dim() == 4 else 1))
-            per_item = torch.zeros(len(chunk), len(srcs), dtype=torch.float64)
-            for l in range(L):
-                in_l = [i for i, f in enumerate(firsts) if l * spl <= f < (l + 1) * spl]
-                handles = [run.slot_inputs[i].register_hook(torch.zeros_like) for i in in_l]
-                try:
-                    with torch.enable_grad():
-                        g = torch.autograd.grad(m, run.slot_inputs, retain_graph=True, allow_unused=True)
-                finally:
-                    for hd in handles:
-                        hd.remove()
-                grads = run.stack_slots(
-                    [torch.zeros_like(t) if gi is None else gi for gi, t in zip(g, run.slot_inputs)]
-                )
-                grads[:, :, l * spl : (l + 1) * spl] = 0  # no gradient through block l
-                d_head = torch.einsum("btvd,nv->btnd", grads.float(), feeds.to(grads.device))
-                d_head[:, :, l * H : (l + 1) * H] = 0  # block l's own heads: their contribution's gradient is 0
-                per_item += torch.einsum("btnd,btnd->bn", a, d_head).double().abs().cpu()
-            total += per_item.sum(0) / (L - 1)
-    return (total / len(items)).numpy().reshape(L, H)
+    total = torch.zeros(len(runs.srcs), dtype=torch.float64)
+    for step in runs:
+        firsts = [0]
+        for t in step.run.slot_inputs[:-1]:
+            firsts.append(firsts[-1] + (t.shape[2] if t.dim() == 4 else 1))
+        per_item = torch.zeros(step.n, len(runs.srcs), dtype=torch.float64)
+        for l in range(L):
+            in_l = [i for i, f in enumerate(firsts) if l * spl <= f < (l + 1) * spl]
+            handles = [step.run.slot_inputs[i].register_hook(torch.zeros_like) for i in in_l]
+            try:
+                grads = step.grads(retain=True)[0]
+            finally:
+                for hd in handles:
+                    hd.remove()
+            grads[:, :, l * spl : (l + 1) * spl] = 0  # no gradient through block l
+            est = step.estimate(grads, runs.feeds, per_item=True)
+            est[:, l * H : (l + 1) * H] = 0  # block l's own heads: their contribution's gradient is 0
+            per_item += est.abs()
+        total += per_item.sum(0) / (L - 1)
+    return runs.result(total)

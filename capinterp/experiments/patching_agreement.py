@@ -12,12 +12,13 @@ component type, this reports the Pearson and Spearman correlation between the tw
   patching (AtP: ``(a_h - ref_h) . dm/da_h``), both from :mod:`capinterp.circuits.head_patching`.
 
 Methods: KN's IG (summed over the task's prompts; CNL's IG is the same quantity on one-token
-answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP and AtP*'s
+answers) and DCSN (activation x unembedding projection) for neurons and layers; AtP, RelP and AtP*'s
 attention-saturation (QK) fix for heads; for **circuit edges** (facts with subject swaps), EAP and
 EAP-IG against exact single-edge patching with the corrupted run's value
 (:mod:`capinterp.experiments.edge_agreement`). AtP*'s GradDrop is unsigned (a mean of absolute
 per-prompt estimates): its row, and the ``|AtP|`` row beside it on the same footing, are correlated with
-the magnitude of the exact effect. RelP is not built.
+the magnitude of the exact effect. RelP (Jafari et al. 2025: AtP whose backward pass uses LRP rules,
+:mod:`capinterp.circuits.relp`) is signed, against the exact effect.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import plotly.graph_objects as go
 import torch
 
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
+from capinterp.circuits.relp import head_relp
 from capinterp.core.model import neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -136,14 +138,18 @@ def head_table(
     ablation: str = "zero",
     qk_fix: bool = True,
     graddrop: bool = True,
+    relp: bool = True,
     batch_size: int = 16,
 ) -> pd.DataFrame:
     """Rows for component ``"attention head"``: AtP (and, with ``qk_fix``, AtP*'s attention-saturation
     fix where the model's graph has q/k slots) against exact single-head patching, every head; with
+    ``relp``, RelP (AtP with LRP rules in the backward pass, :mod:`capinterp.circuits.relp`); with
     ``graddrop``, AtP*'s GradDrop and ``|AtP|`` against ``|exact|`` (GradDrop is unsigned)."""
     exact = head_effects(model, data, ablation=ablation, batch_size=batch_size).ravel()
     atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()
     methods = {"AtP": (atp, exact)}
+    if relp:
+        methods["RelP"] = (head_relp(model, data, ablation=ablation, batch_size=batch_size).ravel(), exact)
     if qk_fix:
         try:
             qk = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()
@@ -228,7 +234,9 @@ def run(ctx: Context) -> ExperimentResult:
             "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
             "the sum of its scores; heads: every head's output zero-ablated alone against AtP "
-            "((a - 0) . dm/da through the circuit graph), AtP* with the QK fix (later attention patterns "
+            "((a - 0) . dm/da through the circuit graph), RelP (the same with LRP rules in the backward pass: "
+            "LN-rule, identity rule on the MLP activation, half rule on a gated product, attention pattern held "
+            "constant; Jafari et al. 2025), AtP* with the QK fix (later attention patterns "
             "recomputed with the head ablated in their q/k inputs; full run only) and AtP*'s GradDrop (mean over "
             "prompts of (1/(L-1)) sum over layers l of |AtP with no gradient through block l|, Kramar et al. 2024 "
             "eq. 11; unsigned, so it and |AtP| are correlated with |effect|); circuit edges (facts): EAP / EAP-IG scores "

@@ -72,5 +72,5 @@ def test_quick_run_on_tiny(tiny, tmp_path):
     assert ((res.table["pearson"].abs() <= 1) | res.table["pearson"].isna()).all()
     heads = res.table[res.table["component"] == "attention head"]
     assert len(heads) >= 1 and (heads["n_units"] == tiny.cfg.n_layers * tiny.cfg.n_heads).all()
-    # the QK fix runs in the full variant only (its own tests: test_head_patching); GradDrop in both
-    assert set(heads["method"]) == {"AtP", "|AtP| vs |effect|", "AtP* (GradDrop) vs |effect|"}
+    # the QK fix runs in the full variant only (its own tests: test_head_patching); RelP and GradDrop in both
+    assert set(heads["method"]) == {"AtP", "RelP", "|AtP| vs |effect|", "AtP* (GradDrop) vs |effect|"}
