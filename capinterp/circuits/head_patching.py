@@ -3,7 +3,7 @@
 The metric is the mean over the data of p(target's first token) at the last prompt position. A
 head's output is its node output in the circuit graph (``z_h @ W_O[h]``, :mod:`capinterp.circuits.forward`);
 ablating the head replaces that output, at every position, by its reference ``ref_h`` (0 for zero
-ablation, its mean over the data's real positions for mean ablation). Both quantities go through
+ablation, its mean over the data's real positions for mean ablation, first positions apart). Both quantities go through
 :func:`~capinterp.circuits.forward.run_graph`:
 
 * **exact**: ``effect(h) = m(clean) - m(head h ablated)``, one graph pass per head with every
@@ -32,6 +32,7 @@ import torch
 from capinterp.circuits.forward import GraphRun, graph_mode, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
+from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 
@@ -76,21 +77,21 @@ def _prob(logits: torch.Tensor, last: torch.Tensor, target: torch.Tensor) -> tor
 
 
 def _reference(model: Model, graph: Graph, items: list[Encoded], ablation: str, bs: int) -> torch.Tensor | None:
-    """``[n_src, d]`` mean node outputs over the real positions (mean ablation), None for zero."""
+    """``[2, n_src, d]`` mean node outputs over the real positions (mean ablation: first positions
+    apart from the later ones, :mod:`capinterp.core.position_mean`), None for zero."""
     if ablation == "zero":
         return None
-    total, count = None, 0
+    acc = SplitMean()
     with torch.no_grad():
         for chunk in batches(items, bs):
             tokens, _, _ = _batch(model, chunk)
-            lengths = torch.tensor([len(it.ids) for it in chunk], device=tokens.device)
-            real = (torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None]).double()
-            out = run_graph(model, graph, tokens).outputs.double()
-            part = torch.einsum("bt,btnd->nd", real, out)
-            total = part if total is None else total + part
-            count += int(real.sum())
-    assert total is not None
-    return (total / count).float()
+            acc.add(run_graph(model, graph, tokens).outputs, torch.tensor([len(it.ids) for it in chunk]))
+    return acc.result()
+
+
+def _ref_rows(ref: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``[batch, pos, n_src, d]``: each position's mean (:func:`_reference`) for a batch of ``tokens``."""
+    return at_positions(ref, tokens.shape[1])[None].expand(tokens.shape[0], -1, -1, -1)
 
 
 def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None):
@@ -113,7 +114,7 @@ def head_effects(
             for chunk in batches(items, bs):
                 tokens, last, target = _batch(model, chunk)
                 full = _prob(run_graph(model, graph, tokens).logits, last, target)
-                r = None if ref is None else ref[None, None].expand(*tokens.shape, *ref.shape)
+                r = None if ref is None else _ref_rows(ref, tokens)
                 for i, s in enumerate(srcs):
                     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
                     removed[s] = True
@@ -154,8 +155,8 @@ class HeadRuns:
                 diff = run.outputs[:, :, idx].float()
                 ref_full = None
                 if ref is not None:
-                    diff = diff - ref[idx.to(ref.device)][None, None]
-                    ref_full = ref[None, None].expand(*tokens.shape, *ref.shape)
+                    ref_full = _ref_rows(ref, tokens)
+                    diff = diff - ref_full[:, :, idx.to(ref.device)]
                 yield HeadStep(len(chunk), tokens, run, metric, diff, ref_full, [pats[l] for l in sorted(pats)])
 
     def result(self, total: torch.Tensor) -> np.ndarray:

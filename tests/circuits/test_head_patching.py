@@ -59,22 +59,24 @@ def _hf_mean_p(m, items, hooks=()):
 
 
 def _z_means(m, items, dh):
-    """Per layer, the mean o_proj input over all positions of all items (the mean-ablation value)."""
+    """Per layer, the mean o_proj input (the mean-ablation value) as a function of the sequence
+    length: the mean over the items' first positions at position 0, over all later positions after."""
     hf, L = m.original_model, m.cfg.n_layers
-    sums, count = [0.0] * L, 0
-    handles = [
-        _o_proj(hf, l).register_forward_pre_hook(
-            lambda mod, args, l=l: sums.__setitem__(l, sums[l] + args[0][0].sum(0))
-        )
-        for l in range(L)
-    ]
+    firsts: list[list[torch.Tensor]] = [[] for _ in range(L)]
+    later: list[list[torch.Tensor]] = [[] for _ in range(L)]
+
+    def rec(mod, args, l):
+        firsts[l].append(args[0][0, 0])
+        later[l].append(args[0][0, 1:])
+
+    handles = [_o_proj(hf, l).register_forward_pre_hook(lambda mod, args, l=l: rec(mod, args, l)) for l in range(L)]
     with torch.no_grad():
         for it in items:
             hf(torch.tensor([it.ids]))
-            count += len(it.ids)
     for h in handles:
         h.remove()
-    return [s / count for s in sums]
+    pairs = [(torch.stack(firsts[l]).mean(0), torch.cat(later[l]).mean(0)) for l in range(L)]
+    return [lambda T, f=f, r=r: torch.cat([f[None], r[None].expand(T - 1, -1)]) for f, r in pairs]
 
 
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
@@ -91,7 +93,9 @@ def test_exact_effects_equal_a_hand_written_head_ablation(model, ablation):
 
             def patch(mod, args, l=l, h=h):
                 z = args[0].clone()
-                z[..., h * dh : (h + 1) * dh] = 0 if ablation == "zero" else means[l][h * dh : (h + 1) * dh]
+                z[..., h * dh : (h + 1) * dh] = (
+                    0 if ablation == "zero" else means[l](z.shape[1])[:, h * dh : (h + 1) * dh]
+                )
                 return (z,)
 
             expected = float(base - _hf_mean_p(m, items, [(l, patch)]))
@@ -121,7 +125,7 @@ def test_atp_equals_a_hand_written_gradient_times_difference(model, ablation):
         p = _hf_mean_p(m, [it], [(l, grab(l)) for l in range(L)])
         grads = [g[None] for g in torch.autograd.grad(p, eps)]
         for l in range(L):
-            diff = zs[l][0] - (0 if ablation == "zero" else means[l])
+            diff = zs[l][0] - (0 if ablation == "zero" else means[l](zs[l].shape[1]))
             prod = (diff * grads[l][0]).reshape(-1, H, dh).sum((0, 2))
             expected[l] += prod.double()
     expected /= len(items)
@@ -196,7 +200,7 @@ def _graddrop_reference(m, hf, items, ablation):
             for l in range(L):
                 if grads[l] is None:
                     continue
-                diff = zs[l][0] - (0 if ablation == "zero" else means[l])
+                diff = zs[l][0] - (0 if ablation == "zero" else means[l](zs[l].shape[1]))
                 expected[l] += (diff * grads[l]).reshape(-1, H, dh).sum((0, 2)).double().abs()
     return (expected / (L - 1) / len(items)).numpy()
 
