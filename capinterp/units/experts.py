@@ -12,6 +12,7 @@ routed to it and keeps the routing (the other chosen experts keep their router w
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -75,26 +76,37 @@ def top_experts(model: Model, scores: NeuronScores | Tensor, k: int, *, absolute
     return KeySet(keys, "expert", _space(model, moe), n_units=per.numel())
 
 
-def expert_neurons(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]]) -> NeuronSet:
-    """Every neuron of the given ``(layer, expert)`` keys (``"shared"`` for the shared expert)."""
-    moe = moe_of(model)
+def _checked_keys(
+    model: Model, moe: MoE, experts: KeySet | Iterable[tuple[int, Hashable]]
+) -> list[tuple[int, Hashable]]:
+    """The ``(layer, expert)`` keys of ``experts``, each checked against the model's layers and experts."""
     n_layers = int(model.cfg.n_layers)
-    keys = experts.keys() if isinstance(experts, KeySet) else list(experts)
     if isinstance(experts, KeySet) and experts.kind != "expert":
         raise ValueError(f"expected a KeySet of kind 'expert', got kind {experts.kind!r}")
-    mask = torch.zeros(n_layers, moe.width, dtype=torch.bool)
-    routed = moe.n_experts * moe.d_expert
+    keys = list(experts.keys() if isinstance(experts, KeySet) else experts)
     for layer, e in keys:
         if not 0 <= int(layer) < n_layers:
             raise ValueError(f"layer {layer} out of range for a model with {n_layers} layers")
         if e == "shared":
             if not moe.d_shared:
                 raise ValueError("this model has no shared expert")
-            mask[layer, routed:] = True
-        elif isinstance(e, int) and 0 <= e < moe.n_experts:
-            mask[layer, e * moe.d_expert : (e + 1) * moe.d_expert] = True
-        else:
+        elif not (isinstance(e, int) and 0 <= e < moe.n_experts):
             raise ValueError(f"expert {e!r} is not one of 0..{moe.n_experts - 1}{' or shared' if moe.d_shared else ''}")
+    return keys
+
+
+def expert_neurons(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]]) -> NeuronSet:
+    """Every neuron of the given ``(layer, expert)`` keys (``"shared"`` for the shared expert)."""
+    moe = moe_of(model)
+    keys = _checked_keys(model, moe, experts)
+    mask = torch.zeros(int(model.cfg.n_layers), moe.width, dtype=torch.bool)
+    routed = moe.n_experts * moe.d_expert
+    for layer, e in keys:
+        if e == "shared":
+            mask[layer, routed:] = True
+        else:
+            e = int(cast(int, e))
+            mask[layer, e * moe.d_expert : (e + 1) * moe.d_expert] = True
     from capinterp.core.model import model_meta
 
     return NeuronSet(mask, meta={**model_meta(model), "experts": sorted(map(str, keys))})
@@ -110,7 +122,6 @@ def expert_index(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]])
     """Flat indices ``layer * n_columns + column`` of ``(layer, expert)`` keys, in the layout of
     :func:`expert_scores` flattened (checked as :func:`expert_neurons` checks them)."""
     moe = moe_of(model)
-    expert_neurons(model, experts)  # validates the kind, layers and expert names
-    keys = experts.keys() if isinstance(experts, KeySet) else list(experts)
+    keys = _checked_keys(model, moe, experts)
     names = expert_keys(moe)
     return torch.tensor(sorted(int(layer) * len(names) + names.index(e) for layer, e in keys), dtype=torch.long)
