@@ -35,7 +35,7 @@ scores 0.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +45,19 @@ from einops import rearrange
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 from capinterp.circuits.probe import Routes, routes
 from capinterp.core.family import family_of
+from capinterp.core.position_mean import SplitMean
 from capinterp.core.protocol import Model
 
-__all__ = ["GraphRun", "Routes", "check_additive", "graph_mode", "node_params", "run_graph", "supports"]
+__all__ = [
+    "GraphRun",
+    "Routes",
+    "check_additive",
+    "graph_mode",
+    "mean_outputs",
+    "node_params",
+    "run_graph",
+    "supports",
+]
 
 _FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
@@ -261,6 +271,19 @@ def run_graph(
     if keep_slots and len(slots) != want + graph.n_layers + 1:
         raise RuntimeError(f"only {len(slots)} slot hooks fired: is graph_mode on?")
     return GraphRun(logits, rearrange(outs, "n b t d -> b t n d"), [slots[k] for k in sorted(slots)])
+
+
+@torch.no_grad()
+def mean_outputs(
+    model: Model, graph: Graph, token_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """``[2, n_src, d]``: every node's mean output over the real tokens of ``(tokens, lengths)``
+    batches (right-padded), first positions apart from the later ones
+    (:mod:`capinterp.core.position_mean`); the mean-ablation reference of edges and heads."""
+    acc = SplitMean()
+    for tokens, lengths in token_batches:
+        acc.add(run_graph(model, graph, tokens).outputs, lengths)
+    return acc.result()
 
 
 @torch.no_grad()

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from capinterp.circuits.forward import GraphRun, graph_mode, run_graph
+from capinterp.circuits.forward import GraphRun, graph_mode, mean_outputs, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
-from capinterp.core.position_mean import SplitMean, at_positions
+from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 
@@ -81,17 +81,13 @@ def _reference(model: Model, graph: Graph, items: list[Encoded], ablation: str, 
     apart from the later ones, :mod:`capinterp.core.position_mean`), None for zero."""
     if ablation == "zero":
         return None
-    acc = SplitMean()
-    with torch.no_grad():
-        for chunk in batches(items, bs):
-            tokens, _, _ = _batch(model, chunk)
-            acc.add(run_graph(model, graph, tokens).outputs, torch.tensor([len(it.ids) for it in chunk]))
-    return acc.result()
+    batched = ((_batch(model, chunk)[0], torch.tensor([len(it.ids) for it in chunk])) for chunk in batches(items, bs))
+    return mean_outputs(model, graph, batched)
 
 
 def _ref_rows(ref: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """``[batch, pos, n_src, d]``: each position's mean (:func:`_reference`) for a batch of ``tokens``."""
-    return at_positions(ref, tokens.shape[1])[None].expand(tokens.shape[0], -1, -1, -1)
+    return batch_rows(ref, *tokens.shape)
 
 
 def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None):

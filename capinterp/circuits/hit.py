@@ -7,13 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from einops import repeat
 
 from capinterp.circuits.eap import _tensor, corrupt_embeddings, make_pairs, noise_std
-from capinterp.circuits.forward import graph_mode, run_graph
-from capinterp.circuits.graph import Circuit, Graph
+from capinterp.circuits.forward import graph_mode, mean_outputs, run_graph
+from capinterp.circuits.graph import Circuit
 from capinterp.core.example import as_examples
-from capinterp.core.position_mean import SplitMean, at_positions
+from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
 from capinterp.core.settings import set_threads
 from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
@@ -71,18 +70,15 @@ def hit_at_k(
     pad = pad_id(model.tokenizer)
     chunks = list(batches(list(range(len(items))), batch_size))
     with graph_mode(model, graph):
-        mean = (
-            _mean_outputs(
-                model, graph, [collate([items[i] for i in c], pad, with_target=False, device=dev) for c in chunks]
-            )
-            if ablation == "mean"
-            else None
-        )
+        mean = None
+        if ablation == "mean":
+            batched = (collate([items[i] for i in c], pad, with_target=False, device=dev) for c in chunks)
+            mean = mean_outputs(model, graph, ((b.tokens, b.lengths) for b in batched))
         sigma = noise_std(model, graph, pairs, noise, batch_size) if pairs else 0.0
         for chunk in chunks:
             batch = collate([items[i] for i in chunk], pad, with_target=False, device=dev)
             B, T = batch.tokens.shape
-            ref = None if mean is None else repeat(at_positions(mean, T), "t n d -> b t n d", b=B)
+            ref = None if mean is None else batch_rows(mean, B, T)
             if pairs:
                 gp = [pairs[i] for i in chunk]
                 toks = _tensor([p.corrupt_ids[: len(p.clean.prompt_ids)] for p in gp], pad, dev)
@@ -98,14 +94,3 @@ def hit_at_k(
         out.update({f"full_hit@{x}": float((fr < x).float().mean()) for x in ks})
     out["n"] = len(items)
     return out
-
-
-def _mean_outputs(model: Model, graph: Graph, batches_: list[EncodedBatch]) -> torch.Tensor:
-    """``[2, n_src, d]``: every node's mean output over the real (unpadded) tokens, first positions
-    apart from the later ones (:mod:`capinterp.core.position_mean`)."""
-    if not batches_:
-        raise ValueError("_mean_outputs needs at least one batch")
-    acc = SplitMean()
-    for batch in batches_:
-        acc.add(run_graph(model, graph, batch.tokens).outputs, batch.lengths)
-    return acc.result()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SplitMean", "at_positions"]
+__all__ = ["SplitMean", "at_positions", "batch_rows"]
 
 
 class SplitMean:
@@ -59,3 +59,9 @@ def at_positions(means: torch.Tensor, T: int) -> torch.Tensor:
     idx = torch.ones(T, dtype=torch.long, device=means.device)
     idx[:1] = 0
     return means[idx]
+
+
+def batch_rows(means: torch.Tensor, batch: int, T: int) -> torch.Tensor:
+    """``[batch, T, *shape]``: :func:`at_positions` for every row of a batch (a view, no copy)."""
+    rows = at_positions(means, T)
+    return rows[None].expand(batch, *rows.shape)

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from capinterp.circuits.forward import check_additive, graph_mode, run_graph
+from capinterp.circuits.forward import check_additive, graph_mode, mean_outputs, run_graph
 from capinterp.circuits.graph import Circuit, EdgeSet, Graph
 from capinterp.core import validate
-from capinterp.core.position_mean import SplitMean, at_positions
+from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
@@ -99,11 +99,8 @@ def _references(model: Model, graph: Graph, items: list[Encoded], ablation: str,
         return None, None, None
     if ablation == "mean":
         ref_items = items if reference is None else encode(model, validate.examples(reference, "reference"))
-        acc = SplitMean()
-        for chunk in batches(ref_items, bs):
-            tokens, lengths = pad_right([it.ids for it in chunk], pad)
-            acc.add(run_graph(model, graph, tokens.to(dev)).outputs, lengths)
-        return acc.result(), None, None
+        padded = (pad_right([it.ids for it in chunk], pad) for chunk in batches(ref_items, bs))
+        return mean_outputs(model, graph, ((t.to(dev), n) for t, n in padded)), None, None
     pairs = corrupt_pairs(model, items, corrupt)
     T = max(len(it.ids) for it in items)
     rows = torch.zeros(len(items), T, graph.n_src, int(model.cfg.d_model), device=dev)
@@ -147,7 +144,7 @@ def edge_metric(
             B, T = toks.shape
             ref = None
             if mean is not None:
-                ref = at_positions(mean, T)[None].expand(B, -1, -1, -1)
+                ref = batch_rows(mean, B, T)
             elif rows is not None:
                 ref = rows[ex.to(dev), :T]
             logits = run_graph(model, graph, toks, removed=removed[cfg.to(dev)], ref=ref).logits

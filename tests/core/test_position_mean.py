@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from capinterp.core.position_mean import SplitMean, at_positions
+from capinterp.core.position_mean import SplitMean, at_positions, batch_rows
 
 
 def test_split_mean_matches_a_loop_over_real_tokens_across_batches():
@@ -24,6 +24,8 @@ def test_split_mean_matches_a_loop_over_real_tokens_across_batches():
     assert torch.allclose(got[0], torch.stack(firsts).mean(0), atol=1e-6)
     assert torch.allclose(got[1], torch.stack(rest).mean(0), atol=1e-6)
     assert at_positions(got, 4).tolist() == [got[0].tolist()] + [got[1].tolist()] * 3
+    rows = batch_rows(got, 3, 4)
+    assert rows.shape == (3, 4, 4) and all(torch.equal(r, at_positions(got, 4)) for r in rows)
 
 
 def test_one_token_prompts_and_no_data():
