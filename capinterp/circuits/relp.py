@@ -181,7 +181,7 @@ def relp_rules(model: Model, rules: Sequence[str] = RELP_RULES) -> Iterator[None
         if fam.gated_mlp and ("act" in rules) != ("half" in rules):
             raise ValueError("RelP's rules for a gated MLP: 'act' and 'half' go together (act(g) * u is one product)")
         if "act" in rules:
-            handles += _mlp_hooks(model, L, fam.gated_mlp, "act" in rules, "half" in rules)
+            handles += _mlp_hooks(model, L, fam.gated_mlp, "half" in rules)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*hook_scale/hook_normalized.*")
             yield
@@ -190,8 +190,9 @@ def relp_rules(model: Model, rules: Sequence[str] = RELP_RULES) -> Iterator[None
             h.remove()
 
 
-def _mlp_hooks(model: Model, L: int, gated: bool, act: bool, half: bool) -> list[Any]:
-    """Hooks on each MLP: capture the pre-activation (and linear factor) live, rewrite the product."""
+def _mlp_hooks(model: Model, L: int, gated: bool, half: bool) -> list[Any]:
+    """Hooks on each MLP (the identity rule, and with ``half`` on a gated MLP the half rule): capture
+    the pre-activation (and linear factor) live, rewrite the product."""
     handles = []
     for l in range(L):
         live: dict[str, torch.Tensor] = {}
@@ -209,7 +210,7 @@ def _mlp_hooks(model: Model, L: int, gated: bool, act: bool, half: bool) -> list
                 raise UnsupportedFamily("RelP: the MLP's hook_pre / hook_pre_linear did not fire before hook_post")
             gd, pd = g.detach(), p.detach()
             if not gated:  # identity rule: act(x) / x
-                return pd + _ratio(pd, gd) * _live(g) if act else p
+                return pd + _ratio(pd, gd) * _live(g)
             ud = u.detach()  # type: ignore[union-attr]
             share = 0.5 if half else 1.0  # half rule: each factor gets half of the gradient-times-input
             return pd + share * _ratio(pd, gd) * _live(g) + share * _ratio(pd, ud) * _live(u)  # type: ignore[arg-type]
