@@ -6,8 +6,8 @@ unembedding. The bridge maps that module to ``ln_final``, so ``ln_final``'s hook
 the first firing carries the embeddings: every method that reads the final residual at
 ``ln_final.hook_in`` (capinterp's hand-built logits among them) would read the embeddings.
 
-At load, :func:`final_norm_on_embeddings` runs one probe forward and counts the calls (read from
-the modules, not the family name); :func:`install` then routes every call the transformers model
+At load, :func:`final_norm_order` watches the first (guarded) forward for a final-norm call before
+the first block (read from the modules, not the family name); :func:`install` then routes every call the transformers model
 makes through that attribute before its first decoder layer to the plain module (no hooks), so
 ``ln_final`` fires once per forward, on the last residual. The normalized embeddings are what
 ``blocks.0.hook_resid_pre`` sees, as on any family; ``hook_embed`` stays the raw embedding.
@@ -15,13 +15,15 @@ makes through that attribute before its first decoder layer to the plain module 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from capinterp.core.protocol import Model
 
-__all__ = ["final_norm_on_embeddings", "install"]
+__all__ = ["final_norm_order", "install"]
 
 
 def _owner(model: Model) -> tuple[torch.nn.Module, str] | None:
@@ -33,20 +35,20 @@ def _owner(model: Model) -> tuple[torch.nn.Module, str] | None:
     return None
 
 
-@torch.no_grad()
-def final_norm_on_embeddings(model: Model, tokens: torch.Tensor) -> bool:
-    """Whether the model's forward calls its final norm before its first block (on the embeddings)."""
+@contextlib.contextmanager
+def final_norm_order(model: Model) -> Iterator[Callable[[], bool]]:
+    """Watch the forwards run inside: yields a check of whether one called the final norm before the
+    first block (on the embeddings)."""
     order: list[str] = []
     handles = [
         model.ln_final.register_forward_pre_hook(lambda m, a: order.append("norm")),
         model.blocks[0].register_forward_pre_hook(lambda m, a: order.append("block")),
     ]
     try:
-        model(tokens)
+        yield lambda: "block" in order and "norm" in order[: order.index("block")]
     finally:
         for h in handles:
             h.remove()
-    return "block" in order and "norm" in order[: order.index("block")]
 
 
 class _BeforeBlocks(torch.nn.Module):

@@ -99,7 +99,7 @@ class Family:
     # Mamba or convolution mixers): refused at load (check_supported)
     hybrid_layers: tuple[str, ...] = ()
     # the final norm module also normalizes the embeddings before the first layer (NanoChat): found by
-    # a probe forward at load, which then routes that first call around ln_final's hooks
+    # the first forward at load, which then routes that first call around ln_final's hooks
     # (capinterp.core.embedding_norm), so ln_final.hook_in carries only the last residual
     embedding_norm: bool = False
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.embedding_norm import final_norm_on_embeddings
+from capinterp.core.embedding_norm import final_norm_order
 from capinterp.core.embedding_norm import install as install_embedding_norm
 from capinterp.core.family import UnsupportedFamily, check_supported, family_of, read_family
 from capinterp.core.fingerprint import (
@@ -270,8 +270,9 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
         int(bridge.cfg.d_mlp) != fam.d_mlp
     ):  # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM)
         bridge.cfg.d_mlp = fam.d_mlp
-    check_neuron_hooks(bridge)  # the first forward: a failing one is refused there, naming the error
-    if final_norm_on_embeddings(bridge, _probe_tokens(bridge)):  # NanoChat: ln_final also runs on the embeddings
+    with final_norm_order(bridge) as norm_first:
+        check_neuron_hooks(bridge)  # the first forward: a failing one is refused there, naming the error
+    if norm_first():  # NanoChat: ln_final also runs on the embeddings
         bridge.capinterp_family = dataclasses.replace(fam, embedding_norm=True)
         install_embedding_norm(bridge)
     check_logit_path(bridge, _probe_tokens(bridge))
