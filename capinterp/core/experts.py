@@ -166,6 +166,50 @@ class ExpertBlock:
         return (out, weights) if self.returns_scores else out
 
 
+@dataclass(frozen=True, eq=False)
+class DenseBlock:
+    """A dense gated FFN layer of a model whose other layers are MoE (DeepSeek's first_k_dense_replace):
+    its ``width`` neurons on the model's ``padded``-wide neuron axis, the rest of the axis always 0.
+
+    WIP (issue 27, mixed dense/MoE): the padding neurons exist only so every layer shares one axis;
+    random draws, selection statistics, chance levels and weights must skip them (not done yet)."""
+
+    layer: int
+    block: Any  # transformers gated MLP (gate_proj, up_proj, down_proj, act_fn)
+    width: int
+    padded: int
+
+    def forward(self, hook: torch.nn.Module, hidden_states: Tensor) -> Tensor:
+        b = self.block
+        a = b.act_fn(b.gate_proj(hidden_states)) * b.up_proj(hidden_states)
+        neurons = hook(torch.nn.functional.pad(a, (0, self.padded - self.width)))
+        return b.down_proj(neurons[..., : self.width])
+
+    def values(self) -> Tensor:
+        """``[padded, d_model]`` value vectors: the real neurons' down-projection columns, then zero rows."""
+        w = _unwrap(self.block.down_proj).weight.T  # [width, d_model]
+        return torch.cat([w, w.new_zeros(self.padded - self.width, w.shape[1])])
+
+
+def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
+    fam = family_of(model)
+    block = _unwrap(getattr(model.blocks[layer], "mlp", None))
+    where = f"{fam.name} ({fam.architecture}), layer {layer}"
+    if not all(
+        isinstance(_unwrap(getattr(block, k, None)), torch.nn.Linear) for k in ("gate_proj", "up_proj", "down_proj")
+    ):
+        raise UnsupportedFamily(
+            f"{where}: a dense layer between expert layers that is not a gated MLP ({type(block).__name__}); "
+            "capinterp cannot put its neurons on the experts' axis"
+        )
+    width = int(_unwrap(block.down_proj).in_features)
+    if width > moe.width:
+        raise UnsupportedFamily(
+            f"{where}: the dense FFN has {width} neurons, more than an expert layer's {moe.width}; not supported yet"
+        )
+    return DenseBlock(layer=layer, block=block, width=width, padded=moe.width)
+
+
 def is_moe(model: Model) -> bool:
     """Whether the model's FFNs are mixtures of experts (their neurons are ``(layer, expert, neuron)``)."""
     return family_of(model).moe is not None
@@ -327,7 +371,11 @@ def install(model: Model) -> None:
     moe = family_of(model).moe
     if moe is None or getattr(model, "capinterp_experts", None):
         return
-    blocks = [_read_block(model, layer, moe) for layer in range(len(model.blocks))]
+    has = [_has_experts(getattr(b, "mlp", None)) for b in model.blocks]
+    blocks: list[Any] = [
+        _read_block(model, layer, moe) if has[layer] or not any(has) else _dense_block(model, layer, moe)
+        for layer in range(len(model.blocks))
+    ]
     for spec in blocks:
         mlp = model.blocks[spec.layer].mlp
         hook = HookPoint()
@@ -399,6 +447,14 @@ def owned_entries(spec: ExpertBlock) -> list[tuple[str, str, Tensor, Any]]:
     of the entries those neurons own. An expert neuron owns its gate and up rows (and their bias
     entries) and its value vector in its expert's 3-D weights; the shared expert's neurons own
     their rows of its Linear layers. The experts' down biases are owned by no neuron."""
+    if isinstance(spec, DenseBlock):  # a dense layer of a mixed model: its real neurons' rows and columns
+        b = spec.block
+        rows = lambda idx: (_pick(idx, 0, spec.width),)  # noqa: E731
+        return [
+            ("W_gate", "gate_proj", _unwrap(b.gate_proj).weight, rows),
+            ("W_in", "up_proj", _unwrap(b.up_proj).weight, rows),
+            ("W_out", "down_proj", _unwrap(b.down_proj).weight, lambda idx: (slice(None), *rows(idx))),
+        ]
     ex, d, routed = spec.experts, spec.d_expert, spec.n_experts * spec.d_expert
     out_axis = 2 if ex.is_transposed else 1  # where a projection's outputs sit in [E, ., .]
 
