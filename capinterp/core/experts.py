@@ -191,6 +191,10 @@ class DenseBlock:
         return torch.cat([w, w.new_zeros(self.padded - self.width, w.shape[1])])
 
 
+def _width(spec: ExpertBlock | DenseBlock) -> int:
+    return spec.width if isinstance(spec, DenseBlock) else spec.n_experts * spec.d_expert + spec.d_shared
+
+
 def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
     fam = family_of(model)
     block = _unwrap(getattr(model.blocks[layer], "mlp", None))
@@ -386,6 +390,8 @@ def install(model: Model) -> None:
             object.__setattr__(mlp, "hook_post", hook)
         spec.block.forward = functools.partial(spec.forward, hook)
     model.capinterp_experts = blocks
+    if any(isinstance(b, DenseBlock) for b in blocks):  # a mixed model: the dense layers' neurons are fewer
+        model.capinterp_family = replace(family_of(model), layer_widths=tuple(_width(b) for b in blocks))
     model.clear_hook_registry()
     model._scan_existing_hooks(model, "")
 

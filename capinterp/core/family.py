@@ -30,6 +30,7 @@ __all__ = [
     "check_supported",
     "family_of",
     "logit_transform",
+    "neuron_mask",
     "read_family",
 ]
 
@@ -102,11 +103,36 @@ class Family:
     # the first forward at load, which then routes that first call around ln_final's hooks
     # (capinterp.core.embedding_norm), so ln_final.hook_in carries only the last residual
     embedding_norm: bool = False
+    # each layer's own neurons where they differ between layers (dense layers between MoE layers:
+    # DeepSeek's first_k_dense_replace); a layer's neurons are the first layer_widths[l] of the
+    # d_mlp-wide axis, the rest is padding, always 0 (set at load by capinterp.core.experts.install).
+    # Empty when every layer has d_mlp neurons
+    layer_widths: tuple[int, ...] = ()
 
     @property
     def neurons(self) -> tuple[int, int]:
         """``(n_layers, d_mlp)``: the shape of every neuron score / mask."""
         return self.n_layers, self.d_mlp
+
+    def valid_neurons(self) -> torch.Tensor:
+        """Bool ``[n_layers, d_mlp]``: True at the model's real neurons, False at padding (:func:`neuron_mask`)."""
+        return neuron_mask(self.layer_widths, self.neurons)
+
+
+def neuron_mask(layer_widths: Any, shape: tuple[int, int]) -> torch.Tensor:
+    """Bool ``[n_layers, d_mlp]``, True at real neurons: layer ``l``'s first ``layer_widths[l]``
+    neurons; every neuron when ``layer_widths`` is empty or None. ValueError for widths that do not fit ``shape``."""
+    n_layers, d_mlp = int(shape[0]), int(shape[1])
+    if not layer_widths:
+        return torch.ones(n_layers, d_mlp, dtype=torch.bool)
+    widths = list(layer_widths)
+    if len(widths) != n_layers or not all(
+        isinstance(w, int) and not isinstance(w, bool) and 0 < w <= d_mlp for w in widths
+    ):
+        raise ValueError(
+            f"layer_widths must be {n_layers} integers in [1, {d_mlp}] (each layer's neurons), got {widths!r:.200}"
+        )
+    return torch.arange(d_mlp)[None, :] < torch.tensor(widths)[:, None]
 
 
 def family_of(model: Model) -> Family:

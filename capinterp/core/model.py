@@ -59,6 +59,7 @@ __all__ = [
     "neuron_shape",
     "refresh_fingerprint",
     "user_hooks",
+    "valid_neurons",
 ]
 
 DEFAULT_MODEL = "gemma3"
@@ -273,7 +274,7 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     with final_norm_order(bridge) as norm_first:
         check_neuron_hooks(bridge)  # the first forward: a failing one is refused there, naming the error
     if norm_first():  # NanoChat: ln_final also runs on the embeddings
-        bridge.capinterp_family = dataclasses.replace(fam, embedding_norm=True)
+        bridge.capinterp_family = dataclasses.replace(family_of(bridge), embedding_norm=True)
         install_embedding_norm(bridge)
     check_logit_path(bridge, _probe_tokens(bridge))
     return bridge
@@ -484,7 +485,15 @@ def model_meta(model: Model) -> dict[str, Any]:
         "shape": [n_layers, d_mlp],
         **neuron_param_info(model),
         **_moe_meta(model),
+        **({"layer_widths": list(widths)} if (widths := family_of(model).layer_widths) else {}),
     }
+
+
+def valid_neurons(model: Model) -> torch.Tensor:
+    """Bool ``[n_layers, d_mlp]``: True at the model's real neurons. All True but on models whose
+    layers differ in width (dense layers between MoE layers), where the padding of the narrower
+    layers is False: random draws, selection statistics and chance levels count only real neurons."""
+    return family_of(model).valid_neurons()
 
 
 def _moe_meta(model: Model) -> dict[str, Any]:

@@ -4,10 +4,13 @@ metadata, and the rules that turn them into a :class:`~capinterp.units.neuron_se
 Selection rules (Huang et al. 2025, Eq. 8; the DCSN paper, anon. 2025, Eq. 2; docs/localizers/cnl.md):
 
 - ``select(sigma)``: Mask(l,i) = |s(l,i) - mean(s)| > sigma * spread(s), mean and spread taken over
-  all L*d_mlp neurons; spread = population std (default) or variance (fidelity checks only);
+  all L*d_mlp neurons (the model's real neurons only where layers differ in width: ``valid``); spread = population std (default) or variance (fidelity checks only);
   ``two_sided=False`` keeps only s - mean > sigma * spread.
 - ``top_k(k)``: the k largest scores (or |scores|); ties go to the lower flat index.
 - ``threshold(t)``: s > t; ``relative=True``: s > t * max(s) and s > 0 (KN's coarse rule).
+
+Padding neurons (``valid`` False: past a narrower layer's own width) are never selected and take
+no part in any statistic.
 """
 
 from __future__ import annotations
@@ -55,13 +58,13 @@ class NeuronScores(NeuronTensor):
     def select(self, sigma: float = 6.0, spread: str = "std", two_sided: bool = True) -> NeuronSet:
         """Neurons with |s - mean(s)| > sigma * spread(s) (global over all neurons; population std/var)."""
         sigma = validate.finite_float("sigma", sigma, low=0.0, low_open=True)
-        s = self.scores.double()
+        s = self.scores.double()[self.valid]
         if spread not in ("std", "var"):
             raise ValueError(f"spread must be 'std' or 'var', got {spread!r}")
         sp = s.std(correction=0) if spread == "std" else s.var(correction=0)
         mean = s.mean()
-        dev = s - mean
-        mask = (dev.abs() if two_sided else dev) > sigma * sp
+        dev = self.scores.double() - mean
+        mask = ((dev.abs() if two_sided else dev) > sigma * sp) & self.valid
         return self._make_set(
             mask,
             {
@@ -78,19 +81,20 @@ class NeuronScores(NeuronTensor):
         """The k neurons with the largest score (``by="score"``) or |score| (``by="abs"``)."""
         if by not in ("score", "abs"):
             raise ValueError(f"by must be 'score' or 'abs', got {by!r}")
-        n = self.scores.numel()
-        validate.integer("k", k, low=0, high=n)
+        real = self.valid.flatten()
+        validate.integer("k", k, low=0, high=int(real.sum()))
         flat = self.scores.flatten()
-        order = torch.sort(flat.abs() if by == "abs" else flat, descending=True, stable=True).indices
-        mask = torch.zeros(n, dtype=torch.bool)
+        key = (flat.abs() if by == "abs" else flat).masked_fill(~real, -torch.inf)  # padding ranks last
+        order = torch.sort(key, descending=True, stable=True).indices
+        mask = torch.zeros(flat.numel(), dtype=torch.bool)
         mask[order[: int(k)]] = True
         return self._make_set(mask.view(self.shape), {"criterion": "top_k", "k": int(k), "by": by})
 
     def threshold(self, t: float, relative: bool = False) -> NeuronSet:
         """s > t, or with ``relative=True`` s > t * max(s) and s > 0 (only positive scores count)."""
         t, relative = validate.finite_float("t", t), validate.boolean("relative", relative)
-        cut = t * float(self.scores.max()) if relative else t
-        mask = self.scores > cut
+        cut = t * float(self.scores[self.valid].max()) if relative else t
+        mask = (self.scores > cut) & self.valid
         if relative:
             mask &= self.scores > 0
         return self._make_set(mask, {"criterion": "threshold", "t": float(t), "relative": bool(relative), "cut": cut})
@@ -102,6 +106,9 @@ class NeuronScores(NeuronTensor):
         df = pd.DataFrame(
             {"layer": np.repeat(np.arange(n_layers), d_mlp), "neuron": np.tile(np.arange(d_mlp), n_layers), "score": s}
         )
+        if self.padded:  # the model's own neurons only
+            df = df[self.valid.flatten().numpy()].reset_index(drop=True)
+            s = df["score"].to_numpy()
         if top is not None:
             validate.nonneg_int("top", top)
             key = np.abs(s) if by == "abs" else s
@@ -109,7 +116,7 @@ class NeuronScores(NeuronTensor):
         return df
 
     def __repr__(self) -> str:
-        s = self.scores
+        s = self.scores[self.valid]
         return (
             f"NeuronScores({self.n_layers} layers x {self.d_mlp} neurons, method={self.meta.get('method')!r}, "
             f"min={float(s.min()):.4g}, max={float(s.max()):.4g}, mean={float(s.mean()):.4g})"

@@ -42,13 +42,20 @@ class NeuronSet(NeuronTensor, UnitSet):
             t = t != 0
         self.mask: Bool[Tensor, "n_layers d_mlp"] = t.clone().contiguous()
         self._init_meta(meta)
+        if self.padded and (outside := int((self.mask & ~self.valid).sum())):
+            raise ValueError(
+                f"mask holds {outside} padding neurons: positions past a layer's own width "
+                f"(meta['layer_widths'] {self.meta['layer_widths']!r:.120}) are not neurons of the model"
+            )
 
     def _data(self) -> Tensor:
         return self.mask
 
     # --- UnitSet interface ---------------------------------------------------------------------
     space = property(lambda self: ("neuron", self.n_layers, self.d_mlp), doc='("neuron", n_layers, d_mlp)')
-    n_units = property(lambda self: self.n_layers * self.d_mlp, doc="L * d_mlp")
+    n_units = property(
+        lambda self: int(self.valid.sum()), doc="the model's neurons: L * d_mlp, or the layers' own widths summed"
+    )
     unit_params = property(lambda self: self.meta.get("params_per_neuron"), doc="meta['params_per_neuron']")
     n_params = property(lambda self: self.meta.get("n_params"), doc="meta['n_params']")
 
@@ -122,9 +129,10 @@ class NeuronSet(NeuronTensor, UnitSet):
         draws only neurons outside this set (random-control arms)."""
         g = torch.Generator().manual_seed(validate.integer("seed", seed))
         rows = self.mask if per_layer else self.mask.view(1, -1)
+        real = self.valid if per_layer else self.valid.view(1, -1)  # padding neurons are never drawn
         out = torch.zeros_like(rows)
         for r, (row, count) in enumerate(zip(rows, rows.sum(dim=1).tolist())):
-            pool = (~row).nonzero().flatten() if disjoint else torch.arange(row.numel())
+            pool = (real[r] & ~row if disjoint else real[r]).nonzero().flatten()
             if count > pool.numel():
                 raise ValueError(f"cannot draw {count} disjoint random neurons from {pool.numel()} left")
             out[r, pool[torch.randperm(pool.numel(), generator=g)[:count]]] = True

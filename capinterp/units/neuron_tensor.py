@@ -14,12 +14,20 @@ import torch
 from torch import Tensor
 
 from capinterp._version import __version__
+from capinterp.core.family import neuron_mask
 from capinterp.plots.heatmaps import neuron_heatmap
 from capinterp.units import neuron_io
 
 __all__ = ["MODEL_KEYS", "NeuronTensor", "load"]
 
-MODEL_KEYS = ("model", "model_fingerprint", "architecture_fingerprint", "n_params", "params_per_neuron")
+MODEL_KEYS = (
+    "model",
+    "model_fingerprint",
+    "architecture_fingerprint",
+    "n_params",
+    "params_per_neuron",
+    "layer_widths",
+)
 
 
 def _shape_of(model_or_shape: Any) -> tuple[int, int]:
@@ -54,6 +62,19 @@ class NeuronTensor:
     def _init_meta(self, meta: dict[str, Any] | None) -> None:
         self.meta = copy.deepcopy(dict(meta or {}))
         self.meta.setdefault("version", __version__)
+        self._valid = neuron_mask(self.meta.get("layer_widths"), self.shape)  # ValueError for widths that do not fit
+
+    @property
+    def valid(self) -> Tensor:
+        """Bool ``[n_layers, d_mlp]``: True at the model's real neurons. All True but for models whose
+        layers differ in width (``meta["layer_widths"]``: dense layers between MoE layers), whose
+        narrower layers are padded to ``d_mlp``; padding neurons are never selected, drawn or counted."""
+        return self._valid
+
+    @property
+    def padded(self) -> bool:
+        """Whether some layers are narrower than ``d_mlp`` (see :attr:`valid`)."""
+        return bool(self.meta.get("layer_widths"))
 
     def _data(self) -> Tensor:  # the stored tensor
         raise NotImplementedError
