@@ -33,7 +33,14 @@ import torch
 
 from capinterp.core.protocol import Model
 
-__all__ = ["architecture_fingerprint", "model_fingerprint", "refresh_fingerprint", "restoring", "weights_digest"]
+__all__ = [
+    "architecture_fingerprint",
+    "hf_config_facts",
+    "model_fingerprint",
+    "refresh_fingerprint",
+    "restoring",
+    "weights_digest",
+]
 
 _CONFIG_KEYS = ("n_layers", "d_model", "d_mlp", "n_heads", "d_vocab", "n_ctx", "act_fn", "architecture")
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -118,7 +125,7 @@ def restoring(model: Model) -> Iterator[None]:
 _HF_FACTS = "capinterp_hf_config_facts"
 
 
-def _hf_config_facts(model: Model) -> dict[str, Any] | None:
+def hf_config_facts(model: Model) -> dict[str, Any] | None:
     """The wrapped transformers model's config (public fields), or None for a model without one.
 
     Fields such as a sliding window, rotary settings or norm epsilons change every activation
@@ -152,7 +159,7 @@ def _hf_config_facts(model: Model) -> dict[str, Any] | None:
 def model_fingerprint(model: Model) -> str:
     """A short hash of the config facts (the transformers config's too), the model's name and its weights."""
     facts: dict[str, Any] = _config_facts(model)
-    facts["hf_config"] = _hf_config_facts(model)
+    facts["hf_config"] = hf_config_facts(model)
     facts["name"] = getattr(model, "capinterp_name", None)
     facts["weights"] = weights_digest(model)
     return _hash(facts)

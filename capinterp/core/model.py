@@ -34,8 +34,8 @@ from capinterp.core.embedding_norm import final_norm_order
 from capinterp.core.embedding_norm import install as install_embedding_norm
 from capinterp.core.family import UnsupportedFamily, check_supported, family_of, read_family
 from capinterp.core.fingerprint import (
-    _hf_config_facts,
     architecture_fingerprint,
+    hf_config_facts,
     model_fingerprint,
     refresh_fingerprint,
 )
@@ -261,7 +261,7 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     fam = read_family(bridge)
     check_supported(fam)  # refused here, naming the family, never partway through a run
     bridge.capinterp_family = fam
-    _hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
+    hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
     if fam.moe is not None:  # expert neurons at blocks.{l}.mlp.hook_post (refused here if it cannot be done)
         from capinterp.core.experts import install
 
