@@ -74,6 +74,11 @@ class ExpertBlock:
     returns_scores: bool  # the block returns (output, router scores) (gpt-oss)
     router_args: tuple[str, ...] = ()  # block attributes the router takes after the hidden states (a score bias)
     router_3d: bool = False  # the router reads [batch, pos, d_model], not one row per token
+    # the router weight scales the expert's input, not its output (Llama 4): a neuron is then
+    # act_e(w * x)[i], still 0 on tokens not routed to its expert, and the layer's output is still
+    # the sum over neurons of a * W_out
+    input_weighted: bool = False
+    top_k: int = 0  # experts per token: read from the router's scores where it returns them over all experts
 
     # ---- the experts' arithmetic, read from transformers' own flags
 
@@ -135,7 +140,13 @@ class ExpertBlock:
         # the router's input: one row per token, or the block's own [batch, pos, d_model] (AFMoE's
         # router reads three axes), as found at load (_checked); its choices flattened to one row per token
         r_in = hidden_states if self.router_3d else x
-        _, weights, index = self.router(r_in, *(getattr(self.block, n) for n in self.router_args))
+        routing = self.router(r_in, *(getattr(self.block, n) for n in self.router_args))
+        if len(routing) == 2:  # (scores over all experts, 0 where not chosen; logits): Llama 4's router
+            scores, extra = routing
+            weights, index = scores.reshape(x.shape[0], -1).topk(self.top_k, dim=-1)
+        else:  # (logits, the chosen experts' weights, their indices)
+            _, weights, index = routing
+            extra = weights
         weights, index = weights.reshape(x.shape[0], -1), index.reshape(x.shape[0], -1)
         n_tok, width = x.shape[0], self.n_experts * self.d_expert
         acts = x.new_zeros(n_tok, self.n_experts, self.d_expert)
@@ -143,11 +154,12 @@ class ExpertBlock:
         for e in index.unique().tolist():
             tok, slot = torch.where(index == e)
             w = weights[tok, slot, None]
-            acts[tok, e] = (self.activation(e, x[tok]) * w).to(x.dtype)
+            a = self.activation(e, x[tok] * w) if self.input_weighted else self.activation(e, x[tok]) * w
+            acts[tok, e] = a.to(x.dtype)
             routed.append((e, tok, w))
         parts = [acts.reshape(n_tok, width)]
         if self.shared is not None:
-            s = self.shared.act_fn(self.shared.gate_proj(x)) * self.shared.up_proj(x)
+            s = gated_mlp_neurons(self.shared, x)
             if self.shared_gate is not None:
                 s = torch.sigmoid(self.shared_gate(x)) * s
             parts.append(s.to(x.dtype))
@@ -158,12 +170,27 @@ class ExpertBlock:
             y = self.down(e, acts[tok, e])
             b = self.down_bias(e)
             if b is not None:
-                y = y + w * b
+                y = y + (b if self.input_weighted else w * b)
             out = out.index_add(0, tok, y.to(x.dtype))
         if self.shared is not None:
             out = out + self.shared.down_proj(neurons[:, width:])
         out = out.reshape(shape)
-        return (out, weights) if self.returns_scores else out
+        return (out, extra) if self.returns_scores else out
+
+
+def _act(mlp: Any) -> Any:
+    """A transformers gated MLP's activation module (``act_fn``; Llama 4 calls it ``activation_fn``)."""
+    return getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+
+
+def _is_gated_mlp(mlp: Any) -> bool:
+    return all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")) and callable(_act(mlp))
+
+
+def gated_mlp_neurons(mlp: Any, x: Tensor) -> Tensor:
+    """``act(gate_proj(x)) * up_proj(x)``: the neurons of a transformers gated MLP (a shared expert,
+    or a dense layer between expert layers)."""
+    return _act(mlp)(mlp.gate_proj(x)) * mlp.up_proj(x)
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,7 +208,7 @@ class DenseBlock:
 
     def forward(self, hook: torch.nn.Module, hidden_states: Tensor) -> Tensor:
         b = self.block
-        a = b.act_fn(b.gate_proj(hidden_states)) * b.up_proj(hidden_states)
+        a = gated_mlp_neurons(b, hidden_states)
         neurons = hook(torch.nn.functional.pad(a, (0, self.padded - self.width)))
         return b.down_proj(neurons[..., : self.width])
 
@@ -232,6 +259,39 @@ def _has_experts(module: Any) -> bool:
     return isinstance(getattr(_unwrap(module), "experts", None), torch.nn.Module)
 
 
+class _Stacked:
+    """transformers' experts flags for a module that stores its experts as stacked 3-D weights without
+    them (Llama 4: ``gate_up_proj [E, d_model, 2 d_expert]``, ``down_proj [E, d_expert, d_model]``,
+    ``act(gate) * up`` on the two halves): the orientation is read from the shapes, the rest is what
+    the module computes; :func:`_checked` then compares the whole block with transformers' own forward."""
+
+    has_gate, has_bias, is_concatenated, has_post_expert_norm = True, False, True, False
+
+    def __init__(self, module: Any, d_model: int) -> None:
+        self.module = module
+        self.is_transposed = int(module.down_proj.shape[-1]) == d_model
+
+    def __getattr__(self, name: str) -> Any:  # parameters and act_fn: the module's own
+        return getattr(self.module, name)
+
+    def _apply_gate(self, h: Tensor) -> Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        return self.module.act_fn(gate) * up
+
+
+def _flagged(experts: Any, d_model: int) -> Any:
+    """``experts`` where it carries transformers' flags, a :class:`_Stacked` view where it stores
+    gated stacked weights without them, None where its neurons cannot be read."""
+    down, gate_up = getattr(experts, "down_proj", None), getattr(experts, "gate_up_proj", None)
+    if not (isinstance(down, torch.Tensor) and down.dim() == 3):
+        return None
+    if hasattr(experts, "is_transposed"):
+        return experts
+    if isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3 and callable(getattr(experts, "act_fn", None)):
+        return _Stacked(experts, d_model)
+    return None
+
+
 def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     fam = family_of(model)
     mlp = getattr(model.blocks[layer], "mlp", None)
@@ -257,12 +317,13 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
                 else "capinterp reads experts only from transformers' stacked-experts modules"
             )
         )
-    down = getattr(experts, "down_proj", None)
-    if not (isinstance(down, torch.Tensor) and down.dim() == 3 and hasattr(experts, "is_transposed")):
+    flagged = _flagged(experts, int(model.cfg.d_model))
+    if flagged is None:
         raise UnsupportedFamily(
             f"{where}: {type(experts).__name__} does not store its experts as transformers' stacked 3-D weights "
-            "(down_proj [n_experts, ...] with is_transposed); its expert neurons cannot be read"
+            "(down_proj [n_experts, ...], with is_transposed or a gated gate_up_proj); its expert neurons cannot be read"
         )
+    experts, down = flagged, flagged.down_proj
     if getattr(experts, "has_post_expert_norm", False):
         raise UnsupportedFamily(
             f"{where}: a norm follows each expert's down projection, so the layer's output is not a sum over "
@@ -276,10 +337,12 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     n_experts = int(down.shape[0])
     d_expert = int(down.shape[1] if experts.is_transposed else down.shape[2])
     shared = _unwrap(getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None))
-    if shared is not None and not all(hasattr(shared, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+    if shared is not None and not _is_gated_mlp(shared):
         raise UnsupportedFamily(f"{where}: the shared expert {type(shared).__name__} is not a gated MLP")
     d_shared = int(shared.down_proj.in_features) if shared is not None else 0
-    if (n_experts, d_expert, d_shared) != (moe.n_experts, moe.d_expert, moe.d_shared):
+    # a shared expert the config does not name (Llama 4's is always there): the modules are the truth,
+    # and install records its width in the family
+    if (n_experts, d_expert, d_shared) != (moe.n_experts, moe.d_expert, moe.d_shared if moe.n_shared else d_shared):
         raise UnsupportedFamily(
             f"{where}: the experts hold {n_experts} x {d_expert} neurons (+{d_shared} shared), the config says "
             f"{moe.n_experts} x {moe.d_expert} (+{moe.d_shared})"
@@ -296,6 +359,7 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         d_shared=d_shared,
         returns_scores=False,
         router_args=_router_args(where, block, router),
+        top_k=moe.top_k,
     )
     return _checked(where, spec, down)
 
@@ -348,15 +412,21 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
     from transformer_lens.hook_points import HookPoint
 
     found = []
-    for router_3d in (False, True):  # the router's input as the block gives it: rows, or [batch, pos, d_model]
-        candidate = replace(spec, router_3d=router_3d)
+    # the router's input as the block gives it (rows, or [batch, pos, d_model]), and where its weight
+    # goes (the expert's output, or its input as in Llama 4): the first reading that reproduces the block
+    for router_3d, input_weighted in ((False, False), (True, False), (False, True), (True, True)):
+        candidate = replace(spec, router_3d=router_3d, input_weighted=input_weighted)
         try:
             got = candidate.forward(HookPoint(), x)
         except Exception as err:  # a router that reads the other layout
             found.append(f"{type(err).__name__}: {err}")
             continue
         got_t = got[0] if isinstance(got, tuple) else got
-        err_max = float((got_t.float() - want_t.float()).abs().max())
+        if got_t.numel() != want_t.numel():
+            found.append(f"returns {tuple(got_t.shape)}, the block {tuple(want_t.shape)}")
+            continue
+        # the block may return one row per token (Llama 4: its layer views it back to [batch, pos, d_model])
+        err_max = float((got_t.float().reshape(want_t.shape) - want_t.float()).abs().max())
         if err_max <= tol:
             return candidate
         found.append(f"differs by {err_max:.3g}")
@@ -372,14 +442,21 @@ def install(model: Model) -> None:
     ``blocks.{l}.mlp.hook_post``; refused with :class:`UnsupportedFamily` where it cannot be done."""
     from transformer_lens.hook_points import HookPoint
 
-    moe = family_of(model).moe
+    fam = family_of(model)
+    moe = fam.moe
     if moe is None or getattr(model, "capinterp_experts", None):
         return
     has = [_has_experts(getattr(b, "mlp", None)) for b in model.blocks]
-    blocks: list[Any] = [
-        _read_block(model, layer, moe) if has[layer] or not any(has) else _dense_block(model, layer, moe)
-        for layer in range(len(model.blocks))
-    ]
+    experts = {
+        layer: _read_block(model, layer, moe) for layer in range(len(model.blocks)) if has[layer] or not any(has)
+    }
+    shared = {b.d_shared for b in experts.values()}
+    if shared != {moe.d_shared} and len(shared) == 1:  # a shared expert the config does not name (Llama 4)
+        moe = replace(moe, n_shared=1, d_shared=shared.pop())
+        fam = replace(fam, moe=moe, d_mlp=moe.width)
+    blocks: list[Any] = [experts.get(layer) or _dense_block(model, layer, moe) for layer in range(len(model.blocks))]
+    if any(isinstance(b, DenseBlock) for b in blocks):  # a mixed model: the dense layers' neurons are fewer
+        fam = replace(fam, layer_widths=tuple(_width(b) for b in blocks))
     for spec in blocks:
         mlp = model.blocks[spec.layer].mlp
         hook = HookPoint()
@@ -390,8 +467,7 @@ def install(model: Model) -> None:
             object.__setattr__(mlp, "hook_post", hook)
         spec.block.forward = functools.partial(spec.forward, hook)
     model.capinterp_experts = blocks
-    if any(isinstance(b, DenseBlock) for b in blocks):  # a mixed model: the dense layers' neurons are fewer
-        model.capinterp_family = replace(family_of(model), layer_widths=tuple(_width(b) for b in blocks))
+    model.capinterp_family = fam
     model.clear_hook_registry()
     model._scan_existing_hooks(model, "")
 

@@ -267,10 +267,8 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
 
         install(bridge)
     bridge.capinterp_own_hooks = _hook_ids(bridge)  # the bridge's own (OPT, XGLM attach some): not the user's
-    if (
-        int(bridge.cfg.d_mlp) != fam.d_mlp
-    ):  # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM)
-        bridge.cfg.d_mlp = fam.d_mlp
+    # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM); MoE: every expert's neurons
+    bridge.cfg.d_mlp = family_of(bridge).d_mlp
     with final_norm_order(bridge) as norm_first:
         check_neuron_hooks(bridge)  # the first forward: a failing one is refused there, naming the error
     if norm_first():  # NanoChat: ln_final also runs on the embeddings

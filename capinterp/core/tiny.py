@@ -291,7 +291,6 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
 # docs/models.md); tiny models of them test that the refusal names the family and the reason.
 TINY_REFUSED: dict[str, dict[str, Any]] = {
     "jetmoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),  # ParallelExperts
-    "llama4_text": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
     "granitemoehybrid": dict(
         intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention"]
     ),

@@ -95,7 +95,6 @@ def test_moe_with_dense_layers_refused_at_load(family, overrides):
 
 REFUSED_WHY = {
     "jetmoe": "JetMoeMoE.*stacked-experts",  # ParallelExperts, no 3-D stacks
-    "llama4_text": "Llama4TextExperts does not store its experts as transformers' stacked 3-D weights",
     "granitemoehybrid": r"\['mamba'\] mixers besides softmax attention \(a hybrid model\)",
     "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
     "qwen3_next": r"\['linear_attention'\] mixers besides softmax attention",
