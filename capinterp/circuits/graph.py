@@ -114,9 +114,10 @@ class Graph:
         attention exposes per-head q/k/v inputs, else one attention slot per layer (``"layer"``).
         Block layout (parallel or sequential) and head counts come from the family record."""
         from capinterp.circuits.probe import splits_qkv
-        from capinterp.core.family import family_of
+        from capinterp.core.family import family_of, require_attention
 
         fam = family_of(model)
+        require_attention(fam, "a knowledge-circuit graph (attention heads as nodes)")
         if granularity == "auto":
             granularity = "qkv" if splits_qkv(model) else "layer"
         return cls(fam.n_layers, fam.n_heads, fam.n_kv_heads, granularity, fam.parallel_block)

@@ -32,6 +32,7 @@ import torch
 from capinterp.circuits.forward import GraphRun, graph_mode, mean_outputs, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
+from capinterp.core.family import family_of, require_attention
 from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
@@ -93,6 +94,7 @@ def _ref_rows(ref: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None):
     ablation = validate.choice("ablation", ablation, HEAD_ABLATIONS)
     bs = validate.positive_int("batch_size", batch_size)
+    require_attention(family_of(model), "attention-head patching")
     graph = graph or Graph.from_model(model)
     return _items(model, data), ablation, bs, graph
 

@@ -32,7 +32,13 @@ __all__ = [
     "logit_transform",
     "neuron_mask",
     "read_family",
+    "require_attention",
 ]
+
+# token mixers besides softmax attention that a hybrid model may have and capinterp serves: its neuron
+# methods run there (IG takes route "loop": such a layer carries a recurrent state, not a key/value
+# cache), methods that need attention in every layer refuse (require_attention)
+SERVED_MIXERS = ("linear_attention",)
 
 # transformers config fields holding the FFN width, in the order families use them
 _FFN_WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "ffn_hidden_dim")
@@ -264,14 +270,23 @@ def check_supported(fam: Family) -> None:
     Mixture-of-experts models pass here; their modules are checked when
     :func:`capinterp.core.experts.install` serves them at load.
     """
-    if fam.hybrid_layers:
+    if other := [k for k in fam.hybrid_layers if k not in SERVED_MIXERS]:
         raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}): its layers include {list(fam.hybrid_layers)} mixers besides "
-            "softmax attention (a hybrid model); capinterp's circuits, causal tracing and IG's prefix reuse need "
-            "attention with a key/value cache in every layer"
+            f"{fam.name} ({fam.architecture}): its layers include {other} mixers besides softmax attention "
+            f"(a hybrid model); capinterp serves only {list(SERVED_MIXERS)} layers beside attention"
         )
     if fam.moe is not None and fam.moe.n_experts * fam.moe.d_expert <= 0:
         raise UnsupportedFamily(f"{fam.name} ({fam.architecture}): its config gives experts no neurons ({fam.moe})")
+
+
+def require_attention(fam: Family, what: str) -> None:
+    """Refuse ``what`` (a method that reads softmax attention, per-head outputs or a key/value cache in
+    every layer: knowledge circuits, head patching, attention tracing) on a hybrid model."""
+    if fam.hybrid_layers:
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): {what} needs softmax attention in every layer, and this hybrid "
+            f"model's layers include {list(fam.hybrid_layers)} mixers; its neuron methods run, this one cannot"
+        )
 
 
 def logit_transform(fam: Family, logits: torch.Tensor) -> torch.Tensor:

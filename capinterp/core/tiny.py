@@ -301,24 +301,20 @@ TINY_REFUSED: dict[str, dict[str, Any]] = {
         head_dim=8,
         mlp_layer_types=["hash_moe", "moe"],
     ),
-    # hybrids (refused: a linear-attention layer, gated delta net, then a full-attention one)
-    "qwen3_next": dict(
-        moe_intermediate_size=48,
-        shared_expert_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        head_dim=8,
-        layer_types=["linear_attention", "full_attention"],
-    ),
-    "qwen3_5_moe_text": dict(
-        moe_intermediate_size=48,
-        shared_expert_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        head_dim=8,
-        layer_types=["linear_attention", "full_attention"],
-    ),
 }
+
+
+# hybrid models: a linear-attention layer (gated delta net), then a full-attention one; served, their
+# methods that need attention in every layer refuse (capinterp.core.family.require_attention)
+_HYBRID_MOE = dict(
+    moe_intermediate_size=48,
+    shared_expert_intermediate_size=64,
+    num_experts=4,
+    num_experts_per_tok=2,
+    head_dim=8,
+    layer_types=["linear_attention", "full_attention"],
+)
+TINY_HYBRID: dict[str, dict[str, Any]] = {"qwen3_next": _HYBRID_MOE, "qwen3_5_moe_text": _HYBRID_MOE}
 
 
 def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) -> tuple[Any, Any]:
@@ -330,7 +326,7 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    known = {**TINY_FAMILIES, **TINY_REFUSED}
+    known = {**TINY_FAMILIES, **TINY_REFUSED, **TINY_HYBRID}
     if family not in known:
         raise ValueError(f"unknown tiny family {family!r}: one of {sorted(known)}")
     tok = tiny_tokenizer()

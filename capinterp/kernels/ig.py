@@ -487,8 +487,8 @@ def _ig_rows(
     """Prefix reuse + (layer, step) rows batched across layers; staircase or bridge route."""
     try:
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=route == "prefix")
-    except _prefix.NoCache:
-        warnings.warn("the model gives no KV cache to reuse; IG uses route='loop'", RuntimeWarning, stacklevel=3)
+    except _prefix.NoCache as err:
+        warnings.warn(f"no KV cache to reuse ({err}); IG uses route='loop'", RuntimeWarning, stacklevel=3)
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + len(lay) * len(alphas)
         return _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)

@@ -168,6 +168,14 @@ _CACHE_ARG = "__capinterp_cache_arg__"
 
 def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
+    from capinterp.core.family import family_of
+
+    fam = family_of(model)
+    if fam.hybrid_layers:  # decided by the architecture, before any work
+        raise NoCache(
+            f"{fam.name}'s {list(fam.hybrid_layers)} layers carry a recurrent state, not a key/value cache "
+            "that the rows could share (docs/models.md, 'IG's fast route by family')"
+        )
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)
     n_layers = len(model.blocks)

@@ -25,6 +25,7 @@ from einops import rearrange, reduce, repeat
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from capinterp.core.family import family_of
 from capinterp.core.forward import capture
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
@@ -119,7 +120,7 @@ def make_noise(
 
 def prefix_ok(model: Model, reuse_prefix: bool, T: int) -> bool:
     """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
-    if reuse_prefix is False:
+    if reuse_prefix is False or family_of(model).hybrid_layers:  # a linear-attention state is not a K/V cache
         return False
     cfg = getattr(getattr(model, "original_model", None), "config", None)
     window = getattr(getattr(cfg, "get_text_config", lambda: cfg)(), "sliding_window", None) if cfg else None

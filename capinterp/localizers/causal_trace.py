@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example
+from capinterp.core.family import family_of, require_attention
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import _ids, encode, model_bos
 from capinterp.kernels.tracing import HOOK as _HOOK
@@ -165,6 +166,8 @@ class CausalTrace(Localizer):
         if not facts:
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
         self._begin_fit()
+        if "attn" in self.kinds:  # hybrid models: some layers mix tokens without attention (kinds=("resid", "mlp"))
+            require_attention(family_of(self.model), "causal tracing of attention outputs (kinds with 'attn')")
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
         self.noise_std_ = (
             self.noise_std if self.noise_std is not None else self._noise_mult * self._subject_std(prepared)

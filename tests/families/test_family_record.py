@@ -97,8 +97,6 @@ REFUSED_WHY = {
     "jetmoe": "JetMoeMoE.*stacked-experts",  # ParallelExperts, no 3-D stacks
     "granitemoehybrid": r"\['mamba'\] mixers besides softmax attention \(a hybrid model\)",
     "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
-    "qwen3_next": r"\['linear_attention'\] mixers besides softmax attention",
-    "qwen3_5_moe_text": r"\['linear_attention'\] mixers besides softmax attention",
 }
 
 

@@ -1,0 +1,66 @@
+"""Hybrid models (Qwen3-Next, Qwen3.5-MoE: linear-attention layers beside softmax attention): served
+at load; neuron methods run (IG on route "loop": a linear-attention layer carries a recurrent
+state, not a key/value cache); methods that need attention in every layer refuse, naming why."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+
+import pytest
+import torch
+
+import capinterp as ci
+from capinterp.core.family import UnsupportedFamily
+from capinterp.core.tiny import TINY_HYBRID, tiny_hf
+
+FAMILIES = tuple(TINY_HYBRID)
+FACTS = [
+    ci.Example("The Eiffel Tower is in the city of", " Paris", meta={"subject": "The Eiffel Tower"}),
+    ci.Example("Rome is the capital of", " Italy", meta={"subject": "Rome"}),
+]
+
+
+@functools.cache
+def _pair(family: str):
+    hf, tok = tiny_hf(family)
+    plain = copy.deepcopy(hf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ci.load_model(hf, tokenizer=tok), plain, tok
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.no_grad()
+def test_loads_and_matches_transformers(family):
+    model, plain, tok = _pair(family)
+    assert ci.family_of(model).hybrid_layers == ("linear_attention",)
+    ids = tok(FACTS[0].prompt, return_tensors="pt")["input_ids"]
+    want = plain(ids).logits
+    assert float((model(ids) - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ig_runs_the_loop_route_and_says_why(family):
+    model = _pair(family)[0]
+    with pytest.warns(RuntimeWarning, match="recurrent state.*route='loop'"):
+        fast = ci.KN(model, progress=False).fit(FACTS).scores_.scores
+    loop = ci.KN(model, progress=False, route="loop").fit(FACTS).scores_.scores
+    assert torch.equal(fast, loop) and float(fast.abs().max()) > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_methods_needing_attention_everywhere_refuse_naming_the_mixer(family):
+    model = _pair(family)[0]
+    why = rf"{family}.*needs softmax attention in every layer.*\['linear_attention'\]"
+    with pytest.raises(UnsupportedFamily, match=why):
+        ci.localizers.get("knowledge_circuit")(model, progress=False).fit(FACTS)
+    with pytest.raises(UnsupportedFamily, match=why):
+        ci.localizers.get("causal_trace")(model, top_k=1, progress=False).fit(FACTS)  # default kinds include "attn"
+    from capinterp.circuits.head_patching import head_effects
+
+    with pytest.raises(UnsupportedFamily, match=why):
+        head_effects(model, FACTS)
+    trace = ci.localizers.get("causal_trace")(model, kinds=("resid", "mlp"), top_k=1, require_correct=False)
+    assert set(trace.fit(FACTS).grids_) == {"resid", "mlp"}
