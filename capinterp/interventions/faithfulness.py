@@ -58,7 +58,7 @@ from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking,
 from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
-from capinterp.units.experts import expert_columns, expert_index, expert_keys, moe_of
+from capinterp.units.experts import dense_layers, expert_columns, expert_index, expert_keys, moe_of
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = [
@@ -198,13 +198,14 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
     if ablation == "mean":
         ref_items = items if reference is None else encode(model, validate.examples(reference, "reference"))
         moe = family_of(model).moe
+        dense = dense_layers(model)  # a mixed model's dense layers: every neuron takes part in every token
         accs = [SplitMean() for _ in range(L)]
         for chunk in batches(ref_items, bs):
             tokens, lengths = pad_right([it.ids for it in chunk], pad_id(model.tokenizer))
             _, cache = model.run_with_cache(tokens.to(dev), names_filter=lambda n: n.endswith("mlp.hook_post"))
             for l, acc in enumerate(accs):
                 act = cache[neuron_hook(l)]
-                acc.add(act, lengths, None if moe is None else _takes_part(act, moe))
+                acc.add(act, lengths, None if moe is None or l in dense else _takes_part(act, moe))
         return torch.stack([acc.result() for acc in accs], 1), None
     pairs = corrupt_pairs(model, items, corrupt)
     acts = torch.zeros(len(items), T, L, d, device=dev)
