@@ -33,6 +33,7 @@ __all__ = [
     "expert_keys",
     "expert_neurons",
     "expert_scores",
+    "expert_units",
     "moe_of",
     "top_experts",
 ]
@@ -143,6 +144,16 @@ def expert_columns(moe: MoE) -> Tensor:
     """``[width]``: each neuron's expert column in :func:`expert_scores` (the shared expert's is the last)."""
     routed = torch.arange(moe.n_experts).repeat_interleave(moe.d_expert)
     return torch.cat([routed, torch.full((moe.d_shared,), moe.n_experts)])
+
+
+def expert_units(model: Model) -> Tensor:
+    """Flat indices ``layer * n_columns + column`` (the layout of :func:`expert_scores` flattened) of
+    every expert of the model, in order: all of them, but a mixed model's dense layers' columns
+    (they hold no expert). Its length is the number of expert units."""
+    moe = moe_of(model)
+    cols, dense = len(expert_keys(moe)), set(dense_layers(model))
+    layers = [l for l in range(int(model.cfg.n_layers)) if l not in dense]
+    return (torch.tensor(layers, dtype=torch.long)[:, None] * cols + torch.arange(cols)).flatten()
 
 
 def expert_index(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]]) -> Tensor:

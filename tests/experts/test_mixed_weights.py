@@ -19,7 +19,9 @@ from capinterp.core.family import UnsupportedFamily
 from capinterp.core.model import model_meta
 from capinterp.core.neuron_weights import neuron_params
 from capinterp.core.tiny import tiny_hf
+from capinterp.core.tokens import encode
 from capinterp.core.weights import down_projection
+from capinterp.interventions.faithfulness import _references, faithfulness
 from capinterp.interventions.neuron_params import neuron_masks
 from capinterp.localizers.neft import neuron_weights
 from capinterp.plots.heatmaps import neuron_heatmap
@@ -257,6 +259,53 @@ def test_expert_keys_naming_the_dense_layer_are_refused():
     want[1, 2 * DE : 3 * DE] = True
     want[1, E * DE :] = True
     assert torch.equal(mask, want)
+
+
+def _plain_prob(plain, tok, examples) -> float:
+    """Mean p(target's first token) at the last prompt position, on plain transformers."""
+    probs = []
+    for it in encode(_shared()[0], examples):
+        with torch.no_grad():
+            logits = plain(torch.tensor([it.prompt_ids])).logits[0, -1]
+        probs.append(float(logits.double().softmax(-1)[it.target_ids[0]]))
+    return sum(probs) / len(probs)
+
+
+def test_expert_faithfulness_counts_and_ablates_only_expert_layers():
+    model, plain, tok = _shared()
+    located = KeySet([(1, 0)], "expert", ("expert", 2, E, True, (0,)), n_units=E + 1)
+    res = faithfulness(model, located, EX, ablation="zero", random_sets=0)
+    row = res.table.iloc[0]
+    assert int(row["k"]) == 1 and row["fraction"] == pytest.approx(1 / (E + 1))
+    # kept: only expert 0 of layer 1 runs, the dense layer 0 untouched; ablated: expert 0 zeroed
+    kept, ablated = copy.deepcopy(plain), copy.deepcopy(plain)
+    with torch.no_grad():
+        kept.model.layers[1].mlp.experts.down_proj[1:] = 0
+        kept.model.layers[1].mlp.shared_experts.down_proj.weight.zero_()
+        ablated.model.layers[1].mlp.experts.down_proj[0] = 0
+    assert row["kept"] == pytest.approx(_plain_prob(kept, tok, EX), rel=1e-4)
+    assert row["ablated"] == pytest.approx(_plain_prob(ablated, tok, EX), rel=1e-4)
+    # ranked expert scores: the dense layer's zero row is not a unit
+    per = -torch.rand(2, E + 1) - 0.1
+    res = faithfulness(model, per, EX, ablation="zero", ks=[E + 1], random_sets=2)
+    assert res.table["fraction"].tolist() == [1.0]
+
+
+def test_mean_ablation_of_dense_neurons_is_their_mean_over_every_token():
+    model, plain, _ = _shared()
+    items = encode(model, EX)
+    ref = _references(model, items, "mean", None, None, max(len(it.ids) for it in items), 4)[0]
+    mlp, acts = _dense_mlp(plain), []
+    hook = mlp.register_forward_hook(lambda m, inp, out: acts.append(m.act_fn(m.gate_proj(inp[0])) * m.up_proj(inp[0])))
+    with torch.no_grad():
+        for it in items:
+            plain(torch.tensor([it.ids]))
+    hook.remove()
+    first = torch.stack([a[0, 0] for a in acts]).double().mean(0)
+    later = torch.cat([a[0, 1:] for a in acts]).double().mean(0)
+    assert torch.allclose(ref[0, 0, :DENSE].double(), first, atol=1e-6)
+    assert torch.allclose(ref[1, 0, :DENSE].double(), later, atol=1e-6)
+    assert not bool(ref[:, 0, DENSE:].ne(0).any())
 
 
 # ---- task 3: heatmaps
