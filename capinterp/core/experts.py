@@ -45,7 +45,7 @@ from torch import Tensor
 from capinterp.core.family import MoE, UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 
-__all__ = ["ExpertBlock", "ExpertValues", "expert_block", "install", "is_moe"]
+__all__ = ["DenseBlock", "ExpertBlock", "ExpertValues", "expert_block", "install", "is_moe"]
 
 _HOOK = "hook_neurons"  # the HookPoint's own name; blocks.{l}.mlp.hook_post is its alias
 
@@ -198,8 +198,10 @@ class DenseBlock:
     """A dense gated FFN layer of a model whose other layers are MoE (DeepSeek's first_k_dense_replace):
     its ``width`` neurons on the model's ``padded``-wide neuron axis, the rest of the axis always 0.
 
-    WIP (issue 27, mixed dense/MoE): the padding neurons exist only so every layer shares one axis;
-    random draws, selection statistics, chance levels and weights must skip them (not done yet)."""
+    The padding neurons exist only so every layer shares one axis: they are not neurons of the
+    model. They have no weights (their value vectors and weight rows read as 0, and writing
+    anything but 0 into them is a ValueError); random draws, selection statistics and chance
+    levels skip them (:meth:`capinterp.core.family.Family.valid_neurons`)."""
 
     layer: int
     block: Any  # transformers gated MLP (gate_proj, up_proj, down_proj, act_fn)
@@ -212,10 +214,50 @@ class DenseBlock:
         neurons = hook(torch.nn.functional.pad(a, (0, self.padded - self.width)))
         return b.down_proj(neurons[..., : self.width])
 
+    def _weight(self, name: str) -> Tensor:
+        return _unwrap(getattr(self.block, name)).weight
+
+    def _pad(self, rows: Tensor) -> Tensor:
+        return torch.cat([rows, rows.new_zeros(self.padded - self.width, rows.shape[1])])
+
     def values(self) -> Tensor:
         """``[padded, d_model]`` value vectors: the real neurons' down-projection columns, then zero rows."""
-        w = _unwrap(self.block.down_proj).weight.T  # [width, d_model]
-        return torch.cat([w, w.new_zeros(self.padded - self.width, w.shape[1])])
+        return self._pad(self._weight("down_proj").T)
+
+    def neuron_rows(self) -> Tensor:
+        """``[padded, 3 * d_model]``: each real neuron's gate row, up row and value vector (a copy),
+        then zero rows for the padding."""
+        w = [self._weight("gate_proj"), self._weight("up_proj"), self._weight("down_proj").T]
+        return self._pad(torch.cat([x.to(w[0].dtype) for x in w], dim=1))
+
+    def _refuse_padding(self, rows: Tensor, what: str) -> None:
+        if rows.numel() and bool(rows.ne(0).any()):
+            raise ValueError(
+                f"layer {self.layer} is a dense layer with {self.width} neurons on the experts' {self.padded}-wide "
+                f"axis: neurons {self.width}..{self.padded - 1} are padding, not neurons of the model, and have no "
+                f"weights; {what} gives them a non-zero value vector"
+            )
+
+    @torch.no_grad()
+    def write_values(self, values: Tensor) -> None:
+        """Replace every value vector by the rows of ``values`` (``[padded, d_model]``; padding rows must be 0)."""
+        if values.shape[0] != self.padded:
+            raise ValueError(f"values must have {self.padded} rows (one per neuron), got {tuple(values.shape)}")
+        self._refuse_padding(values[self.width :], "write")
+        w = self._weight("down_proj")
+        w.copy_(values[: self.width].T.to(device=w.device, dtype=w.dtype))
+
+    @torch.no_grad()
+    def write_value_rows(self, neurons: Tensor, rows: Tensor) -> None:
+        """Replace the value vectors of ``neurons`` (1-D indices in ``[0, padded)``) by ``rows``; a padding
+        neuron's row must be 0 (it is then left as it is: padding has no weights)."""
+        neurons = torch.as_tensor(neurons).flatten().long().cpu()
+        if neurons.numel() and not (int(neurons.min()) >= 0 and int(neurons.max()) < self.padded):
+            raise ValueError(f"neuron indices must be in [0, {self.padded}), got {neurons.tolist()!r:.200}")
+        real = neurons < self.width
+        self._refuse_padding(rows[~real.to(rows.device)], "write_rows")
+        w = self._weight("down_proj")
+        w[:, neurons[real].to(w.device)] = rows[real.to(rows.device)].T.to(device=w.device, dtype=w.dtype)
 
 
 def _width(spec: ExpertBlock | DenseBlock) -> int:
@@ -246,8 +288,9 @@ def is_moe(model: Model) -> bool:
     return family_of(model).moe is not None
 
 
-def expert_block(model: Model, layer: int) -> ExpertBlock:
-    """Layer ``layer``'s :class:`ExpertBlock` of a model :func:`install` served."""
+def expert_block(model: Model, layer: int) -> ExpertBlock | DenseBlock:
+    """Layer ``layer``'s :class:`ExpertBlock` of a model :func:`install` served (its :class:`DenseBlock`
+    where the layer is a dense layer of a mixed model)."""
     blocks = getattr(model, "capinterp_experts", None)
     if not blocks:
         fam = family_of(model)
@@ -476,10 +519,12 @@ def install(model: Model) -> None:
 class ExpertValues:
     """An MoE layer's down projections as one ``[n_experts * d_expert + d_shared, d_model]`` matrix of
     value vectors (the interface of :class:`capinterp.core.weights.DownProjection`): read as a
-    copy, written back into each expert's own weight."""
+    copy, written back into each expert's own weight. On a dense layer of a mixed model
+    (:class:`DenseBlock`) the same ``[d_mlp, d_model]`` matrix: the dense down projection's columns,
+    then the padding's rows, always 0 (writing a non-zero row or delta there is a ValueError)."""
 
     layer: int
-    spec: ExpertBlock
+    spec: ExpertBlock | DenseBlock
 
     def values(self) -> Tensor:
         """The value vectors, one row per neuron (a copy: the experts' weights are 3-D)."""
@@ -492,6 +537,9 @@ class ExpertValues:
     @torch.no_grad()
     def write(self, values: Tensor) -> None:
         """Replace every value vector by the rows of ``values`` (``[d_mlp, d_model]``)."""
+        if isinstance(self.spec, DenseBlock):
+            self.spec.write_values(values)
+            return
         spec, w = self.spec, self.spec.experts.down_proj
         routed = values[: spec.n_experts * spec.d_expert].reshape(spec.n_experts, spec.d_expert, -1)
         (w if spec.experts.is_transposed else w.transpose(1, 2)).copy_(routed.to(device=w.device, dtype=w.dtype))
@@ -502,6 +550,9 @@ class ExpertValues:
     @torch.no_grad()
     def write_rows(self, neurons: Tensor, rows: Tensor) -> None:
         """Replace the value vectors of ``neurons`` (1-D flat indices) by ``rows``, in each expert's own weight."""
+        if isinstance(self.spec, DenseBlock):
+            self.spec.write_value_rows(neurons, rows)
+            return
         spec, w = self.spec, self.spec.experts.down_proj
         routed = spec.n_experts * spec.d_expert
         for i, row in zip(neurons.tolist(), rows):
@@ -516,19 +567,22 @@ class ExpertValues:
     @torch.no_grad()
     def add(self, delta: Tensor) -> None:
         """``W += delta`` (``[d_mlp, d_model]``), summed in float32, stored in each weight's dtype."""
-        self.write(self.values().float() + delta.float().to(self.spec.experts.down_proj.device))
+        values = self.values()
+        self.write(values.float() + delta.float().to(values.device))
 
 
 def _pick(idx: Tensor, lo: int, hi: int) -> Tensor:
     return idx[(idx >= lo) & (idx < hi)] - lo
 
 
-def owned_entries(spec: ExpertBlock) -> list[tuple[str, str, Tensor, Any]]:
+def owned_entries(spec: ExpertBlock | DenseBlock) -> list[tuple[str, str, Tensor, Any]]:
     """``(kind, attribute, parameter, where)`` for every parameter of layer ``spec`` that holds
     entries owned by single neurons; ``where(flat neuron indices)`` is the index (for ``p[...]``)
     of the entries those neurons own. An expert neuron owns its gate and up rows (and their bias
     entries) and its value vector in its expert's 3-D weights; the shared expert's neurons own
-    their rows of its Linear layers. The experts' down biases are owned by no neuron."""
+    their rows of its Linear layers. The experts' down biases are owned by no neuron. On a
+    :class:`DenseBlock` a real neuron owns its gate and up rows and its down-projection column; a
+    padding neuron owns nothing (its ``where`` is empty)."""
     if isinstance(spec, DenseBlock):  # a dense layer of a mixed model: its real neurons' rows and columns
         b = spec.block
         rows = lambda idx: (_pick(idx, 0, spec.width),)  # noqa: E731

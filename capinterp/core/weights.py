@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from capinterp.core.experts import ExpertValues, expert_block
+from capinterp.core.experts import DenseBlock, ExpertValues, expert_block
 from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 
@@ -107,10 +107,16 @@ def down_projection(model: Model, layer: int) -> DownProjection | ExpertValues:
 def value_weight(model: Model, layer: int) -> tuple[Tensor, int]:
     """``(weight, neuron_dim)`` of :func:`down_projection`: the stored weight and its neuron axis.
 
-    Not defined on mixture-of-experts models (their value vectors sit in several 3-D weights):
+    Not defined on mixture-of-experts layers (their value vectors sit in several 3-D weights):
     :class:`~capinterp.core.family.UnsupportedFamily`; use :func:`down_projection`'s write / add.
+    On a dense layer of a mixed dense / MoE model it is that layer's own down projection
+    (``nn.Linear``, ``neuron_dim`` 1), whose neuron axis holds only the layer's real neurons: the
+    first ``weight.shape[1]`` of the model's ``d_mlp`` (the rest of the axis is padding, without weights).
     """
     proj = down_projection(model, layer)
+    if isinstance(proj, ExpertValues) and isinstance(proj.spec, DenseBlock):
+        down = proj.spec.block.down_proj
+        return getattr(down, "original_component", down).weight, 1
     if isinstance(proj, ExpertValues):
         fam = family_of(model)
         raise UnsupportedFamily(

@@ -12,7 +12,8 @@ its source node's contribution to the downstream node's input
 an expert KeySet: its neurons take their ablated values and the routing is kept, so zero ablation
 zeroes its output on the tokens routed to it, and mean ablation writes there its mean output over
 the reference tokens routed to it (on MoE models every expert neuron's mean is over the tokens its
-expert takes part in; an expert's neurons written on a token not routed to it would have no effect). A unit's ablated value is its mean activation
+expert takes part in; an expert's neurons written on a token not routed to it would have no effect;
+a mixed dense / MoE model's dense layers hold no experts: they are no expert units and always run). A unit's ablated value is its mean activation
 over reference data (``ablation="mean"``, the
 default; the data itself unless ``reference=`` is given; first positions averaged apart from the
 rest, see :mod:`capinterp.core.position_mean`), zero (``"zero"``), or its activation on
@@ -58,7 +59,14 @@ from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking,
 from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
-from capinterp.units.experts import expert_columns, expert_index, expert_keys, moe_of
+from capinterp.units.experts import (
+    dense_layers,
+    expert_columns,
+    expert_index,
+    expert_keys,
+    expert_units,
+    moe_of,
+)
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = [
@@ -140,10 +148,10 @@ def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Te
         units.check_compatible((L, d), model_fingerprint(model), model_name=name)
         return "neuron", units.mask.flatten().nonzero().flatten(), len(units)
     if isinstance(units, KeySet) and units.kind == "expert":
-        idx = expert_index(model, units)
+        idx = torch.searchsorted(expert_units(model), expert_index(model, units))  # positions among the experts
         return "expert", idx, len(idx)
-    if _expert_score_shape(model, units):
-        return "expert", _order(torch.as_tensor(units, dtype=torch.float64).flatten(), by), None
+    if _expert_score_shape(model, units):  # a mixed model's dense layers' rows hold no expert: not ranked
+        return "expert", _order(torch.as_tensor(units, dtype=torch.float64).flatten()[expert_units(model)], by), None
     if isinstance(units, KeySet) and units.kind == "layer":
         layers = sorted(int(cast(int, k)) for k in units)
         if units.n_units not in (None, L) or any(not 0 <= k < L for k in layers):
@@ -198,13 +206,14 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
     if ablation == "mean":
         ref_items = items if reference is None else encode(model, validate.examples(reference, "reference"))
         moe = family_of(model).moe
+        dense = dense_layers(model)  # a mixed model's dense layers: every neuron takes part in every token
         accs = [SplitMean() for _ in range(L)]
         for chunk in batches(ref_items, bs):
             tokens, lengths = pad_right([it.ids for it in chunk], pad_id(model.tokenizer))
             _, cache = model.run_with_cache(tokens.to(dev), names_filter=lambda n: n.endswith("mlp.hook_post"))
             for l, acc in enumerate(accs):
                 act = cache[neuron_hook(l)]
-                acc.add(act, lengths, None if moe is None else _takes_part(act, moe))
+                acc.add(act, lengths, None if moe is None or l in dense else _takes_part(act, moe))
         return torch.stack([acc.result() for acc in accs], 1), None
     pairs = corrupt_pairs(model, items, corrupt)
     acts = torch.zeros(len(items), T, L, d, device=dev)
@@ -346,7 +355,7 @@ def faithfulness(
         by = "score" if by == "auto" else by
         kind, order, given = _ranking(model, units, by)
         L, d = neuron_shape(model)
-        n_units = {"neuron": L * d, "layer": L}.get(kind) or L * len(expert_keys(moe_of(model)))
+        n_units = {"neuron": L * d, "layer": L}.get(kind) or len(expert_units(model))
     sizes = _sizes(ks, n_units, given)
     items = encode(model, validate.examples(data, need_target=True))
 
@@ -374,8 +383,10 @@ def faithfulness(
     else:
         if kind == "neuron":
             keep = masks.view(-1, L, d)
-        elif kind == "expert":  # an expert's neurons run or are ablated together
-            keep = masks.view(masks.shape[0], L, -1)[:, :, expert_columns(moe_of(model))]
+        elif kind == "expert":  # an expert's neurons run or are ablated together; a mixed model's dense layers run
+            cols = torch.ones(masks.shape[0], L * len(expert_keys(moe_of(model))), dtype=torch.bool)
+            cols[:, expert_units(model)] = masks
+            keep = cols.view(masks.shape[0], L, -1)[:, :, expert_columns(moe_of(model))]
         else:
             keep = masks[:, :, None].expand(-1, L, d)
         vals = ablated_metric(

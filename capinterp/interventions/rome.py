@@ -80,7 +80,7 @@ class RomeEdit:
     def _add(self, model: Model) -> torch.Tensor:
         w, dim = value_weight(model, self.layer)
         old = w.detach().clone()
-        upd = self.update.to(device=w.device, dtype=torch.float32)
+        upd = self.update[:, : w.shape[dim]].to(device=w.device, dtype=torch.float32)  # padding columns are 0
         w.copy_((w.float() + (upd if dim == 1 else upd.T)).to(w.dtype))
         return old
 
@@ -248,7 +248,7 @@ def rome_edit(
     """
     validate.model(model)
     search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
-    _check_dense(model)
+    _check_dense(model, layer)
     validate.nonneg_int("n_prefixes", n_prefixes)
     validate.positive_int("prefix_tokens", prefix_tokens)
     validate.finite_float("ridge", ridge, low=0.0)
@@ -265,7 +265,7 @@ def rome_edit(
         key.cpu(),
         _unedited_value(model, layer, key) + delta.cpu(),
         delta.cpu(),
-        _left_vector(C, key, ridge).cpu(),
+        _padded_left(model, layer, C, key, ridge).cpu(),
         fact,
         new_target,
         model_fingerprint(model),
@@ -289,16 +289,20 @@ def rome_edit(
     return edit
 
 
-def _check_dense(model: Model) -> None:
+def _check_dense(model: Model, layer: int) -> None:
     """ROME's key covariance is ``[d_mlp, d_mlp]``; on a mixture-of-experts layer the keys are every
     expert's neurons, so it is refused before any work (editing one expert's down projection is
-    the natural MoE version, not built yet)."""
+    the natural MoE version, not built yet). A dense layer of a mixed dense / MoE model is edited
+    as a dense model's layer: its keys are its own neurons (the padding of the experts' axis is cut off)."""
     fam = family_of(model)
-    if fam.moe is not None:
-        raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}): ROME on a mixture-of-experts layer would need the covariance of all "
-            f"{fam.moe.width} expert neurons' keys and edit every expert at once; per-expert ROME is not supported yet"
-        )
+    if fam.moe is None or (fam.layer_widths and fam.layer_widths[layer] < fam.moe.width):
+        return
+    dense = [l for l, w in enumerate(fam.layer_widths) if w < fam.moe.width]
+    raise UnsupportedFamily(
+        f"{fam.name} ({fam.architecture}): ROME on a mixture-of-experts layer would need the covariance of all "
+        f"{fam.moe.width} expert neurons' keys and edit every expert at once; per-expert ROME is not supported yet"
+        + (f" (layer {layer} is an expert layer; this model's dense layers {dense} can be edited)" if dense else "")
+    )
 
 
 def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None) -> tuple[Example, str, str]:
@@ -331,10 +335,21 @@ def _left_vector(C: torch.Tensor, key: torch.Tensor, ridge: float) -> torch.Tens
     return (u / (u @ key.double())).float()
 
 
+def _padded_left(model: Model, layer: int, C: torch.Tensor, key: torch.Tensor, ridge: float) -> torch.Tensor:
+    """:func:`_left_vector` over the layer's stored neurons: all ``d_mlp``, but on a dense layer of a
+    mixed dense / MoE model only its real ones (C's padding rows and columns, all 0, would otherwise
+    lower the ridge's mean(diag C)); the padding's entries of the result are 0."""
+    w, dim = value_weight(model, layer)
+    n = int(w.shape[dim])
+    left = _left_vector(C[:n, :n], key[:n], ridge)
+    return left if n == key.shape[0] else torch.nn.functional.pad(left, (0, key.shape[0] - n))
+
+
 @torch.no_grad()
 def _unedited_value(model: Model, layer: int, key: torch.Tensor) -> torch.Tensor:
     """W k*: what ``layer``'s down projection makes of the key before the edit, on the CPU."""
     w, dim = value_weight(model, layer)
+    key = key[: w.shape[dim]]  # a dense layer of a mixed model: its real neurons (the padding's keys are 0)
     return (w.float() @ key if dim == 1 else key @ w.float()).cpu()
 
 
@@ -377,12 +392,24 @@ def _value_batch(model: Model, prompt: str, subject: str, new_target: str, conte
     )
 
 
+def _value_hook(model: Model, layer: int) -> str:
+    """Where the layer's down projection's output is hooked: its ``out`` component, or on a dense
+    layer of a mixed dense / MoE model (served by :class:`capinterp.core.experts.DenseBlock`, whose
+    output is its down projection's) the MLP's ``hook_out``."""
+    from capinterp.core.experts import DenseBlock
+
+    blocks = getattr(model, "capinterp_experts", None)
+    if blocks and isinstance(blocks[layer], DenseBlock):
+        return f"blocks.{layer}.mlp.hook_out"
+    return f"blocks.{layer}.mlp.out.hook_out"
+
+
 def _optimise(
     model: Model, search: _ValueSearch, prompt: str, subject: str, new_target: str, contexts: list[str]
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Steps 1 and 2: ``(delta [d_model], k* [d_mlp], losses)``, ROME's key and value optimisation (Eq. 4)."""
     b = _value_batch(model, prompt, subject, new_target, contexts)
-    out_hook = f"blocks.{search.layer}.mlp.out.hook_out"
+    out_hook = _value_hook(model, search.layer)
     saved: dict[str, torch.Tensor] = {}
 
     def keep(name: str):

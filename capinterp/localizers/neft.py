@@ -22,8 +22,9 @@ import torch
 from tqdm.auto import tqdm
 
 from capinterp.core import validate
+from capinterp.core.family import family_of
 from capinterp.core.forward import capture, unembed
-from capinterp.core.model import neuron_shape
+from capinterp.core.model import neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.localizers.base import Localizer, register
@@ -148,6 +149,8 @@ class NeFT(Localizer):
         scores = torch.stack(
             [1 - torch.nn.functional.cosine_similarity(b, a, dim=1) for b, a in zip(before, after)]
         ).float()
+        if family_of(self.model).layer_widths:  # padding of a mixed model's dense layers: no weights, score 0
+            scores = scores.masked_fill(~valid_neurons(self.model).to(scores.device), 0.0)
         meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items))
         k = self.top_k if self.top_k is not None else max(1, round(0.01 * n_layers * d_mlp))
         self.losses_ = losses

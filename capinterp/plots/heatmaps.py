@@ -9,6 +9,11 @@ by attribute, so this module imports no result type: a ``NeuronSet`` (anything w
   CNL's Fig. 4 (Huang et al. 2025): a cell is max |score| over ``bin_size`` consecutive neurons
   (scores) or the number of located neurons in the block (sets).
 - :func:`layer_profile`: bar chart of located neurons (or summed |score|) per layer.
+
+On a model whose layers differ in width (dense layers between MoE layers: results record
+``meta["layer_widths"]``) a narrower layer's padding is not a neuron: blocks of padding only are
+left blank (their hover says padding), a block that ends in padding shows its real neurons only,
+and the experts' dividers are drawn across the MoE layers only.
 """
 
 from __future__ import annotations
@@ -71,7 +76,8 @@ def neuron_heatmap(
     argmax neuron (``abs=False``, diverging colours centred at 0). Sets: cell = number of located
     neurons in the block. Blocks are ``bin_size`` consecutive neurons (default ceil(d_mlp / 128));
     the last block may be shorter. Hover: layer, neuron range, value, and the argmax neuron (scores)
-    or the located neuron indices (sets).
+    or the located neuron indices (sets). Where layers differ in width (``meta["layer_widths"]``:
+    dense layers of a mixed dense / MoE model) the padding is not drawn (see the module's docstring).
     """
     obj = _coerce(scores_or_set)
     n_layers, d_mlp = obj.values.shape
@@ -86,7 +92,20 @@ def neuron_heatmap(
     pad = n_bins * b - d_mlp
     starts = np.arange(n_bins) * b
     ends = np.minimum(starts + b, d_mlp) - 1
+    widths = _layer_widths(obj.meta, n_layers, d_mlp)
+    if widths is not None:  # a block's last real neuron, per layer (< its start: a block of padding only)
+        last = np.minimum(ends[None, :], np.asarray(widths)[:, None] - 1)
     text: list[list[str]] = []
+
+    def head(layer: int, k: int) -> str | None:
+        """The hover's start, or None for a block of padding only."""
+        end = ends[k] if widths is None else int(last[layer, k])
+        return None if end < starts[k] else f"layer {layer}, neurons {starts[k]}-{end}, "
+
+    def padding(layer: int, k: int) -> str:
+        assert widths is not None
+        return f"layer {layer}, neurons {starts[k]}-{ends[k]}: padding (layer {layer} has {widths[layer]} neurons)"
+
     if obj.is_set:
         blocks = rearrange(torch.nn.functional.pad(obj.values.to(torch.int64), (0, pad)), "l (k b) -> l k b", b=b)
         z = blocks.sum(-1).numpy()
@@ -95,15 +114,16 @@ def neuron_heatmap(
             for k in range(n_bins):
                 hits = (starts[k] + blocks[layer, k].nonzero().flatten()).tolist()
                 listed = ", ".join(map(str, hits[:_MAX_LISTED])) + (", ..." if len(hits) > _MAX_LISTED else "")
+                h = head(layer, k)
                 row.append(
-                    f"layer {layer}, neurons {starts[k]}-{ends[k]}, {len(hits)} located"
-                    + (f": {listed}" if hits else "")
+                    padding(layer, k) if h is None else h + f"{len(hits)} located" + (f": {listed}" if hits else "")
                 )
             text.append(row)
         colorscale, zmid, cbar = "Blues", None, "located"
     else:
         s = obj.values
-        mag = rearrange(torch.nn.functional.pad(s.abs(), (0, pad), value=-1.0), "l (k b) -> l k b", b=b)
+        a = s.abs() if widths is None else s.abs().masked_fill(~_valid(widths, d_mlp), -1.0)
+        mag = rearrange(torch.nn.functional.pad(a, (0, pad), value=-1.0), "l (k b) -> l k b", b=b)
         vmax, arg = mag.max(-1)
         arg = arg + torch.as_tensor(starts).view(1, -1)
         signed = s.gather(1, arg)
@@ -111,14 +131,18 @@ def neuron_heatmap(
         for layer in range(n_layers):
             row = []
             for k in range(n_bins):
-                head = f"layer {layer}, neurons {starts[k]}-{ends[k]}, "
-                a = int(arg[layer, k])
-                if abs:
-                    row.append(head + f"max |score| {float(vmax[layer, k]):.4g} at neuron {a}")
+                h = head(layer, k)
+                i = int(arg[layer, k])
+                if h is None:
+                    row.append(padding(layer, k))
+                elif abs:
+                    row.append(h + f"max |score| {float(vmax[layer, k]):.4g} at neuron {i}")
                 else:
-                    row.append(head + f"score {float(signed[layer, k]):.4g} at neuron {a} (max |score| in block)")
+                    row.append(h + f"score {float(signed[layer, k]):.4g} at neuron {i} (max |score| in block)")
             text.append(row)
         colorscale, zmid, cbar = ("Viridis", None, "max |score|") if abs else ("RdBu_r", 0.0, "score")
+    if widths is not None:  # blocks of padding only are not drawn
+        z = np.where(last < starts[None, :], np.nan, z.astype(np.float64))
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -132,7 +156,8 @@ def neuron_heatmap(
         )
     )
     kind = "located neurons" if obj.is_set else ("max |score|" if abs else "score")
-    _mark_experts(fig, obj.meta.get("moe"), d_mlp, starts)
+    moe_layers = None if widths is None else [w == d_mlp for w in widths]
+    _mark_experts(fig, obj.meta.get("moe"), d_mlp, starts, moe_layers)
     fig.update_layout(
         title=title or f"{obj.label}: {kind} per block of {b} neurons",
         xaxis_title=f"neuron (blocks of {b})",
@@ -141,22 +166,68 @@ def neuron_heatmap(
     return fig
 
 
-def _mark_experts(fig: go.Figure, moe: dict | None, d_mlp: int, starts: np.ndarray) -> None:
+def _layer_widths(meta: dict, n_layers: int, d_mlp: int) -> list[int] | None:
+    """Each layer's real neurons (``meta["layer_widths"]``), or None when every layer has ``d_mlp``."""
+    widths = meta.get("layer_widths")
+    if not widths:
+        return None
+    widths = [int(w) for w in widths]
+    if len(widths) != n_layers or not all(1 <= w <= d_mlp for w in widths):
+        raise ValueError(f"meta['layer_widths'] must be {n_layers} integers in [1, {d_mlp}], got {widths!r:.200}")
+    return None if all(w == d_mlp for w in widths) else widths
+
+
+def _valid(widths: list[int], d_mlp: int) -> torch.Tensor:
+    return torch.arange(d_mlp)[None, :] < torch.tensor(widths)[:, None]
+
+
+def _mark_experts(
+    fig: go.Figure, moe: dict | None, d_mlp: int, starts: np.ndarray, moe_layers: list[bool] | None = None
+) -> None:
     """On a mixture-of-experts model (results record ``meta["moe"]``): a line between experts, each
-    expert's name under its neurons, and the expert of each block in the hover text."""
+    expert's name under its neurons, and the expert of each block in the hover text; where only
+    some layers have experts (``moe_layers``), the lines and hover names on those layers only."""
     if not moe or moe.get("n_experts", 0) * moe.get("d_expert", 0) + moe.get("d_shared", 0) != d_mlp:
         return
     d, n = int(moe["d_expert"]), int(moe["n_experts"])
     bounds = [e * d for e in range(n + 1)] + ([d_mlp] if moe.get("d_shared") else [])
+    runs = _runs(moe_layers) if moe_layers is not None else None
     for x in bounds[1:-1]:
-        fig.add_vline(x=x - 0.5, line_width=1, line_dash="dot", line_color="grey")
+        if runs is None:
+            fig.add_vline(x=x - 0.5, line_width=1, line_dash="dot", line_color="grey")
+            continue
+        for lo, hi in runs:  # across the MoE layers only
+            fig.add_shape(
+                type="line",
+                x0=x - 0.5,
+                x1=x - 0.5,
+                y0=lo - 0.5,
+                y1=hi + 0.5,
+                xref="x",
+                yref="y",
+                line={"width": 1, "dash": "dot", "color": "grey"},
+            )
     names = [f"expert {e}" for e in range(n)] + (["shared"] if moe.get("d_shared") else [])
     centres = [(lo + hi - 1) / 2 for lo, hi in itertools.pairwise(bounds)]
     step = max(1, len(names) // 16)  # at most ~16 labels
     fig.update_xaxes(tickmode="array", tickvals=centres[::step], ticktext=names[::step])
     trace = fig.data[0]
     experts = [names[int(i) // d] if i < n * d else "shared" for i in starts]  # the expert of a block's first neuron
-    trace.text = [[f"{experts[k]}: {cell}" for k, cell in enumerate(row)] for row in trace.text]
+    trace.text = [
+        [f"{experts[k]}: {cell}" if moe_layers is None or moe_layers[layer] else cell for k, cell in enumerate(row)]
+        for layer, row in enumerate(trace.text)
+    ]
+
+
+def _runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """``(first, last)`` of each run of consecutive True entries."""
+    out: list[tuple[int, int]] = []
+    for i, f in enumerate(flags):
+        if f and out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        elif f:
+            out.append((i, i))
+    return out
 
 
 def layer_profile(set_or_scores: Any, title: str | None = None) -> go.Figure:

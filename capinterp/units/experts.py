@@ -7,6 +7,10 @@ keeps the best ``k`` as a :class:`~capinterp.units.base.KeySet` of kind ``"exper
 :func:`expert_neurons` turns expert keys into the :class:`NeuronSet` of all their neurons, which
 ``erase`` / ``scale`` / ``finetune`` take: erasing an expert zeroes its output on the tokens
 routed to it and keeps the routing (the other chosen experts keep their router weights).
+
+A dense layer of a mixed dense / MoE model (DeepSeek's first_k_dense_replace: :func:`dense_layers`)
+has no experts: its row of :func:`expert_scores` is 0, :func:`top_experts` never picks it (nor
+counts it among the units), and an expert key naming it is a ValueError.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = [
+    "dense_layers",
     "expert_columns",
     "expert_index",
     "expert_keys",
     "expert_neurons",
     "expert_scores",
+    "expert_units",
     "moe_of",
     "top_experts",
 ]
@@ -41,13 +47,21 @@ def moe_of(model: Model) -> MoE:
     return fam.moe
 
 
+def dense_layers(model: Model) -> list[int]:
+    """The layers of a mixed dense / MoE model whose FFN is dense (no experts); [] on other models."""
+    from capinterp.core.experts import DenseBlock
+
+    return [b.layer for b in getattr(model, "capinterp_experts", None) or () if isinstance(b, DenseBlock)]
+
+
 def expert_keys(moe: MoE) -> list[Hashable]:
     """The expert indices of one layer: ``0 .. n_experts - 1``, then ``"shared"`` where there is one."""
     return [*range(moe.n_experts), *(["shared"] if moe.d_shared else [])]
 
 
 def expert_scores(model: Model, scores: NeuronScores | Tensor, *, absolute: bool = False) -> Tensor:
-    """``[n_layers, n_experts (+1 shared)]``: each expert's summed neuron scores (``absolute``: of |scores|)."""
+    """``[n_layers, n_experts (+1 shared)]``: each expert's summed neuron scores (``absolute``: of |scores|).
+    A dense layer of a mixed model (:func:`dense_layers`) has no experts: its row is 0."""
     moe = moe_of(model)
     s = scores.scores if isinstance(scores, NeuronScores) else torch.as_tensor(scores)
     if s.dim() != 2 or s.shape[1] != moe.width:
@@ -57,22 +71,30 @@ def expert_scores(model: Model, scores: NeuronScores | Tensor, *, absolute: bool
     per = s[:, :routed].reshape(s.shape[0], moe.n_experts, moe.d_expert).sum(-1)
     if moe.d_shared:
         per = torch.cat([per, s[:, routed:].sum(-1, keepdim=True)], dim=1)
+    dense = dense_layers(model)
+    if dense:
+        per[dense] = 0.0
     return per
 
 
 def _space(model: Model, moe: MoE) -> tuple:
-    return ("expert", int(model.cfg.n_layers), moe.n_experts, moe.d_shared > 0)
+    dense = tuple(dense_layers(model))
+    return ("expert", int(model.cfg.n_layers), moe.n_experts, moe.d_shared > 0) + ((dense,) if dense else ())
 
 
 def top_experts(model: Model, scores: NeuronScores | Tensor, k: int, *, absolute: bool = False) -> KeySet:
-    """The ``k`` experts with the highest :func:`expert_scores`, as a KeySet of ``(layer, expert)``."""
+    """The ``k`` experts with the highest :func:`expert_scores`, as a KeySet of ``(layer, expert)``;
+    only expert layers' experts are candidates (a mixed model's dense layers have none)."""
     moe = moe_of(model)
     per = expert_scores(model, scores, absolute=absolute)
+    dense = set(dense_layers(model))
+    layers = [l for l in range(per.shape[0]) if l not in dense]
+    per = per[layers]
     if not 1 <= int(k) <= per.numel():
         raise ValueError(f"k must be in [1, {per.numel()}], got {k}")
     names = expert_keys(moe)
     flat = per.flatten().topk(int(k)).indices.tolist()
-    keys = [(i // per.shape[1], names[i % per.shape[1]]) for i in flat]
+    keys = [(layers[i // per.shape[1]], names[i % per.shape[1]]) for i in flat]
     return KeySet(keys, "expert", _space(model, moe), n_units=per.numel())
 
 
@@ -84,9 +106,15 @@ def _checked_keys(
     if isinstance(experts, KeySet) and experts.kind != "expert":
         raise ValueError(f"expected a KeySet of kind 'expert', got kind {experts.kind!r}")
     keys = list(experts.keys() if isinstance(experts, KeySet) else experts)
+    dense = dense_layers(model)
     for layer, e in keys:
         if not 0 <= int(layer) < n_layers:
             raise ValueError(f"layer {layer} out of range for a model with {n_layers} layers")
+        if int(layer) in dense:
+            raise ValueError(
+                f"layer {layer} is a dense layer of this mixed dense / MoE model: it has no experts "
+                f"(its expert layers are {[l for l in range(n_layers) if l not in dense]})"
+            )
         if e == "shared":
             if not moe.d_shared:
                 raise ValueError("this model has no shared expert")
@@ -116,6 +144,16 @@ def expert_columns(moe: MoE) -> Tensor:
     """``[width]``: each neuron's expert column in :func:`expert_scores` (the shared expert's is the last)."""
     routed = torch.arange(moe.n_experts).repeat_interleave(moe.d_expert)
     return torch.cat([routed, torch.full((moe.d_shared,), moe.n_experts)])
+
+
+def expert_units(model: Model) -> Tensor:
+    """Flat indices ``layer * n_columns + column`` (the layout of :func:`expert_scores` flattened) of
+    every expert of the model, in order: all of them, but a mixed model's dense layers' columns
+    (they hold no expert). Its length is the number of expert units."""
+    moe = moe_of(model)
+    cols, dense = len(expert_keys(moe)), set(dense_layers(model))
+    layers = [l for l in range(int(model.cfg.n_layers)) if l not in dense]
+    return (torch.tensor(layers, dtype=torch.long)[:, None] * cols + torch.arange(cols)).flatten()
 
 
 def expert_index(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]]) -> Tensor:
