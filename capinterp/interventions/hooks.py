@@ -18,7 +18,8 @@ from contextlib import contextmanager
 import torch
 
 from capinterp.core import validate
-from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core.family import family_of
+from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronSet
@@ -40,6 +41,12 @@ def check_neurons(model: Model, neurons: NeuronSet, across_models: bool = False)
         neurons.check_compatible(neuron_shape(model), architecture=architecture_fingerprint(model), model_name=name)
     else:
         neurons.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)
+    valid = valid_neurons(model)
+    if not bool(valid.all()) and (outside := int((neurons.mask & ~valid).sum())):
+        raise ValueError(
+            f"neurons holds {outside} padding neurons of this model: positions past a dense layer's own width "
+            f"(layer widths {list(family_of(model).layer_widths)}) are not neurons of the model"
+        )
 
 
 def neuron_hooks(
