@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import importlib
 import types
 import warnings
@@ -266,3 +267,37 @@ def test_neuron_activations_refuse_padding():
         neuron_activations(model, "Rome is", [(0, DENSE)])
     tokens, acts = neuron_activations(model, "Rome is", [(0, DENSE - 1), (1, 200)])
     assert acts.shape == (len(tokens), 2)
+
+
+def test_cli_info_counts_real_neurons(monkeypatch, capsys):
+    import json
+
+    from capinterp.app import cli
+
+    monkeypatch.setattr(cli, "_load", lambda args: _mixed()[0])
+    assert cli.main(["info", "--model", "tiny", "--threads", "1"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["n_neurons"] == DENSE + 240 and info["layer_widths"] == [DENSE, 240]
+
+
+def test_chance_levels_use_the_real_neuron_count():
+    a, b = _kn().top_k(20), _kn().top_k(30, by="abs")
+    n, inter = _n_real(), len(set(a) & set(b))
+    # hypergeometric by hand: P(|A ∩ B| = k) = C(|B|, k) C(n - |B|, |A| - k) / C(n, |A|)
+    p = [math.comb(30, k) * math.comb(n - 30, 20 - k) / math.comb(n, 20) for k in range(21)]
+    c = ci.metrics.chance(a, b, "overlap")
+    assert c.n_units == n and c.expected == pytest.approx(sum(pk * k / 20 for k, pk in enumerate(p)), rel=1e-9)
+    assert c.p_value == pytest.approx(sum(p[inter:]), rel=1e-9)
+    assert a.ratio == 20 / n
+
+
+def test_attention_scaling_refuses_padding_neurons():
+    from capinterp.interventions.attention_scaling import attention_scaling
+
+    model, _ = _mixed()
+    mask = torch.zeros(2, model.cfg.d_mlp, dtype=torch.bool)
+    mask[0, DENSE + 1] = True
+    with pytest.raises(ValueError, match="padding"):
+        attention_scaling(model, EX[:1], keys="top", neurons=NeuronSet(mask))
+    mask[0, DENSE + 1], mask[1, 5] = False, True
+    assert len(attention_scaling(model, EX[:1], keys="top", neurons=NeuronSet(mask)))
