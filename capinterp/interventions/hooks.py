@@ -49,12 +49,13 @@ def check_no_padding(model: Model, neurons: NeuronSet) -> None:
     own width on a model whose layers differ in width (a set built from a bare mask, without the
     model's ``layer_widths``, can hold them; they are always 0 and no neurons of the model)."""
     valid = valid_neurons(model)
-    if tuple(valid.shape) == neurons.shape and not bool(valid.all()):
-        if outside := int((neurons.mask & ~valid).sum()):
-            raise ValueError(
-                f"neurons holds {outside} padding neurons of this model: positions past a dense layer's own width "
-                f"(layer widths {list(family_of(model).layer_widths)}) are not neurons of the model"
-            )
+    if tuple(valid.shape) != neurons.shape or bool(valid.all()):
+        return
+    if outside := int((neurons.mask & ~valid).sum()):
+        raise ValueError(
+            f"neurons holds {outside} padding neurons of this model: positions past a dense layer's own width "
+            f"(layer widths {list(family_of(model).layer_widths)}) are not neurons of the model"
+        )
 
 
 def neuron_hooks(

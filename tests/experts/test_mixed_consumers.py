@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 import importlib
+import math
 import types
 import warnings
 
