@@ -41,7 +41,7 @@ def _emit(result: dict) -> None:
 
 def cmd_info(args) -> int:
     """``capinterp info``: the model's metadata and neuron hooks, as JSON on stdout (a table on stderr)."""
-    from capinterp.core.model import model_meta, neuron_hook
+    from capinterp.core.model import model_meta, neuron_hook, valid_neurons
 
     model = _load(args)
     meta = model_meta(model)
@@ -53,13 +53,14 @@ def cmd_info(args) -> int:
         "n_layers": cfg.n_layers,
         "d_model": cfg.d_model,
         "d_mlp": cfg.d_mlp,
-        "n_neurons": cfg.n_layers * cfg.d_mlp,
+        "n_neurons": int(valid_neurons(model).sum()),  # padding of narrower layers is no neuron
         "n_heads": cfg.n_heads,
         "n_kv_heads": kv,
         "d_vocab": cfg.d_vocab,
         "n_params": meta["n_params"],
         "params_per_neuron": meta["params_per_neuron"],
         "neuron_hooks": [neuron_hook(layer) for layer in range(cfg.n_layers)],
+        **({"layer_widths": meta["layer_widths"]} if "layer_widths" in meta else {}),
     }
     _say(
         f"model        {info['model']}  (fingerprint {info['model_fingerprint']})\n"

@@ -11,6 +11,7 @@ from typing import Any
 
 from capinterp import data
 from capinterp.app.args import data_kwargs
+from capinterp.core.family import family_of
 from capinterp.core.model import load_model
 from capinterp.core.protocol import Model
 from capinterp.interventions.hooks import erase
@@ -55,9 +56,9 @@ def run_main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     model = load_model(args.model, device=args.device, threads=args.threads)
-    _say(
-        f"[1/5] loaded {model.capinterp_name}: {model.cfg.n_layers} layers x {model.cfg.d_mlp} neurons ({time.time() - t0:.0f}s)"
-    )
+    widths = family_of(model).layer_widths  # layers of differing width: count the real neurons, not padding
+    shape = f"{sum(widths)} neurons in layers of {list(widths)}" if widths else f"x {model.cfg.d_mlp} neurons"
+    _say(f"[1/5] loaded {model.capinterp_name}: {model.cfg.n_layers} layers {shape} ({time.time() - t0:.0f}s)")
 
     ds = getattr(args, "dataset", None) or data.arithmetic(**data_kwargs(args))
     _say(f"[2/5] data: {data.describe(ds)}; example: {ds[0].prompt!r} -> {ds[0].target!r}")

@@ -124,7 +124,8 @@ def top_fraction(scores: NeuronScores, neurons: NeuronSet, fraction: float) -> N
     if fraction >= 1 or len(neurons) == 0:
         return neurons
     k = max(1, math.ceil(fraction * len(neurons)))
-    dev = (scores.scores.double() - scores.scores.double().mean()).abs()
+    s = scores.scores.double()
+    dev = (s - (s[scores.valid].mean() if scores.padded else s.mean())).abs()  # mean over the real neurons
     dev[~neurons.mask] = -1.0
     flat = torch.sort(dev.flatten(), descending=True, stable=True).indices[:k]
     mask = torch.zeros(dev.numel(), dtype=torch.bool)

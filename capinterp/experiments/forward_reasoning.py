@@ -7,7 +7,8 @@ is the sigma mask (Eq. 2) of the single-sample DCSN score ``C(., ., t_i, {d_i})`
 
 (averaged over the operators present, so R is a fraction). Beside it: ``R_absent`` (the same
 over operators *not* in the expression, where there are any) and ``chance`` = |A_i| / (L d_mlp),
-the expected R of a random set. Operators with an empty set ``N_o`` are skipped.
+the expected R of a random set (L d_mlp: the model's real neurons where layers differ in width).
+Operators with an empty set ``N_o`` are skipped.
 
 Reverse (5.5): erase the top ``fraction`` (10%) by |C - mean| of the sets of the operators
 present, against a random set of the same size (seeded), and report accuracy and mean target
@@ -25,6 +26,7 @@ import pandas as pd
 import torch
 
 from capinterp.core.example import Example
+from capinterp.core.model import valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.data import arithmetic
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -61,12 +63,25 @@ PAPER = {  # Table 4, LLaMA-2-7B, DG rows, percent
 }
 
 
-def activation_mask(scores: torch.Tensor, sigma: float = 6.0) -> torch.Tensor:
-    """Per-sample Eq. 2 mask of ``[b, n_layers, d_mlp]`` scores: |C - mean| > sigma * std (population)."""
+def activation_mask(scores: torch.Tensor, sigma: float = 6.0, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-sample Eq. 2 mask of ``[b, n_layers, d_mlp]`` scores: |C - mean| > sigma * std (population).
+
+    ``valid`` (bool ``[n_layers, d_mlp]``, :func:`capinterp.core.model.valid_neurons`): the model's
+    real neurons; mean and std are then taken over them only and padding is never active."""
     flat = scores.double().flatten(1)
-    mean = flat.mean(1, keepdim=True)
-    std = flat.std(1, correction=0, keepdim=True)
-    return ((flat - mean).abs() > sigma * std).view(scores.shape)
+    if valid is None or bool(valid.all()):
+        mean = flat.mean(1, keepdim=True)
+        std = flat.std(1, correction=0, keepdim=True)
+        return ((flat - mean).abs() > sigma * std).view(scores.shape)
+    real = valid.flatten().to(flat.device)
+    mean = flat[:, real].mean(1, keepdim=True)
+    std = flat[:, real].std(1, correction=0, keepdim=True)
+    return (((flat - mean).abs() > sigma * std) & real).view(scores.shape)
+
+
+def _share(active: torch.Tensor, n_real: int) -> float:
+    """|A_i| / (the model's real neurons): the expected R of a random set (padding is no neuron)."""
+    return float(active.float().mean()) if n_real == active.numel() else int(active.sum()) / n_real
 
 
 def operator_ratio(active: torch.Tensor, sets: Mapping[str, NeuronSet], ops: Sequence[str]) -> float:
@@ -85,8 +100,10 @@ def activation_ratio(
 ) -> pd.DataFrame:
     """One row per example: n_ops, ops, R, R_absent, n_active, chance (see the module docstring)."""
     rows: list[dict[str, Any]] = []
+    valid = valid_neurons(model)
+    n_real = int(valid.sum())
     for idx, scores, _ in sample_scores(model, examples, batch_size):
-        active = activation_mask(scores, sigma)
+        active = activation_mask(scores, sigma, valid)
         for j, i in enumerate(idx):
             present = list(examples[i].meta["op_set"])
             absent = [o for o in op_sets if o not in present]
@@ -98,7 +115,7 @@ def activation_ratio(
                     "R": operator_ratio(active[j], op_sets, present),
                     "R_absent": operator_ratio(active[j], op_sets, absent),
                     "n_active": int(active[j].sum()),
-                    "chance": float(active[j].float().mean()),
+                    "chance": _share(active[j], n_real),
                 }
             )
     return pd.DataFrame(rows)

@@ -32,7 +32,7 @@ import torch
 
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.circuits.relp import head_relp
-from capinterp.core.model import neuron_shape
+from capinterp.core.model import neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.edge_agreement import edge_rows, edge_table
@@ -95,10 +95,13 @@ def agreement_table(
 ) -> pd.DataFrame:
     """Rows per (component, method) for one task; ``scores``: method -> NeuronScores on ``data``."""
     L, d = neuron_shape(model)
+    real = valid_neurons(model).flatten()  # padding neurons (past a dense layer's width) are no units
+    pool = real.nonzero().flatten()
     gen = torch.Generator().manual_seed(int(seed))
-    picked = set(torch.randperm(L * d, generator=gen)[:n_random].tolist())
+    picked = set(pool[torch.randperm(pool.numel(), generator=gen)[:n_random]].tolist())
     for s in scores.values():
-        picked |= set(torch.sort(s.scores.flatten().abs(), descending=True).indices[:n_top].tolist())
+        key = s.scores.flatten().abs().masked_fill(~real, -torch.inf)
+        picked |= set(torch.sort(key, descending=True).indices[: min(n_top, pool.numel())].tolist())
     neurons = sorted(picked)
     groups = []
     for u in neurons:

@@ -36,6 +36,7 @@ from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
 from capinterp.interventions.edit_eval import next_token_probs
+from capinterp.interventions.hooks import check_no_padding
 from capinterp.kernels.tracing import subject_token_range
 from capinterp.units.neurons import NeuronSet
 
@@ -186,6 +187,8 @@ def attention_scaling(
     sets = [neurons] * len(exs) if isinstance(neurons, NeuronSet) else (list(neurons) if neurons is not None else None)
     if sets is not None and len(sets) != len(exs):
         raise ValueError(f"neurons: {len(sets)} sets for {len(exs)} examples")
+    for s in sets or []:
+        check_no_padding(model, s)
     enc = encode(model, exs, max_target_tokens=1)
     ks = [knowledge_synapses(model, e, keys, k, include_first) for e in exs]
     rng, rows = random.Random(seed), []

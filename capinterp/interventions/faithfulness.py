@@ -36,6 +36,9 @@ The random band: ``random_sets`` uniformly random unit sets of each size (seeded
 way; the table gives their mean and 5th / 95th percentiles, and ``random_cpr`` / ``random_cmd``
 the same statistics of the areas (draw r at every size is one random curve).
 All configurations of one call are rows of the same batched forward passes.
+On a model whose layers differ in width (dense layers between MoE layers) the neuron units are its
+real neurons only: the padding of the narrower layers (always 0) is never ranked, drawn or counted
+in ``n_units``, and runs in every configuration; expert units are refused there.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import torch
 from capinterp.core import validate
 from capinterp.core.family import family_of
 from capinterp.core.forward import logits_at
-from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape, valid_neurons
 from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
@@ -134,8 +137,16 @@ def _order(scores: torch.Tensor, by: str) -> torch.Tensor:
     return torch.sort(scores.abs() if by == "abs" else scores, descending=True, stable=True).indices
 
 
+def _real_neurons(model: Model) -> torch.Tensor:
+    """Flat indices of the model's real neurons into ``[n_layers * d_mlp]`` (every index but on
+    models whose layers differ in width, whose padding neurons are no units): neuron unit ``u`` of
+    the faithfulness space is flat neuron ``_real_neurons(model)[u]``."""
+    return valid_neurons(model).flatten().nonzero().flatten()
+
+
 def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Tensor, int | None]:
-    """(unit kind, unit order best first, size of a given set or None for a full ranking)."""
+    """(unit kind, unit order best first, size of a given set or None for a full ranking); neuron
+    units are numbered over the model's real neurons (:func:`_real_neurons`)."""
     if isinstance(units, Localizer):  # a fitted localizer: its neuron scores where it has them, else its units
         scores = getattr(units, "scores_", None)
         units = scores if isinstance(scores, NeuronScores) else getattr(units, "units_", units)
@@ -143,10 +154,13 @@ def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Te
     name = getattr(model, "capinterp_name", None)
     if isinstance(units, NeuronScores):
         units.check_compatible((L, d), model_fingerprint(model), model_name=name)
-        return "neuron", _order(units.scores.flatten(), by), None
+        return "neuron", _order(units.scores.flatten()[_real_neurons(model)], by), None
     if isinstance(units, NeuronSet):
         units.check_compatible((L, d), model_fingerprint(model), model_name=name)
-        return "neuron", units.mask.flatten().nonzero().flatten(), len(units)
+        real = _real_neurons(model)
+        if int(units.mask.flatten()[real].sum()) != len(units):
+            raise ValueError("the NeuronSet holds padding neurons of this model (past a dense layer's own width)")
+        return "neuron", units.mask.flatten()[real].nonzero().flatten(), len(units)
     if isinstance(units, KeySet) and units.kind == "expert":
         idx = torch.searchsorted(expert_units(model), expert_index(model, units))  # positions among the experts
         return "expert", idx, len(idx)
@@ -355,7 +369,8 @@ def faithfulness(
         by = "score" if by == "auto" else by
         kind, order, given = _ranking(model, units, by)
         L, d = neuron_shape(model)
-        n_units = {"neuron": L * d, "layer": L}.get(kind) or len(expert_units(model))
+        real = _real_neurons(model)
+        n_units = {"neuron": real.numel(), "layer": L}.get(kind) or len(expert_units(model))
     sizes = _sizes(ks, n_units, given)
     items = encode(model, validate.examples(data, need_target=True))
 
@@ -381,8 +396,10 @@ def faithfulness(
             batch_size=bs,
         )
     else:
-        if kind == "neuron":
-            keep = masks.view(-1, L, d)
+        if kind == "neuron":  # padding neurons (always 0) run in every configuration
+            keep = torch.ones(masks.shape[0], L * d, dtype=torch.bool)
+            keep[:, real] = masks
+            keep = keep.view(-1, L, d)
         elif kind == "expert":  # an expert's neurons run or are ablated together; a mixed model's dense layers run
             cols = torch.ones(masks.shape[0], L * len(expert_keys(moe_of(model))), dtype=torch.bool)
             cols[:, expert_units(model)] = masks

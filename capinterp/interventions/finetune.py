@@ -43,7 +43,9 @@ from tqdm.auto import tqdm
 
 from capinterp.core import validate
 from capinterp.core.example import Example
+from capinterp.core.family import family_of
 from capinterp.core.forward import capture, unembed
+from capinterp.core.model import valid_neurons
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.settings import resolve_device
@@ -222,7 +224,7 @@ def _arm_neuron_sets(
         sets_neurons["located"] = neurons
     if "random" in arms:
         assert neurons is not None  # _check_args: every arm but "full" needs neurons
-        rnd = random_neurons if random_neurons is not None else neurons.random_like(seed)
+        rnd = random_neurons if random_neurons is not None else _on_model(model, neurons).random_like(seed)
         check_neurons(model, rnd)
         if len(rnd) != len(neurons):
             raise ValueError(f"random_neurons has {len(rnd)} neurons, neurons has {len(neurons)}")
@@ -230,9 +232,18 @@ def _arm_neuron_sets(
     return sets_neurons
 
 
+def _on_model(model: Model, neurons: NeuronSet) -> NeuronSet:
+    """``neurons``, knowing the model's layer widths (a set built without them, e.g. from a bare mask,
+    would draw its random twin among padding neurons too); itself on models without padding."""
+    widths = family_of(model).layer_widths
+    if not widths or neurons.padded:
+        return neurons
+    return NeuronSet(neurons.mask, {**neurons.meta, "layer_widths": list(widths)})
+
+
 def _neuron_counts(model: Model, neurons: NeuronSet | None) -> dict[str, int]:
-    """Neurons each arm trains (the table's ``n_neurons``)."""
-    all_neurons = int(model.cfg.n_layers) * int(model.cfg.d_mlp)
+    """Neurons each arm trains (the table's ``n_neurons``; the model's real neurons, not padding)."""
+    all_neurons = int(valid_neurons(model).sum())
     n_located = len(neurons) if neurons is not None else 0
     return {
         "located": n_located,

@@ -18,12 +18,13 @@ from contextlib import contextmanager
 import torch
 
 from capinterp.core import validate
-from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape
+from capinterp.core.family import family_of
+from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronSet
 
-__all__ = ["amplify", "check_neurons", "erase", "neuron_hooks", "scale"]
+__all__ = ["amplify", "check_neurons", "check_no_padding", "erase", "neuron_hooks", "scale"]
 
 
 def check_neurons(model: Model, neurons: NeuronSet, across_models: bool = False) -> None:
@@ -40,6 +41,21 @@ def check_neurons(model: Model, neurons: NeuronSet, across_models: bool = False)
         neurons.check_compatible(neuron_shape(model), architecture=architecture_fingerprint(model), model_name=name)
     else:
         neurons.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)
+    check_no_padding(model, neurons)
+
+
+def check_no_padding(model: Model, neurons: NeuronSet) -> None:
+    """ValueError if ``neurons`` holds padding neurons of ``model``: positions past a narrower layer's
+    own width on a model whose layers differ in width (a set built from a bare mask, without the
+    model's ``layer_widths``, can hold them; they are always 0 and no neurons of the model)."""
+    valid = valid_neurons(model)
+    if tuple(valid.shape) != neurons.shape or bool(valid.all()):
+        return
+    if outside := int((neurons.mask & ~valid).sum()):
+        raise ValueError(
+            f"neurons holds {outside} padding neurons of this model: positions past a dense layer's own width "
+            f"(layer widths {list(family_of(model).layer_widths)}) are not neurons of the model"
+        )
 
 
 def neuron_hooks(

@@ -84,7 +84,7 @@ class NeFT(Localizer):
         steps: optimizer steps (each over one batch of ``batch_size`` examples, cycling) (20).
         lr: learning rate (1e-3 for ``"sgd"``; pass ~1e-5 for ``"adam"``).
         optimizer: ``"sgd"`` or ``"adam"`` (see the module docstring).
-        top_k: neurons selected (default: 1 % of all neurons).
+        top_k: neurons selected (default: 1 % of all neurons; of the real ones where layers differ in width).
     """
 
     per_query = False
@@ -113,9 +113,9 @@ class NeFT(Localizer):
 
     def _begin_fit(self) -> None:
         super()._begin_fit()
-        n_layers, d_mlp = neuron_shape(self.model)
-        if self.top_k is not None and not 1 <= self.top_k <= n_layers * d_mlp:
-            raise ValueError(f"top_k must be in [1, {n_layers * d_mlp}], got {self.top_k}")
+        n = int(valid_neurons(self.model).sum())  # the model's real neurons (no padding of narrower layers)
+        if self.top_k is not None and not 1 <= self.top_k <= n:
+            raise ValueError(f"top_k must be in [1, {n}], got {self.top_k}")
 
     def fit(self, data: Any) -> NeFT:
         examples = validate.examples(data, "NeFT.fit(data)")  # the shared rules; an empty list is refused
@@ -152,7 +152,7 @@ class NeFT(Localizer):
         if family_of(self.model).layer_widths:  # padding of a mixed model's dense layers: no weights, score 0
             scores = scores.masked_fill(~valid_neurons(self.model).to(scores.device), 0.0)
         meta = self._set_meta(dataset=describe_data(examples), n_samples=len(items))
-        k = self.top_k if self.top_k is not None else max(1, round(0.01 * n_layers * d_mlp))
+        k = self.top_k if self.top_k is not None else max(1, round(0.01 * int(valid_neurons(self.model).sum())))
         self.losses_ = losses
         self.scores_ = NeuronScores(scores, meta=meta)
         self.neurons_ = self.scores_.top_k(k)

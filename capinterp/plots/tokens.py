@@ -22,6 +22,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.core.model import valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import model_bos
 
@@ -39,6 +40,7 @@ def prompt_tokens(model: Model, prompt: str) -> tuple[Tensor, list[str]]:
 
 def _neuron_list(model: Model, neurons: Iterable) -> list[tuple[int, int]]:
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
+    valid = valid_neurons(model)  # padding past a narrower layer's own width is no neuron
     out = []
     for key in neurons:
         if not (isinstance(key, Sequence) and len(key) == 2):
@@ -46,6 +48,8 @@ def _neuron_list(model: Model, neurons: Iterable) -> list[tuple[int, int]]:
         layer, idx = int(key[0]), int(key[1])
         if not (0 <= layer < n_layers and 0 <= idx < d_mlp):
             raise ValueError(f"neuron {key!r} out of range: layer in [0, {n_layers}), index in [0, {d_mlp})")
+        if not bool(valid[layer, idx]):
+            raise ValueError(f"neuron {key!r} is padding: layer {layer} has {int(valid[layer].sum())} neurons")
         out.append((layer, idx))
     if not out:
         raise ValueError("neurons is empty: pass at least one (layer, index) pair")
