@@ -32,9 +32,7 @@ def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
     """Layer ``layer``'s FFN output projection: named like one, reading ``d_mlp`` features; where no
     such module exists (a dense layer of a model mixing dense and MoE layers, narrower than the
     experts' ``d_mlp``), the one narrower module so named outside attention and shared experts."""
-    named = [
-        (name, m) for name, m in decoder_layers(hf)[layer].named_modules() if name.split(".")[-1] in _DOWN_NAMES
-    ]
+    named = [(name, m) for name, m in decoder_layers(hf)[layer].named_modules() if name.split(".")[-1] in _DOWN_NAMES]
     found = [m for _, m in named if _in_dim(m) == d_mlp]
     if not found:
         found = [

@@ -119,6 +119,7 @@ def layer_widths(hf: Any) -> list[int]:
     mixes dense and MoE layers has fewer)."""
     out = []
     for mlp in mlps(hf):
-        mod = mlp.down[1]
-        out.append(int(mod.in_features) if isinstance(mod, torch.nn.Linear) else int(mod.weight.shape[0]))
+        mod, w = mlp.down[1], mlp.down[1].weight
+        assert isinstance(w, torch.Tensor)
+        out.append(int(mod.in_features) if isinstance(mod, torch.nn.Linear) else int(w.shape[0]))  # Conv1D: [in, out]
     return out
