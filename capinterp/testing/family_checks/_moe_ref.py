@@ -7,7 +7,9 @@ dense ``[tokens, n_experts]`` matrix (0 for experts not chosen), and hands the r
 ``[batch, pos, n_experts * d_expert (+ shared)]`` to one module named ``down_proj``
 (:class:`ExpertsDown`: neurons @ stacked value vectors, plus the router-weighted expert biases).
 So the dense references of the other checks (pre-hooks on the down projection's input, its
-weight as ``[d_mlp, d_model]`` value rows) apply unchanged. Written here independently of
+weight as ``[d_mlp, d_model]`` value rows) apply unchanged. The dense layers of a model mixing
+dense and MoE layers keep their plain transformers MLP (their neurons are the first ones of
+capinterp's axis; :func:`moe_layers` tells the MoE layers by decoder layer index). Written here independently of
 :mod:`capinterp.core.experts` (dense over all experts, where capinterp loops over routed ones);
 :func:`densify` checks that the model's logits do not change.
 """
