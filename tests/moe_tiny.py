@@ -29,9 +29,21 @@ MOE_FAMILIES = (
 )
 
 
+#: the families whose tiny model (the released layout) has a dense layer 0: here every layer is an
+#: expert layer, so these tests see experts in each layer (mixed layouts: tests/experts/test_mixed_layers.py
+#: and the family matrix)
+ALL_EXPERT_LAYERS = {
+    "ernie4_5_moe": dict(moe_layer_start_index=0),
+    "glm4_moe": dict(first_k_dense_replace=0),
+    "glm4_moe_lite": dict(mlp_layer_types=["sparse", "sparse"]),
+    "afmoe": dict(num_dense_layers=0),
+    "laguna": dict(mlp_layer_types=["sparse", "sparse"]),
+}
+
+
 def load_tiny_moe(family: str):
     """``(capinterp model, plain transformers copy made before loading, tokenizer, the hf model capinterp wraps)``."""
-    hf, tok = tiny_hf(family)
+    hf, tok = tiny_hf(family, **ALL_EXPERT_LAYERS.get(family, {}))
     plain = copy.deepcopy(hf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -26,10 +26,17 @@ and gpt-oss share one path) and exposes the neurons at ``blocks.{l}.mlp.hook_pos
 neurons; the block's output stays at ``hook_out``. How the block calls its router is read from
 the modules (extra router arguments by name from the block, such as an expert score bias; rows or
 ``[batch, pos, d_model]`` input), and at load each layer's forward is checked against the
-transformers block's own on random inputs. What cannot be served this way (dense and MoE layers
-mixed in one model, a layer without an FFN, experts normalized after the down projection, an
-experts module without transformers' stacked weights, a block that routes by more than its
-input, any block whose output the check finds different) is refused at load with the reason.
+transformers block's own on random inputs. What cannot be served this way (a layer without an FFN,
+experts normalized after the down projection, an experts module without transformers' stacked
+weights, a block that routes by more than its input, any block whose output the check finds
+different) is refused at load with the reason.
+
+Dense layers among MoE layers (the released DeepSeek-V2/V3, GLM-4 MoE, Ernie 4.5 MoE, AFMoE and
+Laguna checkpoints: dense layers first) are served by :class:`DenseBlock` on the same neuron axis:
+their neurons first, then padding that is always 0 and is no neuron of the model
+(``Family.layer_widths``, ``Family.valid_neurons``). Refused at load, with the reason: a dense
+layer wider than the expert layers' axis, one that is not a gated MLP (gate_proj, up_proj,
+down_proj, act_fn), and one whose transformers forward differs from that MLP on random inputs.
 """
 
 from __future__ import annotations
@@ -265,22 +272,61 @@ def _width(spec: ExpertBlock | DenseBlock) -> int:
 
 
 def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
+    """Layer ``layer``'s dense FFN in a model whose other layers are MoE, on the experts' ``moe.width``
+    axis; refused where it is not a gated MLP (gate_proj, up_proj, down_proj, act_fn), is wider than
+    that axis, or computes something else than ``down(act(gate(x)) * up(x))`` on random inputs."""
     fam = family_of(model)
-    block = _unwrap(getattr(model.blocks[layer], "mlp", None))
+    mlp = getattr(model.blocks[layer], "mlp", None)
+    block = _unwrap(mlp)
     where = f"{fam.name} ({fam.architecture}), layer {layer}"
-    if not all(
+    if mlp is None:
+        raise UnsupportedFamily(
+            f"{where}: the bridge's block has no MLP module (a hybrid layer: state-space, convolution or "
+            "linear-attention mixer) between expert layers; capinterp needs an FFN in every layer"
+        )
+    if not callable(getattr(block, "act_fn", None)) or not all(
         isinstance(_unwrap(getattr(block, k, None)), torch.nn.Linear) for k in ("gate_proj", "up_proj", "down_proj")
     ):
         raise UnsupportedFamily(
-            f"{where}: a dense layer between expert layers that is not a gated MLP ({type(block).__name__}); "
-            "capinterp cannot put its neurons on the experts' axis"
+            f"{where}: a dense layer between expert layers that is not a gated MLP with gate_proj, up_proj, "
+            f"down_proj and act_fn ({type(block).__name__}); capinterp serves only gated dense layers on the "
+            "experts' neuron axis"
         )
     width = int(_unwrap(block.down_proj).in_features)
     if width > moe.width:
         raise UnsupportedFamily(
-            f"{where}: the dense FFN has {width} neurons, more than an expert layer's {moe.width}; not supported yet"
+            f"{where}: the dense FFN has {width} neurons, more than an expert layer's {moe.width} "
+            f"({moe.n_experts} x {moe.d_expert} + {moe.d_shared} shared); capinterp pads a dense layer's neurons "
+            "onto the experts' neuron axis and cannot fit a wider one"
         )
-    return DenseBlock(layer=layer, block=block, width=width, padded=moe.width)
+    return _checked_dense(where, DenseBlock(layer=layer, block=block, width=width, padded=moe.width))
+
+
+@torch.no_grad()
+def _checked_dense(where: str, spec: DenseBlock) -> DenseBlock:
+    """``spec`` after checking that its forward computes the transformers MLP's own output on random
+    inputs, and that its padding neurons are 0: a dense MLP taking another step is refused here."""
+    from transformer_lens.hook_points import HookPoint
+
+    like = _unwrap(spec.block.down_proj).weight
+    x = torch.randn(2, 6, int(like.shape[0]), generator=torch.Generator().manual_seed(0))
+    x = x.to(device=like.device, dtype=like.dtype)
+    want = spec.block(x)
+    seen: dict[str, Tensor] = {}
+    probe = HookPoint()
+    probe.add_hook(lambda act, hook: seen.setdefault("neurons", act.detach().clone()))
+    try:
+        got = spec.forward(probe, x)
+    finally:
+        probe.remove_hooks()
+    tol = max(1e-4, 16 * torch.finfo(like.dtype).eps) * max(1.0, float(want.abs().max()))
+    err = float((got.float() - want.float()).abs().max())
+    if err > tol or bool(seen["neurons"][..., spec.width :].any()):
+        raise UnsupportedFamily(
+            f"{where}: the dense layer's output is not down_proj(act_fn(gate_proj(x)) * up_proj(x)) "
+            f"({type(spec.block).__name__} differs by {err:.3g}); its neurons are not defined"
+        )
+    return spec
 
 
 def is_moe(model: Model) -> bool:
@@ -348,17 +394,9 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
             "linear-attention mixer); capinterp needs every layer of a mixture-of-experts model to be an expert FFN"
         )
     if experts is None or router is None:
-        kind = type(block).__name__
-        mixed = any(_has_experts(getattr(b, "mlp", None)) for b in model.blocks)
         raise UnsupportedFamily(
-            f"{where}: the FFN ({kind}) is not a sparse mixture-of-experts block with an 'experts' module and a "
-            "router; "
-            + (
-                "capinterp needs every layer of a mixture-of-experts model to be one (dense and expert layers "
-                "mixed in one model are not supported: their neuron widths differ)"
-                if mixed
-                else "capinterp reads experts only from transformers' stacked-experts modules"
-            )
+            f"{where}: the FFN ({type(block).__name__}) is not a sparse mixture-of-experts block with an 'experts' "
+            "module and a router; capinterp reads experts only from transformers' stacked-experts modules"
         )
     flagged = _flagged(experts, int(model.cfg.d_model))
     if flagged is None:

@@ -192,7 +192,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "vaultgemma": dict(intermediate_size=96, head_dim=8, sliding_window=4),  # layer 0 sliding, layer 1 full
     # weightless norms, the final norm also on the embeddings (capinterp.core.embedding_norm), logit soft-cap 15
     "nanochat": dict(intermediate_size=96, head_dim=8),
-    # mixture of experts: refused at load today (capinterp.core.family.check_supported)
+    # mixture of experts (capinterp.core.experts): every neuron of every expert on one axis per layer
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(
         moe_intermediate_size=48, shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2
@@ -202,12 +202,19 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "gpt_oss": dict(
         intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=4
     ),  # layer 0 sliding (with attention sinks), layer 1 full
-    # every layer an expert layer: these families' default first dense layers are refused (mixed widths)
+    # from here on, the released layouts where a family has one: layer 0 a dense gated MLP (96 neurons,
+    # padded onto the experts' axis), layer 1 MoE (first_k_dense_replace, moe_layer_start_index,
+    # num_dense_layers, mlp_layer_types); GraniteMoE, FlexOlmo and MiniMax-M2 have no dense layers
     "granitemoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     "flex_olmo": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
     "minimax_m2": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
     "ernie4_5_moe": dict(
-        moe_intermediate_size=48, moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=0
+        intermediate_size=96,
+        moe_intermediate_size=48,
+        moe_num_experts=4,
+        moe_k=2,
+        moe_num_shared_experts=1,
+        moe_layer_start_index=1,
     ),
     "glm4_moe": dict(
         moe_intermediate_size=48,
@@ -215,7 +222,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         num_experts_per_tok=2,
         n_shared_experts=1,
         head_dim=8,
-        first_k_dense_replace=0,
+        intermediate_size=96,
+        first_k_dense_replace=1,
         n_group=1,
         topk_group=1,
     ),
@@ -226,7 +234,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         n_shared_experts=1,
         n_group=1,
         topk_group=1,
-        mlp_layer_types=["sparse", "sparse"],
+        intermediate_size=96,
+        mlp_layer_types=["dense", "sparse"],
         qk_rope_head_dim=4,
         qk_nope_head_dim=4,
         v_head_dim=8,
@@ -238,7 +247,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         num_experts=4,
         num_experts_per_tok=2,
         num_shared_experts=1,
-        num_dense_layers=0,
+        intermediate_size=96,
+        num_dense_layers=1,
         head_dim=8,
         sliding_window=4,  # both layers sliding
     ),
@@ -249,7 +259,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         n_routed_experts=4,
         num_experts_per_tok=2,
         n_shared_experts=1,
-        first_k_dense_replace=0,
+        intermediate_size=96,
+        first_k_dense_replace=1,
         n_group=1,
         topk_group=1,
         kv_lora_rank=16,
@@ -264,7 +275,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         n_routed_experts=4,
         num_experts_per_tok=2,
         n_shared_experts=1,
-        first_k_dense_replace=0,
+        intermediate_size=96,
+        first_k_dense_replace=1,
         n_group=1,
         topk_group=1,
         kv_lora_rank=16,
@@ -280,7 +292,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         num_experts=4,
         num_experts_per_tok=2,
         head_dim=8,
-        mlp_layer_types=["sparse", "sparse"],
+        intermediate_size=96,
+        mlp_layer_types=["dense", "sparse"],
         layer_types=["sliding_attention", "full_attention"],  # all full by default, its window unused
         sliding_window=4,
     ),

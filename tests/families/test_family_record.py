@@ -59,20 +59,38 @@ def test_parallel_blocks_flagged(family):
     assert family_of(_load(family)[2]).parallel_block
 
 
+def _dense_widths(hf) -> list[int | None]:
+    """Per decoder layer, read from transformers' modules: None for an MoE layer (it holds an
+    'experts' module), else its dense MLP's number of neurons (the down projection's inputs)."""
+    out: list[int | None] = []
+    for layer in hf.model.layers:
+        sparse = any(isinstance(getattr(m, "experts", None), torch.nn.Module) for m in layer.modules())
+        out.append(None if sparse else int(layer.mlp.down_proj.in_features))
+    return out
+
+
 @pytest.mark.parametrize("family", MOE)
 def test_moe_loads_with_expert_neurons(family):
-    """An MoE model loads; its neurons are every expert's (plus the shared expert's), on hook_post,
-    and only the routed experts' neurons are non-zero on a token (top_k experts of d_expert)."""
+    """An MoE model loads; an expert layer's neurons are every expert's (plus the shared expert's),
+    on hook_post, and only the routed experts' neurons are non-zero on a token (top_k experts of
+    d_expert). A dense layer (the released layouts: dense layers first) has its transformers MLP's
+    neurons first on that axis, then padding that stays exactly 0."""
     hf, tok = tiny_hf(family)
+    widths = _dense_widths(hf)
     model = ci.load_model(hf, tokenizer=tok)
     moe = family_of(model).moe
     assert moe is not None and model.cfg.d_mlp == moe.n_experts * moe.d_expert + moe.d_shared
+    assert any(w is None for w in widths)
     _, cache = model.run_with_cache(tok("1+2=3", return_tensors="pt")["input_ids"])
-    act = cache["blocks.0.mlp.hook_post"][0]
-    assert act.shape[-1] == moe.width
-    routed = act[:, : moe.n_experts * moe.d_expert].reshape(act.shape[0], moe.n_experts, moe.d_expert)
-    active = (routed != 0).any(-1).sum(-1)
-    assert (active == moe.top_k).all(), f"{family}: experts active per token {active.tolist()}"
+    for layer, width in enumerate(widths):
+        act = cache[f"blocks.{layer}.mlp.hook_post"][0]
+        assert act.shape[-1] == moe.width
+        if width is not None:
+            assert not bool(act[:, width:].any()) and bool(act[:, :width].any()), f"{family}: layer {layer}'s padding"
+            continue
+        routed = act[:, : moe.n_experts * moe.d_expert].reshape(act.shape[0], moe.n_experts, moe.d_expert)
+        active = (routed != 0).any(-1).sum(-1)
+        assert (active == moe.top_k).all(), f"{family}: layer {layer}: experts active per token {active.tolist()}"
     assert moe.locate(moe.d_expert + 3) == (1, 3)
 
 
@@ -81,15 +99,71 @@ def test_moe_families_are_listed():
     assert not set(MOE) & set(TINY_REFUSED)
 
 
+# dense layer 0, MoE layer 1: the released layouts of TINY_FAMILIES, and Qwen2-MoE's mlp_only_layers
+RELEASED_MIXED = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "ernie4_5_moe", "afmoe", "laguna")
+MIXED = {**{f: {} for f in RELEASED_MIXED}, "qwen2_moe": dict(mlp_only_layers=[0], intermediate_size=96)}
+
+
+@pytest.mark.parametrize("family", sorted(MIXED))
+def test_moe_with_dense_layers_loads_and_matches_transformers(family):
+    """Dense and expert layers mixed in one model load (no refusal): each layer's width is its
+    transformers FFN's, and the logits equal plain transformers' (1e-5 of the largest)."""
+    hf, tok = tiny_hf(family, **MIXED[family])
+    widths = _dense_widths(hf)
+    assert widths[0] is not None and widths[-1] is None, f"{family}: the tiny model is not dense-then-MoE"
+    ids = tok("3+4=7 The Eiffel Tower is in", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = hf(ids).logits
+    model = ci.load_model(hf, tokenizer=tok)
+    fam = family_of(model)
+    assert fam.layer_widths == tuple(w if w is not None else fam.moe.width for w in widths)
+    with torch.no_grad():
+        got = model(ids)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
 @pytest.mark.parametrize(
-    ("family", "overrides"),
-    [("qwen2_moe", dict(mlp_only_layers=[0])), ("glm4_moe", dict(first_k_dense_replace=1))],
+    ("family", "overrides", "width", "axis"),
+    [
+        ("qwen2_moe", dict(mlp_only_layers=[0]), 5632, r"256 \(4 x 48 \+ 64 shared\)"),  # transformers' default width
+        ("deepseek_v2", dict(intermediate_size=300), 300, r"240 \(4 x 48 \+ 48 shared\)"),
+    ],
 )
-def test_moe_with_dense_layers_refused_at_load(family, overrides):
-    """Dense and expert layers mixed in one model (Qwen2-MoE's mlp_only_layers, DeepSeek / GLM's
-    first_k_dense_replace) are refused, with the reason."""
+def test_dense_layer_wider_than_the_experts_refused_at_load(family, overrides, width, axis):
+    """A dense layer with more neurons than an expert layer's axis cannot be padded onto it: refused, with the reason."""
     hf, tok = tiny_hf(family, **overrides)
-    with pytest.raises(UnsupportedFamily, match=f"{family}.*layer 0.*mixed"):
+    with pytest.raises(
+        UnsupportedFamily,
+        match=f"^{family} .*layer 0: the dense FFN has {width} neurons, more than an expert layer's {axis}",
+    ):
+        ci.load_model(hf, tokenizer=tok)
+
+
+def test_dense_layer_not_gated_refused():
+    """A dense layer between expert layers without a gate projection is refused, naming the layer."""
+    from capinterp.core import experts
+
+    hf, tok = tiny_hf("deepseek_v2")
+    model = ci.load_model(hf, tokenizer=tok)
+    mlp = model.blocks[0].mlp
+    while isinstance(getattr(mlp, "original_component", None), torch.nn.Module):
+        mlp = mlp.original_component  # the transformers MLP the bridge wraps
+    del mlp.gate_proj  # now ungated
+    with pytest.raises(
+        UnsupportedFamily, match="^deepseek_v2 .*layer 0: a dense layer between expert layers that is not a gated MLP"
+    ):
+        experts._dense_block(model, 0, family_of(model).moe)
+
+
+def test_dense_layer_computing_something_else_refused_at_load(monkeypatch):
+    """A dense MLP whose transformers forward is not down(act(gate(x)) * up(x)) (here: doubled) is
+    refused at load, never served with wrong numbers."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2MLP
+
+    real = DeepseekV2MLP.forward
+    monkeypatch.setattr(DeepseekV2MLP, "forward", lambda self, x: 2.0 * real(self, x))
+    hf, tok = tiny_hf("deepseek_v2")
+    with pytest.raises(UnsupportedFamily, match="^deepseek_v2 .*layer 0: the dense layer's output is not .*differs by"):
         ci.load_model(hf, tokenizer=tok)
 
 

@@ -40,7 +40,8 @@ def test_gpt_neo_local_window_runs_rows_in_the_batch_past_the_window():
     assert len(items[0].prompt_ids) > 4 * family_of(model).module_window
     got, routes = _fast(model, items)
     assert not routes, routes
-    _close(got[0], _ig_ref(plain_hf("gpt_neo"), items[0], family_of(model).d_mlp), "gpt_neo fast IG")
+    ref = plain_hf("gpt_neo")
+    _close(got[0], _ig_ref(ref, items[0], family_of(model).d_mlp), "gpt_neo fast IG", ref)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

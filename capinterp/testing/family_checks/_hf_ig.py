@@ -14,7 +14,7 @@ import torch
 
 from capinterp.testing.family_checks._hf import decoder_layers
 
-__all__ = ["clean_down_inputs", "decoder_layers", "down_proj", "ig_reference", "prob"]
+__all__ = ["clean_down_inputs", "decoder_layers", "down_proj", "ig_reference", "layer_width", "prob"]
 
 _DOWN_NAMES = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj")
 
@@ -29,26 +29,41 @@ def _in_dim(mod: torch.nn.Module) -> int | None:
 
 
 def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
-    """Layer ``layer``'s FFN output projection: named like one, reading ``d_mlp`` features."""
-    found = [
-        m
-        for name, m in decoder_layers(hf)[layer].named_modules()
-        if name.split(".")[-1] in _DOWN_NAMES and _in_dim(m) == d_mlp
-    ]
+    """Layer ``layer``'s FFN output projection: named like one, reading ``d_mlp`` features; where no
+    such module exists (a dense layer of a model mixing dense and MoE layers, narrower than the
+    experts' ``d_mlp``), the one narrower module so named outside attention and shared experts."""
+    named = [(name, m) for name, m in decoder_layers(hf)[layer].named_modules() if name.split(".")[-1] in _DOWN_NAMES]
+    found = [m for _, m in named if _in_dim(m) == d_mlp]
+    if not found:
+        found = [
+            m
+            for name, m in named
+            if (_in_dim(m) or d_mlp) < d_mlp
+            and not any(a in part for part in name.split(".") for a in ("attn", "attention", "shared_expert"))
+        ]
     if len(found) != 1:
         raise AssertionError(f"layer {layer}: {len(found)} candidate down projections")
     return found[0]
 
 
+def layer_width(hf: Any, layer: int, d_mlp: int) -> int:
+    """Layer ``layer``'s number of neurons: the features its down projection reads (``d_mlp``
+    except on the dense layers of a model mixing dense and MoE layers)."""
+    width = _in_dim(down_proj(hf, layer, d_mlp))
+    assert width is not None
+    return width
+
+
 def down_weight(hf: Any, layer: int, d_mlp: int) -> torch.Tensor:
-    """``[d_mlp, d_model]``: row i is what neuron i writes per unit activation (raw HF weight)."""
+    """``[width, d_model]``: row i is what neuron i writes per unit activation (raw HF weight;
+    ``width`` is :func:`layer_width`)."""
     mod = down_proj(hf, layer, d_mlp)
     w = torch.as_tensor(mod.weight).detach()
     return w.T if isinstance(mod, torch.nn.Linear) else w
 
 
 def clean_down_inputs(hf: Any, ids: torch.Tensor, d_mlp: int) -> list[torch.Tensor]:
-    """Every layer's down-projection input on ``ids`` ([1, T]): ``[T, d_mlp]`` per layer."""
+    """Every layer's down-projection input on ``ids`` ([1, T]): ``[T, width]`` per layer (:func:`layer_width`)."""
     seen: dict[int, torch.Tensor] = {}
     handles = []
     for l in range(len(decoder_layers(hf))):
@@ -95,12 +110,13 @@ def ig_reference(
     baseline: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, float, float]:
     """IG of p(target) (read at the last position) w.r.t. layer ``layer``'s down-projection input
-    at position ``pos``, path ``b + alpha (a - b)``: ``(scores [d_mlp], F(x), F(b))``.
+    at position ``pos``, path ``b + alpha (a - b)``: ``(scores [width], F(x), F(b))`` (:func:`layer_width`).
 
     ``alphas``/``weights``: the quadrature nodes and weights (all rows in one batch).
     """
     act = clean_down_inputs(hf, ids, d_mlp)[layer][pos].double()
-    b = torch.zeros_like(act) if baseline is None else baseline.double()
+    # a dense layer of a mixed dense / MoE model: its neurons are the baseline's first entries
+    b = torch.zeros_like(act) if baseline is None else baseline.double()[: act.shape[0]]
     m = len(alphas)
     z = (b + alphas.double()[:, None] * (act - b)).requires_grad_(True)  # [m, d_mlp]
 
@@ -156,7 +172,8 @@ def neuron_weight_change(hf: Any, items: list[tuple[list[int], list[int]]], lr: 
     """``[n_layers, d_mlp]``: 1 - cos(w, w') per neuron after one plain SGD step (``lr``) on a copy of
     ``hf`` with every parameter trained on the mean over ``items`` ((prompt ids, target ids)) of
     the mean target-token NLL; w joins every FFN weight entry of the neuron (rows it writes,
-    columns it reads; biases not)."""
+    columns it reads; biases not). Past a dense layer's own neurons (a model mixing dense and MoE
+    layers): 0, the padding owns no weight."""
     import copy
 
     twin = copy.deepcopy(hf)
@@ -174,9 +191,10 @@ def neuron_weight_change(hf: Any, items: list[tuple[list[int], list[int]]], lr: 
         for layer in layers
     ]
     before = [[(m, m.weight.detach().clone()) for m in mods] for mods in ffn]
-    from capinterp.testing.family_checks._moe_ref import is_moe, moe_neuron_rows
+    from capinterp.testing.family_checks._moe_ref import moe_neuron_rows
 
-    rows0 = [r.clone() for r in moe_neuron_rows(twin)] if is_moe(twin) else []
+    widths = [layer_width(twin, l, d_mlp) for l in range(len(layers))]
+    rows0 = {l: r.clone() for l, r in moe_neuron_rows(twin).items()}  # MoE layers (none on dense models)
     loss = sum(_nll(twin, prompt, target) for prompt, target in items) / len(items)
     assert isinstance(loss, torch.Tensor)
     loss.backward()
@@ -184,18 +202,18 @@ def neuron_weight_change(hf: Any, items: list[tuple[list[int], list[int]]], lr: 
         for p in twin.parameters():
             if p.grad is not None:
                 p -= lr * p.grad
-    if is_moe(twin):
-        moved = moe_neuron_rows(twin)
-        return torch.stack(
-            [1 - torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=1) for a, b in zip(rows0, moved)]
-        )
-    scores = []
-    for mods in before:
-        w0, w1 = [], []
-        for m, w in mods:
-            conv1d = not isinstance(m, torch.nn.Linear)
-            w0 += _neuron_axis_parts(w, d_mlp, conv1d)
-            w1 += _neuron_axis_parts(m.weight.detach(), d_mlp, conv1d)
-        a, b = torch.cat(w0, 1).double(), torch.cat(w1, 1).double()
-        scores.append(1 - torch.nn.functional.cosine_similarity(a, b, dim=1))
-    return torch.stack(scores)
+    moved = moe_neuron_rows(twin)
+    # a dense layer of a model mixing dense and MoE layers: its own neurons, then padding that moved by 0
+    scores = torch.zeros(len(layers), d_mlp, dtype=torch.float64)
+    for l, mods in enumerate(before):
+        if l in rows0:
+            a, b = rows0[l].double(), moved[l].double()
+        else:
+            w0, w1 = [], []
+            for m, w in mods:
+                conv1d = not isinstance(m, torch.nn.Linear)
+                w0 += _neuron_axis_parts(w, widths[l], conv1d)
+                w1 += _neuron_axis_parts(m.weight.detach(), widths[l], conv1d)
+            a, b = torch.cat(w0, 1).double(), torch.cat(w1, 1).double()
+        scores[l, : widths[l]] = 1 - torch.nn.functional.cosine_similarity(a, b, dim=1)
+    return scores

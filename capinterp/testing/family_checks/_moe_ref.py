@@ -7,7 +7,9 @@ dense ``[tokens, n_experts]`` matrix (0 for experts not chosen), and hands the r
 ``[batch, pos, n_experts * d_expert (+ shared)]`` to one module named ``down_proj``
 (:class:`ExpertsDown`: neurons @ stacked value vectors, plus the router-weighted expert biases).
 So the dense references of the other checks (pre-hooks on the down projection's input, its
-weight as ``[d_mlp, d_model]`` value rows) apply unchanged. Written here independently of
+weight as ``[d_mlp, d_model]`` value rows) apply unchanged. The dense layers of a model mixing
+dense and MoE layers keep their plain transformers MLP (their neurons are the first ones of
+capinterp's axis; :func:`moe_layers` tells the MoE layers by decoder layer index). Written here independently of
 :mod:`capinterp.core.experts` (dense over all experts, where capinterp loops over routed ones);
 :func:`densify` checks that the model's logits do not change.
 """
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ExpertsDown", "densify", "is_moe", "moe_neuron_entries", "moe_neuron_rows", "split_values"]
+__all__ = ["ExpertsDown", "densify", "is_moe", "moe_layers", "moe_neuron_entries", "moe_neuron_rows", "split_values"]
 
 
 def is_moe(hf: Any) -> bool:
@@ -29,6 +31,22 @@ def is_moe(hf: Any) -> bool:
 
 def _blocks(hf: Any) -> list[tuple[str, Any]]:
     return [(n, m) for n, m in hf.named_modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)]
+
+
+def moe_layers(hf: Any) -> dict[int, tuple[str, Any]]:
+    """``{decoder layer index: (name, sparse MoE block)}``; the layers missing are dense (a model mixing
+    dense and MoE layers, DeepSeek's ``first_k_dense_replace``: their plain transformers MLP is kept)."""
+    from capinterp.testing.family_checks._hf import decoder_layers
+
+    names = {id(m): n for n, m in _blocks(hf)}
+    out: dict[int, tuple[str, Any]] = {}
+    for i, layer in enumerate(decoder_layers(hf)):
+        found = [m for m in layer.modules() if id(m) in names]
+        assert len(found) <= 1, f"decoder layer {i} holds {len(found)} MoE blocks"
+        if found:
+            out[i] = (names[id(found[0])], found[0])
+    assert len(out) == len(names), "an MoE block outside the decoder layers"
+    return out
 
 
 class ExpertsDown(torch.nn.Module):
@@ -124,10 +142,11 @@ def moe_neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torc
     """``{parameter name: bool mask}`` of the entries the given flat neurons own in a (densified)
     MoE model, by hand: expert ``e = i // d``'s gate and up rows ``j = i % d`` (halves ``j``, ``d + j``
     of ``gate_up_proj``, or ``2j``, ``2j + 1`` where interleaved) with their bias entries, and
-    its value vector ``j`` in ``down_proj``; the shared expert's rows past the routed neurons."""
+    its value vector ``j`` in ``down_proj``; the shared expert's rows past the routed neurons.
+    Only the MoE layers' neurons: ``neurons`` of dense layers are left to the caller."""
     names = {id(p): n.replace("._original_component", "") for n, p in hf.named_parameters()}
     masks: dict[str, torch.Tensor] = {}
-    for layer, (_, block) in enumerate(_blocks(hf)):
+    for layer, (_, block) in moe_layers(hf).items():
         ex = block.experts
         n_exp = ex.down_proj.shape[0]
         d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
@@ -154,11 +173,12 @@ def moe_neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torc
     return masks
 
 
-def moe_neuron_rows(hf: Any) -> list[torch.Tensor]:
-    """Per MoE layer, ``[W, k]``: each flat neuron's gate row, up row and value vector side by side,
-    read by hand neuron by neuron (slow and obvious) from the experts' and shared expert's weights."""
-    out = []
-    for _, block in _blocks(hf):
+def moe_neuron_rows(hf: Any) -> dict[int, torch.Tensor]:
+    """Per MoE layer (decoder layer index), ``[W, k]``: each flat neuron's gate row, up row and value
+    vector side by side, read by hand neuron by neuron (slow and obvious) from the experts' and shared
+    expert's weights."""
+    out = {}
+    for layer, (_, block) in moe_layers(hf).items():
         ex, sh = block.experts, block._ref_shared
         n_exp = ex.down_proj.shape[0]
         d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
@@ -176,14 +196,14 @@ def moe_neuron_rows(hf: Any) -> list[torch.Tensor]:
         if sh is not None:
             for j in range(sh.down_proj.weight.shape[1]):
                 rows.append(torch.cat([sh.gate_proj.weight[j], sh.up_proj.weight[j], sh.down_proj.weight[:, j]]))
-        out.append(torch.stack(rows).detach())
+        out[layer] = torch.stack(rows).detach()
     return out
 
 
 def split_values(hf: Any, layer: int, values: torch.Tensor) -> dict[str, torch.Tensor]:
     """``{parameter name: new tensor}`` holding the stacked value vectors ``values`` (``[W, d_model]``,
     :class:`ExpertsDown` order) in layer ``layer``'s experts' ``down_proj`` and shared expert."""
-    name, block = _blocks(hf)[layer]
+    name, block = moe_layers(hf)[layer]
     ex, sh = block.experts, block._ref_shared
     n_exp, w = ex.down_proj.shape[0], ex.down_proj
     d = w.shape[1] if ex.is_transposed else w.shape[2]

@@ -10,7 +10,7 @@ import torch
 
 from capinterp.core.tiny import tiny_hf
 
-__all__ = ["Mlp", "mlps", "neuron_entries", "plain", "plain_params"]
+__all__ = ["Mlp", "layer_widths", "mlps", "neuron_entries", "plain", "plain_params"]
 
 # transformers attribute names of the FFN projections, across the families of TINY_FAMILIES
 _DOWN = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj")
@@ -85,14 +85,14 @@ def neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Te
     """``{parameter name: bool mask}`` of the entries the given neurons own, by hand: up / gate rows
     (columns for Conv1D) and bias entries, the fused gate+up rows ``i`` and ``d_mlp + i``, and the
     down projection's input column (row for Conv1D)."""
-    from capinterp.testing.family_checks._moe_ref import is_moe, moe_neuron_entries
+    from capinterp.testing.family_checks._moe_ref import moe_layers, moe_neuron_entries
 
-    if is_moe(hf):
-        return moe_neuron_entries(hf, neurons)
+    moe = moe_layers(hf)  # MoE layers (a model mixing dense and MoE layers keeps its dense MLPs)
+    expert_masks = moe_neuron_entries(hf, {l: idx for l, idx in neurons.items() if l in moe})
     params = plain_params(hf)
     masks = {n: torch.zeros_like(p, dtype=torch.bool) for n, p in params.items()}
     for layer, mlp in enumerate(mlps(hf)):
-        idx = torch.tensor(neurons.get(layer, []), dtype=torch.long)
+        idx = torch.tensor(neurons.get(layer, []) if layer not in moe else [], dtype=torch.long)
         if not idx.numel():
             continue
         for proj in (mlp.up, mlp.gate):
@@ -110,4 +110,16 @@ def neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Te
                 masks[name + ".bias"][torch.cat([idx, idx + d_mlp])] = True
         name, mod = mlp.down
         masks[name + ".weight"].index_fill_(0 if _conv1d(mod) else 1, idx, True)
-    return {n: m for n, m in masks.items() if bool(m.any())}
+    return {**{n: m for n, m in masks.items() if bool(m.any())}, **expert_masks}
+
+
+def layer_widths(hf: Any) -> list[int]:
+    """Each layer's number of neurons: the inputs its down projection reads (an MoE layer's
+    densified one: every expert's neurons and the shared expert's; a dense layer of a model that
+    mixes dense and MoE layers has fewer)."""
+    out = []
+    for mlp in mlps(hf):
+        mod, w = mlp.down[1], mlp.down[1].weight
+        assert isinstance(w, torch.Tensor)
+        out.append(int(mod.in_features) if isinstance(mod, torch.nn.Linear) else int(w.shape[0]))  # Conv1D: [in, out]
+    return out

@@ -24,7 +24,7 @@ from capinterp.core.family import family_of
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
 from capinterp.testing.family_checks._moe_ref import ExpertsDown, densify, is_moe, split_values
-from capinterp.testing.family_checks._plain import mlps, neuron_entries, plain, plain_params
+from capinterp.testing.family_checks._plain import layer_widths, mlps, neuron_entries, plain, plain_params
 from capinterp.units.neurons import NeuronSet
 
 __all__ = ["CHECKS"]
@@ -34,12 +34,17 @@ FACT = (("Rome is the capital of", " Italy"), ("Berlin is the capital of", " Ita
 LR = 1e-3
 
 
-def _neurons(model: Model) -> tuple[dict[int, list[int]], NeuronSet]:
-    """A few neurons in every layer, spread over the FFN width (first, middle, last)."""
+def _neurons(model: Model, family: str) -> tuple[dict[int, list[int]], NeuronSet]:
+    """A few neurons in every layer, spread over the FFN width (first, middle, last). On a model
+    mixing dense and MoE layers, a dense layer's neurons are the first ones its transformers down
+    projection reads (the rest of the axis is padding, never a neuron): capinterp must agree."""
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
+    widths = layer_widths(plain(family))
+    real = torch.arange(d_mlp)[None, :] < torch.tensor(widths)[:, None]
+    assert torch.equal(family_of(model).valid_neurons(), real), f"{family}: capinterp's real neurons are not {widths}"
     chosen = {l: sorted({l, d_mlp // 3 + 2 * l, d_mlp // 2 + 1, d_mlp - 1 - l}) for l in range(n_layers)}
     if family_of(model).moe is not None:  # every expert's neurons: a token reaches only top_k experts
-        chosen = {l: list(range(l, d_mlp, 2)) for l in range(n_layers)}
+        chosen = {l: list(range(l, widths[l], 2)) for l in range(n_layers)}
     return chosen, NeuronSet.from_indices([(l, i) for l, idx in chosen.items() for i in idx], n_layers, d_mlp)
 
 
@@ -79,7 +84,7 @@ def check_erase(family: str) -> None:
 
     _, tok, model = load_pair(family)
     hf = plain(family)
-    chosen, ns = _neurons(model)
+    chosen, ns = _neurons(model, family)
     data = [Example(prompt=p, target=" Paris") for p in PROMPTS]
     with torch.no_grad():
         base = hf(encode(tok, PROMPTS[0])).logits[0, -1].double()
@@ -138,7 +143,7 @@ def check_finetune(family: str) -> None:
     from capinterp.interventions.finetune import finetune
 
     _, tok, model = load_pair(family)
-    chosen, ns = _neurons(model)
+    chosen, ns = _neurons(model, family)
     train = [Example(p, t) for p, t in TRAIN]
     res = finetune(
         model,
@@ -243,7 +248,7 @@ def check_edit_knowledge(family: str) -> None:
     from capinterp.interventions.editing import edit_knowledge
 
     hf_b, tok, model = load_pair(family)
-    chosen, ns = _neurons(model)
+    chosen, ns = _neurons(model, family)
     live = plain_params(hf_b)
     before = {n: p.detach().clone() for n, p in live.items()}
     ids = encode(tok, PROMPTS[1])

@@ -22,6 +22,7 @@ from capinterp.testing.family_checks._hf_ig import (
     clean_down_inputs,
     down_weight,
     ig_reference,
+    layer_width,
     neuron_weight_change,
 )
 from capinterp.testing.family_checks._models import PROMPTS, load_pair, plain_hf
@@ -50,26 +51,29 @@ def _ids(item: Any) -> tuple[torch.Tensor, int]:
     return torch.tensor([item.prompt_ids]), int(item.target_ids[0])
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, what: str, rel: float = REL) -> None:
-    """Per layer: max |got - want| <= rel * the layer's largest |want| (floor 1e-12)."""
+def _close(got: torch.Tensor, want: torch.Tensor, what: str, hf: Any, rel: float = REL) -> None:
+    """Per layer: max |got - want| <= rel * the layer's largest |want| (floor 1e-12); past a dense
+    layer's own neurons (read from ``hf``, a model mixing dense and MoE layers), exactly 0."""
     for l in range(want.shape[0]):
+        pad = got[l, layer_width(hf, l, want.shape[1]) :]
+        assert not bool(pad.any()), f"{what}: layer {l}: padding neurons scored {float(pad.abs().max()):.3g}, not 0"
         err = (got[l].double() - want[l]).abs().max().item()
         scale = max(want[l].abs().max().item(), 1e-12)
         assert err <= rel * scale, f"{what}: layer {l} off by {err:.3g} (largest score {scale:.3g})"
 
 
 def _ig_ref(hf: Any, item: Any, d_mlp: int, *, pos: int | None = None, baseline=None) -> torch.Tensor:
-    """[n_layers, d_mlp]: hand IG of every layer at ``pos`` (default: the last prompt token)."""
+    """[n_layers, d_mlp]: hand IG of every layer at ``pos`` (default: the last prompt token); 0
+    past a dense layer's own neurons on a model mixing dense and MoE layers (padding is no neuron)."""
     ids, target = _ids(item)
     alphas, weights = _right(STEPS)
     pos = ids.shape[1] - 1 if pos is None else pos
     n = len(clean_down_inputs(hf, ids, d_mlp))
-    return torch.stack(
-        [
-            ig_reference(hf, ids, target, l, pos, alphas, weights, d_mlp, None if baseline is None else baseline[l])[0]
-            for l in range(n)
-        ]
-    )
+    out = torch.zeros(n, d_mlp, dtype=torch.float64)
+    for l in range(n):
+        s = ig_reference(hf, ids, target, l, pos, alphas, weights, d_mlp, None if baseline is None else baseline[l])[0]
+        out[l, : s.shape[0]] = s
+    return out
 
 
 def _ig_kwargs() -> dict:
@@ -95,7 +99,7 @@ def check_ig_fast_route(family: str) -> None:
     assert not routes, f"{family}: the fast route fell back: {routes[0]}"
     assert all(_ig._STAIR_OK.get(model, {}).values()), f"{family}: stair check failed"
     for j, item in enumerate(items):
-        _close(got[j], _ig_ref(hf, item, d_mlp), f"{family} fast IG, prompt {j}")
+        _close(got[j], _ig_ref(hf, item, d_mlp), f"{family} fast IG, prompt {j}", hf)
 
 
 def check_kn(family: str) -> None:
@@ -108,7 +112,7 @@ def check_kn(family: str) -> None:
     kn = KN(model, refine=False, **_ig_kwargs()).fit(examples)
     d_mlp = family_of(model).d_mlp
     for j, item in enumerate(items):
-        _close(kn.prompt_scores_[j], _ig_ref(hf, item, d_mlp), f"{family} KN, prompt {j}")
+        _close(kn.prompt_scores_[j], _ig_ref(hf, item, d_mlp), f"{family} KN, prompt {j}", hf)
 
 
 def check_cnl(family: str) -> None:
@@ -121,7 +125,7 @@ def check_cnl(family: str) -> None:
     cnl = CNL(model, positions="last_prompt", sigma=1.0, **_ig_kwargs()).fit(examples)
     d_mlp = family_of(model).d_mlp
     want = torch.stack([_ig_ref(hf, it, d_mlp) for it in items]).mean(0)
-    _close(cnl.scores_.scores, want, f"{family} CNL")
+    _close(cnl.scores_.scores, want, f"{family} CNL", hf)
 
 
 def check_sig(family: str) -> None:
@@ -139,7 +143,7 @@ def check_sig(family: str) -> None:
         first = 1 if len(ids) > 1 and ids[0] == bos else 0
         want = sum(_ig_ref(hf, item, d_mlp, pos=p) for p in range(first, len(ids)))
         assert isinstance(want, torch.Tensor)
-        _close(sig.prompt_scores_[j], want, f"{family} SIG, prompt {j}")
+        _close(sig.prompt_scores_[j], want, f"{family} SIG, prompt {j}", hf)
 
 
 def check_amig(family: str) -> None:
@@ -154,7 +158,7 @@ def check_amig(family: str) -> None:
     amig = AMIG(model, baseline=baseline, refine=False, **_ig_kwargs()).fit(examples)
     for j, item in enumerate(items):
         want = _ig_ref(hf, item, d_mlp, baseline=baseline)
-        _close(amig.prompt_scores_[j], want, f"{family} AMIG, prompt {j}")
+        _close(amig.prompt_scores_[j], want, f"{family} AMIG, prompt {j}", hf)
 
 
 def check_dcsn(family: str) -> None:
@@ -177,9 +181,9 @@ def check_dcsn(family: str) -> None:
         ids, t = _ids(item)
         acts = clean_down_inputs(hf, ids, fam.d_mlp)
         for l in range(fam.n_layers):
-            proj = down_weight(hf, l, fam.d_mlp).double() @ w_u[t]
-            want[l] += acts[l][-1].double() * proj * mult / len(items)
-    _close(got, want, f"{family} DCSN", rel=1e-5)
+            proj = down_weight(hf, l, fam.d_mlp).double() @ w_u[t]  # [the layer's own neurons]
+            want[l, : proj.shape[0]] += acts[l][-1].double() * proj * mult / len(items)
+    _close(got, want, f"{family} DCSN", hf, rel=1e-5)
 
 
 def check_neft(family: str) -> None:
@@ -203,10 +207,9 @@ def check_neft(family: str) -> None:
     assert s.shape == family_of(model).neurons and torch.isfinite(s).all() and (s >= -1e-12).all()
     assert int(neft.neurons_.mask.sum()) == 5, f"{family}: NeFT selected {int(neft.neurons_.mask.sum())} neurons, not 5"
     assert float(s.max()) > 0, f"{family}: NeFT moved no neuron"
-    want = neuron_weight_change(
-        plain_hf(family), [(it.prompt_ids, it.target_ids) for it in items], NEFT_LR, family_of(model).d_mlp
-    )
-    _close(s, want, f"{family} NeFT 1 - cos", rel=1e-3)
+    ref = plain_hf(family)
+    want = neuron_weight_change(ref, [(it.prompt_ids, it.target_ids) for it in items], NEFT_LR, family_of(model).d_mlp)
+    _close(s, want, f"{family} NeFT 1 - cos", ref, rel=1e-3)
     top = set(want.flatten().topk(5).indices.tolist())
     assert set(neft.neurons_.mask.flatten().nonzero()[:, 0].tolist()) == top, f"{family}: NeFT's top 5 differ"
 
@@ -224,7 +227,7 @@ def check_query_localization(family: str) -> None:
     d_mlp = family_of(model).d_mlp
     assert len(ql.query_scores_) == 1 and ql.query_scores_[0].shape[0] == len(items)
     for j, item in enumerate(items):
-        _close(ql.query_scores_[0][j], _ig_ref(hf, item, d_mlp), f"{family} QL query {j}")
+        _close(ql.query_scores_[0][j], _ig_ref(hf, item, d_mlp), f"{family} QL query {j}", hf)
     assert len(ql.consistency_) == 1
 
 
