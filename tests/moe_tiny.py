@@ -26,6 +26,7 @@ MOE_FAMILIES = (
     "glm4_moe_lite",
     "afmoe",
     "laguna",
+    "llama4_text",
 )
 
 

@@ -284,7 +284,7 @@ def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
             f"{where}: the bridge's block has no MLP module (a hybrid layer: state-space, convolution or "
             "linear-attention mixer) between expert layers; capinterp needs an FFN in every layer"
         )
-    if not callable(getattr(block, "act_fn", None)) or not all(
+    if not callable(_act(block)) or not all(
         isinstance(_unwrap(getattr(block, k, None)), torch.nn.Linear) for k in ("gate_proj", "up_proj", "down_proj")
     ):
         raise UnsupportedFamily(
@@ -361,6 +361,8 @@ class _Stacked:
         self.is_transposed = int(module.down_proj.shape[-1]) == d_model
 
     def __getattr__(self, name: str) -> Any:  # parameters and act_fn: the module's own
+        if name == "module":  # not set yet (a copy under construction): no recursion through __getattr__
+            raise AttributeError(name)
         return getattr(self.module, name)
 
     def _apply_gate(self, h: Tensor) -> Tensor:

@@ -17,7 +17,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_FAMILIES", "TINY_REFUSED", "tiny_hf", "tiny_llama_hf", "tiny_native_config", "tiny_tokenizer"]
+__all__ = [
+    "TINY_FAMILIES",
+    "TINY_HYBRID",
+    "TINY_REFUSED",
+    "tiny_hf",
+    "tiny_llama_hf",
+    "tiny_native_config",
+    "tiny_tokenizer",
+]
 
 _SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
@@ -194,6 +202,35 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "nanochat": dict(intermediate_size=96, head_dim=8),
     # mixture of experts (capinterp.core.experts): every neuron of every expert on one axis per layer
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    # hybrids: a linear-attention layer (gated delta net), then a full-attention one
+    "qwen3_next": dict(
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    ),
+    "qwen3_5_moe_text": dict(
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    ),
+    # Llama 4 (Scout's layout: every layer MoE): the router weight scales the experts' input, a shared
+    # expert the config does not name; layer 0 chunked attention with rotary positions (4-token chunks:
+    # the check prompts are longer), layer 1 full attention without positions (NoPE), as released
+    "llama4_text": dict(
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        attention_chunk_size=4,
+        layer_types=["chunked_attention", "full_attention"],
+        no_rope_layers=[1, 0],
+    ),
     "qwen2_moe": dict(
         moe_intermediate_size=48, shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2
     ),
@@ -317,17 +354,11 @@ TINY_REFUSED: dict[str, dict[str, Any]] = {
 }
 
 
-# hybrid models: a linear-attention layer (gated delta net), then a full-attention one; served, their
+# the hybrid families of TINY_FAMILIES (linear-attention layers beside softmax attention): served, their
 # methods that need attention in every layer refuse (capinterp.core.family.require_attention)
-_HYBRID_MOE = dict(
-    moe_intermediate_size=48,
-    shared_expert_intermediate_size=64,
-    num_experts=4,
-    num_experts_per_tok=2,
-    head_dim=8,
-    layer_types=["linear_attention", "full_attention"],
-)
-TINY_HYBRID: dict[str, dict[str, Any]] = {"qwen3_next": _HYBRID_MOE, "qwen3_5_moe_text": _HYBRID_MOE}
+TINY_HYBRID: dict[str, dict[str, Any]] = {
+    f: kw for f, kw in TINY_FAMILIES.items() if "linear_attention" in kw.get("layer_types", ())
+}
 
 
 def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) -> tuple[Any, Any]:
@@ -339,7 +370,7 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    known = {**TINY_FAMILIES, **TINY_REFUSED, **TINY_HYBRID}
+    known = {**TINY_FAMILIES, **TINY_REFUSED}
     if family not in known:
         raise ValueError(f"unknown tiny family {family!r}: one of {sorted(known)}")
     tok = tiny_tokenizer()

@@ -123,8 +123,10 @@ def prefix_ok(model: Model, reuse_prefix: bool, T: int) -> bool:
     if reuse_prefix is False or family_of(model).hybrid_layers:  # a linear-attention state is not a K/V cache
         return False
     cfg = getattr(getattr(model, "original_model", None), "config", None)
-    window = getattr(getattr(cfg, "get_text_config", lambda: cfg)(), "sliding_window", None) if cfg else None
-    return not (window and int(window) < T)  # a cropped sliding-window cache would be wrong
+    text = getattr(cfg, "get_text_config", lambda: cfg)() if cfg else None
+    # a cropped sliding-window (or Llama 4's chunked-attention) cache would be wrong
+    windows = [getattr(text, k, None) for k in ("sliding_window", "attention_chunk_size")]
+    return not any(w and int(w) < T for w in windows)
 
 
 def row_hooks(

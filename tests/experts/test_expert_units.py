@@ -78,11 +78,14 @@ def test_attribution_only_on_routed_experts(family):
         block = _moe(plain, layer)
         router = getattr(block, "router", None) or block.gate
         out = {}  # the experts transformers' router chose, as the block ran it
-        h = router.register_forward_hook(lambda m, i, o: out.__setitem__("index", o[2]))
+        h = router.register_forward_hook(lambda m, i, o: out.__setitem__("out", o))
         with torch.no_grad():
             plain(ids)
         h.remove()
-        chosen = set(out["index"].reshape(ids.shape[1], -1)[-1].tolist())
+        if len(out["out"]) == 2:  # Llama 4's router: (scores over all experts, 0 where not chosen; logits)
+            chosen = set(out["out"][0].reshape(ids.shape[1], -1)[-1].nonzero().flatten().tolist())
+        else:  # (logits, top-k weights, top-k indices)
+            chosen = set(out["out"][2].reshape(ids.shape[1], -1)[-1].tolist())
         per = scores[layer, : moe.n_experts * moe.d_expert].reshape(moe.n_experts, moe.d_expert)
         for e in range(moe.n_experts):
             assert (per[e] != 0).any() == (e in chosen), f"{family} layer {layer} expert {e}: chosen {chosen}"

@@ -24,7 +24,6 @@ from capinterp.experiments.forward_reasoning import activation_mask, activation_
 from capinterp.interventions.faithfulness import faithfulness
 from capinterp.interventions.hooks import erase
 from capinterp.plots.tokens import neuron_activations
-from capinterp.units.experts import expert_keys
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 FT = importlib.import_module("capinterp.interventions.finetune")  # the module (the package exports the function)
@@ -146,15 +145,12 @@ def test_faithfulness_counts_ranks_and_draws_real_neurons_only():
     assert res.full == pytest.approx(_plain_prob(torch.ones(2, model.cfg.d_mlp, dtype=torch.bool)), rel=1e-4)
 
 
-def test_faithfulness_refuses_a_bare_set_holding_padding_and_expert_units():
+def test_faithfulness_refuses_a_bare_set_holding_padding():
     model, _ = _mixed()
     mask = torch.zeros(2, model.cfg.d_mlp, dtype=torch.bool)
     mask[0, DENSE + 3] = True
     with pytest.raises(ValueError, match="padding"):
         faithfulness(model, NeuronSet(mask), EX, random_sets=0)
-    per_expert = torch.ones(2, len(expert_keys(ci.family_of(model).moe)))
-    with pytest.raises(ValueError, match="dense and MoE"):
-        faithfulness(model, per_expert, EX, random_sets=0)
 
 
 # --- interventions ------------------------------------------------------------------------------

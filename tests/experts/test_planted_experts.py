@@ -30,6 +30,15 @@ PROMPTS = ("The Eiffel Tower is in the city of", "The Eiffel Tower is located in
 _block = moe_block
 
 
+def _layout(ex) -> tuple[bool, bool, bool]:
+    """``(transposed, concatenated, has_bias)`` of a stacked-experts module from transformers' flags;
+    Llama 4's experts carry none: ``gate_up_proj [E, d_model, 2 d]`` (gate half first), ``down_proj
+    [E, d, d_model]``, no biases (transformers' Llama4TextExperts)."""
+    if not hasattr(ex, "is_transposed"):
+        return True, True, False
+    return bool(ex.is_transposed), bool(getattr(ex, "is_concatenated", True)), bool(ex.has_bias)
+
+
 @torch.no_grad()
 def _plant(model, hf, tok) -> int:
     target = tok(" Paris")["input_ids"][0]  # the first target token (the localizers score it)
@@ -47,13 +56,14 @@ def _plant(model, hf, tok) -> int:
     weight = router.weight if isinstance(getattr(router, "weight", None), torch.Tensor) else router.gate.weight
     weight[EXPERT] = 4.0 * u  # the router's logits (AFMoE's are its inner Linear's)
     ex = getattr(block.experts, "original_component", block.experts)
-    d = ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
-    rows = [NEURON, d + NEURON] if ex.is_concatenated else [2 * NEURON, 2 * NEURON + 1]
-    if ex.is_transposed:
+    transposed, concatenated, has_bias = _layout(ex)
+    d = ex.down_proj.shape[1] if transposed else ex.down_proj.shape[2]
+    rows = [NEURON, d + NEURON] if concatenated else [2 * NEURON, 2 * NEURON + 1]
+    if transposed:
         ex.gate_up_proj[EXPERT][:, rows] = 1.5 * u[:, None]
     else:
         ex.gate_up_proj[EXPERT][rows] = 1.5 * u
-    if ex.has_bias:
+    if has_bias:
         ex.gate_up_proj_bias[EXPERT][rows] = 0.0
     layer = hf.model.layers[LAYER]
     layer = getattr(layer, "original_component", layer)  # transformers' decoder layer behind the bridge's
@@ -62,7 +72,7 @@ def _plant(model, hf, tok) -> int:
             norm.weight.mul_(8.0)  # widen it, so the planted branch dominates the residual
     w_u = model.W_U[:, target]
     value = VALUE * w_u / w_u.norm()
-    if ex.is_transposed:
+    if transposed:
         ex.down_proj[EXPERT][NEURON] = value
     else:
         ex.down_proj[EXPERT][:, NEURON] = value

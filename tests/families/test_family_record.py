@@ -158,11 +158,10 @@ def test_dense_layer_not_gated_refused():
 def test_dense_layer_computing_something_else_refused_at_load(monkeypatch):
     """A dense MLP whose transformers forward is not down(act(gate(x)) * up(x)) (here: doubled) is
     refused at load, never served with wrong numbers."""
-    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2MLP
-
-    real = DeepseekV2MLP.forward
-    monkeypatch.setattr(DeepseekV2MLP, "forward", lambda self, x: 2.0 * real(self, x))
     hf, tok = tiny_hf("deepseek_v2")
+    dense = hf.model.layers[0].mlp  # this layer only (the shared expert is the same class)
+    real = dense.forward
+    monkeypatch.setattr(dense, "forward", lambda x: 2.0 * real(x))
     with pytest.raises(UnsupportedFamily, match="^deepseek_v2 .*layer 0: the dense layer's output is not .*differs by"):
         ci.load_model(hf, tokenizer=tok)
 

@@ -80,6 +80,27 @@ class ExpertsDown(torch.nn.Module):
         return out
 
 
+def _llama4_gate(experts: Any, h: torch.Tensor) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    return experts.act_fn(gate) * up
+
+
+def flag_llama4(block: Any) -> bool:
+    """Llama 4's MoE block (transformers' ``Llama4TextMoe``) written out by hand: its experts keep
+    ``gate_up_proj [E, d_model, 2 d]`` (gate half first) and ``down_proj [E, d, d_model]`` without
+    transformers' experts flags, its router returns ``(scores over all experts, logits)`` and its
+    forward scales each expert's *input* by the router score; its shared expert names its activation
+    ``activation_fn``. Sets the flags this module reads on the plain model's modules; True for such a block."""
+    if type(block).__name__ != "Llama4TextMoe":
+        return False
+    ex = block.experts
+    for k, v in dict(is_transposed=True, has_gate=True, has_bias=False, is_concatenated=True).items():
+        object.__setattr__(ex, k, v)
+    object.__setattr__(ex, "_apply_gate", types.MethodType(_llama4_gate, ex))
+    object.__setattr__(block.shared_expert, "act_fn", block.shared_expert.activation_fn)
+    return True
+
+
 def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
     ex, shared = block.experts, block._ref_shared
     router = getattr(block, "router", None) or block.gate
@@ -91,18 +112,24 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
         type(block).forward(block, hidden)  # transformers' own forward (its output is not used)
     finally:
         handle.remove()
-    _, top_w, top_i = seen["out"]
-    top_w, top_i = top_w.reshape(x.shape[0], -1), top_i.reshape(x.shape[0], -1)
-    dense_w = torch.zeros(x.shape[0], ex.down_proj.shape[0], dtype=top_w.dtype).scatter(1, top_i, top_w)
+    if block._ref_input_weighted:  # Llama 4: (scores over all experts, 0 where not chosen; logits)
+        dense_w = seen["out"][0].reshape(x.shape[0], -1)
+        top_w = dense_w
+    else:
+        _, top_w, top_i = seen["out"]
+        top_w, top_i = top_w.reshape(x.shape[0], -1), top_i.reshape(x.shape[0], -1)
+        dense_w = torch.zeros(x.shape[0], ex.down_proj.shape[0], dtype=top_w.dtype).scatter(1, top_i, top_w)
     acts = []
     for e in range(ex.down_proj.shape[0]):
         name = "gate_up_proj" if ex.has_gate else "up_proj"
         w = getattr(ex, name)[e]
-        h = x @ w if ex.is_transposed else x @ w.T
+        xe = x * dense_w[:, e : e + 1] if block._ref_input_weighted else x
+        h = xe @ w if ex.is_transposed else xe @ w.T
         if ex.has_bias:
             h = h + getattr(ex, f"{name}_bias")[e]
         a = ex._apply_gate(h) if ex.has_gate else ex.act_fn(h)
-        acts.append(a * dense_w[:, e : e + 1])
+        routed = (dense_w[:, e : e + 1] != 0).to(a.dtype)
+        acts.append(a * routed if block._ref_input_weighted else a * dense_w[:, e : e + 1])
     neurons = [torch.stack(acts, 1).reshape(x.shape[0], -1)]
     if shared is not None:
         s = shared.act_fn(shared.gate_proj(x)) * shared.up_proj(x)
@@ -125,6 +152,7 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
     ids = torch.tensor([[1, 5, 9, 30, 7, 2]]) if ids is None else ids
     before = hf(ids).logits
     for _, block in _blocks(hf):
+        object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))
         probe = block(torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]))
         shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
         object.__setattr__(block, "_ref_shared", shared)

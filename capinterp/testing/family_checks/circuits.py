@@ -343,6 +343,7 @@ def check_acdc(family: str) -> None:
     from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 
     _, tok, model = load_pair(family)
+    graph = Graph.from_model(model)  # a model capinterp refuses is refused here, before the reference runs
     hf = _plain(family)
     fact, pair = _pair(model, tok)
     ref = _Ref(hf)
@@ -352,7 +353,6 @@ def check_acdc(family: str) -> None:
     resid = run["final"].double() - run["outputs"].double().sum(1)
     drift = (resid - resid[:1]).abs().max().item()
     assert drift <= 1e-4 * run["final"].abs().max().item(), f"{family}: node outputs miss the residual by {drift:.3g}"
-    graph = Graph.from_model(model)
     cut = [graph.head_src(0, 1), graph.head_src(0, graph.n_heads)]  # a0.h1 and m0 -> logits
     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
     removed[cut, -1] = True
