@@ -13,6 +13,8 @@ gpt-oss's expert biases, weighted by the router and owned by no neuron): the den
 every method relies on (value vectors, DCSN's projection, erasure, masks on owned weights).
 The router weight stays in the gradient path: attributions to ``a`` are attributions to
 ``w_e * act_e`` (scaling one scales the other), and later layers' routers see the change.
+Where the router weight scales the expert's *input* instead (Llama 4), a neuron is
+``act_e(w_e(x) * x)[i]`` on routed tokens, 0 elsewhere: the output is still ``sum_f a[f] * W_out[f]``.
 Routing is decided on the layer's input before the neurons' hook runs, so writing a value into
 the neurons of an expert a token was not routed to has no effect on that token: an expert
 takes part only where the router sent the token. Erasing a neuron or a whole expert zeroes
@@ -25,14 +27,18 @@ and gpt-oss share one path) and exposes the neurons at ``blocks.{l}.mlp.hook_pos
 (``[batch, pos, n_experts * d_expert + d_shared]``), TransformerLens' name for an MLP's
 neurons; the block's output stays at ``hook_out``. How the block calls its router is read from
 the modules (extra router arguments by name from the block, such as an expert score bias; rows or
-``[batch, pos, d_model]`` input), and at load each layer's forward is checked against the
+``[batch, pos, d_model]`` input; whether its weight goes on the experts' outputs or inputs; its
+output as top-k weights and indices, or as scores over all experts like Llama 4's). Experts that
+store gated stacked weights without transformers' flags (Llama 4) are read with the orientation
+their shapes give; a shared expert the config does not name (Llama 4's) is taken from the modules.
+At load each layer's forward is checked against the
 transformers block's own on random inputs. What cannot be served this way (a layer without an FFN,
 experts normalized after the down projection, an experts module without transformers' stacked
 weights, a block that routes by more than its input, any block whose output the check finds
 different) is refused at load with the reason.
 
 Dense layers among MoE layers (the released DeepSeek-V2/V3, GLM-4 MoE, Ernie 4.5 MoE, AFMoE and
-Laguna checkpoints: dense layers first) are served by :class:`DenseBlock` on the same neuron axis:
+Laguna checkpoints: dense layers first; Llama 4 Maverick's interleaving) are served by :class:`DenseBlock` on the same neuron axis:
 their neurons first, then padding that is always 0 and is no neuron of the model
 (``Family.layer_widths``, ``Family.valid_neurons``). Refused at load, with the reason: a dense
 layer wider than the expert layers' axis, one that is not a gated MLP (gate_proj, up_proj,

@@ -354,6 +354,17 @@ TINY_REFUSED: dict[str, dict[str, Any]] = {
 }
 
 
+# the MoE families of TINY_FAMILIES whose tiny model has a dense layer 0 (the released layout: dense
+# layers first), padded onto the experts' neuron axis
+TINY_MIXED: tuple[str, ...] = tuple(
+    f
+    for f, kw in TINY_FAMILIES.items()
+    if kw.get("first_k_dense_replace")
+    or kw.get("moe_layer_start_index")
+    or kw.get("num_dense_layers")
+    or (kw.get("mlp_layer_types") or [""])[0] == "dense"
+)
+
 # the hybrid families of TINY_FAMILIES (linear-attention layers beside softmax attention): served, their
 # methods that need attention in every layer refuse (capinterp.core.family.require_attention)
 TINY_HYBRID: dict[str, dict[str, Any]] = {
