@@ -57,3 +57,18 @@ def moe_block(hf, layer: int) -> torch.nn.Module:
     return next(
         m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
     )
+
+
+#: the dense layer 0's neurons of :func:`load_tiny_mixed`'s model
+MIXED_DENSE = 64
+
+
+def load_tiny_mixed():
+    """``(capinterp model, plain transformers copy made before loading, tokenizer)`` of a tiny DeepSeek-V2
+    mixing a dense layer 0 (``MIXED_DENSE`` neurons) with an MoE layer 1 (a 240-neuron axis: 4 experts
+    of 48 + a shared 48), the released layout (``first_k_dense_replace``)."""
+    hf, tok = tiny_hf("deepseek_v2", first_k_dense_replace=1, intermediate_size=MIXED_DENSE)
+    plain = copy.deepcopy(hf).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ci.load_model(hf, tokenizer=tok), plain, tok

@@ -143,6 +143,16 @@ def tiny_native_config(
 # Per-family settings of :func:`tiny_hf` beyond the common sizes (transformers config field names).
 # Every entry builds a 2-layer model with d_model 32, 4 heads (2 KV heads where the family has GQA)
 # and an FFN 96 wide (3 x d_model, so a bridge that assumes 4 x d_model is caught).
+# a linear-attention layer (gated delta net), then a full-attention one; MoE FFNs with a shared expert
+_HYBRID: dict[str, Any] = dict(
+    moe_intermediate_size=48,
+    shared_expert_intermediate_size=64,
+    num_experts=4,
+    num_experts_per_tok=2,
+    head_dim=8,
+    layer_types=["linear_attention", "full_attention"],
+)
+
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(intermediate_size=96),
     "mistral": dict(intermediate_size=96, sliding_window=4),  # every layer sliding: a 4-token window bites
@@ -203,22 +213,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # mixture of experts (capinterp.core.experts): every neuron of every expert on one axis per layer
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     # hybrids: a linear-attention layer (gated delta net), then a full-attention one
-    "qwen3_next": dict(
-        moe_intermediate_size=48,
-        shared_expert_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        head_dim=8,
-        layer_types=["linear_attention", "full_attention"],
-    ),
-    "qwen3_5_moe_text": dict(
-        moe_intermediate_size=48,
-        shared_expert_intermediate_size=64,
-        num_experts=4,
-        num_experts_per_tok=2,
-        head_dim=8,
-        layer_types=["linear_attention", "full_attention"],
-    ),
+    "qwen3_next": _HYBRID,
+    "qwen3_5_moe_text": _HYBRID,
     # Llama 4 (Scout's layout: every layer MoE): the router weight scales the experts' input, a shared
     # expert the config does not name; layer 0 chunked attention with rotary positions (4-token chunks:
     # the check prompts are longer), layer 1 full attention without positions (NoPE), as released

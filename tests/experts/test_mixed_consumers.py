@@ -5,7 +5,6 @@ counted in a unit-space size or chance level, or accepted as neurons. References
 
 from __future__ import annotations
 
-import copy
 import functools
 import importlib
 import math
@@ -14,9 +13,9 @@ import warnings
 
 import pytest
 import torch
+from moe_tiny import MIXED_DENSE, load_tiny_mixed
 
 import capinterp as ci
-from capinterp.core.tiny import tiny_hf
 from capinterp.core.tokens import encode
 from capinterp.experiments import patching_agreement as PA
 from capinterp.experiments.dcsn_common import sample_scores, top_fraction
@@ -28,17 +27,14 @@ from capinterp.units.neurons import NeuronScores, NeuronSet
 
 FT = importlib.import_module("capinterp.interventions.finetune")  # the module (the package exports the function)
 EX = [ci.Example("The Eiffel Tower is in the city of", " Paris"), ci.Example("Rome is the capital of", " Italy")]
-DENSE = 64  # the dense layer 0's neurons
+DENSE = MIXED_DENSE  # the dense layer 0's neurons
 
 
 @functools.cache
 def _mixed():
-    """Tiny DeepSeek-V2, dense layer 0 (64 neurons) and MoE layer 1, with a plain transformers copy."""
-    hf, tok = tiny_hf("deepseek_v2", first_k_dense_replace=1, intermediate_size=DENSE)
-    plain = copy.deepcopy(hf).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ci.load_model(hf, tokenizer=tok), plain
+    """The tiny mixed model (dense layer 0, MoE layer 1) and its plain transformers copy."""
+    model, plain, _ = load_tiny_mixed()
+    return model, plain
 
 
 @functools.cache

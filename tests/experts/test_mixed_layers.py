@@ -3,30 +3,23 @@ neurons sit on the experts' neuron axis, padded; padding is never selected, draw
 
 from __future__ import annotations
 
-import copy
 import functools
-import warnings
 
 import pytest
 import torch
+from moe_tiny import MIXED_DENSE, load_tiny_mixed
 
 import capinterp as ci
-from capinterp.core.tiny import tiny_hf
 from capinterp.units.neurons import NeuronScores, NeuronSet, load
 
 EX = [ci.Example("The Eiffel Tower is in the city of", " Paris"), ci.Example("Rome is the capital of", " Italy")]
-DENSE = 64  # the dense layer 0's neurons
+DENSE = MIXED_DENSE  # the dense layer 0's neurons
 
 
 @functools.cache
 def _mixed():
-    """Tiny DeepSeek-V2 with a dense layer 0 (64 neurons) and an MoE layer 1; shared by the tests, which
-    must not change its weights (plain transformers copy beside it)."""
-    hf, tok = tiny_hf("deepseek_v2", first_k_dense_replace=1, intermediate_size=DENSE)
-    plain = copy.deepcopy(hf)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ci.load_model(hf, tokenizer=tok), plain, tok
+    """Shared by the tests, which must not change its weights (plain transformers copy beside it)."""
+    return load_tiny_mixed()
 
 
 @functools.cache

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import copy
 import functools
-import warnings
 
 import numpy as np
 import pytest
 import torch
+from moe_tiny import MIXED_DENSE, load_tiny_mixed
 
 import capinterp as ci
 from capinterp.core.experts import DenseBlock
 from capinterp.core.family import UnsupportedFamily
 from capinterp.core.model import model_meta
 from capinterp.core.neuron_weights import neuron_params
-from capinterp.core.tiny import tiny_hf
 from capinterp.core.tokens import encode
 from capinterp.core.weights import down_projection
 from capinterp.interventions.faithfulness import _references, faithfulness
@@ -30,17 +29,13 @@ from capinterp.units.experts import dense_layers, expert_neurons, expert_scores,
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 EX = [ci.Example("The Eiffel Tower is in the city of", " Paris"), ci.Example("Rome is the capital of", " Italy")]
-DENSE, D, E, DE = 64, 32, 4, 48  # dense neurons, d_model, experts, d_expert (shared expert: 48 more)
+DENSE, D, E, DE = MIXED_DENSE, 32, 4, 48  # dense neurons, d_model, experts, d_expert (shared expert: 48 more)
 W = E * DE + DE
 
 
 def _fresh():
     """A new tiny mixed model (tests that write weights get their own) and a plain transformers copy."""
-    hf, tok = tiny_hf("deepseek_v2", first_k_dense_replace=1, intermediate_size=DENSE)
-    plain = copy.deepcopy(hf)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ci.load_model(hf, tokenizer=tok), plain, tok
+    return load_tiny_mixed()
 
 
 @functools.cache

@@ -57,7 +57,9 @@ def test_sig_on_the_last_token_only_equals_kn_ig(planted):
     enc = encode(planted, FACT_A[:1], max_target_tokens=1)[0]
     sig = sig_scores(planted, enc, DEFAULT.replace(steps=6, batch_size=5), at=[enc.last_prompt_pos])
     ig = ig_scores(planted, enc, IGConfig(steps=6, positions="last_prompt", route="loop"))[0]
-    assert torch.allclose(sig, ig, rtol=1e-4, atol=1e-6 * float(ig.abs().max()))
+    # float32 routes agree to ~1e-4 of the largest score (kernels/ig.py): the thread count changes the
+    # summation order (at 2 threads the worst entry differed by 7e-5 of the max, at 1 thread by less)
+    assert torch.allclose(sig, ig, rtol=1e-4, atol=1e-4 * float(ig.abs().max()))
 
 
 def test_sig_matches_one_position_at_a_time_reference(planted):
