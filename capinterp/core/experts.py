@@ -540,11 +540,16 @@ def install(model: Model) -> None:
         layer: _read_block(model, layer, moe) for layer in range(len(model.blocks)) if has[layer] or not any(has)
     }
     shared = {b.d_shared for b in experts.values()}
-    if shared != {moe.d_shared} and len(shared) == 1:  # a shared expert the config does not name (Llama 4)
+    if len(shared) > 1:
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): the expert layers' shared experts differ in width ({sorted(shared)}), "
+            "which the config does not say; capinterp needs one neuron axis for every expert layer"
+        )
+    if shared != {moe.d_shared}:  # a shared expert the config does not name (Llama 4)
         moe = replace(moe, n_shared=1, d_shared=shared.pop())
         fam = replace(fam, moe=moe, d_mlp=moe.width)
     blocks: list[Any] = [experts.get(layer) or _dense_block(model, layer, moe) for layer in range(len(model.blocks))]
-    if any(isinstance(b, DenseBlock) for b in blocks):  # a mixed model: the dense layers' neurons are fewer
+    if any(_width(b) < moe.width for b in blocks):  # a mixed model whose dense layers' neurons are fewer: padded
         fam = replace(fam, layer_widths=tuple(_width(b) for b in blocks))
     for spec in blocks:
         mlp = model.blocks[spec.layer].mlp

@@ -30,9 +30,9 @@ __all__ = [
     "check_supported",
     "family_of",
     "logit_transform",
-    "neuron_mask",
     "read_family",
     "require_attention",
+    "width_mask",
 ]
 
 # token mixers besides softmax attention that a hybrid model may have and capinterp serves: its neuron
@@ -121,11 +121,11 @@ class Family:
         return self.n_layers, self.d_mlp
 
     def valid_neurons(self) -> torch.Tensor:
-        """Bool ``[n_layers, d_mlp]``: True at the model's real neurons, False at padding (:func:`neuron_mask`)."""
-        return neuron_mask(self.layer_widths, self.neurons)
+        """Bool ``[n_layers, d_mlp]``: True at the model's real neurons, False at padding (:func:`width_mask`)."""
+        return width_mask(self.layer_widths, self.neurons)
 
 
-def neuron_mask(layer_widths: Any, shape: tuple[int, int]) -> torch.Tensor:
+def width_mask(layer_widths: Any, shape: tuple[int, int]) -> torch.Tensor:
     """Bool ``[n_layers, d_mlp]``, True at real neurons: layer ``l``'s first ``layer_widths[l]``
     neurons; every neuron when ``layer_widths`` is empty or None. ValueError for widths that do not fit ``shape``."""
     n_layers, d_mlp = int(shape[0]), int(shape[1])

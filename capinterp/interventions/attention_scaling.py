@@ -32,6 +32,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example
+from capinterp.core.family import family_of, require_attention
 from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
@@ -46,6 +47,7 @@ KeySpec = str | Sequence[int] | Callable[[Any, Example, list[int]], Sequence[int
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
+    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)")
     n = int(model.cfg.n_layers)
     out = list(range(n)) if layers is None else [int(l) for l in layers]
     if not out or any(not 0 <= l < n for l in out):
@@ -129,6 +131,7 @@ def knowledge_synapses(
 @torch.no_grad()
 def _top_attended(model: Model, ids: list[int], k: int, skip: int) -> list[int]:
     """The ``k`` keys most attended from the last position (positions < ``skip`` and the last excluded)."""
+    require_attention(family_of(model), "the keys most attended (attention patterns in every layer)")
     names = {f"blocks.{l}.attn.hook_pattern" for l in range(int(model.cfg.n_layers))}
     _, cache = model.run_with_cache(torch.tensor([ids], device=model.cfg.device), names_filter=lambda n: n in names)
     att = torch.stack([cache[n][0, :, -1, :].float().mean(0) for n in names]).mean(0).cpu()
@@ -176,6 +179,7 @@ def attention_scaling(
     KS, or too few other positions for the control) gets NaN. Inputs are checked first.
     """
     validate.model(model)
+    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)")
     exs = validate.examples(examples, "attention_scaling(examples)")
     if isinstance(factors, (str, bytes)) or not isinstance(factors, Sequence) or not factors:
         raise ValueError(f"factors must be a non-empty sequence of numbers, got {factors!r:.60}")

@@ -38,7 +38,7 @@ the same statistics of the areas (draw r at every size is one random curve).
 All configurations of one call are rows of the same batched forward passes.
 On a model whose layers differ in width (dense layers between MoE layers) the neuron units are its
 real neurons only: the padding of the narrower layers (always 0) is never ranked, drawn or counted
-in ``n_units``, and runs in every configuration; expert units are refused there.
+in ``n_units``, and runs in every configuration; its dense layers are no expert units and always run.
 """
 
 from __future__ import annotations

@@ -294,10 +294,12 @@ def _check_dense(model: Model, layer: int) -> None:
     expert's neurons, so it is refused before any work (editing one expert's down projection is
     the natural MoE version, not built yet). A dense layer of a mixed dense / MoE model is edited
     as a dense model's layer: its keys are its own neurons (the padding of the experts' axis is cut off)."""
+    from capinterp.units.experts import dense_layers
+
     fam = family_of(model)
-    if fam.moe is None or (fam.layer_widths and fam.layer_widths[layer] < fam.moe.width):
+    dense = dense_layers(model)
+    if fam.moe is None or layer in dense:
         return
-    dense = [l for l, w in enumerate(fam.layer_widths) if w < fam.moe.width]
     raise UnsupportedFamily(
         f"{fam.name} ({fam.architecture}): ROME on a mixture-of-experts layer would need the covariance of all "
         f"{fam.moe.width} expert neurons' keys and edit every expert at once; per-expert ROME is not supported yet"

@@ -28,6 +28,8 @@ import plotly.graph_objects as go
 import torch
 from einops import rearrange
 
+from capinterp.core.family import width_mask
+
 __all__ = ["default_bin_size", "layer_profile", "neuron_heatmap"]
 
 _MAX_LISTED = 8
@@ -167,18 +169,17 @@ def neuron_heatmap(
 
 
 def _layer_widths(meta: dict, n_layers: int, d_mlp: int) -> list[int] | None:
-    """Each layer's real neurons (``meta["layer_widths"]``), or None when every layer has ``d_mlp``."""
+    """Each layer's real neurons (``meta["layer_widths"]``, checked by :func:`width_mask`), or None
+    when every layer has ``d_mlp``."""
     widths = meta.get("layer_widths")
     if not widths:
         return None
-    widths = [int(w) for w in widths]
-    if len(widths) != n_layers or not all(1 <= w <= d_mlp for w in widths):
-        raise ValueError(f"meta['layer_widths'] must be {n_layers} integers in [1, {d_mlp}], got {widths!r:.200}")
-    return None if all(w == d_mlp for w in widths) else widths
+    width_mask(widths, (n_layers, d_mlp))  # ValueError for widths that do not fit
+    return None if all(w == d_mlp for w in widths) else list(widths)
 
 
 def _valid(widths: list[int], d_mlp: int) -> torch.Tensor:
-    return torch.arange(d_mlp)[None, :] < torch.tensor(widths)[:, None]
+    return width_mask(widths, (len(widths), d_mlp))
 
 
 def _mark_experts(

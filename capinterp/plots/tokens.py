@@ -22,6 +22,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.model import valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import model_bos
@@ -97,8 +98,14 @@ def attention_pattern(
     chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     if not chosen or any(not 0 <= h < n_heads for h in chosen):
         raise ValueError(f"heads must be a non-empty list of ints in [0, {n_heads}) or None, got {heads!r}")
-    ids, strs = prompt_tokens(model, prompt)
     name = f"blocks.{layer}.attn.hook_pattern"
+    if name not in model.hook_dict:  # a hybrid model's linear-attention layer
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): layer {layer} has no softmax attention pattern (its mixer is "
+            f"one of {list(fam.hybrid_layers)}); pick a layer with attention"
+        )
+    ids, strs = prompt_tokens(model, prompt)
     _, cache = model.run_with_cache(ids, names_filter=lambda n: n == name)
     return strs, cache[name][0, chosen].float().cpu()
 

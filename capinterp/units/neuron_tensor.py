@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from capinterp._version import __version__
-from capinterp.core.family import neuron_mask
+from capinterp.core.family import width_mask
 from capinterp.plots.heatmaps import neuron_heatmap
 from capinterp.units import neuron_io
 
@@ -62,7 +62,7 @@ class NeuronTensor:
     def _init_meta(self, meta: dict[str, Any] | None) -> None:
         self.meta = copy.deepcopy(dict(meta or {}))
         self.meta.setdefault("version", __version__)
-        self._valid = neuron_mask(self.meta.get("layer_widths"), self.shape)  # ValueError for widths that do not fit
+        self._valid = width_mask(self.meta.get("layer_widths"), self.shape)  # ValueError for widths that do not fit
 
     @property
     def valid(self) -> Tensor:
@@ -74,7 +74,7 @@ class NeuronTensor:
     @property
     def padded(self) -> bool:
         """Whether some layers are narrower than ``d_mlp`` (see :attr:`valid`)."""
-        return bool(self.meta.get("layer_widths"))
+        return not bool(self._valid.all())
 
     def _data(self) -> Tensor:  # the stored tensor
         raise NotImplementedError

@@ -62,5 +62,14 @@ def test_methods_needing_attention_everywhere_refuse_naming_the_mixer(family):
 
     with pytest.raises(UnsupportedFamily, match=why):
         head_effects(model, FACTS)
+    from capinterp.interventions.attention_scaling import attention_scaling
+
+    with pytest.raises(UnsupportedFamily, match=why):
+        attention_scaling(model, FACTS, factors=[2.0])
+    from capinterp.plots.tokens import attention_pattern
+
+    with pytest.raises(UnsupportedFamily, match=rf"{family}.*layer 0 has no softmax attention pattern"):
+        attention_pattern(model, FACTS[0].prompt, 0)
+    assert attention_pattern(model, FACTS[0].prompt, 1)[1].shape[0] == model.cfg.n_heads  # layer 1 attends
     trace = ci.localizers.get("causal_trace")(model, kinds=("resid", "mlp"), top_k=1, require_correct=False)
     assert set(trace.fit(FACTS).grids_) == {"resid", "mlp"}
