@@ -398,8 +398,8 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     router = getattr(block, "router", None) or getattr(block, "gate", None)
     if mlp is None:
         raise UnsupportedFamily(
-            f"{where}: the bridge's block has no MLP module (a hybrid layer: state-space, convolution or "
-            "linear-attention mixer); capinterp needs every layer of a mixture-of-experts model to be an expert FFN"
+            f"{where}: the bridge's block has no MLP module (a layer without an FFN); capinterp needs an FFN, "
+            "experts or dense, in every layer of a mixture-of-experts model"
         )
     if experts is None or router is None:
         raise UnsupportedFamily(

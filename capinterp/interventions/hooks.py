@@ -54,7 +54,8 @@ def check_no_padding(model: Model, neurons: NeuronSet) -> None:
     if outside := int((neurons.mask & ~valid).sum()):
         raise ValueError(
             f"neurons holds {outside} padding neurons of this model: positions past a dense layer's own width "
-            f"(layer widths {list(family_of(model).layer_widths)}) are not neurons of the model"
+            f"(layer widths {list(family_of(model).layer_widths)}) are not neurons of the model; build a hand-made "
+            "set as NeuronSet(mask, meta=capinterp.model_meta(model)), whose random_like then draws real neurons only"
         )
 
 

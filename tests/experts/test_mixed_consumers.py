@@ -164,6 +164,21 @@ def test_erase_refuses_padding_neurons_of_a_bare_mask():
         pass
 
 
+def test_a_bare_mask_with_the_models_meta_draws_real_neurons_only():
+    """The way out the padding refusal names: the model's meta gives a hand-made set its layer widths."""
+    model, _ = _mixed()
+    mask = torch.zeros(2, model.cfg.d_mlp, dtype=torch.bool)
+    mask[0, :DENSE] = True  # every real neuron of the dense layer
+    bare = NeuronSet(mask).random_like(seed=0, per_layer=True)
+    assert bare.mask[0, DENSE:].any()  # without widths the draw reaches the padding ...
+    with pytest.raises(ValueError, match=r"model_meta\(model\)"), erase(model, bare):
+        pass
+    drawn = NeuronSet(mask, meta=ci.model_meta(model)).random_like(seed=0, per_layer=True)
+    assert torch.equal(drawn.mask, mask)  # ... with them, all 64 of 240 positions are the real ones
+    with erase(model, drawn):
+        pass
+
+
 def test_finetune_random_arm_and_counts_use_real_neurons():
     model, _ = _mixed()
     mask = torch.zeros(2, model.cfg.d_mlp, dtype=torch.bool)
