@@ -10,6 +10,7 @@ import torch
 
 import capinterp as ci
 from capinterp.core.tiny import tiny_hf
+from capinterp.testing.family_checks._moe_ref import flag_jetmoe
 
 #: every MoE family of the matrix whose experts are stacked 3-D weights (all of them today)
 MOE_FAMILIES = (
@@ -27,6 +28,7 @@ MOE_FAMILIES = (
     "afmoe",
     "laguna",
     "llama4_text",
+    "jetmoe",
 )
 
 
@@ -53,10 +55,16 @@ def load_tiny_moe(family: str):
 
 
 def moe_block(hf, layer: int) -> torch.nn.Module:
-    """The layer's MoE block: its child with an ``experts`` module (``mlp``; GraniteMoE's ``block_sparse_moe``)."""
-    return next(
-        m for m in hf.model.layers[layer].children() if isinstance(getattr(m, "experts", None), torch.nn.Module)
-    )
+    """The layer's MoE FFN block: its child with a stacked ``experts`` module (``mlp``; GraniteMoE's
+    ``block_sparse_moe``), or JetMoE's, given an ``experts`` view of its parallel experts with
+    transformers' flags (the reference's :func:`flag_jetmoe`)."""
+    for name, m in hf.model.layers[layer].named_children():
+        inner = getattr(m, "original_component", m)  # behind the bridge's wrapper
+        if flag_jetmoe(inner):
+            return inner
+        if "att" not in name and isinstance(getattr(m, "experts", None), torch.nn.Module):  # not JetMoE's attention
+            return m
+    raise LookupError(f"no MoE block in layer {layer}")
 
 
 #: the dense layer 0's neurons of :func:`load_tiny_mixed`'s model

@@ -30,7 +30,9 @@ the modules (extra router arguments by name from the block, such as an expert sc
 ``[batch, pos, d_model]`` input; whether its weight goes on the experts' outputs or inputs; its
 output as top-k weights and indices, or as scores over all experts like Llama 4's). Experts that
 store gated stacked weights without transformers' flags (Llama 4) are read with the orientation
-their shapes give; a shared expert the config does not name (Llama 4's) is taken from the modules.
+their shapes give, and so are JetMoE's two ``ParallelExperts`` modules (its router returns its
+choices grouped by expert; its block adds a bias to its output, owned by no neuron); a shared
+expert the config does not name (Llama 4's) is taken from the modules.
 At load each layer's forward is checked against the
 transformers block's own on random inputs. What cannot be served this way (a layer without an FFN,
 experts normalized after the down projection, an experts module without transformers' stacked
@@ -92,6 +94,7 @@ class ExpertBlock:
     # the sum over neurons of a * W_out
     input_weighted: bool = False
     top_k: int = 0  # experts per token: read from the router's scores where it returns them over all experts
+    out_bias: Any = None  # a bias the block adds to its output (JetMoE's), owned by no neuron
 
     # ---- the experts' arithmetic, read from transformers' own flags
 
@@ -157,6 +160,8 @@ class ExpertBlock:
         if len(routing) == 2:  # (scores over all experts, 0 where not chosen; logits): Llama 4's router
             scores, extra = routing
             weights, index = scores.reshape(x.shape[0], -1).topk(self.top_k, dim=-1)
+        elif len(routing) == 5:  # its choices grouped by expert: JetMoE's router
+            (weights, index), extra = _grouped_routing(routing, x.shape[0], self.top_k), None
         else:  # (logits, the chosen experts' weights, their indices)
             _, weights, index = routing
             extra = weights
@@ -187,6 +192,8 @@ class ExpertBlock:
             out = out.index_add(0, tok, y.to(x.dtype))
         if self.shared is not None:
             out = out + self.shared.down_proj(neurons[:, width:])
+        if self.out_bias is not None:  # added to the layer's output, owned by no neuron (JetMoE)
+            out = out + self.out_bias
         out = out.reshape(shape)
         return (out, extra) if self.returns_scores else out
 
@@ -351,7 +358,8 @@ def expert_block(model: Model, layer: int) -> ExpertBlock | DenseBlock:
 
 
 def _has_experts(module: Any) -> bool:
-    return isinstance(getattr(_unwrap(module), "experts", None), torch.nn.Module)
+    block = _unwrap(module)
+    return isinstance(getattr(block, "experts", None), torch.nn.Module) or _parallel_experts(block)
 
 
 class _Stacked:
@@ -376,6 +384,57 @@ class _Stacked:
         return self.module.act_fn(gate) * up
 
 
+class _Parallel:
+    """transformers' experts flags for a block that keeps its experts as two ``ParallelExperts``
+    modules (JetMoE: ``input_linear.weight [E, 2 d_expert, d_model]``, gate half first,
+    ``output_linear.weight [E, d_model, d_expert]``, ``activation(gate) * up``): views of the block's
+    own parameters, so reads and in-place writes reach the model; :func:`_checked` then compares
+    the whole block with transformers' own forward."""
+
+    has_gate, has_bias, is_concatenated, is_transposed, has_post_expert_norm = True, False, True, False, False
+
+    def __init__(self, block: Any) -> None:
+        self.gate_up_proj = _unwrap(block.input_linear).weight
+        self.down_proj = _unwrap(block.output_linear).weight
+        self.act_fn = block.activation
+
+    def parameters(self) -> Any:
+        return iter((self.gate_up_proj, self.down_proj))
+
+    def _apply_gate(self, h: Tensor) -> Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
+def _parallel_experts(block: Any) -> bool:
+    """Whether ``block`` is an FFN of experts kept as ``input_linear`` / ``output_linear``
+    ``ParallelExperts`` (3-D weights) with a router and an activation (JetMoE's MoE block; its
+    attention's mixture of query experts has no activation and is not an FFN)."""
+    return (
+        all(isinstance(getattr(_unwrap(getattr(block, k, None)), "weight", None), torch.Tensor) for k in _PARALLEL)
+        and all(_unwrap(getattr(block, k)).weight.dim() == 3 for k in _PARALLEL)
+        and callable(getattr(block, "activation", None))
+        and getattr(block, "router", None) is not None
+    )
+
+
+_PARALLEL = ("input_linear", "output_linear")
+
+
+def _grouped_routing(routing: tuple, n_tok: int, top_k: int) -> tuple[Tensor, Tensor]:
+    """Per-token ``(weights, experts)``, ``[n_tok, top_k]`` each, from a router that returns its choices
+    grouped by expert (JetMoE's ``(order, token of each row, weight of each row, rows per expert,
+    logits)``: row ``r`` of the grouped order is slot ``order[r]`` of the flattened ``[n_tok, top_k]``
+    choices, and the rows run through the experts in order, ``rows per expert[e]`` each)."""
+    order, _, gates, sizes, _ = routing
+    experts = torch.repeat_interleave(
+        torch.arange(len(sizes), device=gates.device), torch.as_tensor(sizes).to(gates.device)
+    )
+    weights = gates.new_zeros(n_tok * top_k).index_copy(0, order, gates)
+    index = torch.zeros(n_tok * top_k, dtype=torch.long, device=gates.device).index_copy(0, order, experts)
+    return weights.reshape(n_tok, top_k), index.reshape(n_tok, top_k)
+
+
 def _flagged(experts: Any, d_model: int) -> Any:
     """``experts`` where it carries transformers' flags, a :class:`_Stacked` view where it stores
     gated stacked weights without them, None where its neurons cannot be read."""
@@ -394,7 +453,8 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     mlp = getattr(model.blocks[layer], "mlp", None)
     block = _unwrap(mlp)
     where = f"{fam.name} ({fam.architecture}), layer {layer}"
-    experts = _unwrap(getattr(block, "experts", None))
+    parallel = _parallel_experts(block)
+    experts = _Parallel(block) if parallel else _unwrap(getattr(block, "experts", None))
     router = getattr(block, "router", None) or getattr(block, "gate", None)
     if mlp is None:
         raise UnsupportedFamily(
@@ -404,7 +464,8 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     if experts is None or router is None:
         raise UnsupportedFamily(
             f"{where}: the FFN ({type(block).__name__}) is not a sparse mixture-of-experts block with an 'experts' "
-            "module and a router; capinterp reads experts only from transformers' stacked-experts modules"
+            "module (or input_linear / output_linear parallel experts) and a router; capinterp reads experts only "
+            "from stacked 3-D expert weights"
         )
     flagged = _flagged(experts, int(model.cfg.d_model))
     if flagged is None:
@@ -449,6 +510,7 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         returns_scores=False,
         router_args=_router_args(where, block, router),
         top_k=moe.top_k,
+        out_bias=getattr(block, "bias", None) if parallel else None,
     )
     return _checked(where, spec, down)
 

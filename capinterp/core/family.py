@@ -105,6 +105,10 @@ class Family:
     # layer kinds other than softmax attention (config ``layer_types``: Qwen3-Next's "linear_attention",
     # Mamba or convolution mixers): refused at load (check_supported)
     hybrid_layers: tuple[str, ...] = ()
+    # the attention's heads are experts a router picks per token (JetMoE's mixture of attention heads:
+    # query and output projections per expert, keys and values shared): head k of a token is its k-th
+    # chosen expert's, so heads are no fixed units; methods over heads refuse (require_attention)
+    routed_heads: bool = False
     # the final norm module also normalizes the embeddings before the first layer (NanoChat): found by
     # the first forward at load, which then routes that first call around ln_final's hooks
     # (capinterp.core.embedding_norm), so ln_final.hook_in carries only the last residual
@@ -218,6 +222,14 @@ def _fused_qkv(model: Model, sizes: dict[str, Any]) -> bool:
     return False
 
 
+def _routed_heads(model: Model) -> bool:
+    """Whether the first attention holds a router (a mixture of attention heads, JetMoE's), read from the modules."""
+    attn = getattr(getattr(model.blocks[0], "attn", None), "original_component", None)
+    if not isinstance(attn, torch.nn.Module):
+        return False
+    return any(getattr(m, "router", None) is not None for m in attn.modules())
+
+
 def read_family(model: Model) -> Family:
     """Build the :class:`Family` of a ``TransformerBridge`` from its configs (no forward pass)."""
     tl = model.cfg
@@ -260,6 +272,7 @@ def read_family(model: Model) -> Family:
         moe=moe,
         module_window=_module_window(hf),
         hybrid_layers=_hybrid_layers(hf),
+        routed_heads=_routed_heads(model),
         **common,
     )
 
@@ -279,13 +292,21 @@ def check_supported(fam: Family) -> None:
         raise UnsupportedFamily(f"{fam.name} ({fam.architecture}): its config gives experts no neurons ({fam.moe})")
 
 
-def require_attention(fam: Family, what: str) -> None:
+def require_attention(fam: Family, what: str, heads: bool = True) -> None:
     """Refuse ``what`` (a method that reads softmax attention, per-head outputs or a key/value cache in
-    every layer: knowledge circuits, head patching, attention tracing) on a hybrid model."""
+    every layer: knowledge circuits, head patching, attention tracing) on a hybrid model; where it
+    takes attention heads as units (``heads``), also on a model whose heads are routed per token."""
     if fam.hybrid_layers:
         raise UnsupportedFamily(
             f"{fam.name} ({fam.architecture}): {what} needs softmax attention in every layer, and this hybrid "
             f"model's layers include {list(fam.hybrid_layers)} mixers; its neuron methods run, this one cannot"
+        )
+    if heads and fam.routed_heads:
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): {what} takes attention heads as units, and this model's heads are "
+            "experts its router picks per token (a mixture of attention heads: head k of a token is its k-th "
+            "chosen expert's query and output projection), so a head is no fixed unit; its neuron methods run, "
+            "this one cannot"
         )
 
 

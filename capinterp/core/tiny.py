@@ -239,6 +239,9 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # padded onto the experts' axis), layer 1 MoE (first_k_dense_replace, moe_layer_start_index,
     # num_dense_layers, mlp_layer_types); GraniteMoE, FlexOlmo and MiniMax-M2 have no dense layers
     "granitemoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
+    # JetMoE: experts as input_linear / output_linear ParallelExperts and an output bias; attention is a
+    # mixture of query / output-projection experts (2 of 4 per token, 2 heads each, 8 wide)
+    "jetmoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, kv_channels=8),
     "flex_olmo": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
     "minimax_m2": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
     "ernie4_5_moe": dict(
@@ -336,7 +339,6 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
 # Mixture-of-experts families capinterp refuses at load (the reason: tests/families/test_family_record.py,
 # docs/models.md); tiny models of them test that the refusal names the family and the reason.
 TINY_REFUSED: dict[str, dict[str, Any]] = {
-    "jetmoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),  # ParallelExperts
     "granitemoehybrid": dict(
         intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention"]
     ),

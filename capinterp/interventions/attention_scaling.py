@@ -32,7 +32,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.family import family_of, require_attention
+from capinterp.core.family import UnsupportedFamily, family_of, require_attention
 from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
@@ -47,12 +47,45 @@ KeySpec = str | Sequence[int] | Callable[[Any, Example, list[int]], Sequence[int
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
-    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)")
+    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)", heads=False)
     n = int(model.cfg.n_layers)
     out = list(range(n)) if layers is None else [int(l) for l in layers]
     if not out or any(not 0 <= l < n for l in out):
         raise ValueError(f"layers must be a non-empty subset of 0..{n - 1}, got {layers!r}")
+    _check_pattern_writes(model, out)
     return out
+
+
+@torch.no_grad()
+def _check_pattern_writes(model: Model, layers: list[int]) -> None:
+    """Refuse a model whose ``attn.hook_pattern`` only observes: on some bridge adapters (GPT-J,
+    GPT-Neo, OPT, XGLM, NanoChat, Llama 4, JetMoE, AFMoE, Laguna in TransformerLens 4.3) the attention
+    output is computed without the hooked pattern, so a write there changes nothing and scaling
+    would silently report no effect. Probed once per layer and model: the last query's whole row
+    set to 0 must move the last position's logits."""
+    checked: set[int] = model.__dict__.setdefault("capinterp_pattern_writes", set())
+    todo = [l for l in layers if l not in checked]
+    if not todo:
+        return
+    bos = getattr(model.tokenizer, "bos_token_id", None) or 0
+    ids = torch.tensor([[bos, 5, 6, 7, 8]], device=model.cfg.device) % int(model.cfg.d_vocab)
+    clean = model(ids)[0, -1]
+
+    def zero_last_row(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
+        pattern = pattern.clone()
+        pattern[..., -1, :] = 0.0
+        return pattern
+
+    for l in todo:
+        moved = model.run_with_hooks(ids, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", zero_last_row)])[0, -1]
+        if torch.equal(moved, clean):
+            fam = family_of(model)
+            raise UnsupportedFamily(
+                f"{fam.name} ({fam.architecture}): writing blocks.{l}.attn.hook_pattern does not reach the model's "
+                "output (the bridge computes this attention without the hooked pattern; the hook only observes), "
+                "so attention scaling would change nothing; it is refused"
+            )
+        checked.add(l)
 
 
 @contextlib.contextmanager
@@ -131,7 +164,7 @@ def knowledge_synapses(
 @torch.no_grad()
 def _top_attended(model: Model, ids: list[int], k: int, skip: int) -> list[int]:
     """The ``k`` keys most attended from the last position (positions < ``skip`` and the last excluded)."""
-    require_attention(family_of(model), "the keys most attended (attention patterns in every layer)")
+    require_attention(family_of(model), "the keys most attended (attention patterns in every layer)", heads=False)
     names = {f"blocks.{l}.attn.hook_pattern" for l in range(int(model.cfg.n_layers))}
     _, cache = model.run_with_cache(torch.tensor([ids], device=model.cfg.device), names_filter=lambda n: n in names)
     att = torch.stack([cache[n][0, :, -1, :].float().mean(0) for n in names]).mean(0).cpu()
@@ -179,7 +212,7 @@ def attention_scaling(
     KS, or too few other positions for the control) gets NaN. Inputs are checked first.
     """
     validate.model(model)
-    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)")
+    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)", heads=False)
     exs = validate.examples(examples, "attention_scaling(examples)")
     if isinstance(factors, (str, bytes)) or not isinstance(factors, Sequence) or not factors:
         raise ValueError(f"factors must be a non-empty sequence of numbers, got {factors!r:.60}")

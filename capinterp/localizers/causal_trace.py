@@ -167,7 +167,9 @@ class CausalTrace(Localizer):
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
         self._begin_fit()
         if "attn" in self.kinds:  # hybrid models: some layers mix tokens without attention (kinds=("resid", "mlp"))
-            require_attention(family_of(self.model), "causal tracing of attention outputs (kinds with 'attn')")
+            require_attention(
+                family_of(self.model), "causal tracing of attention outputs (kinds with 'attn')", heads=False
+            )
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
         self.noise_std_ = (
             self.noise_std if self.noise_std is not None else self._noise_mult * self._subject_std(prepared)

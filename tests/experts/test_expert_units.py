@@ -84,6 +84,8 @@ def test_attribution_only_on_routed_experts(family):
         h.remove()
         if len(out["out"]) == 2:  # Llama 4's router: (scores over all experts, 0 where not chosen; logits)
             chosen = set(out["out"][0].reshape(ids.shape[1], -1)[-1].nonzero().flatten().tolist())
+        elif len(out["out"]) == 5:  # JetMoE's: choices grouped by expert, logits last: the top-k of those
+            chosen = set(out["out"][4][-1].topk(moe.top_k).indices.tolist())
         else:  # (logits, top-k weights, top-k indices)
             chosen = set(out["out"][2].reshape(ids.shape[1], -1)[-1].tolist())
         per = scores[layer, : moe.n_experts * moe.d_expert].reshape(moe.n_experts, moe.d_expert)

@@ -167,7 +167,6 @@ def test_dense_layer_computing_something_else_refused_at_load(monkeypatch):
 
 
 REFUSED_WHY = {
-    "jetmoe": "JetMoeMoE.*stacked-experts",  # ParallelExperts, no 3-D stacks
     "granitemoehybrid": r"\['mamba'\] mixers besides softmax attention \(a hybrid model\)",
     "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
 }

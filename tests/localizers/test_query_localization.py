@@ -247,3 +247,25 @@ def test_progress_bar_names_the_localizer_and_counts_queries(tiny, capsys):
     assert "query localization (kn)" in err and "4/4" in err
     QueryLocalization(tiny, localizer="kn", steps=2, progress=False).fit([fact, fact])
     assert "query localization" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["gptj", "opt", "llama4_text", "llama", "gpt2"])
+def test_scale_attention_refuses_where_pattern_writes_do_not_reach_the_output(family):
+    """On some bridge adapters attn.hook_pattern only observes: scaling there would silently change
+    nothing, so it is refused naming the family; where writes reach the output, scaling moves it."""
+    from capinterp.core.family import UnsupportedFamily
+    from capinterp.core.tiny import tiny_hf
+
+    hf, tok = tiny_hf(family)
+    model = ci.load_model(hf, tokenizer=tok)
+    ids = tok("The Eiffel Tower is in", return_tensors="pt")["input_ids"]
+    if family in ("gptj", "opt", "llama4_text"):
+        with pytest.raises(UnsupportedFamily, match=f"^{family} .*hook_pattern does not reach"):
+            with scale_attention(model, [1], 2.0):
+                pass
+        return
+    with torch.no_grad():
+        clean = model(ids)
+        with scale_attention(model, [1, 2], 3.0):
+            scaled = model(ids)
+    assert float((scaled - clean).abs().max()) > 1e-3

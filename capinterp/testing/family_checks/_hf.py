@@ -48,9 +48,14 @@ def _attn_name(layer: torch.nn.Module) -> str:
 
 
 def attn_out(hf: Any, layer: int) -> torch.nn.Module:
-    """The attention output projection of ``layer``: its output is the attention's contribution."""
+    """The attention output projection of ``layer``: its output is the attention's contribution. Where
+    the output projection is no module (JetMoE: output experts applied inside the attention's forward),
+    the attention module itself, whose first output is that contribution."""
     block = decoder_layers(hf)[layer]
-    return _one(getattr(block, _attn_name(block)), _ATTN_OUT)
+    attn = getattr(block, _attn_name(block))
+    if not any(n.split(".")[-1] in _ATTN_OUT for n, _ in attn.named_modules()):
+        return attn
+    return _one(attn, _ATTN_OUT)
 
 
 def mlp_down(hf: Any, layer: int) -> torch.nn.Module:

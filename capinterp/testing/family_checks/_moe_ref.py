@@ -24,13 +24,24 @@ import torch
 __all__ = ["ExpertsDown", "densify", "is_moe", "moe_layers", "moe_neuron_entries", "moe_neuron_rows", "split_values"]
 
 
+def _jetmoe(m: Any) -> bool:
+    """JetMoE's MoE FFN block (transformers' ``JetMoeMoE``; its attention's ``JetMoeMoA`` is no FFN)."""
+    return type(m).__name__ == "JetMoeMoE"
+
+
+def _sparse(m: Any) -> bool:
+    experts = getattr(m, "experts", None)
+    stacked = isinstance(experts, torch.nn.Module) and isinstance(getattr(experts, "down_proj", None), torch.Tensor)
+    return stacked or _jetmoe(m)
+
+
 def is_moe(hf: Any) -> bool:
-    """Whether a plain transformers model has sparse MoE blocks (an ``experts`` submodule)."""
-    return any(hasattr(m, "experts") and isinstance(m.experts, torch.nn.Module) for m in hf.modules())
+    """Whether a plain transformers model has sparse MoE FFN blocks (stacked experts, or JetMoE's)."""
+    return any(_sparse(m) for m in hf.modules())
 
 
 def _blocks(hf: Any) -> list[tuple[str, Any]]:
-    return [(n, m) for n, m in hf.named_modules() if isinstance(getattr(m, "experts", None), torch.nn.Module)]
+    return [(n, m) for n, m in hf.named_modules() if _sparse(m)]
 
 
 def moe_layers(hf: Any) -> dict[int, tuple[str, Any]]:
@@ -101,17 +112,48 @@ def flag_llama4(block: Any) -> bool:
     return True
 
 
+def flag_jetmoe(block: Any) -> bool:
+    """JetMoE's MoE block written out by hand: its experts are ``input_linear.weight [E, 2 d, d_model]``
+    (gate half first) and ``output_linear.weight [E, d_model, d]``, ``activation(gate) * up``; its
+    router takes the top-k of ``router.layer``'s logits and a softmax over those k; the block adds
+    ``bias`` to its output. Gives the plain block an ``experts`` view with transformers' flags (not a
+    submodule: no duplicate parameters); True for such a block."""
+    if not _jetmoe(block):
+        return False
+    view = types.SimpleNamespace(
+        gate_up_proj=block.input_linear.weight,
+        down_proj=block.output_linear.weight,
+        is_transposed=False,
+        has_gate=True,
+        has_bias=False,
+        is_concatenated=True,
+        act_fn=block.activation,
+    )
+    view._apply_gate = lambda h: view.act_fn(h.chunk(2, dim=-1)[0]) * h.chunk(2, dim=-1)[1]
+    object.__setattr__(block, "experts", view)
+    return True
+
+
+def _jetmoe_routing(block: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = block.router.layer(x).float()
+    top_v, top_i = logits.topk(block.router.top_k, dim=-1)
+    return torch.softmax(top_v, dim=-1).to(x.dtype), top_i
+
+
 def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
     ex, shared = block.experts, block._ref_shared
     router = getattr(block, "router", None) or block.gate
     B, T, H = hidden.shape
     x = hidden.reshape(-1, H)
     seen: dict[str, Any] = {}  # the routing transformers' own block forward decides (its router's output)
-    handle = router.register_forward_hook(lambda _m, _i, out: seen.setdefault("out", out))
-    try:
-        type(block).forward(block, hidden)  # transformers' own forward (its output is not used)
-    finally:
-        handle.remove()
+    if _jetmoe(block):  # its router returns its choices grouped by expert: the top-k written out here
+        seen["out"] = (None, *_jetmoe_routing(block, x))
+    else:
+        handle = router.register_forward_hook(lambda _m, _i, out: seen.setdefault("out", out))
+        try:
+            type(block).forward(block, hidden)  # transformers' own forward (its output is not used)
+        finally:
+            handle.remove()
     if block._ref_input_weighted:  # Llama 4: (scores over all experts, 0 where not chosen; logits)
         dense_w = seen["out"][0].reshape(x.shape[0], -1)
         top_w = dense_w
@@ -136,6 +178,8 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
         gate = getattr(block, "shared_expert_gate", None)
         neurons.append(torch.sigmoid(gate(x)) * s if gate is not None else s)
     out = block.down_proj(torch.cat(neurons, -1).reshape(B, T, -1).to(hidden.dtype), dense_w.to(hidden.dtype))
+    if _jetmoe(block):
+        out = out + block.bias
     return (out, top_w) if block._ref_returns_scores else out
 
 
@@ -152,6 +196,7 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
     ids = torch.tensor([[1, 5, 9, 30, 7, 2]]) if ids is None else ids
     before = hf(ids).logits
     for _, block in _blocks(hf):
+        flag_jetmoe(block)
         object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))
         probe = block(torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]))
         shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
@@ -236,7 +281,8 @@ def split_values(hf: Any, layer: int, values: torch.Tensor) -> dict[str, torch.T
     n_exp, w = ex.down_proj.shape[0], ex.down_proj
     d = w.shape[1] if ex.is_transposed else w.shape[2]
     routed = values[: n_exp * d].reshape(n_exp, d, -1)
-    out = {f"{name}.experts.down_proj": (routed if ex.is_transposed else routed.transpose(1, 2)).contiguous()}
+    key = f"{name}.output_linear.weight" if _jetmoe(block) else f"{name}.experts.down_proj"
+    out = {key: (routed if ex.is_transposed else routed.transpose(1, 2)).contiguous()}
     if sh is not None:
         key = "shared_expert" if getattr(block, "shared_expert", None) is sh else "shared_experts"
         out[f"{name}.{key}.down_proj.weight"] = values[n_exp * d :].T.contiguous()
