@@ -88,7 +88,10 @@ def test_weights_are_the_gguf_dequantized(pair):
 
 def test_logprobs_match_transformers(pair):
     """log p(next token) at the last position, capinterp's hand-built logit path and the bridge's
-    forward vs transformers: 1e-5 relative, every vocabulary entry."""
+    forward vs transformers: 1e-5 relative, every vocabulary entry, relative to max(|log p|, 1): a
+    near-certain token's log p (-0.004 on the code prompt) is 1 - p computed from float32 logits, so
+    its plain relative error is float noise amplified (4e-8 absolute read as 1.1e-5 relative on one
+    machine's kernels, 3.7e-6 on another's)."""
     from capinterp.core.forward import logits_at
 
     model, hf, tok = pair
@@ -102,7 +105,7 @@ def test_logprobs_match_transformers(pair):
             }
         for route, logits in routes.items():
             got = logits.double().log_softmax(-1)
-            rel = ((got - want).abs() / want.abs()).max().item()
+            rel = ((got - want).abs() / want.abs().clamp_min(1.0)).max().item()
             assert rel < 1e-5, f"{route} on {text!r}: log-prob relative error {rel:.3g}"
 
 
