@@ -29,6 +29,9 @@ MOE_FAMILIES = (
     "laguna",
     "llama4_text",
     "jetmoe",
+    "phimoe",
+    "hunyuan_v1_moe",
+    "dots1",
 )
 
 
@@ -41,6 +44,7 @@ ALL_EXPERT_LAYERS = {
     "glm4_moe_lite": dict(mlp_layer_types=["sparse", "sparse"]),
     "afmoe": dict(num_dense_layers=0),
     "laguna": dict(mlp_layer_types=["sparse", "sparse"]),
+    "dots1": dict(first_k_dense_replace=0),
 }
 
 

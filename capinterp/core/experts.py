@@ -486,7 +486,11 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         )
     n_experts = int(down.shape[0])
     d_expert = int(down.shape[1] if experts.is_transposed else down.shape[2])
-    shared = _unwrap(getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None))
+    shared = _unwrap(
+        getattr(block, "shared_expert", None)
+        or getattr(block, "shared_experts", None)
+        or getattr(block, "shared_mlp", None)
+    )
     if shared is not None and not _is_gated_mlp(shared):
         raise UnsupportedFamily(f"{where}: the shared expert {type(shared).__name__} is not a gated MLP")
     d_shared = int(shared.down_proj.in_features) if shared is not None else 0

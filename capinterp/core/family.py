@@ -177,7 +177,7 @@ def _moe(hf: Any, d_model: int) -> MoE | None:
     n = _get(hf, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
     if not n or int(n) <= 1:
         return None
-    top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", default=1))
+    top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", "moe_topk", default=1))
     d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
     shared = _get(hf, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=None)
     d_shared = _get(hf, "shared_expert_intermediate_size", default=None)

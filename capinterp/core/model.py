@@ -180,6 +180,9 @@ def load_model(
 
     from transformer_lens.model_bridge import TransformerBridge
 
+    from capinterp.core.adapters import register
+
+    register()  # adapters for transformers classes the bridge has none for (PhiMoE)
     adds_bos = _tokenizer_adds_bos(tok)  # read before booting: the bridge reconfigures the tokenizer
     arch = (getattr(hf.config, "architectures", None) or [None])[0]
     if not arch:

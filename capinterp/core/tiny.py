@@ -243,6 +243,13 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # mixture of query / output-projection experts (2 of 4 per token, 2 heads each, 8 wide)
     "jetmoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, kv_channels=8),
     "flex_olmo": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
+    # HunYuan-MoE (adapter: capinterp.core.adapters): QK norm, a shared expert the config does not name
+    "hunyuan_v1_moe": dict(intermediate_size=48, num_experts=4, moe_topk=2, head_dim=8),
+    # PhiMoE (adapter: capinterp.core.adapters): LayerNorms, attention and unembedding biases as released,
+    # sparsemixer routing inside its router
+    "phimoe": dict(
+        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, attention_bias=True, lm_head_bias=True
+    ),
     "minimax_m2": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
     "ernie4_5_moe": dict(
         intermediate_size=96,
@@ -322,6 +329,20 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         qk_nope_head_dim=4,
         v_head_dim=8,
     ),
+    # dots.llm1 (adapter: capinterp.core.adapters): Qwen3 attention, DeepSeek-V3 routing, a dense layer 0
+    "dots1": dict(
+        moe_intermediate_size=48,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        intermediate_size=96,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
     "laguna": dict(
         moe_intermediate_size=48,
         shared_expert_intermediate_size=64,
@@ -334,6 +355,12 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         sliding_window=4,
     ),
 }
+
+
+# families whose biases tiny_hf draws too (std 0.1): transformers initializes them to 0, the released
+# checkpoints have them, and a path that forgot one would pass with zeros (PhiMoE's attention,
+# LayerNorm and unembedding biases; JetMoE's MoE and attention output biases)
+TINY_DRAWN_BIASES: tuple[str, ...] = ("phimoe", "jetmoe")
 
 
 # Mixture-of-experts families capinterp refuses at load (the reason: tests/families/test_family_record.py,
@@ -404,5 +431,9 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
         for p in model.parameters():
             if p.dim() in (2, 3):  # matrices, and the stacked experts of MoE families
                 torch.nn.init.normal_(p, std=std)
+        if family in TINY_DRAWN_BIASES:
+            for name, p in model.named_parameters():
+                if p.dim() == 1 and name.endswith("bias"):
+                    torch.nn.init.normal_(p, std=0.1)
     cfg.architectures = [type(model).__name__]
     return model.eval(), tok

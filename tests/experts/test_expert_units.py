@@ -47,7 +47,7 @@ def test_erasing_an_expert_is_zeroing_its_down_projection_in_transformers(family
     assert (got - before).abs().max() > 1e-3, "erasing four experts changed nothing"
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "glm4_moe", "laguna"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "glm4_moe", "laguna", "hunyuan_v1_moe"])
 def test_shared_expert_is_a_unit(family):
     model, plain, tok = _load(family)
     moe = model.capinterp_family.moe
@@ -61,7 +61,9 @@ def test_shared_expert_is_a_unit(family):
         with ci.erase(model, expert_neurons(model, [(1, "shared")])):
             got = model(ids)[0, -1]
         block = _moe(plain, 1)
-        shared = getattr(block, "shared_expert", None) or block.shared_experts  # Qwen2-MoE's, with its gate
+        shared = next(  # Qwen2-MoE's, with its gate; HunYuan-MoE's shared_mlp
+            getattr(block, k) for k in ("shared_expert", "shared_experts", "shared_mlp") if hasattr(block, k)
+        )
         shared.down_proj.weight.zero_()
         want = plain(ids).logits[0, -1]
     assert (got - want).abs().max() < 1e-5 * want.abs().max()

@@ -53,9 +53,9 @@ def _plant(model, hf, tok) -> int:
     u = torch.nn.functional.normalize(torch.stack(seen).mean(0), dim=0)
     router = getattr(block, "router", None) or block.gate
     router = getattr(router, "original_component", router)
-    inner = getattr(router, "gate", None) or getattr(router, "layer", None)
+    inner = getattr(router, "gate", None) or getattr(router, "layer", None) or getattr(router, "wg", None)
     weight = router.weight if isinstance(getattr(router, "weight", None), torch.Tensor) else inner.weight
-    weight[EXPERT] = 4.0 * u  # the router's logits (AFMoE's and JetMoE's are its inner Linear's)
+    weight[EXPERT] = 4.0 * u  # the router's logits (AFMoE's, JetMoE's and HunYuan's are its inner Linear's)
     ex = getattr(block.experts, "original_component", block.experts)
     transposed, concatenated, has_bias = _layout(ex)
     d = ex.down_proj.shape[1] if transposed else ex.down_proj.shape[2]

@@ -95,12 +95,15 @@ def test_moe_loads_with_expert_neurons(family):
 
 
 def test_moe_families_are_listed():
-    assert {"deepseek_v2", "deepseek_v3", "glm4_moe", "granitemoe", "minimax_m2", "afmoe", "laguna"} <= set(MOE)
+    assert {"deepseek_v2", "deepseek_v3", "glm4_moe", "granitemoe", "minimax_m2", "afmoe", "laguna", "jetmoe"} <= set(
+        MOE
+    )
+    assert {"phimoe", "hunyuan_v1_moe", "dots1"} <= set(MOE)  # through capinterp.core.adapters
     assert not set(MOE) & set(TINY_REFUSED)
 
 
 # dense layer 0, MoE layer 1: the released layouts of TINY_FAMILIES, and Qwen2-MoE's mlp_only_layers
-RELEASED_MIXED = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "ernie4_5_moe", "afmoe", "laguna")
+RELEASED_MIXED = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "ernie4_5_moe", "afmoe", "laguna", "dots1")
 MIXED = {**{f: {} for f in RELEASED_MIXED}, "qwen2_moe": dict(mlp_only_layers=[0], intermediate_size=96)}
 
 
@@ -262,3 +265,23 @@ def test_final_norm_on_the_embeddings_fires_ln_final_once():
         assert len(fired) == 1 and torch.allclose(fired[0], last[0], atol=1e-5)
         got = logits_at(m, ids, torch.tensor([ids.shape[1] - 1]))[0]
         assert (got - want).abs().max().item() < 1e-4
+
+
+def test_capinterp_adapters_never_replace_the_bridges_own(monkeypatch):
+    """capinterp.core.adapters registers an adapter only for a class the bridge has none for: one it
+    supports keeps the bridge's adapter; registering twice is a no-op; PhiMoE loads through capinterp's."""
+    from transformer_lens.factories import architecture_adapter_factory as factory
+
+    from capinterp.core import adapters
+
+    ours = adapters.EXTRA_ARCHITECTURES["PhimoeForCausalLM"]
+    before = factory.SUPPORTED_ARCHITECTURES["LlamaForCausalLM"]
+    monkeypatch.setattr(adapters, "_registered", False)
+    monkeypatch.setitem(adapters.EXTRA_ARCHITECTURES, "LlamaForCausalLM", ours)
+    adapters.register()
+    adapters.register()
+    assert factory.SUPPORTED_ARCHITECTURES["LlamaForCausalLM"] is before
+    assert factory.ArchitectureAdapterFactory._adapters["LlamaForCausalLM"] is before
+    hf, tok = tiny_hf("phimoe")
+    model = ci.load_model(hf, tokenizer=tok)
+    assert type(model.adapter).__name__ == "PhimoeAdapter"

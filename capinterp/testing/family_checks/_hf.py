@@ -37,6 +37,7 @@ def _one(module: torch.nn.Module, names: tuple[str, ...], skip: str | None = Non
         and n.split(".")[-1] in names
         and (skip is None or n.split(".")[0] != skip)
         and "shared_expert" not in n  # a densified MoE block's own down_proj stands for it (._moe_ref)
+        and "shared_mlp" not in n
     ]
     if len(found) != 1:
         raise LookupError(f"expected one of {names} in {type(module).__name__}, found {len(found)}")

@@ -24,6 +24,10 @@ import torch
 __all__ = ["ExpertsDown", "densify", "is_moe", "moe_layers", "moe_neuron_entries", "moe_neuron_rows", "split_values"]
 
 
+# where a block keeps its shared expert (HunYuan-MoE's shared_mlp is not named in its config)
+_SHARED = ("shared_expert", "shared_experts", "shared_mlp")
+
+
 def _jetmoe(m: Any) -> bool:
     """JetMoE's MoE FFN block (transformers' ``JetMoeMoE``; its attention's ``JetMoeMoA`` is no FFN)."""
     return type(m).__name__ == "JetMoeMoE"
@@ -187,8 +191,8 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
 def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
     """Give every sparse MoE block of ``hf`` the dense reference forward (in place; returns ``hf``).
 
-    The shared expert stays where it is (name searches skip paths through ``shared_expert``, so
-    ``down_proj`` is the only down projection they find); ``ids`` (default: a few tokens) check
+    The shared expert stays where it is (name searches skip paths through ``shared_expert`` and
+    ``shared_mlp``, so ``down_proj`` is the only down projection they find); ``ids`` (default: a few tokens) check
     that the logits stay what transformers computes, to 1e-5.
     """
     if getattr(hf, "_ref_dense", False):
@@ -199,7 +203,7 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
         flag_jetmoe(block)
         object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))
         probe = block(torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]))
-        shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+        shared = next((getattr(block, k) for k in _SHARED if getattr(block, k, None) is not None), None)
         object.__setattr__(block, "_ref_shared", shared)
         object.__setattr__(block, "_ref_returns_scores", isinstance(probe, tuple))
         block.add_module("down_proj", ExpertsDown(block, shared))
@@ -284,6 +288,6 @@ def split_values(hf: Any, layer: int, values: torch.Tensor) -> dict[str, torch.T
     key = f"{name}.output_linear.weight" if _jetmoe(block) else f"{name}.experts.down_proj"
     out = {key: (routed if ex.is_transposed else routed.transpose(1, 2)).contiguous()}
     if sh is not None:
-        key = "shared_expert" if getattr(block, "shared_expert", None) is sh else "shared_experts"
+        key = next(k for k in _SHARED if getattr(block, k, None) is sh)
         out[f"{name}.{key}.down_proj.weight"] = values[n_exp * d :].T.contiguous()
     return out

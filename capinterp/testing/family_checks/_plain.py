@@ -37,7 +37,7 @@ class Mlp:
         found: dict[str, list[tuple[str, torch.nn.Module]]] = {"down": [], "up": [], "gate": [], "fused": []}
         for name, mod in layer.named_modules():
             path = name.split(".")
-            if any("attn" in part or "attention" in part or "shared_expert" in part for part in path):
+            if any(k in part for part in path for k in ("attn", "attention", "shared_expert", "shared_mlp")):
                 continue  # GPT-2's attention has a c_proj too; a densified MoE's down_proj covers its shared expert
             for role, names in (("down", _DOWN), ("up", _UP), ("gate", _GATE), ("fused", _FUSED)):
                 if path[-1] in names:

@@ -1,0 +1,141 @@
+"""TransformerBridge architecture adapters for transformers classes TransformerLens 4 has none for.
+
+TransformerBridge picks an adapter by the transformers class name (``architectures[0]``); a class
+it does not list is refused before capinterp sees the model. Where such a family is built from
+parts the bridge already wraps, capinterp registers an adapter for it here, through the bridge's
+own ``ArchitectureAdapterFactory.register_adapter`` (and the class-name list the bridge's loader
+consults), once, before the first load. Each adapter says which module plays which part; the
+forward stays transformers' own, and the family matrix checks every method on it against plain
+transformers like any other family.
+
+* ``PhimoeForCausalLM`` (PhiMoE): Mixtral's layout (rotary attention with separate q/k/v/o
+  projections, a sparse MoE block ``mlp`` with a ``router``) with LayerNorm (weight and bias)
+  instead of RMSNorm, optional attention and unembedding biases; its router's sparsemixer picks
+  experts inside the router module, which capinterp's expert forward calls as it is.
+* ``HunYuanMoEV1ForCausalLM`` (HunYuan-MoE): the bridge's HunYuan dense adapter with the FFN a sparse
+  MoE block (router ``gate``, a float32 linear; a shared expert ``shared_mlp`` the config does not
+  name, taken from the modules as Llama 4's).
+* ``Dots1ForCausalLM`` (dots.llm1): Qwen3-MoE's module names (QK norm; a router ``gate``, here
+  DeepSeek-V3's grouped sigmoid routing with a score bias, inside the router module; dense first
+  layers, ``first_k_dense_replace``), so the bridge's own Qwen3-MoE adapter, which maps dense
+  fallback layers too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["EXTRA_ARCHITECTURES", "register"]
+
+_registered = False
+
+
+def _phimoe_adapter() -> type:
+    from transformer_lens.model_bridge.architecture_adapter import ArchitectureAdapter
+    from transformer_lens.model_bridge.generalized_components import (
+        BlockBridge,
+        EmbeddingBridge,
+        LinearBridge,
+        MoEBridge,
+        MoERouterBridge,
+        NormalizationBridge,
+        PositionEmbeddingsAttentionBridge,
+        RotaryEmbeddingBridge,
+        UnembeddingBridge,
+    )
+
+    class PhimoeAdapter(ArchitectureAdapter):
+        """PhiMoE: pre-norm LayerNorm blocks, rotary attention, a sparse MoE FFN with a router."""
+
+        def __init__(self, cfg: Any) -> None:
+            super().__init__(cfg)
+            for key, value in dict(
+                normalization_type="LN",
+                positional_embedding_type="rotary",
+                final_rms=False,
+                gated_mlp=True,
+                attn_only=False,
+                uses_rms_norm=False,
+            ).items():
+                setattr(self.cfg, key, value)
+            self.weight_processing_conversions = {**self._qkvo_weight_conversions()}
+
+            def norm(name: str) -> Any:
+                return NormalizationBridge(name=name, config=self.cfg, use_native_layernorm_autograd=True)
+
+            attn = PositionEmbeddingsAttentionBridge(
+                name="self_attn",
+                config=self.cfg,
+                submodules={p: LinearBridge(name=f"{p}_proj") for p in ("q", "k", "v", "o")},
+                requires_attention_mask=True,
+                requires_position_embeddings=True,
+            )
+            mlp = MoEBridge(name="mlp", config=self.cfg, submodules={"gate": MoERouterBridge(name="router")})
+            self.component_mapping = {
+                "embed": EmbeddingBridge(name="model.embed_tokens"),
+                "rotary_emb": RotaryEmbeddingBridge(name="model.rotary_emb", config=self.cfg),
+                "blocks": BlockBridge(
+                    name="model.layers",
+                    submodules={
+                        "ln1": norm("input_layernorm"),
+                        "ln2": norm("post_attention_layernorm"),
+                        "attn": attn,
+                        "mlp": mlp,
+                    },
+                ),
+                "ln_final": norm("model.norm"),
+                "unembed": UnembeddingBridge(name="lm_head", config=self.cfg),
+            }
+
+    return PhimoeAdapter
+
+
+def _hunyuan_moe_adapter() -> type:
+    from transformer_lens.model_bridge.generalized_components import MoEBridge, MoERouterBridge
+    from transformer_lens.model_bridge.supported_architectures.hunyuan_v1_dense import (
+        HunYuanDenseV1ArchitectureAdapter,
+    )
+
+    class HunYuanMoEAdapter(HunYuanDenseV1ArchitectureAdapter):
+        """HunYuan-MoE: HunYuan dense's blocks (QK norm after rotary) with a sparse MoE FFN whose
+        router is ``gate`` (its shared expert ``shared_mlp`` runs inside the block)."""
+
+        def __init__(self, cfg: Any) -> None:
+            super().__init__(cfg)
+            blocks: Any = self.component_mapping["blocks"]  # type: ignore[index]  # set by the dense adapter
+            blocks.submodules["mlp"] = MoEBridge(
+                name="mlp", config=self.cfg, submodules={"gate": MoERouterBridge(name="gate")}
+            )
+
+    return HunYuanMoEAdapter
+
+
+def _dots1_adapter() -> type:
+    from transformer_lens.model_bridge.supported_architectures.qwen3_moe import Qwen3MoeArchitectureAdapter
+
+    return Qwen3MoeArchitectureAdapter  # Qwen3-MoE's modules exactly, dense first layers included
+
+
+#: transformers class name -> the factory of capinterp's adapter for it
+EXTRA_ARCHITECTURES = {
+    "PhimoeForCausalLM": _phimoe_adapter,
+    "HunYuanMoEV1ForCausalLM": _hunyuan_moe_adapter,
+    "Dots1ForCausalLM": _dots1_adapter,
+}
+
+
+def register() -> None:
+    """Register capinterp's adapters with TransformerBridge (idempotent; a class the bridge itself
+    supports keeps the bridge's adapter)."""
+    global _registered
+    if _registered:
+        return
+    from transformer_lens.factories import architecture_adapter_factory as factory
+
+    for name, make in EXTRA_ARCHITECTURES.items():
+        if name in factory.SUPPORTED_ARCHITECTURES:  # a later TransformerLens serves it itself
+            continue
+        adapter: Any = make()
+        factory.SUPPORTED_ARCHITECTURES[name] = adapter  # the list the bridge's loader checks names against
+        factory.ArchitectureAdapterFactory.register_adapter(name, adapter)
+    _registered = True
