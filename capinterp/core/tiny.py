@@ -153,6 +153,29 @@ _HYBRID: dict[str, Any] = dict(
     layer_types=["linear_attention", "full_attention"],
 )
 
+# DeepSeek-V3's MoE layout (4 routed experts of 48, one shared, top 2; a dense layer 0 of 96), shared by
+# DeepSeek-V2/V3 and dots.llm1; and DeepSeek's multi-head latent attention, whose head_dim is the rotary part
+# (set with it: tiny_hf sets fields after the config computed its derived ones)
+_DEEPSEEK_MOE: dict[str, Any] = dict(
+    moe_intermediate_size=48,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    intermediate_size=96,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+)
+_MLA: dict[str, Any] = dict(
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    qk_rope_head_dim=4,
+    head_dim=4,
+    qk_nope_head_dim=4,
+    v_head_dim=8,
+)
+
+
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(intermediate_size=96),
     "mistral": dict(intermediate_size=96, sliding_window=4),  # every layer sliding: a 4-token window bites
@@ -295,54 +318,10 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         head_dim=8,
         sliding_window=4,  # both layers sliding
     ),
-    # DeepSeek's multi-head latent attention: head_dim is the rotary part (set with it: tiny_hf sets
-    # fields after the config computed its derived ones)
-    "deepseek_v2": dict(
-        moe_intermediate_size=48,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        intermediate_size=96,
-        first_k_dense_replace=1,
-        n_group=1,
-        topk_group=1,
-        kv_lora_rank=16,
-        q_lora_rank=16,
-        qk_rope_head_dim=4,
-        head_dim=4,
-        qk_nope_head_dim=4,
-        v_head_dim=8,
-    ),
-    "deepseek_v3": dict(
-        moe_intermediate_size=48,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        intermediate_size=96,
-        first_k_dense_replace=1,
-        n_group=1,
-        topk_group=1,
-        kv_lora_rank=16,
-        q_lora_rank=16,
-        qk_rope_head_dim=4,
-        head_dim=4,
-        qk_nope_head_dim=4,
-        v_head_dim=8,
-    ),
+    "deepseek_v2": {**_DEEPSEEK_MOE, **_MLA},
+    "deepseek_v3": {**_DEEPSEEK_MOE, **_MLA},
     # dots.llm1 (adapter: capinterp.core.adapters): Qwen3 attention, DeepSeek-V3 routing, a dense layer 0
-    "dots1": dict(
-        moe_intermediate_size=48,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        intermediate_size=96,
-        first_k_dense_replace=1,
-        n_group=1,
-        topk_group=1,
-        head_dim=8,
-        sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"],
-    ),
+    "dots1": dict(_DEEPSEEK_MOE, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
     "laguna": dict(
         moe_intermediate_size=48,
         shared_expert_intermediate_size=64,
