@@ -33,6 +33,7 @@ from capinterp.circuits.forward import GraphRun, graph_mode, mean_outputs, run_g
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
 from capinterp.core.family import family_of, require_attention
+from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
@@ -244,8 +245,11 @@ def head_atp_qk(
     and its change is weighted by ``dm/dpattern`` of the clean run. Values, MLPs and the logits stay
     first order. Costs one forward up to the later layer per (head, later layer): for small models
     and checks, not sweeps.
-    Needs q/k/v input slots (granularity ``"qkv"``).
+    Needs q/k/v input slots (granularity ``"qkv"``), and a pattern hook on the output's path
+    (:func:`~capinterp.core.pattern_writes.require_pattern_writes`: refused where the bridge's hook only observes).
     """
+    # its correction is the pattern's gradient: 0 where the hooked pattern is not on the output's path
+    require_pattern_writes(model, list(range(1, int(model.cfg.n_layers))), "AtP*'s QK fix")
     runs = HeadRuns(model, data, ablation, batch_size, graph, patterns=True)
     graph = runs.graph
     if graph.granularity != "qkv":

@@ -32,8 +32,9 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.family import UnsupportedFamily, family_of, require_attention
+from capinterp.core.family import family_of, require_attention
 from capinterp.core.model import neuron_hook
+from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
 from capinterp.interventions.edit_eval import next_token_probs
@@ -52,40 +53,8 @@ def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
     out = list(range(n)) if layers is None else [int(l) for l in layers]
     if not out or any(not 0 <= l < n for l in out):
         raise ValueError(f"layers must be a non-empty subset of 0..{n - 1}, got {layers!r}")
-    _check_pattern_writes(model, out)
+    require_pattern_writes(model, out, "attention scaling")
     return out
-
-
-@torch.no_grad()
-def _check_pattern_writes(model: Model, layers: list[int]) -> None:
-    """Refuse a model whose ``attn.hook_pattern`` only observes: on some bridge adapters (GPT-J,
-    GPT-Neo, OPT, XGLM, NanoChat, Llama 4, JetMoE, AFMoE, Laguna in TransformerLens 4.3) the attention
-    output is computed without the hooked pattern, so a write there changes nothing and scaling
-    would silently report no effect. Probed once per layer and model: the last query's whole row
-    set to 0 must move the last position's logits."""
-    checked: set[int] = model.__dict__.setdefault("capinterp_pattern_writes", set())
-    todo = [l for l in layers if l not in checked]
-    if not todo:
-        return
-    bos = getattr(model.tokenizer, "bos_token_id", None) or 0
-    ids = torch.tensor([[bos, 5, 6, 7, 8]], device=model.cfg.device) % int(model.cfg.d_vocab)
-    clean = model(ids)[0, -1]
-
-    def zero_last_row(pattern: torch.Tensor, hook: Any) -> torch.Tensor:
-        pattern = pattern.clone()
-        pattern[..., -1, :] = 0.0
-        return pattern
-
-    for l in todo:
-        moved = model.run_with_hooks(ids, fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", zero_last_row)])[0, -1]
-        if torch.equal(moved, clean):
-            fam = family_of(model)
-            raise UnsupportedFamily(
-                f"{fam.name} ({fam.architecture}): writing blocks.{l}.attn.hook_pattern does not reach the model's "
-                "output (the bridge computes this attention without the hooked pattern; the hook only observes), "
-                "so attention scaling would change nothing; it is refused"
-            )
-        checked.add(l)
 
 
 @contextlib.contextmanager

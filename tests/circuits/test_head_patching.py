@@ -296,3 +296,14 @@ def test_qk_fix_replaces_the_linear_qk_paths_by_recomputed_patterns(model):
     got = head_atp_qk(m, EXAMPLES) - head_atp(m, EXAMPLES)
     np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-8)
     assert np.abs(expected).max() > 1e-6 and np.all(got[-1] == 0)
+
+
+def test_qk_fix_refuses_where_the_pattern_is_not_on_the_outputs_path():
+    """GPT-J's bridge computes attention without its hooked pattern: the pattern's gradient is 0 there,
+    so the QK fix would silently drop its correction; it is refused naming the family."""
+    from capinterp.core.family import UnsupportedFamily
+    from capinterp.core.tiny import tiny_hf
+
+    hf, tok = tiny_hf("gptj")
+    with pytest.raises(UnsupportedFamily, match=r"^gptj .*hook_pattern does not reach.*QK fix"):
+        head_atp_qk(ci.load_model(hf, tokenizer=tok), EXAMPLES)
