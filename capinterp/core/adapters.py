@@ -27,8 +27,6 @@ from typing import Any
 
 __all__ = ["EXTRA_ARCHITECTURES", "register"]
 
-_registered = False
-
 
 def _phimoe_adapter() -> type:
     from transformer_lens.model_bridge.architecture_adapter import ArchitectureAdapter
@@ -125,17 +123,13 @@ EXTRA_ARCHITECTURES = {
 
 
 def register() -> None:
-    """Register capinterp's adapters with TransformerBridge (idempotent; a class the bridge itself
-    supports keeps the bridge's adapter)."""
-    global _registered
-    if _registered:
-        return
+    """Register capinterp's adapters with TransformerBridge (idempotent: a class already listed, by the
+    bridge itself or by an earlier call, keeps the adapter it has)."""
     from transformer_lens.factories import architecture_adapter_factory as factory
 
     for name, make in EXTRA_ARCHITECTURES.items():
-        if name in factory.SUPPORTED_ARCHITECTURES:  # a later TransformerLens serves it itself
+        if name in factory.SUPPORTED_ARCHITECTURES:  # registered before, or a later TransformerLens serves it
             continue
         adapter: Any = make()
         factory.SUPPORTED_ARCHITECTURES[name] = adapter  # the list the bridge's loader checks names against
         factory.ArchitectureAdapterFactory.register_adapter(name, adapter)
-    _registered = True

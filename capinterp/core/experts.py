@@ -362,13 +362,24 @@ def _has_experts(module: Any) -> bool:
     return isinstance(getattr(block, "experts", None), torch.nn.Module) or _parallel_experts(block)
 
 
-class _Stacked:
+class _GateHalves:
+    """transformers' experts flags for gated experts without biases whose up projection's output is
+    ``[gate | up]`` (gate half first), activated as ``act_fn(gate) * up``; subclasses supply
+    ``act_fn``, the weights and ``is_transposed``."""
+
+    has_gate, has_bias, is_concatenated, has_post_expert_norm = True, False, True, False
+    act_fn: Any
+
+    def _apply_gate(self, h: Tensor) -> Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
+class _Stacked(_GateHalves):
     """transformers' experts flags for a module that stores its experts as stacked 3-D weights without
     them (Llama 4: ``gate_up_proj [E, d_model, 2 d_expert]``, ``down_proj [E, d_expert, d_model]``,
     ``act(gate) * up`` on the two halves): the orientation is read from the shapes, the rest is what
     the module computes; :func:`_checked` then compares the whole block with transformers' own forward."""
-
-    has_gate, has_bias, is_concatenated, has_post_expert_norm = True, False, True, False
 
     def __init__(self, module: Any, d_model: int) -> None:
         self.module = module
@@ -379,19 +390,15 @@ class _Stacked:
             raise AttributeError(name)
         return getattr(self.module, name)
 
-    def _apply_gate(self, h: Tensor) -> Tensor:
-        gate, up = h.chunk(2, dim=-1)
-        return self.module.act_fn(gate) * up
 
-
-class _Parallel:
+class _Parallel(_GateHalves):
     """transformers' experts flags for a block that keeps its experts as two ``ParallelExperts``
     modules (JetMoE: ``input_linear.weight [E, 2 d_expert, d_model]``, gate half first,
     ``output_linear.weight [E, d_model, d_expert]``, ``activation(gate) * up``): views of the block's
     own parameters, so reads and in-place writes reach the model; :func:`_checked` then compares
     the whole block with transformers' own forward."""
 
-    has_gate, has_bias, is_concatenated, is_transposed, has_post_expert_norm = True, False, True, False, False
+    is_transposed = False
 
     def __init__(self, block: Any) -> None:
         self.gate_up_proj = _unwrap(block.input_linear).weight
@@ -401,24 +408,17 @@ class _Parallel:
     def parameters(self) -> Any:
         return iter((self.gate_up_proj, self.down_proj))
 
-    def _apply_gate(self, h: Tensor) -> Tensor:
-        gate, up = h.chunk(2, dim=-1)
-        return self.act_fn(gate) * up
-
 
 def _parallel_experts(block: Any) -> bool:
     """Whether ``block`` is an FFN of experts kept as ``input_linear`` / ``output_linear``
     ``ParallelExperts`` (3-D weights) with a router and an activation (JetMoE's MoE block; its
     attention's mixture of query experts has no activation and is not an FFN)."""
+    weights = [getattr(_unwrap(getattr(block, k, None)), "weight", None) for k in ("input_linear", "output_linear")]
     return (
-        all(isinstance(getattr(_unwrap(getattr(block, k, None)), "weight", None), torch.Tensor) for k in _PARALLEL)
-        and all(_unwrap(getattr(block, k)).weight.dim() == 3 for k in _PARALLEL)
+        all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights)
         and callable(getattr(block, "activation", None))
         and getattr(block, "router", None) is not None
     )
-
-
-_PARALLEL = ("input_linear", "output_linear")
 
 
 def _grouped_routing(routing: tuple, n_tok: int, top_k: int) -> tuple[Tensor, Tensor]:

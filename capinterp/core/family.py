@@ -207,15 +207,18 @@ def _module_window(hf: Any) -> int | None:
     return None
 
 
+def _first_attention(model: Model) -> list[torch.nn.Module]:
+    """The transformers modules of the first block's attention (none where the bridge has no attention there)."""
+    attn = getattr(getattr(model.blocks[0], "attn", None), "original_component", None)
+    return list(attn.modules()) if isinstance(attn, torch.nn.Module) else []
+
+
 def _fused_qkv(model: Model, sizes: dict[str, Any]) -> bool:
     """Whether one projection of the first attention computes queries, keys and values together:
     a module whose output is ``(n_heads + 2 n_kv_heads) d_head`` wide (GPT-2's ``c_attn``, NeoX's
     ``query_key_value``, Phi-3's ``qkv_proj``, ...), read from the modules, not the family name."""
     width = (sizes["n_heads"] + 2 * sizes["n_kv_heads"]) * sizes["d_head"]
-    attn = getattr(getattr(model.blocks[0], "attn", None), "original_component", None)
-    if not isinstance(attn, torch.nn.Module):
-        return False
-    for m in attn.modules():
+    for m in _first_attention(model):
         out = getattr(m, "out_features", None) or getattr(m, "nf", None)  # nn.Linear / transformers Conv1D
         if out == width:
             return True
@@ -224,10 +227,7 @@ def _fused_qkv(model: Model, sizes: dict[str, Any]) -> bool:
 
 def _routed_heads(model: Model) -> bool:
     """Whether the first attention holds a router (a mixture of attention heads, JetMoE's), read from the modules."""
-    attn = getattr(getattr(model.blocks[0], "attn", None), "original_component", None)
-    if not isinstance(attn, torch.nn.Module):
-        return False
-    return any(getattr(m, "router", None) is not None for m in attn.modules())
+    return any(getattr(m, "router", None) is not None for m in _first_attention(model))
 
 
 def read_family(model: Model) -> Family:

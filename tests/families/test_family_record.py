@@ -276,7 +276,6 @@ def test_capinterp_adapters_never_replace_the_bridges_own(monkeypatch):
 
     ours = adapters.EXTRA_ARCHITECTURES["PhimoeForCausalLM"]
     before = factory.SUPPORTED_ARCHITECTURES["LlamaForCausalLM"]
-    monkeypatch.setattr(adapters, "_registered", False)
     monkeypatch.setitem(adapters.EXTRA_ARCHITECTURES, "LlamaForCausalLM", ours)
     adapters.register()
     adapters.register()
