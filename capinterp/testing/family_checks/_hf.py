@@ -29,6 +29,11 @@ def decoder_layers(hf: Any) -> torch.nn.ModuleList:
     raise LookupError(f"no decoder layer list in {type(hf).__name__}")
 
 
+# module-path parts of a densified MoE block's shared expert: its own down_proj (._moe_ref) stands for
+# the whole layer's neurons, so searches for a layer's projections skip these paths
+SHARED_PATHS = ("shared_expert", "shared_mlp")
+
+
 def _one(module: torch.nn.Module, names: tuple[str, ...], skip: str | None = None) -> torch.nn.Module:
     found = [
         m
@@ -36,8 +41,7 @@ def _one(module: torch.nn.Module, names: tuple[str, ...], skip: str | None = Non
         if n
         and n.split(".")[-1] in names
         and (skip is None or n.split(".")[0] != skip)
-        and "shared_expert" not in n  # a densified MoE block's own down_proj stands for it (._moe_ref)
-        and "shared_mlp" not in n
+        and not any(p in n for p in SHARED_PATHS)
     ]
     if len(found) != 1:
         raise LookupError(f"expected one of {names} in {type(module).__name__}, found {len(found)}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from capinterp.testing.family_checks._hf import decoder_layers
+from capinterp.testing.family_checks._hf import SHARED_PATHS, decoder_layers
 
 __all__ = ["clean_down_inputs", "decoder_layers", "down_proj", "ig_reference", "layer_width", "prob"]
 
@@ -39,7 +39,7 @@ def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
             m
             for name, m in named
             if (_in_dim(m) or d_mlp) < d_mlp
-            and not any(a in part for part in name.split(".") for a in ("attn", "attention", "shared_expert"))
+            and not any(a in part for part in name.split(".") for a in ("attn", "attention", *SHARED_PATHS))
         ]
     if len(found) != 1:
         raise AssertionError(f"layer {layer}: {len(found)} candidate down projections")

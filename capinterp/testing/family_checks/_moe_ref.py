@@ -95,7 +95,8 @@ class ExpertsDown(torch.nn.Module):
         return out
 
 
-def _llama4_gate(experts: Any, h: torch.Tensor) -> torch.Tensor:
+def _halves_gate(experts: Any, h: torch.Tensor) -> torch.Tensor:
+    """``act_fn(gate) * up`` on a ``[gate | up]`` projection (Llama 4's and JetMoE's experts)."""
     gate, up = h.chunk(2, dim=-1)
     return experts.act_fn(gate) * up
 
@@ -111,7 +112,7 @@ def flag_llama4(block: Any) -> bool:
     ex = block.experts
     for k, v in dict(is_transposed=True, has_gate=True, has_bias=False, is_concatenated=True).items():
         object.__setattr__(ex, k, v)
-    object.__setattr__(ex, "_apply_gate", types.MethodType(_llama4_gate, ex))
+    object.__setattr__(ex, "_apply_gate", types.MethodType(_halves_gate, ex))
     object.__setattr__(block.shared_expert, "act_fn", block.shared_expert.activation_fn)
     return True
 
@@ -133,7 +134,7 @@ def flag_jetmoe(block: Any) -> bool:
         is_concatenated=True,
         act_fn=block.activation,
     )
-    view._apply_gate = lambda h: view.act_fn(h.chunk(2, dim=-1)[0]) * h.chunk(2, dim=-1)[1]
+    view._apply_gate = types.MethodType(_halves_gate, view)
     object.__setattr__(block, "experts", view)
     return True
 

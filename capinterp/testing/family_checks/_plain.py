@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from capinterp.core.tiny import tiny_hf
+from capinterp.testing.family_checks._hf import SHARED_PATHS
 
 __all__ = ["Mlp", "layer_widths", "mlps", "neuron_entries", "plain", "plain_params"]
 
@@ -37,7 +38,7 @@ class Mlp:
         found: dict[str, list[tuple[str, torch.nn.Module]]] = {"down": [], "up": [], "gate": [], "fused": []}
         for name, mod in layer.named_modules():
             path = name.split(".")
-            if any(k in part for part in path for k in ("attn", "attention", "shared_expert", "shared_mlp")):
+            if any(k in part for part in path for k in ("attn", "attention", *SHARED_PATHS)):
                 continue  # GPT-2's attention has a c_proj too; a densified MoE's down_proj covers its shared expert
             for role, names in (("down", _DOWN), ("up", _UP), ("gate", _GATE), ("fused", _FUSED)):
                 if path[-1] in names:
