@@ -32,6 +32,8 @@ MOE_FAMILIES = (
     "phimoe",
     "hunyuan_v1_moe",
     "dots1",
+    "lfm2_moe",
+    "jamba",
 )
 
 
@@ -45,6 +47,8 @@ ALL_EXPERT_LAYERS = {
     "afmoe": dict(num_dense_layers=0),
     "laguna": dict(mlp_layer_types=["sparse", "sparse"]),
     "dots1": dict(first_k_dense_replace=0),
+    "lfm2_moe": dict(num_dense_layers=0),
+    "jamba": dict(expert_layer_period=1, expert_layer_offset=0),
 }
 
 

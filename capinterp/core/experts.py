@@ -203,6 +203,31 @@ def _act(mlp: Any) -> Any:
     return getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
 
 
+class _LlamaNames:
+    """A gated MLP that keeps the original Llama's names (LFM2-MoE's dense layers: ``w1`` gate, ``w3`` up,
+    ``w2`` down, SiLU inside its forward), seen under transformers' usual ones. Its attributes are the
+    module's own submodules, so reads and writes reach the model; calling it calls the module. The
+    activation is taken as SiLU where the module names none: :func:`_checked_dense` refuses the layer at
+    load if the module computes anything else."""
+
+    def __init__(self, mlp: torch.nn.Module):
+        self.module = mlp
+        self.gate_proj, self.up_proj, self.down_proj = mlp.w1, mlp.w3, mlp.w2
+        self.act_fn = getattr(mlp, "act_fn", None) or torch.nn.functional.silu
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.module(x)
+
+
+def _named_gated(mlp: Any) -> Any:
+    """``mlp``, or its :class:`_LlamaNames` view where its projections are called ``w1`` / ``w2`` / ``w3``."""
+    if not hasattr(mlp, "down_proj") and all(
+        isinstance(_unwrap(getattr(mlp, k, None)), torch.nn.Linear) for k in ("w1", "w2", "w3")
+    ):
+        return _LlamaNames(mlp)
+    return mlp
+
+
 def _is_gated_mlp(mlp: Any) -> bool:
     return all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")) and callable(_act(mlp))
 
@@ -290,7 +315,7 @@ def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
     that axis, or computes something else than ``down(act(gate(x)) * up(x))`` on random inputs."""
     fam = family_of(model)
     mlp = getattr(model.blocks[layer], "mlp", None)
-    block = _unwrap(mlp)
+    block = _named_gated(_unwrap(mlp))
     where = f"{fam.name} ({fam.architecture}), layer {layer}"
     if mlp is None:
         raise UnsupportedFamily(
@@ -302,7 +327,7 @@ def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
     ):
         raise UnsupportedFamily(
             f"{where}: a dense layer between expert layers that is not a gated MLP with gate_proj, up_proj, "
-            f"down_proj and act_fn ({type(block).__name__}); capinterp serves only gated dense layers on the "
+            f"down_proj and act_fn, or w1, w3 and w2 ({type(block).__name__}); capinterp serves only gated dense layers on the "
             "experts' neuron axis"
         )
     width = int(_unwrap(block.down_proj).in_features)
@@ -457,9 +482,16 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     experts = _Parallel(block) if parallel else _unwrap(getattr(block, "experts", None))
     router = getattr(block, "router", None) or getattr(block, "gate", None)
     if mlp is None:
+        parts = [n for n in ("moe", "shared_mlp") if getattr(model.blocks[layer], n, None) is not None]
         raise UnsupportedFamily(
-            f"{where}: the bridge's block has no MLP module (a layer without an FFN); capinterp needs an FFN, "
-            "experts or dense, in every layer of a mixture-of-experts model"
+            f"{where}: the bridge's block has no MLP module "
+            + (
+                f"(its FFN is {parts}, summed inside the decoder layer, not one module); capinterp needs one FFN "
+                "module per layer, whose neurons form the layer's axis"
+                if parts
+                else "(a layer without an FFN); capinterp needs an FFN, experts or dense, in every layer of a "
+                "mixture-of-experts model"
+            )
         )
     if experts is None or router is None:
         raise UnsupportedFamily(
@@ -520,8 +552,8 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
 
 
 def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
-    """Names of the block attributes the router takes after the hidden states (MiniMax-M2's and
-    AFMoE's expert score bias), read from the router's signature; refused where the block's own
+    """Names of the block attributes the router takes after the hidden states (MiniMax-M2's, AFMoE's
+    and LFM2-MoE's expert score bias), read from the router's signature; refused where the block's own
     forward takes more than its input, or the router takes something the block does not hold
     (DeepSeek-V4's hash routing takes the token ids)."""
     extra = [p.name for p in list(inspect.signature(block.forward).parameters.values())[1:]]
@@ -534,7 +566,9 @@ def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
     names = tuple(
         p.name
         for p in params
-        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        # an optional one only where the block holds it (LFM2-MoE's expert_bias, a buffer its block passes)
+        and (p.default is inspect.Parameter.empty or hasattr(block, p.name))
     )
     missing = [n for n in names if not hasattr(block, n)]
     if missing:
@@ -625,7 +659,8 @@ def install(model: Model) -> None:
         mlp.hook_aliases = {**aliases, "hook_post": _HOOK}
         if "hook_post" in mlp.__dict__:
             object.__setattr__(mlp, "hook_post", hook)
-        spec.block.forward = functools.partial(spec.forward, hook)
+        module = spec.block.module if isinstance(spec.block, _LlamaNames) else spec.block
+        module.forward = functools.partial(spec.forward, hook)
     model.capinterp_experts = blocks
     model.capinterp_family = fam
     model.clear_hook_registry()

@@ -35,10 +35,12 @@ __all__ = [
     "width_mask",
 ]
 
-# token mixers besides softmax attention that a hybrid model may have and capinterp serves: its neuron
-# methods run there (IG takes route "loop": such a layer carries a recurrent state, not a key/value
-# cache), methods that need attention in every layer refuse (require_attention)
-SERVED_MIXERS = ("linear_attention",)
+# layer kinds besides softmax attention (transformers' layer_types) that a hybrid model may have and capinterp
+# serves: "linear_attention" (Qwen3-Next's gated delta net; transformers also calls Mamba layers so: Bamba,
+# Jamba, GraniteMoE-Hybrid), "conv" (LFM2's short convolution), "hybrid" (Falcon-H1: attention and Mamba side
+# by side). Neuron methods run there (IG takes route "loop": such a layer carries a recurrent or convolution
+# state, not a key/value cache); methods that need attention in every layer refuse (require_attention)
+SERVED_MIXERS = ("linear_attention", "conv", "hybrid")
 
 # transformers config fields holding the FFN width, in the order families use them
 _FFN_WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "ffn_hidden_dim")
@@ -95,6 +97,7 @@ class Family:
     logit_softcap: float | None = None  # Gemma 2/3: cap * tanh(logits / cap), applied after the multiplier
     embedding_multiplier: float = 1.0  # Granite
     residual_multiplier: float = 1.0  # Granite: every attention / MLP output is scaled before joining the residual
+    ffn_multiplier: float = 1.0  # Falcon-H1: the FFN's output is this times its down projection's
     attention_multiplier: float | None = None  # Granite: replaces 1/sqrt(d_head)
     moe: MoE | None = None
     # a sliding attention window the attention module applies itself by absolute position in the
@@ -103,7 +106,7 @@ class Family:
     # which such a window would cut (capinterp.kernels.prefix, docs/models.md)
     module_window: int | None = None
     # layer kinds other than softmax attention (config ``layer_types``: Qwen3-Next's "linear_attention",
-    # Mamba or convolution mixers): refused at load (check_supported)
+    # LFM2's "conv", Mamba mixers): those not in SERVED_MIXERS are refused at load (check_supported)
     hybrid_layers: tuple[str, ...] = ()
     # the attention's heads are experts a router picks per token (JetMoE's mixture of attention heads:
     # query and output projections per expert, keys and values shared): head k of a token is its k-th
@@ -192,12 +195,30 @@ def _hybrid_layers(hf: Any) -> tuple[str, ...]:
     kinds = getattr(hf, "layer_types", None)
     if not isinstance(kinds, (list, tuple)):
         return ()
-    return tuple(sorted({str(k) for k in kinds if k == "linear_attention" or "attention" not in str(k)}))
+    found = {str(k) for k in kinds if k == "linear_attention" or "attention" not in str(k)}
+    if "hybrid" in found and getattr(hf, "num_mem_blocks", None):  # Zamba's: a transformer block shared by layers
+        found = (found - {"hybrid"}) | {"shared_block"}
+    return tuple(sorted(found))
+
+
+# why a layer kind capinterp does not serve cannot be served, where more is known than "another mixer"
+_UNSERVED_WHY = {
+    "mlp": "layers that are one sublayer each (a mixer alone, or an FFN alone), so some layers have no FFN",
+    "moe": "layers that are one sublayer each (a mixer alone, or an FFN alone), so some layers have no FFN",
+    "shared_block": "layers that call one transformer block whose weights several layers share (Zamba)",
+}
 
 
 def _ffn_width(hf: Any, d_model: int) -> int:
     width = _get(hf, *_FFN_WIDTH_FIELDS)  # absent: 4 * d_model (BLOOM; MPT, whose MLP ignores expansion_ratio)
-    return int(width) if width is not None else 4 * d_model
+    width = int(width) if width is not None else 4 * d_model
+    if getattr(hf, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of the config's width (a gated MLP's
+        width = int(2 * width / 3)  # usual budget), times a multiplier, rounded up to a multiple
+        multiplier = getattr(hf, "block_ffn_dim_multiplier", None)
+        if multiplier is not None:
+            step = int(hf.block_multiple_of)
+            width = step * -(-int(multiplier * width) // step)
+    return width
 
 
 def _module_window(hf: Any) -> int | None:
@@ -253,7 +274,7 @@ def read_family(model: Model) -> Family:
         )
     name = str(getattr(hf, "model_type", "") or type(model.original_model).__name__)
     moe = _moe(hf, common["d_model"])
-    logit_multiplier = float(_get(hf, "logit_scale", default=1.0))
+    logit_multiplier = float(_get(hf, "logit_scale", default=1.0)) * float(_get(hf, "lm_head_multiplier", default=1.0))
     scaling = _get(hf, "logits_scaling")
     if scaling is not None:
         logit_multiplier /= float(scaling)
@@ -268,6 +289,7 @@ def read_family(model: Model) -> Family:
         logit_softcap=_get(hf, "final_logit_softcapping"),
         embedding_multiplier=float(_get(hf, "embedding_multiplier", default=1.0)),
         residual_multiplier=float(_get(hf, "residual_multiplier", default=1.0)),
+        ffn_multiplier=float((_get(hf, "mlp_multipliers") or [1.0, 1.0])[1]),  # Falcon-H1: [gate, down]
         attention_multiplier=_get(hf, "attention_multiplier"),
         moe=moe,
         module_window=_module_window(hf),
@@ -284,9 +306,11 @@ def check_supported(fam: Family) -> None:
     :func:`capinterp.core.experts.install` serves them at load.
     """
     if other := [k for k in fam.hybrid_layers if k not in SERVED_MIXERS]:
+        why = sorted({_UNSERVED_WHY[k] for k in other if k in _UNSERVED_WHY})
         raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}): its layers include {other} mixers besides softmax attention "
-            f"(a hybrid model); capinterp serves only {list(SERVED_MIXERS)} layers beside attention"
+            f"{fam.name} ({fam.architecture}): its layers include {other} besides softmax attention "
+            f"(a hybrid model{': ' + '; '.join(why) if why else ''}); capinterp serves only "
+            f"{list(SERVED_MIXERS)} layers beside attention"
         )
     if fam.moe is not None and fam.moe.n_experts * fam.moe.d_expert <= 0:
         raise UnsupportedFamily(f"{fam.name} ({fam.architecture}): its config gives experts no neurons ({fam.moe})")

@@ -238,6 +238,59 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # hybrids: a linear-attention layer (gated delta net), then a full-attention one
     "qwen3_next": _HYBRID,
     "qwen3_5_moe_text": _HYBRID,
+    # Mamba hybrids ("linear_attention" in transformers' vocabulary for their Mamba layers): a Mamba
+    # layer, then an attention layer (Bamba, OLMo-Hybrid's gated delta net, Jamba: dense then MoE)
+    "bamba": dict(intermediate_size=96, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8),
+    "olmo_hybrid": dict(
+        intermediate_size=96,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+    ),
+    "jamba": dict(
+        intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,  # transformers' defaults, as released: dense layer 0, MoE layer 1
+        expert_layer_offset=1,
+        mamba_d_state=8,
+        mamba_dt_rank=4,
+    ),
+    # Falcon-H1: attention and Mamba side by side in every layer ("hybrid"), muP multipliers all drawn
+    # away from 1 (a path that forgot one is caught): logits, embeddings, the FFN's gate and output,
+    # attention and SSM inputs and outputs
+    "falcon_h1": dict(
+        intermediate_size=96,
+        mamba_d_ssm=64,
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_state=8,
+        lm_head_multiplier=0.5,
+        embedding_multiplier=2.0,
+        mlp_multipliers=[0.5, 2.0],
+        key_multiplier=0.8,
+        attention_in_multiplier=1.1,
+        attention_out_multiplier=0.7,
+        ssm_in_multiplier=0.9,
+        ssm_out_multiplier=1.3,
+    ),
+    # LFM2: a short-convolution layer, then an attention layer; its FFN width is 2/3 of the config's,
+    # rounded up to a multiple (144 -> 96 here: a record that reads intermediate_size is caught)
+    "lfm2": dict(intermediate_size=144, block_multiple_of=32, layer_types=["conv", "full_attention"]),
+    # LFM2-MoE: the same layers, a dense layer 0 (w1 / w3 / w2, as the original Llama) and MoE layer 1
+    # whose router adds an expert bias to its scores
+    "lfm2_moe": dict(
+        intermediate_size=96,
+        moe_intermediate_size=48,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_dense_layers=1,
+        layer_types=["conv", "full_attention"],
+    ),
     # Llama 4 (Scout's layout: every layer MoE): the router weight scales the experts' input, a shared
     # expert the config does not name; layer 0 chunked attention with rotary positions (4-token chunks:
     # the check prompts are longer), layer 1 full attention without positions (NoPE), as released
@@ -345,8 +398,16 @@ TINY_DRAWN_BIASES: tuple[str, ...] = ("phimoe", "jetmoe")
 # Mixture-of-experts families capinterp refuses at load (the reason: tests/families/test_family_record.py,
 # docs/models.md); tiny models of them test that the refusal names the family and the reason.
 TINY_REFUSED: dict[str, dict[str, Any]] = {
+    # a Mamba layer ("linear_attention" in its config's vocabulary), then attention with rotary positions
     "granitemoehybrid": dict(
-        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, layer_types=["mamba", "attention"]
+        intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"],
+        position_embedding_type="rope",
+        mamba_n_heads=4,
+        mamba_d_head=16,  # 4 x 16 = mamba_expand (2) x hidden_size
+        mamba_d_state=8,
     ),
     "deepseek_v4": dict(
         moe_intermediate_size=48,
@@ -366,14 +427,24 @@ TINY_MIXED: tuple[str, ...] = tuple(
     if kw.get("first_k_dense_replace")
     or kw.get("moe_layer_start_index")
     or kw.get("num_dense_layers")
+    or kw.get("expert_layer_offset")
     or (kw.get("mlp_layer_types") or [""])[0] == "dense"
 )
 
-# the hybrid families of TINY_FAMILIES (linear-attention layers beside softmax attention): served, their
-# methods that need attention in every layer refuse (capinterp.core.family.require_attention)
-TINY_HYBRID: dict[str, dict[str, Any]] = {
-    f: kw for f, kw in TINY_FAMILIES.items() if "linear_attention" in kw.get("layer_types", ())
-}
+# the hybrid families of TINY_FAMILIES (linear-attention, Mamba or convolution layers beside softmax
+# attention, capinterp.core.family.SERVED_MIXERS): served, their methods that need attention in every layer
+# refuse (capinterp.core.family.require_attention); tests/families/test_hybrid.py checks this list
+# against the configs' layer_types
+TINY_HYBRID: tuple[str, ...] = (
+    "qwen3_next",
+    "qwen3_5_moe_text",
+    "bamba",
+    "olmo_hybrid",
+    "jamba",
+    "falcon_h1",
+    "lfm2",
+    "lfm2_moe",
+)
 
 
 def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) -> tuple[Any, Any]:

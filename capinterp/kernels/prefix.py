@@ -173,8 +173,8 @@ def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_ca
     fam = family_of(model)
     if fam.hybrid_layers:  # decided by the architecture, before any work
         raise NoCache(
-            f"{fam.name}'s {list(fam.hybrid_layers)} layers carry a recurrent state, not a key/value cache "
-            "that the rows could share (docs/models.md, 'IG's fast route by family')"
+            f"{fam.name}'s {list(fam.hybrid_layers)} layers carry a state of their own (recurrent or convolution), "
+            "not a key/value cache that the rows could share (docs/models.md, 'IG's fast route by family')"
         )
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)

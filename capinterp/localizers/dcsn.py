@@ -135,12 +135,12 @@ def projection(model: Model, layer: int, w_u: Float[Tensor, "d_model n"]) -> Flo
 def direct_gain(model: Model) -> float:
     """The linear factors between a neuron's down-projection output and the logits that the
     weights do not hold: the family's residual multiplier (Granite scales every MLP output
-    before it joins the residual) times its logit multiplier (Cohere's logit_scale, Granite's
-    1 / logits_scaling). With them a DCSN score is the neuron's direct effect on the target
+    before it joins the residual), its FFN output multiplier (Falcon-H1's down multiplier) and its
+    logit multiplier (Cohere's logit_scale, Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier). With them a DCSN score is the neuron's direct effect on the target
     logit (before a final soft-cap); the paper's ``W_out W_U`` (ALGORITHMS.md 5.1) is silent on
     them, and for families without them the factor is 1."""
     fam = family_of(model)
-    return fam.residual_multiplier * fam.logit_multiplier
+    return fam.residual_multiplier * fam.ffn_multiplier * fam.logit_multiplier
 
 
 @torch.no_grad()

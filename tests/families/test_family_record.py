@@ -46,6 +46,34 @@ def test_ffn_width_from_config(family):
     assert ci.core.model.neuron_shape(model) == (2, want)
 
 
+@pytest.mark.parametrize(
+    ("size", "multiplier", "step", "adjust"),
+    [
+        (12288, 1.0, 256, True),
+        (4608, 1.5, 256, True),
+        (6656, 0.75, 128, True),
+        (1000, 1.0, 96, True),
+        (96, 1.0, 64, False),
+    ],
+)
+def test_lfm2_ffn_width_is_its_modules(size, multiplier, step, adjust):
+    """LFM2 sizes its FFN from intermediate_size (2/3 of it, times a multiplier, rounded up to a
+    multiple; released LFM2-1.2B: 12288 -> 8192): the record's width equals transformers' own module's."""
+    from transformers import Lfm2Config
+    from transformers.models.lfm2.modeling_lfm2 import Lfm2MLP
+
+    from capinterp.core.family import _ffn_width
+
+    cfg = Lfm2Config(
+        hidden_size=64,
+        intermediate_size=size,
+        block_ffn_dim_multiplier=multiplier,
+        block_multiple_of=step,
+        block_auto_adjust_ff_dim=adjust,
+    )
+    assert _ffn_width(cfg, 64) == Lfm2MLP(cfg).w2.in_features
+
+
 def test_multipliers_read_from_config():
     _, _, granite = _load("granite")
     fam = family_of(granite)
@@ -59,13 +87,19 @@ def test_parallel_blocks_flagged(family):
     assert family_of(_load(family)[2]).parallel_block
 
 
+def _one_down(layer: torch.nn.Module) -> torch.nn.Linear:
+    """A dense decoder layer's FFN down projection, by its transformers name (down_proj, or w2: LFM2)."""
+    mlp = getattr(layer, "mlp", None) or layer.feed_forward
+    return getattr(mlp, "down_proj", None) or mlp.w2
+
+
 def _dense_widths(hf) -> list[int | None]:
     """Per decoder layer, read from transformers' modules: None for an MoE layer (it holds an
     'experts' module), else its dense MLP's number of neurons (the down projection's inputs)."""
     out: list[int | None] = []
     for layer in hf.model.layers:
         sparse = any(isinstance(getattr(m, "experts", None), torch.nn.Module) for m in layer.modules())
-        out.append(None if sparse else int(layer.mlp.down_proj.in_features))
+        out.append(None if sparse else int(_one_down(layer).in_features))
     return out
 
 
@@ -103,7 +137,17 @@ def test_moe_families_are_listed():
 
 
 # dense layer 0, MoE layer 1: the released layouts of TINY_FAMILIES, and Qwen2-MoE's mlp_only_layers
-RELEASED_MIXED = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "ernie4_5_moe", "afmoe", "laguna", "dots1")
+RELEASED_MIXED = (
+    "deepseek_v2",
+    "deepseek_v3",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "ernie4_5_moe",
+    "afmoe",
+    "laguna",
+    "dots1",
+    "lfm2_moe",  # its dense layer names its projections w1 / w3 / w2 and no activation (SiLU in its forward)
+)
 MIXED = {**{f: {} for f in RELEASED_MIXED}, "qwen2_moe": dict(mlp_only_layers=[0], intermediate_size=96)}
 
 
@@ -169,8 +213,20 @@ def test_dense_layer_computing_something_else_refused_at_load(monkeypatch):
         ci.load_model(hf, tokenizer=tok)
 
 
+def test_dense_layer_with_another_activation_than_silu_refused_at_load(monkeypatch):
+    """LFM2-MoE's dense layer names no activation (SiLU inside its forward), so capinterp takes SiLU;
+    a w1 / w3 / w2 MLP whose forward uses another one (here GELU) is refused at load."""
+    hf, tok = tiny_hf("lfm2_moe")
+    dense = hf.model.layers[0].feed_forward
+    gelu = torch.nn.functional.gelu
+    monkeypatch.setattr(dense, "forward", lambda x: dense.w2(gelu(dense.w1(x)) * dense.w3(x)))
+    with pytest.raises(UnsupportedFamily, match="^lfm2_moe .*layer 0: the dense layer's output is not .*differs by"):
+        ci.load_model(hf, tokenizer=tok)
+
+
 REFUSED_WHY = {
-    "granitemoehybrid": r"\['mamba'\] mixers besides softmax attention \(a hybrid model\)",
+    # experts and a shared MLP, two modules summed inside the decoder layer
+    "granitemoehybrid": r"layer 0: the bridge's block has no MLP module \(its FFN is \['moe', 'shared_mlp'\], summed",
     "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
 }
 
@@ -284,3 +340,32 @@ def test_capinterp_adapters_never_replace_the_bridges_own(monkeypatch):
     hf, tok = tiny_hf("phimoe")
     model = ci.load_model(hf, tokenizer=tok)
     assert type(model.adapter).__name__ == "PhimoeAdapter"
+
+
+@pytest.mark.parametrize(
+    ("family", "fields", "why"),
+    [
+        ("nemotron_h", dict(layers_block_type=["mamba", "attention", "mlp", "moe"]), "one sublayer each"),
+        ("zamba2", dict(layers_block_type=["mamba", "hybrid"]), "several layers share"),
+        ("granitemoehybrid", dict(layer_types=["mamba", "attention"]), None),  # Mamba: served (the FFN is not)
+        ("falcon_h1", {}, None),
+    ],
+)
+def test_layer_kinds_read_from_config(family, fields, why):
+    """Layer kinds come from transformers' config (its layer_types vocabulary); kinds capinterp does not
+    serve are refused naming why, before any model is built."""
+    from dataclasses import replace
+
+    from transformers import AutoConfig
+
+    from capinterp.core.family import _hybrid_layers, check_supported
+
+    cfg = AutoConfig.for_model(family, num_hidden_layers=len(next(iter(fields.values()), [0, 0])), **fields)
+    kinds = _hybrid_layers(cfg)
+    assert kinds, f"{family}: no layer kinds besides attention read from {cfg.layer_types}"
+    fam = replace(family_of(_load("llama")[2]), name=family, hybrid_layers=kinds)
+    if why is None:
+        check_supported(fam)
+    else:
+        with pytest.raises(UnsupportedFamily, match=f"^{family} .*{why}"):
+            check_supported(fam)

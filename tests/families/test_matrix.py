@@ -13,7 +13,7 @@ MOE = {f for f, kw in TINY_FAMILIES.items() if any("expert" in k for k in kw)}
 MOE_REFUSED = {"rome_edit"}  # ROME over all experts' keys at once: refused with the reason (the check edits
 # layer 0: a dense layer on the mixed families, where ROME runs over its own neurons)
 # hybrid models: what needs softmax attention in every layer (heads as graph nodes, attention outputs) refuses;
-# IG's fast route cannot share a linear-attention layer's recurrent state (the loop route runs, checked)
+# IG's fast route cannot share a linear-attention or convolution layer's state (the loop route runs, checked)
 HYBRID_REFUSED = {"eap", "eap_ig", "acdc", "causal_trace", "ig_fast_route"}
 # attention heads routed per token (JetMoE's mixture of attention heads): no head is a fixed graph node
 ROUTED_HEADS, ROUTED_HEADS_REFUSED = {"jetmoe"}, {"eap", "eap_ig", "acdc"}

@@ -12,12 +12,29 @@ from typing import Any
 
 import torch
 
-__all__ = ["attn_out", "decoder_layers", "hooked", "mlp_down", "subject_positions"]
+__all__ = [
+    "DOWN_NAMES",
+    "FFN_NAMES",
+    "FUSED_NAMES",
+    "GATE_NAMES",
+    "UP_NAMES",
+    "attn_out",
+    "decoder_layers",
+    "hooked",
+    "mlp_down",
+    "subject_positions",
+]
 
 _ATTN = ("self_attn", "attn", "attention", "self_attention")
 _ATTN_OUT = ("o_proj", "out_proj", "c_proj", "dense")
-_MLP = ("mlp", "ffn")
-_DOWN = ("down_proj", "c_proj", "fc_out", "dense_4h_to_h", "fc2")
+_MLP = ("mlp", "ffn", "feed_forward")
+# transformers attribute names of the FFN projections, across the families of TINY_FAMILIES (LFM2 keeps
+# the original Llama's w1 (gate), w3 (up), w2 (down))
+DOWN_NAMES = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj", "w2")
+UP_NAMES = ("c_fc", "fc_in", "dense_h_to_4h", "fc1", "up_proj", "w3")
+GATE_NAMES = ("gate_proj", "w1")
+FUSED_NAMES = ("gate_up_proj",)  # Phi-3: rows [gate (d_mlp); up (d_mlp)]
+FFN_NAMES = DOWN_NAMES + UP_NAMES + GATE_NAMES + FUSED_NAMES
 
 
 def decoder_layers(hf: Any) -> torch.nn.ModuleList:
@@ -67,7 +84,7 @@ def mlp_down(hf: Any, layer: int) -> torch.nn.Module:
     """The MLP's down projection of ``layer`` (its input is the neurons, its output the MLP's contribution)."""
     block = decoder_layers(hf)[layer]
     mlp = next((getattr(block, n) for n in _MLP if hasattr(block, n)), None)
-    return _one(mlp, _DOWN) if mlp is not None else _one(block, _DOWN, skip=_attn_name(block))
+    return _one(mlp, DOWN_NAMES) if mlp is not None else _one(block, DOWN_NAMES, skip=_attn_name(block))
 
 
 def subject_positions(tok: Any, prompt: str, subject: str) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 
 Integrated gradients of p(target) with respect to one layer's down-projection input: a forward
 pre-hook on the transformers FFN output module (``c_proj`` / ``fc_out`` / ``dense_4h_to_h`` /
-``fc2`` / ``down_proj``) replaces its input at one position with ``b + alpha (a - b)``, and
+``fc2`` / ``down_proj`` / ``w2``) replaces its input at one position with ``b + alpha (a - b)``, and
 ``torch.autograd.grad`` gives the gradient. Nothing here calls capinterp's kernels.
 """
 
@@ -12,11 +12,9 @@ from typing import Any
 
 import torch
 
-from capinterp.testing.family_checks._hf import SHARED_PATHS, decoder_layers
+from capinterp.testing.family_checks._hf import DOWN_NAMES, FFN_NAMES, SHARED_PATHS, decoder_layers
 
 __all__ = ["clean_down_inputs", "decoder_layers", "down_proj", "ig_reference", "layer_width", "prob"]
-
-_DOWN_NAMES = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj")
 
 
 def _in_dim(mod: torch.nn.Module) -> int | None:
@@ -32,7 +30,7 @@ def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
     """Layer ``layer``'s FFN output projection: named like one, reading ``d_mlp`` features; where no
     such module exists (a dense layer of a model mixing dense and MoE layers, narrower than the
     experts' ``d_mlp``), the one narrower module so named outside attention and shared experts."""
-    named = [(name, m) for name, m in decoder_layers(hf)[layer].named_modules() if name.split(".")[-1] in _DOWN_NAMES]
+    named = [(name, m) for name, m in decoder_layers(hf)[layer].named_modules() if name.split(".")[-1] in DOWN_NAMES]
     found = [m for _, m in named if _in_dim(m) == d_mlp]
     if not found:
         found = [
@@ -185,6 +183,7 @@ def neuron_weight_change(hf: Any, items: list[tuple[list[int], list[int]]], lr: 
             m
             for name, m in layer.named_modules()
             if not any(a in name for a in ("attn", "attention"))
+            and name.split(".")[-1] in FFN_NAMES  # not a mixer's projections (LFM2's short convolution)
             and getattr(m, "weight", None) is not None
             and m.weight.ndim == 2
         ]

@@ -9,15 +9,9 @@ from typing import Any
 import torch
 
 from capinterp.core.tiny import tiny_hf
-from capinterp.testing.family_checks._hf import SHARED_PATHS
+from capinterp.testing.family_checks._hf import DOWN_NAMES, FUSED_NAMES, GATE_NAMES, SHARED_PATHS, UP_NAMES
 
 __all__ = ["Mlp", "layer_widths", "mlps", "neuron_entries", "plain", "plain_params"]
-
-# transformers attribute names of the FFN projections, across the families of TINY_FAMILIES
-_DOWN = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj")
-_UP = ("c_fc", "fc_in", "dense_h_to_4h", "fc1", "up_proj")
-_GATE = ("gate_proj",)
-_FUSED = ("gate_up_proj",)  # Phi-3: rows [gate (d_mlp); up (d_mlp)]
 
 
 @functools.lru_cache(maxsize=1)
@@ -40,7 +34,7 @@ class Mlp:
             path = name.split(".")
             if any(k in part for part in path for k in ("attn", "attention", *SHARED_PATHS)):
                 continue  # GPT-2's attention has a c_proj too; a densified MoE's down_proj covers its shared expert
-            for role, names in (("down", _DOWN), ("up", _UP), ("gate", _GATE), ("fused", _FUSED)):
+            for role, names in (("down", DOWN_NAMES), ("up", UP_NAMES), ("gate", GATE_NAMES), ("fused", FUSED_NAMES)):
                 if path[-1] in names:
                     found[role].append((f"{prefix}.{name}", mod))
         from capinterp.testing.family_checks._moe_ref import ExpertsDown

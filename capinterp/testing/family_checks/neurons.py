@@ -100,7 +100,7 @@ def check_ig_fast_route(family: str) -> None:
         _close(got[j], _ig_ref(hf, item, d_mlp), f"{family} fast IG, prompt {j}", hf)
     hybrid = family_of(model).hybrid_layers
     if hybrid:  # the route cannot run there (the scores above are the loop route's, checked): said, not silent
-        assert routes and all("recurrent state" in r and "route='loop'" in r for r in routes), routes
+        assert routes and all("state of their own" in r and "route='loop'" in r for r in routes), routes
         raise UnsupportedFamily(f"{family}: {routes[0]}")
     assert not routes, f"{family}: the fast route fell back: {routes[0]}"
     assert all(_ig._STAIR_OK.get(model, {}).values()), f"{family}: stair check failed"

@@ -25,7 +25,10 @@ __all__ = ["CHECKS"]
 PROMPT, SUBJECT, NEW = "The capital of Rome is", "Rome", " Paris"
 CONTEXTS = ("", "Tokyo Japan London England. ")
 TEXTS = ("The Eiffel Tower is in the city of Paris .", "Berlin is the capital of Germany .", "1+2=3 4+5=9")
-LAYER, STEPS, LR, KL, WD, CLAMP, RIDGE = 0, 6, 0.5, 0.0625, 0.5, 4.0, 1e-3
+# RIDGE: C comes from 33 keys in 96 (or more) dimensions, so C + ridge I is as ill-conditioned as the ridge
+# is small; at 1e-3 it magnified the two sides' float32 rounding (3e-7, from batching the texts differently)
+# to 6e-4 in the left vector on the Mamba hybrids' tiny models, whose layer-0 keys span few directions
+LAYER, STEPS, LR, KL, WD, CLAMP, RIDGE = 0, 6, 0.5, 0.0625, 0.5, 4.0, 0.1
 
 
 def _ids(tok: Any, text: str) -> torch.Tensor:
@@ -140,7 +143,7 @@ def check_rome_edit(family: str) -> None:
         if name != "delta" and got.numel() > ref.numel():  # a dense layer of a mixed model: then padding
             assert not got[ref.numel() :].any(), f"{family}: ROME's {name} is not 0 on the padding neurons"
             got = got[: ref.numel()]
-        err = (got - ref).norm() / ref.norm()
+        err = float((got - ref).norm() / ref.norm())
         assert err < 1e-4, f"{family}: ROME {name} differs from the HF-hook reference by {err:.3g} (relative)"
     down = mlp_down(hf, LAYER)
     update = torch.outer(want["delta"], want["left"])  # [d_model, d_mlp]: keys to values
