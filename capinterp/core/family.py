@@ -202,9 +202,10 @@ def _hybrid_layers(hf: Any) -> tuple[str, ...]:
 
 
 # why a layer kind capinterp does not serve cannot be served, where more is known than "another mixer"
+_ONE_SUBLAYER = "layers that are one sublayer each (a mixer alone, or an FFN alone), so some layers have no FFN"
 _UNSERVED_WHY = {
-    "mlp": "layers that are one sublayer each (a mixer alone, or an FFN alone), so some layers have no FFN",
-    "moe": "layers that are one sublayer each (a mixer alone, or an FFN alone), so some layers have no FFN",
+    "mlp": _ONE_SUBLAYER,  # NemotronH's FFN-only layers
+    "moe": _ONE_SUBLAYER,
     "shared_block": "layers that call one transformer block whose weights several layers share (Zamba)",
 }
 
