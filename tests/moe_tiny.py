@@ -34,6 +34,7 @@ MOE_FAMILIES = (
     "dots1",
     "lfm2_moe",
     "jamba",
+    "granitemoehybrid",
 )
 
 
@@ -52,9 +53,10 @@ ALL_EXPERT_LAYERS = {
 }
 
 
-def load_tiny_moe(family: str):
-    """``(capinterp model, plain transformers copy made before loading, tokenizer, the hf model capinterp wraps)``."""
-    hf, tok = tiny_hf(family, **ALL_EXPERT_LAYERS.get(family, {}))
+def load_tiny_moe(family: str, **overrides):
+    """``(capinterp model, plain transformers copy made before loading, tokenizer, the hf model capinterp wraps)``;
+    ``overrides`` set further config fields."""
+    hf, tok = tiny_hf(family, **{**ALL_EXPERT_LAYERS.get(family, {}), **overrides})
     plain = copy.deepcopy(hf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

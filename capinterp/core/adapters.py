@@ -19,13 +19,26 @@ transformers like any other family.
   DeepSeek-V3's grouped sigmoid routing with a score bias, inside the router module; dense first
   layers, ``first_k_dense_replace``), so the bridge's own Qwen3-MoE adapter, which maps dense
   fallback layers too.
+
+One family the bridge serves gets a capinterp adapter for the length of capinterp's own load (the
+bridge's stays registered for everyone else):
+
+* ``GraniteMoeHybridForCausalLM`` (Granite 4.0): the bridge maps its FFN as two modules, ``moe``
+  (the sparse experts) and ``shared_mlp`` (a gated MLP with fused ``input_linear`` [gate | up] and
+  ``output_linear``), summed inside the decoder layer, so no ``mlp`` and no ``hook_mlp_out``.
+  capinterp's adapter is the bridge's with one FFN per layer named ``mlp``: the shared MLP where
+  the model has no experts (Granite 4.0 Micro: a dense model), the sparse MoE block where it has
+  (capinterp's expert forward then computes experts and shared MLP as one layer, see
+  :mod:`capinterp.core.experts`); ``hook_mlp_out`` fires on the layer's scaled contribution.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["EXTRA_ARCHITECTURES", "register"]
+__all__ = ["EXTRA_ARCHITECTURES", "REMAPPED_ARCHITECTURES", "register", "remapped"]
 
 
 def _phimoe_adapter() -> type:
@@ -114,6 +127,31 @@ def _dots1_adapter() -> type:
     return Qwen3MoeArchitectureAdapter  # Qwen3-MoE's modules exactly, dense first layers included
 
 
+def _granite_hybrid_adapter() -> type:
+    from transformer_lens.model_bridge.generalized_components import ScaledResidualBlockBridge
+    from transformer_lens.model_bridge.supported_architectures.granite_moe_hybrid import (
+        GraniteMoeHybridArchitectureAdapter,
+    )
+
+    class GraniteHybridOneFFN(GraniteMoeHybridArchitectureAdapter):
+        """Granite 4.0 (Mamba-2 and attention layers): the bridge's modules, the FFN as one ``mlp``."""
+
+        def _build_component_mapping(self) -> dict:
+            mapping = super()._build_component_mapping()
+            subs = dict(mapping["blocks"].submodules)
+            shared, moe = subs.pop("shared_mlp"), subs.pop("moe", None)
+            subs["mlp"] = moe if moe is not None else shared  # experts: the shared MLP joins their forward
+            mapping["blocks"] = ScaledResidualBlockBridge(
+                name="model.layers",
+                submodules=subs,
+                residual_contribution_scale=getattr(self.cfg, "residual_multiplier", 1.0),
+                scaled_mlp_submodule="mlp",
+            )
+            return mapping
+
+    return GraniteHybridOneFFN
+
+
 #: transformers class name -> the factory of capinterp's adapter for it
 EXTRA_ARCHITECTURES = {
     "PhimoeForCausalLM": _phimoe_adapter,
@@ -133,3 +171,29 @@ def register() -> None:
         adapter: Any = make()
         factory.SUPPORTED_ARCHITECTURES[name] = adapter  # the list the bridge's loader checks names against
         factory.ArchitectureAdapterFactory.register_adapter(name, adapter)
+
+
+#: transformers class name -> capinterp's adapter used instead of the bridge's while capinterp loads it
+REMAPPED_ARCHITECTURES = {"GraniteMoeHybridForCausalLM": _granite_hybrid_adapter}
+
+
+@contextlib.contextmanager
+def remapped(architecture: str | None) -> Iterator[None]:
+    """Within the block, the bridge builds ``architecture`` with capinterp's adapter where
+    :data:`REMAPPED_ARCHITECTURES` has one; the bridge's own is registered again on exit."""
+    from transformer_lens.factories import architecture_adapter_factory as factory
+
+    make = REMAPPED_ARCHITECTURES.get(architecture or "")
+    if make is None or architecture is None:
+        yield
+        return
+    table: dict[str, Any] = factory.ArchitectureAdapterFactory._adapters
+    before = table.get(architecture)
+    table[architecture] = make()
+    try:
+        yield
+    finally:
+        if before is None:
+            table.pop(architecture, None)
+        else:
+            table[architecture] = before

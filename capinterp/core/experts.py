@@ -32,7 +32,9 @@ output as top-k weights and indices, or as scores over all experts like Llama 4'
 store gated stacked weights without transformers' flags (Llama 4) are read with the orientation
 their shapes give, and so are JetMoE's two ``ParallelExperts`` modules (its router returns its
 choices grouped by expert; its block adds a bias to its output, owned by no neuron); a shared
-expert the config does not name (Llama 4's) is taken from the modules.
+expert the config does not name (Llama 4's) is taken from the modules. Granite 4.0's shared MLP, which
+its decoder layer adds beside the MoE block (one fused ``input_linear`` [gate | up]), joins the block's
+forward as its shared expert, and that module's own forward then returns 0 (the layer's output is unchanged).
 At load each layer's forward is checked against the
 transformers block's own on random inputs. What cannot be served this way (a layer without an FFN,
 experts normalized after the down projection, an experts module without transformers' stacked
@@ -95,6 +97,9 @@ class ExpertBlock:
     input_weighted: bool = False
     top_k: int = 0  # experts per token: read from the router's scores where it returns them over all experts
     out_bias: Any = None  # a bias the block adds to its output (JetMoE's), owned by no neuron
+    # the transformers module of a shared expert the decoder layer adds beside the block (Granite 4.0's
+    # shared_mlp): the block's forward then computes it too, and this module's own forward returns 0
+    shared_beside: Any = None
 
     # ---- the experts' arithmetic, read from transformers' own flags
 
@@ -226,6 +231,45 @@ def _named_gated(mlp: Any) -> Any:
     ):
         return _LlamaNames(mlp)
     return mlp
+
+
+class _Half:
+    """One half (gate or up) of a fused ``[gate | up]`` Linear without bias, as a Linear would be read:
+    ``weight`` a view of the fused weight's rows (writes reach it), calling it projects."""
+
+    def __init__(self, fused: torch.nn.Linear, half: int):
+        self.fused, self.half = fused, half
+
+    @property
+    def weight(self) -> Tensor:
+        return self.fused.weight.chunk(2, dim=0)[self.half]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+class _FusedNames:
+    """A gated MLP with one fused ``input_linear`` (rows: gate half, then up half) and ``output_linear``
+    (Granite 4.0's shared MLP), seen under transformers' usual names; ``fused`` is the fused Linear
+    (the parameter its neurons' gate and up rows live in). Not callable: once served, the module's own
+    forward returns 0 (the MoE block computes its neurons)."""
+
+    def __init__(self, mlp: Any):
+        self.module, self.fused = mlp, mlp.input_linear
+        self.gate_proj, self.up_proj, self.down_proj = _Half(self.fused, 0), _Half(self.fused, 1), mlp.output_linear
+        self.act_fn = mlp.activation
+
+
+def _fused_gated(mlp: Any) -> bool:
+    return all(
+        isinstance(_unwrap(getattr(mlp, k, None)), torch.nn.Linear) and _unwrap(getattr(mlp, k)).bias is None
+        for k in ("input_linear", "output_linear")
+    ) and callable(getattr(mlp, "activation", None))
+
+
+def _zero_out(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """The forward of a shared expert whose neurons the MoE block's forward computes (Granite 4.0)."""
+    return torch.zeros_like(x)
 
 
 def _is_gated_mlp(mlp: Any) -> bool:
@@ -362,7 +406,8 @@ def _checked_dense(where: str, spec: DenseBlock) -> DenseBlock:
     if err > tol or bool(seen["neurons"][..., spec.width :].any()):
         raise UnsupportedFamily(
             f"{where}: the dense layer's output is not down_proj(act_fn(gate_proj(x)) * up_proj(x)) "
-            f"({type(spec.block).__name__} differs by {err:.3g}); its neurons are not defined"
+            f"({type(getattr(spec.block, 'module', spec.block)).__name__} differs by {err:.3g}); its neurons are "
+            "not defined"
         )
     return spec
 
@@ -482,16 +527,9 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     experts = _Parallel(block) if parallel else _unwrap(getattr(block, "experts", None))
     router = getattr(block, "router", None) or getattr(block, "gate", None)
     if mlp is None:
-        parts = [n for n in ("moe", "shared_mlp") if getattr(model.blocks[layer], n, None) is not None]
         raise UnsupportedFamily(
-            f"{where}: the bridge's block has no MLP module "
-            + (
-                f"(its FFN is {parts}, summed inside the decoder layer, not one module); capinterp needs one FFN "
-                "module per layer, whose neurons form the layer's axis"
-                if parts
-                else "(a layer without an FFN); capinterp needs an FFN, experts or dense, in every layer of a "
-                "mixture-of-experts model"
-            )
+            f"{where}: the bridge's block has no MLP module (a layer without an FFN); capinterp needs an FFN, "
+            "experts or dense, in every layer of a mixture-of-experts model"
         )
     if experts is None or router is None:
         raise UnsupportedFamily(
@@ -523,6 +561,15 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         or getattr(block, "shared_experts", None)
         or getattr(block, "shared_mlp", None)
     )
+    beside = None
+    if shared is None and mlp is not None:  # Granite 4.0: the decoder layer adds its shared MLP beside the block
+        beside = _unwrap(getattr(_unwrap(model.blocks[layer]), "shared_mlp", None))
+        if beside is not None and not _fused_gated(beside):
+            raise UnsupportedFamily(
+                f"{where}: the shared MLP beside the experts ({type(beside).__name__}) is not a gated MLP with one "
+                "fused input_linear [gate | up] and output_linear, without biases"
+            )
+        shared = _FusedNames(beside) if beside is not None else None
     if shared is not None and not _is_gated_mlp(shared):
         raise UnsupportedFamily(f"{where}: the shared expert {type(shared).__name__} is not a gated MLP")
     d_shared = int(shared.down_proj.in_features) if shared is not None else 0
@@ -547,6 +594,7 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         router_args=_router_args(where, block, router),
         top_k=moe.top_k,
         out_bias=getattr(block, "bias", None) if parallel else None,
+        shared_beside=beside,
     )
     return _checked(where, spec, down)
 
@@ -590,6 +638,8 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
     x = x.to(device=like.device, dtype=like.dtype)
     try:
         want = spec.block(x)
+        if spec.shared_beside is not None:  # the layer's FFN: the block, plus the shared MLP beside it
+            want = want + spec.shared_beside(x)
     except Exception as err:  # any failure of the block on its own is a refusal
         raise UnsupportedFamily(
             f"{where}: the MoE block ({type(spec.block).__name__}) cannot run on the layer's input alone "
@@ -661,6 +711,8 @@ def install(model: Model) -> None:
             object.__setattr__(mlp, "hook_post", hook)
         module = spec.block.module if isinstance(spec.block, _LlamaNames) else spec.block
         module.forward = functools.partial(spec.forward, hook)
+        if isinstance(spec, ExpertBlock) and spec.shared_beside is not None:  # its neurons are in the block's now
+            spec.shared_beside.forward = _zero_out
     model.capinterp_experts = blocks
     model.capinterp_family = fam
     model.clear_hook_registry()
@@ -773,7 +825,19 @@ def owned_entries(spec: ExpertBlock | DenseBlock) -> list[tuple[str, str, Tensor
             ("b_gate_up" if gated else "b_in", f"{name}_bias", getattr(ex, f"{name}_bias"), bias(concat, gated))
         )
     found.append(("W_out", "down_proj", ex.down_proj, values))
-    if spec.shared is not None:
+    if isinstance(spec.shared, _FusedNames):  # gate rows j, up rows d_shared + j of one fused weight
+        sh, ds = spec.shared, spec.d_shared
+        rows = lambda idx: (_pick(idx, routed, routed + ds),)  # noqa: E731
+        found += [
+            (
+                "W_gate_up",
+                "shared.input_linear",
+                sh.fused.weight,
+                lambda idx: (torch.cat([rows(idx)[0], rows(idx)[0] + ds]),),
+            ),
+            ("W_out", "shared.output_linear", sh.down_proj.weight, lambda idx: (slice(None), *rows(idx))),
+        ]
+    elif spec.shared is not None:
         sh = spec.shared
         rows = lambda idx: (_pick(idx, routed, routed + spec.d_shared),)  # noqa: E731
         found += [

@@ -42,8 +42,17 @@ __all__ = [
 # state, not a key/value cache); methods that need attention in every layer refuse (require_attention)
 SERVED_MIXERS = ("linear_attention", "conv", "hybrid")
 
-# transformers config fields holding the FFN width, in the order families use them
-_FFN_WIDTH_FIELDS = ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", "d_ff", "ffn_hidden_dim")
+# transformers config fields holding the FFN width, in the order families use them (Granite 4.0's FFN
+# is its shared MLP, shared_intermediate_size wide; its intermediate_size is the experts', if any)
+_FFN_WIDTH_FIELDS = (
+    "shared_intermediate_size",
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "ffn_hidden_size",
+    "d_ff",
+    "ffn_hidden_dim",
+)
 
 
 class UnsupportedFamily(NotImplementedError):
@@ -183,7 +192,7 @@ def _moe(hf: Any, d_model: int) -> MoE | None:
     top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", "moe_topk", default=1))
     d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
     shared = _get(hf, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=None)
-    d_shared = _get(hf, "shared_expert_intermediate_size", default=None)
+    d_shared = _get(hf, "shared_expert_intermediate_size", "shared_intermediate_size", default=None)
     if shared is None:
         shared = 1 if d_shared else 0
     if d_shared is None:

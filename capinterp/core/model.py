@@ -180,16 +180,17 @@ def load_model(
 
     from transformer_lens.model_bridge import TransformerBridge
 
-    from capinterp.core.adapters import register
+    from capinterp.core.adapters import register, remapped
 
     register()  # adapters for transformers classes the bridge has none for (PhiMoE)
     adds_bos = _tokenizer_adds_bos(tok)  # read before booting: the bridge reconfigures the tokenizer
     arch = (getattr(hf.config, "architectures", None) or [None])[0]
     if not arch:
         hf.config.architectures = [type(hf).__name__]
-    bridge = TransformerBridge.boot_transformers(
-        _PACKAGED.get(label, {}).get("tl_name", label), hf_model=hf, tokenizer=tok
-    )
+    with remapped(hf.config.architectures[0]):  # Granite 4.0: its FFN as one module
+        bridge = TransformerBridge.boot_transformers(
+            _PACKAGED.get(label, {}).get("tl_name", label), hf_model=hf, tokenizer=tok
+        )
     bridge.capinterp_adds_bos = adds_bos
     bridge.capinterp_device_map = placed.get("device_map")
     return _finish(bridge, label, None if placed else dev, None if placed else dtype)
@@ -450,6 +451,12 @@ def check_neuron_hooks(model: Model) -> None:
             model.run_with_hooks(tokens, fwd_hooks=[(neuron_hook(l), grab) for l in range(n_layers)])
     except Exception as err:  # the first forward at load: any failure means this family cannot run
         fam = family_of(model)
+        if neuron_hook(0) not in model.hook_dict:  # state-space / recurrent models (Mamba, RWKV, RecurrentGemma)
+            raise UnsupportedFamily(
+                f"{fam.name} ({fam.architecture}): the bridge exposes no FFN neurons on this model (no hook "
+                f"{neuron_hook(0)!r}: its layers have no FFN module the bridge maps as 'mlp'); capinterp's neurons "
+                "are an FFN's activations"
+            ) from err
         raise UnsupportedFamily(
             f"{fam.name} ({fam.architecture}): the TransformerBridge's forward fails on this model "
             f"({type(err).__name__}: {str(err)[:300]}); capinterp cannot run it"

@@ -21,6 +21,8 @@ __all__ = [
     "TINY_FAMILIES",
     "TINY_HYBRID",
     "TINY_REFUSED",
+    "TINY_VARIANT_OF",
+    "model_type",
     "tiny_hf",
     "tiny_llama_hf",
     "tiny_native_config",
@@ -176,6 +178,11 @@ _MLA: dict[str, Any] = dict(
 )
 
 
+# Granite's four multipliers, drawn away from 1 so that a path forgetting one fails the matrix
+_GRANITE_MULTIPLIERS = dict(
+    embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=4.0
+)
+
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(intermediate_size=96),
     "mistral": dict(intermediate_size=96, sliding_window=4),  # every layer sliding: a 4-token window bites
@@ -194,13 +201,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "phi3": dict(intermediate_size=96, sliding_window=4),  # Phi-3-mini slides (2047)
     "nemotron": dict(intermediate_size=96),
     "cohere": dict(intermediate_size=96, logit_scale=0.5),
-    "granite": dict(
-        intermediate_size=96,
-        embedding_multiplier=2.0,
-        residual_multiplier=0.5,
-        attention_multiplier=0.3,
-        logits_scaling=4.0,
-    ),
+    "granite": dict(intermediate_size=96, **_GRANITE_MULTIPLIERS),
     "gpt2": dict(n_inner=96),
     "gpt_bigcode": dict(n_inner=96),
     "gptj": dict(n_inner=96, rotary_dim=4),
@@ -386,7 +387,39 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         layer_types=["sliding_attention", "full_attention"],  # all full by default, its window unused
         sliding_window=4,
     ),
+    # Granite 4.0 (adapter: capinterp.core.adapters): a Mamba-2 layer ("linear_attention" in its config's
+    # vocabulary), then attention with rotary positions; experts plus a shared MLP the decoder layer adds
+    # beside them (fused input_linear); Granite's four multipliers away from 1
+    "granitemoehybrid": dict(
+        intermediate_size=48,
+        shared_intermediate_size=64,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"],
+        position_embedding_type="rope",
+        mamba_n_heads=4,
+        mamba_d_head=16,  # 4 x 16 = mamba_expand (2) x hidden_size
+        mamba_d_state=8,
+        **_GRANITE_MULTIPLIERS,
+    ),
+    # Granite 4.0 Micro's layout (GraniteMoeHybrid with attention layers only and no experts): the shared
+    # MLP is the layer's FFN (the H-Micro layout, Mamba-2 layers without experts: tests/families/test_granite_hybrid.py)
+    "granitemoehybrid_dense": dict(
+        shared_intermediate_size=96,  # its intermediate_size (1024 by default) sizes no module
+        num_local_experts=0,
+        layer_types=["full_attention", "full_attention"],
+        position_embedding_type="rope",
+        **_GRANITE_MULTIPLIERS,
+    ),
 }
+
+# rows of TINY_FAMILIES that are a variant of a transformers family (their model_type), not a family of their own
+TINY_VARIANT_OF: dict[str, str] = {"granitemoehybrid_dense": "granitemoehybrid"}
+
+
+def model_type(family: str) -> str:
+    """The transformers ``model_type`` of a row of ``TINY_FAMILIES`` (a variant's family)."""
+    return TINY_VARIANT_OF.get(family, family)
 
 
 # families whose biases tiny_hf draws too (std 0.1): transformers initializes them to 0, the released
@@ -398,17 +431,6 @@ TINY_DRAWN_BIASES: tuple[str, ...] = ("phimoe", "jetmoe")
 # Mixture-of-experts families capinterp refuses at load (the reason: tests/families/test_family_record.py,
 # docs/models.md); tiny models of them test that the refusal names the family and the reason.
 TINY_REFUSED: dict[str, dict[str, Any]] = {
-    # a Mamba layer ("linear_attention" in its config's vocabulary), then attention with rotary positions
-    "granitemoehybrid": dict(
-        intermediate_size=48,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        layer_types=["linear_attention", "full_attention"],
-        position_embedding_type="rope",
-        mamba_n_heads=4,
-        mamba_d_head=16,  # 4 x 16 = mamba_expand (2) x hidden_size
-        mamba_d_state=8,
-    ),
     "deepseek_v4": dict(
         moe_intermediate_size=48,
         num_local_experts=4,
@@ -444,6 +466,7 @@ TINY_HYBRID: tuple[str, ...] = (
     "falcon_h1",
     "lfm2",
     "lfm2_moe",
+    "granitemoehybrid",
 )
 
 
@@ -460,7 +483,7 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
     if family not in known:
         raise ValueError(f"unknown tiny family {family!r}: one of {sorted(known)}")
     tok = tiny_tokenizer()
-    cfg = AutoConfig.for_model(family)
+    cfg = AutoConfig.for_model(model_type(family))
     fields = dict(
         vocab_size=len(tok),
         hidden_size=32,

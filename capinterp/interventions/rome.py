@@ -14,6 +14,9 @@ Layer ``l``'s down projection W maps a key k (``blocks.{l}.mlp.hook_post``, ``[d
    text (:func:`~capinterp.interventions.second_moment.second_moment`) plus ``ridge`` * mean(diag C) * I.
    Hence W' k* = v*, and W' k = W k for every key with k^T C^{-1} k* = 0.
 
+On a mixture-of-experts layer the update is one expert's (``expert=``, by default the one that
+writes most at the subject): :mod:`capinterp.interventions.rome_experts`.
+
 :func:`rome_edit` returns a :class:`RomeEdit`; ``with edit:`` (or ``with edit.apply(model):``)
 writes W' and restores the exact old W on exit, ``edit.apply_permanently(model)`` or
 ``inplace=True`` keeps it. An edit is not re-entrant: applying it to a model it is already
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,13 +36,22 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, check_target
-from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.core.family import family_of
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import model_fingerprint, neuron_hook
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
+from capinterp.core.weights import down_projection
 from capinterp.interventions.editing import value_weight
+from capinterp.interventions.rome_experts import (
+    check_expert,
+    choose_expert,
+    expert_layer,
+    expert_restore,
+    expert_slice,
+    expert_write,
+)
 from capinterp.interventions.second_moment import second_moment
 
 __all__ = ["EditUnreachable", "RomeEdit", "rome_edit", "subject_last_position"]
@@ -54,7 +66,7 @@ class RomeEdit:
     """A computed rank-one update of ``layer``'s down projection: ``update`` = outer(right, left)."""
 
     layer: int
-    key: torch.Tensor  # k*, [d_mlp]
+    key: torch.Tensor  # k*, [d_mlp] (on an MoE layer: the edited expert's neurons only, 0 elsewhere)
     value: torch.Tensor  # v* = W k* + delta, [d_model]
     delta: torch.Tensor  # [d_model]
     left: torch.Tensor  # C^{-1} k* / (k*^T C^{-1} k*), [d_mlp]
@@ -64,6 +76,7 @@ class RomeEdit:
     params: dict[str, Any] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
     model: Model | None = field(default=None, repr=False, compare=False)
+    expert: int | None = None  # the edited expert of an MoE layer (rome_experts)
     _active: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _cms: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -77,12 +90,21 @@ class RomeEdit:
             raise ValueError("this ROME edit was computed for another model (fingerprints differ)")
 
     @torch.no_grad()
-    def _add(self, model: Model) -> torch.Tensor:
+    def _add(self, model: Model) -> Callable[[], None]:
+        """Write W' into ``model``; returns what restores W exactly."""
+        if self.expert is not None:
+            columns = expert_slice(model, self.expert)
+            old_rows = expert_write(model, self.layer, self.update, columns)
+            return lambda: expert_restore(model, self.layer, old_rows, columns)
         w, dim = value_weight(model, self.layer)
         old = w.detach().clone()
         upd = self.update[:, : w.shape[dim]].to(device=w.device, dtype=torch.float32)  # padding columns are 0
         w.copy_((w.float() + (upd if dim == 1 else upd.T)).to(w.dtype))
-        return old
+
+        def restore() -> None:
+            w.copy_(old)
+
+        return restore
 
     @contextlib.contextmanager
     def apply(self, model=None) -> Iterator[Any]:
@@ -98,14 +120,14 @@ class RomeEdit:
                 "this model by an enclosing 'with'; an edit is not re-entrant: use the outer block"
             )
         self._check(model)
-        old = self._add(model)
+        restore = self._add(model)
         self._active.append(model)
         try:
             yield model
         finally:
             self._active.remove(model)
             with torch.no_grad():
-                value_weight(model, self.layer)[0].copy_(old)
+                restore()
 
     def __enter__(self):
         cm = self.apply()
@@ -223,6 +245,7 @@ def rome_edit(
     ridge: float = 1e-3,
     seed: int = 0,
     inplace: bool = False,
+    expert: int | None = None,
 ) -> RomeEdit:
     """Compute the ROME edit that makes ``model`` continue ``fact``'s prompt with ``new_target``.
 
@@ -245,27 +268,36 @@ def rome_edit(
         weight_decay: weight of ||delta||^2 / ||v0||^2.
         clamp: ||delta|| is kept <= clamp * ||v0||.
         ridge: C + ridge * mean(diag C) * I is inverted (a local corpus is small).
+        expert: on a mixture-of-experts layer, the expert whose down projection is edited (default:
+            the one that writes most at the subject's last token); None on dense layers.
+            ``second_moment_matrix`` is then that expert's ``[d_expert, d_expert]``.
     """
     validate.model(model)
     search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
-    _check_dense(model, layer)
+    check_expert(model, layer, expert)
     validate.nonneg_int("n_prefixes", n_prefixes)
     validate.positive_int("prefix_tokens", prefix_tokens)
     validate.finite_float("ridge", ridge, low=0.0)
     validate.integer("seed", seed)
     validate.boolean("inplace", inplace)
     fact, subject, new_target = _checked_fact(model, fact, subject, new_target)
-    C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix)
+    _check_matrix(model, layer, second_moment_matrix)
     if prefixes is None:
         prefixes = sample_prefixes(model, n_prefixes, prefix_tokens, seed)
     contexts = [""] + [str(p) for p in prefixes]
     delta, key, losses = _optimise(model, search, fact.prompt, subject, new_target, contexts)
+    columns = None
+    if expert_layer(model, layer):  # one expert's neurons: its key, its covariance, its down projection
+        expert = choose_expert(model, layer, key) if expert is None else expert
+        columns = expert_slice(model, expert)
+        key = torch.zeros_like(key).index_copy_(0, torch.arange(columns.start, columns.stop), key[columns])
+    C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix, columns)
     edit = RomeEdit(
         layer,
         key.cpu(),
         _unedited_value(model, layer, key) + delta.cpu(),
         delta.cpu(),
-        _padded_left(model, layer, C, key, ridge).cpu(),
+        _padded_left(model, layer, C, key, ridge, columns).cpu(),
         fact,
         new_target,
         model_fingerprint(model),
@@ -280,31 +312,15 @@ def rome_edit(
             clamp=clamp,
             ridge=ridge,
             seed=seed,
+            expert=expert,
         ),
         losses=losses,
         model=model,
+        expert=expert,
     )
     if inplace:
         edit.apply_permanently(model)
     return edit
-
-
-def _check_dense(model: Model, layer: int) -> None:
-    """ROME's key covariance is ``[d_mlp, d_mlp]``; on a mixture-of-experts layer the keys are every
-    expert's neurons, so it is refused before any work (editing one expert's down projection is
-    the natural MoE version, not built yet). A dense layer of a mixed dense / MoE model is edited
-    as a dense model's layer: its keys are its own neurons (the padding of the experts' axis is cut off)."""
-    from capinterp.units.experts import dense_layers
-
-    fam = family_of(model)
-    dense = dense_layers(model)
-    if fam.moe is None or layer in dense:
-        return
-    raise UnsupportedFamily(
-        f"{fam.name} ({fam.architecture}): ROME on a mixture-of-experts layer would need the covariance of all "
-        f"{fam.moe.width} expert neurons' keys and edit every expert at once; per-expert ROME is not supported yet"
-        + (f" (layer {layer} is an expert layer; this model's dense layers {dense} can be edited)" if dense else "")
-    )
 
 
 def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None) -> tuple[Example, str, str]:
@@ -317,15 +333,26 @@ def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None)
     return fact, subject, new_target
 
 
+def _check_matrix(model: Model, layer: int, matrix: torch.Tensor | None) -> None:
+    """A given C is ``[d_mlp, d_mlp]``, or one expert's ``[d_expert, d_expert]`` on an MoE layer."""
+    moe = family_of(model).moe
+    n = moe.d_expert if moe is not None and expert_layer(model, layer) else int(model.cfg.d_mlp)
+    if matrix is not None and tuple(matrix.shape) != (n, n):
+        raise ValueError(f"second_moment_matrix must be [{n}, {n}], got {tuple(matrix.shape)}")
+
+
 def _key_second_moment(
-    model: Model, layer: int, texts: Sequence[str] | None, data_dir: Any, matrix: torch.Tensor | None
+    model: Model,
+    layer: int,
+    texts: Sequence[str] | None,
+    data_dir: Any,
+    matrix: torch.Tensor | None,
+    columns: slice | None,
 ) -> torch.Tensor:
-    """C = E[k k^T] of ``layer``'s keys: the given matrix (shape checked), or estimated from local text."""
+    """C = E[k k^T] of ``layer``'s keys (of the neurons in ``columns`` only: one expert's): the given
+    matrix, or estimated from local text."""
     if matrix is None:
-        return second_moment(model, layer, texts=texts, data_dir=data_dir)[0]
-    d_mlp = int(model.cfg.d_mlp)
-    if tuple(matrix.shape) != (d_mlp, d_mlp):
-        raise ValueError(f"second_moment_matrix must be [{d_mlp}, {d_mlp}], got {tuple(matrix.shape)}")
+        return second_moment(model, layer, texts=texts, data_dir=data_dir, neurons=columns)[0]
     return matrix
 
 
@@ -337,10 +364,17 @@ def _left_vector(C: torch.Tensor, key: torch.Tensor, ridge: float) -> torch.Tens
     return (u / (u @ key.double())).float()
 
 
-def _padded_left(model: Model, layer: int, C: torch.Tensor, key: torch.Tensor, ridge: float) -> torch.Tensor:
+def _padded_left(
+    model: Model, layer: int, C: torch.Tensor, key: torch.Tensor, ridge: float, columns: slice | None
+) -> torch.Tensor:
     """:func:`_left_vector` over the layer's stored neurons: all ``d_mlp``, but on a dense layer of a
     mixed dense / MoE model only its real ones (C's padding rows and columns, all 0, would otherwise
-    lower the ridge's mean(diag C)); the padding's entries of the result are 0."""
+    lower the ridge's mean(diag C)), on an MoE layer the edited expert's (``columns``, C being
+    theirs); the other entries of the result are 0."""
+    if columns is not None:
+        left = torch.zeros_like(key, dtype=torch.float32)
+        left[columns] = _left_vector(C, key[columns], ridge).to(left.device)
+        return left
     w, dim = value_weight(model, layer)
     n = int(w.shape[dim])
     left = _left_vector(C[:n, :n], key[:n], ridge)
@@ -350,6 +384,9 @@ def _padded_left(model: Model, layer: int, C: torch.Tensor, key: torch.Tensor, r
 @torch.no_grad()
 def _unedited_value(model: Model, layer: int, key: torch.Tensor) -> torch.Tensor:
     """W k*: what ``layer``'s down projection makes of the key before the edit, on the CPU."""
+    if expert_layer(model, layer):
+        values = down_projection(model, layer).values()
+        return (key.float().to(values.device) @ values.float()).cpu()
     w, dim = value_weight(model, layer)
     key = key[: w.shape[dim]]  # a dense layer of a mixed model: its real neurons (the padding's keys are 0)
     return (w.float() @ key if dim == 1 else key @ w.float()).cpu()
@@ -395,13 +432,10 @@ def _value_batch(model: Model, prompt: str, subject: str, new_target: str, conte
 
 
 def _value_hook(model: Model, layer: int) -> str:
-    """Where the layer's down projection's output is hooked: its ``out`` component, or on a dense
-    layer of a mixed dense / MoE model (served by :class:`capinterp.core.experts.DenseBlock`, whose
-    output is its down projection's) the MLP's ``hook_out``."""
-    from capinterp.core.experts import DenseBlock
-
-    blocks = getattr(model, "capinterp_experts", None)
-    if blocks and isinstance(blocks[layer], DenseBlock):
+    """Where the layer's down projection's output is hooked: its ``out`` component, or on a
+    mixture-of-experts model (its layers served by :mod:`capinterp.core.experts`' blocks, whose
+    output is the sum over their neurons' value vectors) the MLP's ``hook_out``."""
+    if getattr(model, "capinterp_experts", None):
         return f"blocks.{layer}.mlp.hook_out"
     return f"blocks.{layer}.mlp.out.hook_out"
 

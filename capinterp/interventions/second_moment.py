@@ -37,11 +37,14 @@ def second_moment(
     max_tokens: int = 64,
     batch_size: int = 8,
     cache: bool = True,
+    neurons: slice | None = None,
 ) -> tuple[torch.Tensor, int]:
     """``(C, n_keys)``: C = mean over the corpus's tokens of k k^T, ``[d_mlp, d_mlp]`` float32 on the CPU.
 
     Every text is cut to ``max_tokens`` tokens; the BOS position (where the model prepends one)
-    is left out: it is an attention sink whose keys are outliers, not text.
+    is left out: it is an attention sink whose keys are outliers, not text. ``neurons`` (a slice of
+    the layer's neuron axis: one expert's neurons, for per-expert ROME) keeps only those keys, so C
+    is ``[n, n]`` (the keys of tokens not routed to the expert are 0 and count, as in the full C).
     """
     n_layers = int(model.cfg.n_layers)
     if not isinstance(layer, int) or not 0 <= layer < n_layers:
@@ -62,12 +65,14 @@ def second_moment(
     if not seqs:
         raise ValueError("texts must hold at least one non-empty text")
     digest = hashlib.sha256(repr(seqs).encode()).hexdigest()[:16]
-    path = cache_dir() / "second_moment" / f"{model_fingerprint(model)}-L{layer}-{digest}.pt"
+    part = "" if neurons is None else f"-N{neurons.start}-{neurons.stop}"
+    path = cache_dir() / "second_moment" / f"{model_fingerprint(model)}-L{layer}{part}-{digest}.pt"
     if cache and path.is_file():
         saved = torch.load(path, map_location="cpu")
         return saved["C"], int(saved["n"])
-    d_mlp, dev = int(model.cfg.d_mlp), model.cfg.device
-    acc = torch.zeros(d_mlp, d_mlp, dtype=torch.float64, device=dev)
+    cols = slice(None) if neurons is None else neurons
+    width, dev = len(range(int(model.cfg.d_mlp))[cols]), model.cfg.device
+    acc = torch.zeros(width, width, dtype=torch.float64, device=dev)
     n = 0
     with torch.no_grad():
         for chunk in batches(seqs, batch_size):
@@ -75,7 +80,7 @@ def second_moment(
             keys = capture(model, tokens.to(dev), neuron_hook(layer))
             pos = torch.arange(tokens.shape[1], device=dev)[None]
             real = (pos < lengths.to(dev)[:, None]) & (pos >= len(bos))
-            k = keys[real].double()
+            k = keys[real][:, cols].double()
             acc += k.T @ k
             n += k.shape[0]
     C = (acc / n).float().cpu()

@@ -94,6 +94,28 @@ def embed_hook(model: Model) -> str:
     return "embed.hook_out" if "embed.hook_out" in hooks else "hook_embed"
 
 
+@torch.no_grad()
+def embed_gain(model: Model) -> float:
+    """The factor the model applies to :func:`embed_hook`'s output before the residual stream receives
+    it: Falcon-H1's ``embedding_multiplier``, which transformers applies after the embedding module,
+    past the bridge's hook; 1 where the family has none or the bridge folds it into the hook (Granite).
+    Read from the hook on two tokens, against the transformers embedding module's own output."""
+    mult = family_of(model).embedding_multiplier
+    if mult == 1.0:
+        return 1.0
+    ids = torch.tensor([[0, 1]], device=model.cfg.device)
+    seen = capture(model, ids, embed_hook(model)).float()
+    raw = model.embed.original_component(ids).float()
+    if torch.allclose(seen, raw * mult, rtol=1e-3, atol=1e-6):
+        return 1.0
+    if torch.allclose(seen, raw, rtol=1e-3, atol=1e-6):
+        return mult
+    raise RuntimeError(
+        f"{family_of(model).name}: the embedding hook {embed_hook(model)!r} is neither the embedding module's "
+        f"output nor that output times embedding_multiplier ({mult}); the noise scale would be in unknown units"
+    )
+
+
 def subject_std(model: Model, prepared: list[dict[str, Any]]) -> float:
     """Std over every scalar of the token embeddings (:func:`embed_hook`) of all subject tokens (in context)."""
     chunks: list[torch.Tensor] = []

@@ -22,7 +22,9 @@ Noise scale (Meng et al. 2022, Sec. 2.1): ``noise_std`` given -> that literal st
 ``noise`` x the std over every scalar of the stacked token embeddings of all subject tokens
 of all facts passed to ``fit`` (ROME's rule ``"s3"`` for ``noise=3.0``; the strings ``"s<k>"`` are
 accepted too). Subject tokens are taken in context (in the prompt), including facts that are
-later skipped.
+later skipped. Both are stds as the residual stream receives the embeddings: where the model
+multiplies the embedding hook's output afterwards (Falcon-H1's ``embedding_multiplier``), the noise
+added at the hook is divided by that factor (:func:`capinterp.kernels.tracing.embed_gain`).
 
 Batching (restoration rows, KV-cache prefix reuse): see :mod:`capinterp.kernels.tracing`; restorations at
 tokens before the first subject token are not run (their IE is exactly 0).
@@ -62,6 +64,7 @@ from capinterp.kernels.tracing import HOOK as _HOOK
 from capinterp.kernels.tracing import (
     KINDS,
     TOKEN_GROUPS,
+    embed_gain,
     make_noise,
     parse_noise,
     prefix_ok,
@@ -171,8 +174,12 @@ class CausalTrace(Localizer):
                 family_of(self.model), "causal tracing of attention outputs (kinds with 'attn')", heads=False
             )
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
+        # the noise's std as the residual stream receives it (Falcon-H1 multiplies the hook's output afterwards)
+        self._embed_gain = embed_gain(self.model)
         self.noise_std_ = (
-            self.noise_std if self.noise_std is not None else self._noise_mult * self._subject_std(prepared)
+            self.noise_std
+            if self.noise_std is not None
+            else self._noise_mult * self._subject_std(prepared) * self._embed_gain
         )
 
         self.per_prompt_: list[dict[str, Any]] = []
@@ -233,7 +240,8 @@ class CausalTrace(Localizer):
         return subject_std(self.model, prepared)
 
     def _noise(self, n_subject: int) -> torch.Tensor:
-        return make_noise(self.seed, self.samples, n_subject, int(self.model.cfg.d_model), self.noise_std_)
+        std = self.noise_std_ / self._embed_gain  # in the hook's units: the residual stream gets noise_std_
+        return make_noise(self.seed, self.samples, n_subject, int(self.model.cfg.d_model), std)
 
     def _trace_one(self, item: dict[str, Any]) -> dict[str, Any]:
         model, dev = self.model, self.model.cfg.device

@@ -8,7 +8,6 @@ import torch
 from moe_tiny import MOE_FAMILIES, load_tiny_moe, moe_block
 
 import capinterp as ci
-from capinterp.core.family import UnsupportedFamily
 from capinterp.core.weights import down_projection
 from capinterp.data import Example
 from capinterp.interventions.neuron_params import neuron_masks, zero_neurons
@@ -136,11 +135,16 @@ def test_expert_rankings_and_bad_input():
         expert_scores(dense, torch.zeros(dense.cfg.n_layers, dense.cfg.d_mlp))
 
 
-def test_rome_refused_on_experts_before_any_work():
+@pytest.mark.parametrize(("expert", "match"), [(4, "expert"), (-1, "expert"), (1.5, "expert")])
+def test_rome_expert_out_of_range_refused_before_any_work(expert, match, monkeypatch):
+    """An expert index the layer does not have is refused before any forward pass (per-expert ROME)."""
+    from capinterp.interventions import rome
+
     model, _, _ = _load("olmoe")
+    monkeypatch.setattr(rome, "_optimise", lambda *a, **k: pytest.fail("work started"))
     fact = Example("The Eiffel Tower is in", " Paris")
-    with pytest.raises(UnsupportedFamily, match="olmoe.*mixture-of-experts"):
-        ci.rome_edit(model, fact, subject="Eiffel Tower", new_target=" Rome", layer=0)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ci.rome_edit(model, fact, subject="Eiffel Tower", new_target=" Rome", layer=0, expert=expert)
 
 
 def test_router_weights_stay_in_the_gradient_path():

@@ -15,7 +15,6 @@ from moe_tiny import MIXED_DENSE, load_tiny_mixed
 
 import capinterp as ci
 from capinterp.core.experts import DenseBlock
-from capinterp.core.family import UnsupportedFamily
 from capinterp.core.model import model_meta
 from capinterp.core.neuron_weights import neuron_params
 from capinterp.core.tokens import encode
@@ -194,7 +193,7 @@ def test_scaling_dense_neurons_scales_their_down_projection_columns(factor):
             _close(model, ref, tok)
 
 
-def test_rome_edits_a_dense_layer_over_its_own_neurons_and_refuses_expert_layers():
+def test_rome_edits_a_dense_layer_over_its_own_neurons_and_takes_no_expert_there():
     model, plain, tok = _fresh()
     gen = torch.Generator().manual_seed(0)
     keys = torch.randn(200, W, generator=gen)
@@ -203,8 +202,8 @@ def test_rome_edits_a_dense_layer_over_its_own_neurons_and_refuses_expert_layers
     C[DENSE:, DENSE:] += 7.0  # anything in the padding block is ignored
     fact = ci.Example("The Eiffel Tower is in the city of", " Paris")
     kw = dict(subject="The Eiffel Tower", second_moment_matrix=C, prefixes=[], steps=2)
-    with pytest.raises(UnsupportedFamily, match=r"dense layers \[0\]"):
-        ci.rome_edit(model, fact, " Rome", layer=1, **kw)
+    with pytest.raises(ValueError, match="expert=1 is for mixture-of-experts layers; layer 0 is dense"):
+        ci.rome_edit(model, fact, " Rome", layer=0, expert=1, **kw)
     edit = ci.rome_edit(model, fact, " Rome", layer=0, ridge=0.1, **kw)
     # the left vector over the layer's 64 neurons (ridge from their own diagonal), 0 on padding
     k = edit.key[:DENSE].double()

@@ -80,9 +80,14 @@ def _plant(model, hf, tok) -> int:
     return target
 
 
+# Granite 4.0 divides its logits by logits_scaling (4 in the matrix's tiny model): after the final norm no
+# logit exceeds |W_U[:, t]| sqrt(d_model) / 4 (~1.4 here), too little for p(Paris) > 0.02 over 512 tokens
+PLANT_CONFIG = {"granitemoehybrid": dict(logits_scaling=1.0)}
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def planted(request):
-    model, _, tok, hf = load_tiny_moe(request.param)
+    model, _, tok, hf = load_tiny_moe(request.param, **PLANT_CONFIG.get(request.param, {}))
     target = _plant(model, hf, tok)
     model.capinterp_fingerprint = None  # weights changed after load
     data = [Example(p, " Paris") for p in PROMPTS]

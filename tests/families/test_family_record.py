@@ -11,7 +11,7 @@ from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.forward import logits_at
 from capinterp.core.tiny import TINY_FAMILIES, TINY_REFUSED, tiny_hf
 
-MOE = tuple(f for f, kw in TINY_FAMILIES.items() if any("expert" in k for k in kw))
+MOE = tuple(f for f, kw in TINY_FAMILIES.items() if any("expert" in k and v for k, v in kw.items()))
 DENSE = tuple(f for f in TINY_FAMILIES if f not in MOE)
 
 
@@ -225,8 +225,6 @@ def test_dense_layer_with_another_activation_than_silu_refused_at_load(monkeypat
 
 
 REFUSED_WHY = {
-    # experts and a shared MLP, two modules summed inside the decoder layer
-    "granitemoehybrid": r"layer 0: the bridge's block has no MLP module \(its FFN is \['moe', 'shared_mlp'\], summed",
     "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
 }
 
@@ -347,7 +345,7 @@ def test_capinterp_adapters_never_replace_the_bridges_own(monkeypatch):
     [
         ("nemotron_h", dict(layers_block_type=["mamba", "attention", "mlp", "moe"]), "one sublayer each"),
         ("zamba2", dict(layers_block_type=["mamba", "hybrid"]), "several layers share"),
-        ("granitemoehybrid", dict(layer_types=["mamba", "attention"]), None),  # Mamba: served (the FFN is not)
+        ("granitemoehybrid", dict(layer_types=["mamba", "attention"]), None),  # Mamba: served
         ("falcon_h1", {}, None),
     ],
 )
@@ -369,3 +367,24 @@ def test_layer_kinds_read_from_config(family, fields, why):
     else:
         with pytest.raises(UnsupportedFamily, match=f"^{family} .*{why}"):
             check_supported(fam)
+
+
+@pytest.mark.parametrize(
+    ("family", "fields"),
+    [
+        ("mamba", dict(state_size=8)),
+        ("recurrent_gemma", dict(num_attention_heads=4, lru_width=32, intermediate_size=96, head_dim=8)),
+    ],
+)
+def test_model_without_ffn_hook_refused_at_load_saying_so(family, fields):
+    """A state-space model (Mamba) and one whose FFN the bridge does not map as 'mlp' (RecurrentGemma's
+    mlp_block) are refused at load, naming the family and the missing FFN hook."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from capinterp.core.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = AutoConfig.for_model(family, vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, **fields)
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(UnsupportedFamily, match=f"^{family} .*exposes no FFN neurons.*blocks.0.mlp.hook_post"):
+        ci.load_model(hf, tokenizer=tok)

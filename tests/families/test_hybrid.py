@@ -1,6 +1,6 @@
 """Hybrid models (Qwen3-Next, Qwen3.5-MoE, OLMo-Hybrid: linear-attention layers beside softmax
 attention; Bamba, Jamba: Mamba layers; Falcon-H1: attention and Mamba side by side; LFM2, LFM2-MoE:
-short-convolution layers): served at load; neuron methods run (IG on route "loop": such a
+short-convolution layers; Granite 4.0: Mamba-2 layers): served at load; neuron methods run (IG on route "loop": such a
 layer carries a recurrent or convolution state, not a key/value cache); methods that need attention
 in every layer refuse, naming why."""
 
@@ -16,7 +16,7 @@ import torch
 
 import capinterp as ci
 from capinterp.core.family import UnsupportedFamily
-from capinterp.core.tiny import TINY_FAMILIES, TINY_HYBRID, tiny_hf
+from capinterp.core.tiny import TINY_FAMILIES, TINY_HYBRID, model_type, tiny_hf
 
 FAMILIES = tuple(TINY_HYBRID)
 FACTS = [
@@ -29,7 +29,7 @@ def _kinds(family: str) -> list[str]:
     """The tiny model's layer kinds (its transformers config's layer_types)."""
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model(family)
+    cfg = AutoConfig.for_model(model_type(family))
     for key, value in TINY_FAMILIES[family].items():
         setattr(cfg, key, value)
     return list(getattr(cfg, "layer_types", None) or ())
@@ -98,3 +98,23 @@ def test_methods_needing_attention_everywhere_refuse_naming_the_mixer(family):
     assert attention_pattern(model, FACTS[0].prompt, 1)[1].shape[0] == model.cfg.n_heads  # layer 1 attends
     trace = ci.localizers.get("causal_trace")(model, kinds=("resid", "mlp"), top_k=1, require_correct=False)
     assert set(trace.fit(FACTS).grids_) == {"resid", "mlp"}
+
+
+@pytest.mark.parametrize(("family", "gain"), [("falcon_h1", 2.0), ("granitemoehybrid", 1.0)])
+def test_causal_trace_noise_is_in_residual_units(family, gain):
+    """Falcon-H1 multiplies its embeddings (2.0 in the tiny model) after the bridge's embedding hook, Granite
+    4.0's bridge folds the same multiplier into the hook: the noise added at the hook is divided by the
+    factor the model applies afterwards, so ``noise_std`` is the std the residual stream receives
+    (measured on blocks.0.hook_resid_pre, which is the scaled embedding on both)."""
+    from capinterp.kernels.tracing import embed_gain, embed_hook
+
+    model, _, tok = _pair(family)
+    assert ci.family_of(model).embedding_multiplier == 2.0
+    assert embed_gain(model) == gain
+    ids = tok("The Eiffel Tower is in", return_tensors="pt")["input_ids"]
+    noise = torch.randn(1, ids.shape[1], int(model.cfg.d_model)) * 0.7
+    _, clean = model.run_with_cache(ids, names_filter="blocks.0.hook_resid_pre")
+    with model.hooks(fwd_hooks=[(embed_hook(model), lambda x, hook: x + noise / gain)]):
+        _, noisy = model.run_with_cache(ids, names_filter="blocks.0.hook_resid_pre")
+    added = noisy["blocks.0.hook_resid_pre"] - clean["blocks.0.hook_resid_pre"]
+    torch.testing.assert_close(added, noise, atol=1e-5, rtol=1e-4)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from capinterp.core.tiny import TINY_FAMILIES, TINY_HYBRID, TINY_MIXED
+from capinterp.core.tiny import TINY_HYBRID
 from capinterp.testing.family_checks import FAMILIES, all_checks, run_check
 from capinterp.testing.family_checks.table import render
 
 CHECKS = all_checks()
-MOE = {f for f, kw in TINY_FAMILIES.items() if any("expert" in k for k in kw)}
-MOE_REFUSED = {"rome_edit"}  # ROME over all experts' keys at once: refused with the reason (the check edits
-# layer 0: a dense layer on the mixed families, where ROME runs over its own neurons)
 # hybrid models: what needs softmax attention in every layer (heads as graph nodes, attention outputs) refuses;
 # IG's fast route cannot share a linear-attention or convolution layer's state (the loop route runs, checked)
 HYBRID_REFUSED = {"eap", "eap_ig", "acdc", "causal_trace", "ig_fast_route"}
@@ -25,10 +22,8 @@ _seen: dict[tuple[str, str], str] = {}
 def test_method_on_family(family, method):
     result = run_check(method, family)  # a wrong number raises; only refusals and passes return
     _seen[family, method] = result
-    refusals = (
-        (MOE_REFUSED if family in MOE and family not in TINY_MIXED else set())
-        | (HYBRID_REFUSED if family in TINY_HYBRID else set())
-        | (ROUTED_HEADS_REFUSED if family in ROUTED_HEADS else set())
+    refusals = (HYBRID_REFUSED if family in TINY_HYBRID else set()) | (
+        ROUTED_HEADS_REFUSED if family in ROUTED_HEADS else set()
     )
     if method not in refusals:
         assert result == "Y", f"family {family} refused for {method}: {result}"

@@ -21,7 +21,9 @@ __all__ = [
     "attn_out",
     "decoder_layers",
     "hooked",
+    "is_matrix",
     "mlp_down",
+    "outside_shared",
     "subject_positions",
 ]
 
@@ -29,11 +31,12 @@ _ATTN = ("self_attn", "attn", "attention", "self_attention")
 _ATTN_OUT = ("o_proj", "out_proj", "c_proj", "dense")
 _MLP = ("mlp", "ffn", "feed_forward")
 # transformers attribute names of the FFN projections, across the families of TINY_FAMILIES (LFM2 keeps
-# the original Llama's w1 (gate), w3 (up), w2 (down))
-DOWN_NAMES = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj", "w2")
+# the original Llama's w1 (gate), w3 (up), w2 (down); Granite 4.0's shared MLP: input_linear, output_linear;
+# JetMoE's experts share those two names, but their weights are 3-D: only 2-D weights count)
+DOWN_NAMES = ("c_proj", "fc_out", "dense_4h_to_h", "fc2", "down_proj", "w2", "output_linear")
 UP_NAMES = ("c_fc", "fc_in", "dense_h_to_4h", "fc1", "up_proj", "w3")
 GATE_NAMES = ("gate_proj", "w1")
-FUSED_NAMES = ("gate_up_proj",)  # Phi-3: rows [gate (d_mlp); up (d_mlp)]
+FUSED_NAMES = ("gate_up_proj", "input_linear")  # Phi-3, Granite 4.0: rows [gate (d_mlp); up (d_mlp)]
 FFN_NAMES = DOWN_NAMES + UP_NAMES + GATE_NAMES + FUSED_NAMES
 
 
@@ -47,22 +50,34 @@ def decoder_layers(hf: Any) -> torch.nn.ModuleList:
 
 
 # module-path parts of a densified MoE block's shared expert: its own down_proj (._moe_ref) stands for
-# the whole layer's neurons, so searches for a layer's projections skip these paths
+# the whole layer's neurons, so searches for a layer's projections skip these paths, unless nothing else is
+# found (Granite 4.0 without experts: the shared MLP is the layer's FFN)
 SHARED_PATHS = ("shared_expert", "shared_mlp")
 
 
+def is_matrix(module: torch.nn.Module) -> bool:
+    w = getattr(module, "weight", None)
+    return isinstance(w, torch.Tensor) and w.ndim == 2
+
+
+def outside_shared(found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``found`` (``(module path, x)`` pairs) without the paths through a shared expert, or all of it
+    where every path goes through one (the layer's only FFN is its shared MLP)."""
+    kept = [(n, x) for n, x in found if not any(p in n for p in SHARED_PATHS)]
+    return kept or found
+
+
 def _one(module: torch.nn.Module, names: tuple[str, ...], skip: str | None = None) -> torch.nn.Module:
-    found = [
-        m
-        for n, m in module.named_modules()
-        if n
-        and n.split(".")[-1] in names
-        and (skip is None or n.split(".")[0] != skip)
-        and not any(p in n for p in SHARED_PATHS)
-    ]
+    found = outside_shared(
+        [
+            (n, m)
+            for n, m in module.named_modules()
+            if n and n.split(".")[-1] in names and is_matrix(m) and (skip is None or n.split(".")[0] != skip)
+        ]
+    )
     if len(found) != 1:
         raise LookupError(f"expected one of {names} in {type(module).__name__}, found {len(found)}")
-    return found[0]
+    return found[0][1]
 
 
 def _attn_name(layer: torch.nn.Module) -> str:

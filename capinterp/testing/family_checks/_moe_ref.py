@@ -145,6 +145,43 @@ def _jetmoe_routing(block: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return torch.softmax(top_v, dim=-1).to(x.dtype), top_i
 
 
+class _FusedHalf:
+    """Rows ``[half * d, (half + 1) * d)`` of a fused ``[gate | up]`` Linear without bias, read as a Linear."""
+
+    def __init__(self, fused: torch.nn.Linear, half: int) -> None:
+        self.fused, self.half = fused, half
+
+    @property
+    def weight(self) -> torch.Tensor:
+        d = self.fused.weight.shape[0] // 2
+        return self.fused.weight[self.half * d : (self.half + 1) * d]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T
+
+
+def _beside(hf: Any, block: Any) -> Any:
+    """Granite 4.0's shared MLP, which the decoder layer adds beside the MoE block (``shared_mlp``:
+    ``activation(gate) * up`` of one fused ``input_linear``, then ``output_linear``), under the
+    names this module reads (``gate_proj`` / ``up_proj`` / ``down_proj`` / ``act_fn``); its own
+    forward then returns 0, the dense block computing it. None where the layer has none."""
+    from capinterp.testing.family_checks._hf import decoder_layers
+
+    layer = next(m for m in decoder_layers(hf) if any(b is block for b in m.modules()))
+    mlp = getattr(layer, "shared_mlp", None)
+    if mlp is None:
+        return None
+    view = types.SimpleNamespace(
+        module=mlp,
+        gate_proj=_FusedHalf(mlp.input_linear, 0),
+        up_proj=_FusedHalf(mlp.input_linear, 1),
+        down_proj=mlp.output_linear,
+        act_fn=mlp.activation,
+    )
+    mlp.forward = lambda x: torch.zeros_like(x)
+    return view
+
+
 def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
     ex, shared = block.experts, block._ref_shared
     router = getattr(block, "router", None) or block.gate
@@ -205,6 +242,8 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
         object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))
         probe = block(torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]))
         shared = next((getattr(block, k) for k in _SHARED if getattr(block, k, None) is not None), None)
+        if shared is None:
+            shared = _beside(hf, block)
         object.__setattr__(block, "_ref_shared", shared)
         object.__setattr__(block, "_ref_returns_scores", isinstance(probe, tuple))
         block.add_module("down_proj", ExpertsDown(block, shared))
@@ -245,8 +284,11 @@ def moe_neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torc
                 mark(ex.down_proj, (e, j) if ex.is_transposed else (e, slice(None), j))
             else:
                 j, sh = i - n_exp * d, block._ref_shared
-                mark(sh.gate_proj.weight, (j,))
-                mark(sh.up_proj.weight, (j,))
+                if isinstance(sh.gate_proj, _FusedHalf):  # gate row j and up row d_shared + j of one weight
+                    mark(sh.gate_proj.fused.weight, ([j, sh.down_proj.weight.shape[1] + j],))
+                else:
+                    mark(sh.gate_proj.weight, (j,))
+                    mark(sh.up_proj.weight, (j,))
                 mark(sh.down_proj.weight, (slice(None), j))
     return masks
 
@@ -289,6 +331,6 @@ def split_values(hf: Any, layer: int, values: torch.Tensor) -> dict[str, torch.T
     key = f"{name}.output_linear.weight" if _jetmoe(block) else f"{name}.experts.down_proj"
     out = {key: (routed if ex.is_transposed else routed.transpose(1, 2)).contiguous()}
     if sh is not None:
-        key = next(k for k in _SHARED if getattr(block, k, None) is sh)
-        out[f"{name}.{key}.down_proj.weight"] = values[n_exp * d :].T.contiguous()
+        names = {id(p): n.replace("._original_component", "") for n, p in hf.named_parameters()}
+        out[names[id(sh.down_proj.weight)]] = values[n_exp * d :].T.contiguous()
     return out

@@ -9,7 +9,15 @@ from typing import Any
 import torch
 
 from capinterp.core.tiny import tiny_hf
-from capinterp.testing.family_checks._hf import DOWN_NAMES, FUSED_NAMES, GATE_NAMES, SHARED_PATHS, UP_NAMES
+from capinterp.testing.family_checks._hf import (
+    DOWN_NAMES,
+    FFN_NAMES,
+    FUSED_NAMES,
+    GATE_NAMES,
+    UP_NAMES,
+    is_matrix,
+    outside_shared,
+)
 
 __all__ = ["Mlp", "layer_widths", "mlps", "neuron_entries", "plain", "plain_params"]
 
@@ -29,13 +37,18 @@ class Mlp:
     """One layer's FFN in the plain model: ``(name, module)`` of its down, up, gate and fused projections."""
 
     def __init__(self, layer: torch.nn.Module, prefix: str):
+        ffn = outside_shared(  # a densified MoE's down_proj covers its shared expert
+            [
+                (name, mod)
+                for name, mod in layer.named_modules()
+                if is_matrix(mod) and name.split(".")[-1] in FFN_NAMES
+                if not any(k in part for part in name.split(".") for k in ("attn", "attention"))  # GPT-2's c_proj
+            ]
+        )
         found: dict[str, list[tuple[str, torch.nn.Module]]] = {"down": [], "up": [], "gate": [], "fused": []}
-        for name, mod in layer.named_modules():
-            path = name.split(".")
-            if any(k in part for part in path for k in ("attn", "attention", *SHARED_PATHS)):
-                continue  # GPT-2's attention has a c_proj too; a densified MoE's down_proj covers its shared expert
+        for name, mod in ffn:
             for role, names in (("down", DOWN_NAMES), ("up", UP_NAMES), ("gate", GATE_NAMES), ("fused", FUSED_NAMES)):
-                if path[-1] in names:
+                if name.split(".")[-1] in names:
                     found[role].append((f"{prefix}.{name}", mod))
         from capinterp.testing.family_checks._moe_ref import ExpertsDown
 

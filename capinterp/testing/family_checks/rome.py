@@ -6,6 +6,10 @@ over the contexts), the key second moment C over the same texts, the value shift
 documented optimisation (Adam on new-target NLL + KL on "{subject} is a" + weight decay, norm
 clamp), then W' = W + delta (C_r^{-1} k*)^T / (k*^T C_r^{-1} k*) written into the HF weight in its
 own orientation (Conv1D [in, out], Linear [out, in]); the logits of both edited models must agree.
+On a mixture-of-experts layer (the plain model made dense, :mod:`._moe_ref`: the down projection's
+input is every expert's neurons, router weights folded in) the edit is one expert's: the expert
+whose part of k* writes most (``||W_e^T k*_e||``, by hand over the stacked value vectors), k* and
+C restricted to its neurons, the update written into its rows of the stacked value vectors.
 """
 
 from __future__ import annotations
@@ -58,8 +62,31 @@ def _run(hf: Any, down: torch.nn.Module, ids: torch.Tensor, pos: int, delta: tor
         handle.remove()
 
 
-def reference_edit(hf: Any, tok: Any) -> dict[str, torch.Tensor]:
-    """k*, delta and the left vector of the ROME update at ``LAYER``, all from HF hooks."""
+def _one_expert(hf: Any, key: torch.Tensor) -> slice | None:
+    """On an MoE layer: the neurons of the expert whose part of ``key`` writes most; None on a dense layer."""
+    from capinterp.testing.family_checks._moe_ref import moe_layers
+
+    if LAYER not in moe_layers(hf):
+        return None
+    ex = moe_layers(hf)[LAYER][1].experts
+    n_exp, d = ex.down_proj.shape[0], ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
+    rows = torch.as_tensor(mlp_down(hf, LAYER).weight).detach().float()  # [every expert's neurons (+ shared), d]
+    writes = [float((key[e * d : (e + 1) * d, None] * rows[e * d : (e + 1) * d]).sum(0).norm()) for e in range(n_exp)]
+    e = max(range(n_exp), key=writes.__getitem__)
+    return slice(e * d, (e + 1) * d)
+
+
+def _block_bias(hf: Any) -> torch.Tensor | float:
+    """The bias an MoE block adds to its experts' sum (JetMoE's), at ``LAYER``; 0 elsewhere."""
+    from capinterp.testing.family_checks._moe_ref import _jetmoe, moe_layers
+
+    block: Any = moe_layers(hf).get(LAYER, (None, None))[1]
+    return block.bias.detach().float() if _jetmoe(block) else 0.0
+
+
+def reference_edit(hf: Any, tok: Any) -> dict[str, Any]:
+    """k*, delta and the left vector of the ROME update at ``LAYER``, all from HF hooks (and the
+    edited expert's neurons on an MoE layer)."""
     down = mlp_down(hf, LAYER)
     rows = []  # (ids, subject's last position, answer positions, gold ids)
     for c in CONTEXTS:
@@ -76,10 +103,14 @@ def reference_edit(hf: Any, tok: Any) -> dict[str, torch.Tensor]:
         for i, (x, pos, _, _) in enumerate(rows):
             _run(hf, down, x, pos, None, keep)
             keys.append(keep["key"])
-            if i == 0:
-                v0_norm = keep["value"].norm()
+            if i == 0:  # the layer's output: JetMoE's block adds its bias after the experts' sum
+                v0_norm = (keep["value"] + _block_bias(hf)).norm()
         kl_before = _run(hf, down, kl_ids, kl_pos, None, keep)[-1]
     key = torch.stack(keys).mean(0)
+    cols = _one_expert(hf, key)
+    if cols is not None:  # the other neurons' keys are not the edited expert's
+        key = torch.zeros_like(key).index_copy_(0, torch.arange(cols.start, cols.stop), key[cols])
+    part = slice(None) if cols is None else cols
     for p in hf.parameters():
         p.requires_grad_(False)
     delta = torch.zeros(int(hf.config.get_text_config().hidden_size), requires_grad=True)
@@ -104,7 +135,8 @@ def reference_edit(hf: Any, tok: Any) -> dict[str, torch.Tensor]:
             if delta.norm() > CLAMP * v0_norm:
                 delta.mul_(CLAMP * v0_norm / delta.norm())
     # C = mean k k^T over every token of TEXTS (keys: the down projection's input)
-    acc, n = torch.zeros(key.numel(), key.numel(), dtype=torch.float64), 0
+    width = key[part].numel()
+    acc, n = torch.zeros(width, width, dtype=torch.float64), 0
     with torch.no_grad():
         for text in TEXTS:
             x = _ids(tok, text)
@@ -114,12 +146,14 @@ def reference_edit(hf: Any, tok: Any) -> dict[str, torch.Tensor]:
                 hf(x)
             finally:
                 h.remove()
-            k = got[0].double()
+            k = got[0][:, part].double()
             acc, n = acc + k.T @ k, n + k.shape[0]
     C = acc / n
-    C = C + RIDGE * C.diagonal().mean() * torch.eye(key.numel(), dtype=torch.float64)
-    u = torch.linalg.solve(C, key.double())
-    return {"key": key, "delta": delta.detach(), "left": (u / (u @ key.double())).float(), "losses": losses}
+    C = C + RIDGE * C.diagonal().mean() * torch.eye(width, dtype=torch.float64)
+    u = torch.linalg.solve(C, key[part].double())
+    left = torch.zeros_like(key)
+    left[part] = (u / (u @ key[part].double())).float()
+    return {"key": key, "delta": delta.detach(), "left": left, "losses": losses, "expert": cols}
 
 
 def check_rome_edit(family: str) -> None:
@@ -136,7 +170,10 @@ def check_rome_edit(family: str) -> None:
         model, fact, NEW, layer=LAYER, texts=list(TEXTS), prefixes=list(CONTEXTS[1:]), steps=STEPS,
         lr=LR, kl_factor=KL, weight_decay=WD, clamp=CLAMP, ridge=RIDGE,
     )  # fmt: skip
+    from capinterp.testing.family_checks._moe_ref import densify, is_moe
+
     hf, _ = tiny_hf(family)
+    hf = densify(hf) if is_moe(hf) else hf  # MoE: the down projection's input is every expert's neurons
     want = reference_edit(hf, tok)
     for name in ("key", "delta", "left"):
         got, ref = getattr(edit, name).float(), want[name]
@@ -149,9 +186,16 @@ def check_rome_edit(family: str) -> None:
     update = torch.outer(want["delta"], want["left"])  # [d_model, d_mlp]: keys to values
     with torch.no_grad():
         before = {p: hf(_ids(tok, p)).logits[0, -1].double().log_softmax(-1) for p in (PROMPT, *PROMPTS)}
-        w = down.weight
-        assert isinstance(w, torch.Tensor)
-        w += (update.T if type(down).__name__ == "Conv1D" else update).to(w.dtype)  # Conv1D stores [in, out]
+        if want["expert"] is not None:  # the stacked value vectors, written back into the experts' weights
+            from capinterp.testing.family_checks._moe_ref import split_values
+
+            params = dict(hf.named_parameters())
+            for name, new in split_values(hf, LAYER, torch.as_tensor(down.weight) + update.T).items():
+                params[name].copy_(new)
+        else:
+            w = down.weight
+            assert isinstance(w, torch.Tensor)
+            w += (update.T if type(down).__name__ == "Conv1D" else update).to(w.dtype)  # Conv1D stores [in, out]
         with edit:
             for p in before:
                 ids = _ids(tok, p)

@@ -1,0 +1,89 @@
+"""ROME on a mixture-of-experts layer: the rank-one update of one expert's down projection.
+
+An MoE layer's neurons are every expert's on one axis (:mod:`capinterp.core.experts`), a neuron's
+activation carrying its router weight and 0 on tokens not routed to its expert. ROME's key
+covariance over that whole axis would be ``(n_experts * d_expert)^2`` (Mixtral 8x7B: 114688^2
+entries), and the update would spread over every expert. Per-expert ROME keeps ROME's algebra on
+one expert ``e``'s ``d_expert`` neurons:
+
+* k*_e: expert e's part of k* (the subject's last token, averaged over the contexts; 0 in a context
+  whose routing did not choose e);
+* C_e = E[k_e k_e^T] over the corpus (:func:`~capinterp.interventions.second_moment.second_moment`
+  with ``neurons=`` e's slice; tokens not routed to e add 0 keys, as they do to the full C);
+* W_e' = W_e + delta (C_e^{-1} k*_e)^T / (k*_e^T C_e^{-1} k*_e), written into e's own down
+  projection. The layer's output at k* moves by delta (the value optimisation is unchanged: delta
+  is added to the layer's output), the other experts and the shared expert keep their weights.
+
+The expert: ``expert=`` in :func:`~capinterp.interventions.rome.rome_edit`, or by default the one
+that writes most at the subject, ``argmax_e ||W_e^T k*_e||`` (an expert the subject was never
+routed to writes 0). A :class:`~capinterp.core.experts.DenseBlock` layer of a mixed model is a
+dense layer: no expert there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from capinterp.core import validate
+from capinterp.core.experts import DenseBlock
+from capinterp.core.family import family_of
+from capinterp.core.protocol import Model
+from capinterp.core.weights import down_projection
+
+__all__ = ["check_expert", "choose_expert", "expert_layer", "expert_restore", "expert_slice", "expert_write"]
+
+
+def expert_layer(model: Model, layer: int) -> bool:
+    """Whether ``layer`` is a mixture-of-experts layer (not a dense model's, nor a mixed model's dense one)."""
+    blocks = getattr(model, "capinterp_experts", None) or []
+    return bool(blocks) and not isinstance(blocks[layer], DenseBlock)
+
+
+def check_expert(model: Model, layer: int, expert: int | None) -> None:
+    """``expert`` is None on a dense layer, None or an expert index on an MoE layer (before any work)."""
+    if not expert_layer(model, layer):
+        if expert is not None:
+            raise ValueError(f"expert={expert!r} is for mixture-of-experts layers; layer {layer} is dense")
+        return
+    if expert is not None:
+        moe = family_of(model).moe
+        assert moe is not None
+        validate.integer("expert", expert, low=0, high=moe.n_experts - 1)
+
+
+def expert_slice(model: Model, expert: int) -> slice:
+    """Expert ``expert``'s neurons on its layer's neuron axis."""
+    moe = family_of(model).moe
+    assert moe is not None
+    return slice(expert * moe.d_expert, (expert + 1) * moe.d_expert)
+
+
+@torch.no_grad()
+def choose_expert(model: Model, layer: int, key: torch.Tensor) -> int:
+    """The expert that writes most at the key: ``argmax_e ||W_e^T k_e||`` over the routed experts."""
+    moe = family_of(model).moe
+    assert moe is not None
+    routed = moe.n_experts * moe.d_expert
+    values = down_projection(model, layer).values()[:routed].float().cpu()
+    k = key[:routed].float().cpu()
+    writes = (k[:, None] * values).reshape(moe.n_experts, moe.d_expert, -1).sum(1).norm(dim=-1)
+    if not bool(writes.gt(0).any()):
+        raise ValueError(f"ROME at layer {layer}: the subject's last token writes through no expert (its key is 0)")
+    return int(writes.argmax())
+
+
+@torch.no_grad()
+def expert_write(model: Model, layer: int, update: torch.Tensor, columns: slice) -> torch.Tensor:
+    """Add ``update`` (``[d_model, d_mlp]``, keys to values) to the value vectors of the neurons in
+    ``columns`` (one expert's), in that expert's own weight; returns their old rows (``[n, d_model]``)
+    for :func:`expert_restore`."""
+    proj = down_projection(model, layer)
+    idx = torch.arange(columns.start, columns.stop)
+    old = proj.values()[idx].detach().clone()
+    proj.write_rows(idx, (old.float() + update[:, columns].T.to(old.device)).to(old.dtype))
+    return old
+
+
+@torch.no_grad()
+def expert_restore(model: Model, layer: int, old: torch.Tensor, columns: slice) -> None:
+    down_projection(model, layer).write_rows(torch.arange(columns.start, columns.stop), old)

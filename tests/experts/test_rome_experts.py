@@ -1,0 +1,111 @@
+"""Per-expert ROME on an MoE layer (tiny DeepSeek-V2, layer 1: 4 experts of 48 neurons and a shared
+expert of 48, W = 240), against plain transformers: one expert's key, covariance and down projection;
+the other experts, the shared expert and the dense layer untouched; the default expert is the one
+that writes most at the subject. The family matrix checks the whole edit against a hand-written
+reference on every MoE family."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from moe_tiny import load_tiny_mixed
+
+import capinterp as ci
+from capinterp.core.weights import down_projection
+from capinterp.interventions.second_moment import second_moment
+
+E, DE, D = 4, 48, 32
+W = E * DE + DE
+# the subject ends the prompt: layer 1 is the last layer, so the edited value must be at the answer's position
+FACT = ci.Example("The city that holds the Eiffel Tower", " Paris")
+TEXTS = ["The river runs past the old mill.", "Berlin is the capital of Germany.", "1+2=3 and 4+5=9"]
+KW = dict(subject="Eiffel Tower", texts=TEXTS, prefixes=["A day. "], steps=8, clamp=100.0, ridge=0.1)
+
+
+@functools.cache
+def _edit(expert: int | None = None):
+    model, plain, tok = load_tiny_mixed()
+    return model, plain, tok, ci.rome_edit(model, FACT, " Rome", layer=1, expert=expert, **KW)
+
+
+def _experts_down(hf) -> torch.Tensor:
+    """Layer 1's stacked expert down projections as transformers stores them ([E, d_model, d_expert])."""
+    return hf.model.layers[1].mlp.experts.down_proj
+
+
+def test_default_expert_writes_most_at_the_subject():
+    """The default expert maximises ||W_e^T k*_e||: k* is read back from the edits of each expert
+    (each keeps its own expert's part of the same averaged key)."""
+    model, _, _, edit = _edit()
+    key = sum(_edit(e)[3].key for e in range(E))
+    assert torch.equal(
+        key[edit.expert * DE : (edit.expert + 1) * DE], edit.key[edit.expert * DE : (edit.expert + 1) * DE]
+    )
+    values = down_projection(model, 1).values().float()
+    writes = [float((key[e * DE : (e + 1) * DE, None] * values[e * DE : (e + 1) * DE]).sum(0).norm()) for e in range(E)]
+    assert sum(w > 0 for w in writes) >= 2  # the subject's token is routed to top-2 experts: a real choice
+    assert edit.expert == max(range(E), key=writes.__getitem__)
+
+
+@pytest.mark.parametrize("expert", [None, 1])
+def test_one_experts_rank_one_update(expert):
+    """k* and the left vector live on the expert's neurons only; W_e' k*_e = v*; every other weight of the
+    model keeps its exact value; leaving the block restores W_e exactly."""
+    model, plain, _, edit = _edit(expert)
+    e = edit.expert
+    assert e is not None and (expert is None or e == expert)
+    cols = slice(e * DE, (e + 1) * DE)
+    outside = torch.ones(W, dtype=torch.bool)
+    outside[cols] = False
+    assert not bool(edit.key[outside].any()) and not bool(edit.left[outside].any())
+    C, _ = second_moment(model, 1, texts=TEXTS, neurons=cols)
+    full, _ = second_moment(model, 1, texts=TEXTS)
+    assert torch.allclose(C, full[cols, cols], rtol=1e-5, atol=1e-7)  # the expert's block of the full C
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    proj = down_projection(model, 1)
+    with edit:
+        torch.testing.assert_close(proj.apply(edit.key[None])[0], edit.value, atol=1e-4, rtol=1e-4)
+        changed = {n for n, p in model.named_parameters() if not torch.equal(p, params[n])}
+        assert [n.replace("._original_component", "") for n in changed] == ["model.layers.1.mlp.experts.down_proj"]
+        stacked = next(p for n, p in model.named_parameters() if n in changed)
+        moved = (stacked - params[next(iter(changed))]).abs().sum(dim=(1, 2))
+        assert moved.nonzero().flatten().tolist() == [e]  # only expert e's slice of the stacked weight
+    assert all(torch.equal(p, params[n]) for n, p in model.named_parameters())
+
+
+def test_edit_equals_the_hand_written_update_on_plain_transformers():
+    """Writing W_e + delta left_e^T into expert e of the plain transformers copy by hand gives the
+    edited model's logits."""
+    model, plain, tok, edit = _edit()
+    e, cols = edit.expert, slice(edit.expert * DE, (edit.expert + 1) * DE)
+    ids = tok(FACT.prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        down = _experts_down(plain)  # [E, d_model, d_expert]: keys to values
+        old = down[e].clone()
+        down[e] += torch.outer(edit.delta, edit.left[cols])
+        try:
+            with edit:
+                torch.testing.assert_close(model(ids), plain(ids).logits, atol=1e-5, rtol=1e-4)
+        finally:
+            down[e] = old
+
+
+def test_second_moment_matrix_of_an_expert_layer_is_the_experts():
+    model = _edit()[0]
+    with pytest.raises(ValueError, match=rf"second_moment_matrix must be \[{DE}, {DE}\]"):
+        ci.rome_edit(model, FACT, " Rome", layer=1, second_moment_matrix=torch.eye(W), **KW)
+
+
+def test_the_edit_raises_the_new_target():
+    """Editing one expert moves the answer: log p(new target) at the prompt rises by more than a nat."""
+    model, _, tok = load_tiny_mixed()
+    edit = ci.rome_edit(model, FACT, " Rome", layer=1, **{**KW, "steps": 20, "weight_decay": 0.0, "kl_factor": 0.0})
+    ids = tok(FACT.prompt, return_tensors="pt")["input_ids"]
+    rome = tok(" Rome")["input_ids"][0]
+    with torch.no_grad():
+        before = float(model(ids)[0, -1].log_softmax(-1)[rome])
+        with edit:
+            after = float(model(ids)[0, -1].log_softmax(-1)[rome])
+    assert after > before + 1.0, (edit.losses, before, after)
