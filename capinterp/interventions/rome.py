@@ -52,7 +52,7 @@ from capinterp.interventions.rome_experts import (
     expert_slice,
     expert_write,
 )
-from capinterp.interventions.second_moment import second_moment
+from capinterp.interventions.second_moment import key_corpus, second_moment
 
 __all__ = ["EditUnreachable", "RomeEdit", "rome_edit", "subject_last_position"]
 
@@ -281,17 +281,26 @@ def rome_edit(
     validate.integer("seed", seed)
     validate.boolean("inplace", inplace)
     fact, subject, new_target = _checked_fact(model, fact, subject, new_target)
-    _check_matrix(model, layer, second_moment_matrix)
+    _check_matrix(model, layer, second_moment_matrix, expert)
+    moe = expert_layer(model, layer)  # one expert's neurons: its key, its covariance, its down projection
+    columns = expert_slice(model, expert) if moe and expert is not None else None
+    C = None
+    if moe and expert is None:  # C waits for the chosen expert; its corpus is checked now
+        key_corpus(model, texts=texts, data_dir=data_dir)
+    else:
+        C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix, columns)
     if prefixes is None:
         prefixes = sample_prefixes(model, n_prefixes, prefix_tokens, seed)
     contexts = [""] + [str(p) for p in prefixes]
     delta, key, losses = _optimise(model, search, fact.prompt, subject, new_target, contexts)
-    columns = None
-    if expert_layer(model, layer):  # one expert's neurons: its key, its covariance, its down projection
+    if moe:
         expert = choose_expert(model, layer, key) if expert is None else expert
         columns = expert_slice(model, expert)
-        key = torch.zeros_like(key).index_copy_(0, torch.arange(columns.start, columns.stop), key[columns])
-    C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix, columns)
+        mine = torch.zeros_like(key)
+        mine[columns] = key[columns]
+        key = mine
+        C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix, columns) if C is None else C
+    assert C is not None
     edit = RomeEdit(
         layer,
         key.cpu(),
@@ -333,10 +342,14 @@ def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None)
     return fact, subject, new_target
 
 
-def _check_matrix(model: Model, layer: int, matrix: torch.Tensor | None) -> None:
-    """A given C is ``[d_mlp, d_mlp]``, or one expert's ``[d_expert, d_expert]`` on an MoE layer."""
+def _check_matrix(model: Model, layer: int, matrix: torch.Tensor | None, expert: int | None) -> None:
+    """A given C is ``[d_mlp, d_mlp]``, or on an MoE layer the ``[d_expert, d_expert]`` of the expert named."""
     moe = family_of(model).moe
     n = moe.d_expert if moe is not None and expert_layer(model, layer) else int(model.cfg.d_mlp)
+    if matrix is not None and n != int(model.cfg.d_mlp) and expert is None:
+        raise ValueError(
+            f"second_moment_matrix on a mixture-of-experts layer is one expert's keys' ([{n}, {n}]): pass expert= too"
+        )
     if matrix is not None and tuple(matrix.shape) != (n, n):
         raise ValueError(f"second_moment_matrix must be [{n}, {n}], got {tuple(matrix.shape)}")
 

@@ -24,7 +24,35 @@ from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
 
-__all__ = ["second_moment"]
+__all__ = ["key_corpus", "second_moment"]
+
+
+def key_corpus(
+    model: Model,
+    *,
+    texts: Sequence[str] | None = None,
+    data_dir: str | os.PathLike | None = None,
+    n_texts: int = 400,
+    max_tokens: int = 64,
+) -> list[list[int]]:
+    """The token sequences :func:`second_moment` reads (BOS first where the model prepends one, each
+    cut to ``max_tokens``); every input error is raised here, before any forward pass."""
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    if texts is None:
+        texts = local_texts(data_dir, n=n_texts)
+    elif isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be a list of strings")
+    bos = model_bos(model)
+    tok = model.tokenizer
+    seqs = [
+        ids
+        for ids in (bos + list(tok(t, add_special_tokens=False)["input_ids"])[: max_tokens - len(bos)] for t in texts)
+        if len(ids) > len(bos)
+    ]
+    if not seqs:
+        raise ValueError("texts must hold at least one non-empty text")
+    return seqs
 
 
 def second_moment(
@@ -49,21 +77,8 @@ def second_moment(
     n_layers = int(model.cfg.n_layers)
     if not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
-    if max_tokens < 2:
-        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
-    if texts is None:
-        texts = local_texts(data_dir, n=n_texts)
-    elif isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must be a list of strings")
-    bos = model_bos(model)
-    tok = model.tokenizer
-    seqs = [
-        ids
-        for ids in (bos + list(tok(t, add_special_tokens=False)["input_ids"])[: max_tokens - len(bos)] for t in texts)
-        if len(ids) > len(bos)
-    ]
-    if not seqs:
-        raise ValueError("texts must hold at least one non-empty text")
+    seqs = key_corpus(model, texts=texts, data_dir=data_dir, n_texts=n_texts, max_tokens=max_tokens)
+    bos, tok = model_bos(model), model.tokenizer
     digest = hashlib.sha256(repr(seqs).encode()).hexdigest()[:16]
     part = "" if neurons is None else f"-N{neurons.start}-{neurons.stop}"
     path = cache_dir() / "second_moment" / f"{model_fingerprint(model)}-L{layer}{part}-{digest}.pt"

@@ -92,10 +92,19 @@ def test_edit_equals_the_hand_written_update_on_plain_transformers():
             down[e] = old
 
 
-def test_second_moment_matrix_of_an_expert_layer_is_the_experts():
+def test_bad_second_moment_matrix_or_texts_refused_before_any_work(monkeypatch):
+    """On an MoE layer a given C is the named expert's ``[d_expert, d_expert]``; the corpus is checked
+    before the value optimisation even where C waits for the default expert."""
+    from capinterp.interventions import rome
+
     model = _edit()[0]
+    monkeypatch.setattr(rome, "_optimise", lambda *a, **k: pytest.fail("work started"))
     with pytest.raises(ValueError, match=rf"second_moment_matrix must be \[{DE}, {DE}\]"):
-        ci.rome_edit(model, FACT, " Rome", layer=1, second_moment_matrix=torch.eye(W), **KW)
+        ci.rome_edit(model, FACT, " Rome", layer=1, expert=0, second_moment_matrix=torch.eye(W), **KW)
+    with pytest.raises(ValueError, match="one expert's keys.*pass expert= too"):
+        ci.rome_edit(model, FACT, " Rome", layer=1, second_moment_matrix=torch.eye(DE), **KW)
+    with pytest.raises(ValueError, match="at least one non-empty text"):
+        ci.rome_edit(model, FACT, " Rome", layer=1, **{**KW, "texts": [""]})
 
 
 def test_the_edit_raises_the_new_target():
