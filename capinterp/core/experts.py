@@ -60,18 +60,21 @@ import torch
 from torch import Tensor
 
 from capinterp.core.family import MoE, UnsupportedFamily, family_of
+from capinterp.core.gated_mlp import (
+    FusedNames,
+    activation,
+    fused_gated,
+    gated_mlp_neurons,
+    is_gated_mlp,
+    module_of,
+    named_gated,
+    unwrap,
+)
 from capinterp.core.protocol import Model
 
 __all__ = ["DenseBlock", "ExpertBlock", "ExpertValues", "expert_block", "install", "is_moe"]
 
 _HOOK = "hook_neurons"  # the HookPoint's own name; blocks.{l}.mlp.hook_post is its alias
-
-
-def _unwrap(module: Any) -> Any:
-    """The transformers module behind bridge wrappers."""
-    while isinstance(getattr(module, "original_component", None), torch.nn.Module):
-        module = module.original_component
-    return module
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,6 +136,11 @@ class ExpertBlock:
         if self.shared is None:
             return rows
         return torch.cat([rows, self.shared.down_proj.weight.T.to(rows.dtype)])
+
+    def expert_values(self, e: int) -> Tensor:
+        """Expert ``e``'s value vectors, ``[d_expert, d_model]`` (a copy of its slice of the stacked weight)."""
+        w = self.experts.down_proj[e]
+        return (w if self.experts.is_transposed else w.T).detach().clone()
 
     def neuron_rows(self) -> Tensor:
         """Every neuron's weights side by side, ``[d_mlp, 3 * d_model]``: its gate row, up row
@@ -203,83 +211,9 @@ class ExpertBlock:
         return (out, extra) if self.returns_scores else out
 
 
-def _act(mlp: Any) -> Any:
-    """A transformers gated MLP's activation module (``act_fn``; Llama 4 calls it ``activation_fn``)."""
-    return getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
-
-
-class _LlamaNames:
-    """A gated MLP that keeps the original Llama's names (LFM2-MoE's dense layers: ``w1`` gate, ``w3`` up,
-    ``w2`` down, SiLU inside its forward), seen under transformers' usual ones. Its attributes are the
-    module's own submodules, so reads and writes reach the model; calling it calls the module. The
-    activation is taken as SiLU where the module names none: :func:`_checked_dense` refuses the layer at
-    load if the module computes anything else."""
-
-    def __init__(self, mlp: torch.nn.Module):
-        self.module = mlp
-        self.gate_proj, self.up_proj, self.down_proj = mlp.w1, mlp.w3, mlp.w2
-        self.act_fn = getattr(mlp, "act_fn", None) or torch.nn.functional.silu
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.module(x)
-
-
-def _named_gated(mlp: Any) -> Any:
-    """``mlp``, or its :class:`_LlamaNames` view where its projections are called ``w1`` / ``w2`` / ``w3``."""
-    if not hasattr(mlp, "down_proj") and all(
-        isinstance(_unwrap(getattr(mlp, k, None)), torch.nn.Linear) for k in ("w1", "w2", "w3")
-    ):
-        return _LlamaNames(mlp)
-    return mlp
-
-
-class _Half:
-    """One half (gate or up) of a fused ``[gate | up]`` Linear without bias, as a Linear would be read:
-    ``weight`` a view of the fused weight's rows (writes reach it), calling it projects."""
-
-    def __init__(self, fused: torch.nn.Linear, half: int):
-        self.fused, self.half = fused, half
-
-    @property
-    def weight(self) -> Tensor:
-        return self.fused.weight.chunk(2, dim=0)[self.half]
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return torch.nn.functional.linear(x, self.weight)
-
-
-class _FusedNames:
-    """A gated MLP with one fused ``input_linear`` (rows: gate half, then up half) and ``output_linear``
-    (Granite 4.0's shared MLP), seen under transformers' usual names; ``fused`` is the fused Linear
-    (the parameter its neurons' gate and up rows live in). Not callable: once served, the module's own
-    forward returns 0 (the MoE block computes its neurons)."""
-
-    def __init__(self, mlp: Any):
-        self.module, self.fused = mlp, mlp.input_linear
-        self.gate_proj, self.up_proj, self.down_proj = _Half(self.fused, 0), _Half(self.fused, 1), mlp.output_linear
-        self.act_fn = mlp.activation
-
-
-def _fused_gated(mlp: Any) -> bool:
-    return all(
-        isinstance(_unwrap(getattr(mlp, k, None)), torch.nn.Linear) and _unwrap(getattr(mlp, k)).bias is None
-        for k in ("input_linear", "output_linear")
-    ) and callable(getattr(mlp, "activation", None))
-
-
 def _zero_out(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """The forward of a shared expert whose neurons the MoE block's forward computes (Granite 4.0)."""
     return torch.zeros_like(x)
-
-
-def _is_gated_mlp(mlp: Any) -> bool:
-    return all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")) and callable(_act(mlp))
-
-
-def gated_mlp_neurons(mlp: Any, x: Tensor) -> Tensor:
-    """``act(gate_proj(x)) * up_proj(x)``: the neurons of a transformers gated MLP (a shared expert,
-    or a dense layer between expert layers)."""
-    return _act(mlp)(mlp.gate_proj(x)) * mlp.up_proj(x)
 
 
 @dataclass(frozen=True, eq=False)
@@ -304,7 +238,7 @@ class DenseBlock:
         return b.down_proj(neurons[..., : self.width])
 
     def _weight(self, name: str) -> Tensor:
-        return _unwrap(getattr(self.block, name)).weight
+        return unwrap(getattr(self.block, name)).weight
 
     def _pad(self, rows: Tensor) -> Tensor:
         return torch.cat([rows, rows.new_zeros(self.padded - self.width, rows.shape[1])])
@@ -359,22 +293,22 @@ def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
     that axis, or computes something else than ``down(act(gate(x)) * up(x))`` on random inputs."""
     fam = family_of(model)
     mlp = getattr(model.blocks[layer], "mlp", None)
-    block = _named_gated(_unwrap(mlp))
+    block = named_gated(unwrap(mlp))
     where = f"{fam.name} ({fam.architecture}), layer {layer}"
     if mlp is None:
         raise UnsupportedFamily(
             f"{where}: the bridge's block has no MLP module (a hybrid layer: state-space, convolution or "
             "linear-attention mixer) between expert layers; capinterp needs an FFN in every layer"
         )
-    if not callable(_act(block)) or not all(
-        isinstance(_unwrap(getattr(block, k, None)), torch.nn.Linear) for k in ("gate_proj", "up_proj", "down_proj")
+    if not callable(activation(block)) or not all(
+        isinstance(unwrap(getattr(block, k, None)), torch.nn.Linear) for k in ("gate_proj", "up_proj", "down_proj")
     ):
         raise UnsupportedFamily(
             f"{where}: a dense layer between expert layers that is not a gated MLP with gate_proj, up_proj, "
             f"down_proj and act_fn, or w1, w3 and w2 ({type(block).__name__}); capinterp serves only gated dense layers on the "
             "experts' neuron axis"
         )
-    width = int(_unwrap(block.down_proj).in_features)
+    width = int(unwrap(block.down_proj).in_features)
     if width > moe.width:
         raise UnsupportedFamily(
             f"{where}: the dense FFN has {width} neurons, more than an expert layer's {moe.width} "
@@ -390,7 +324,7 @@ def _checked_dense(where: str, spec: DenseBlock) -> DenseBlock:
     inputs, and that its padding neurons are 0: a dense MLP taking another step is refused here."""
     from transformer_lens.hook_points import HookPoint
 
-    like = _unwrap(spec.block.down_proj).weight
+    like = unwrap(spec.block.down_proj).weight
     x = torch.randn(2, 6, int(like.shape[0]), generator=torch.Generator().manual_seed(0))
     x = x.to(device=like.device, dtype=like.dtype)
     want = spec.block(x)
@@ -406,7 +340,7 @@ def _checked_dense(where: str, spec: DenseBlock) -> DenseBlock:
     if err > tol or bool(seen["neurons"][..., spec.width :].any()):
         raise UnsupportedFamily(
             f"{where}: the dense layer's output is not down_proj(act_fn(gate_proj(x)) * up_proj(x)) "
-            f"({type(getattr(spec.block, 'module', spec.block)).__name__} differs by {err:.3g}); its neurons are "
+            f"({type(module_of(spec.block)).__name__} differs by {err:.3g}); its neurons are "
             "not defined"
         )
     return spec
@@ -428,7 +362,7 @@ def expert_block(model: Model, layer: int) -> ExpertBlock | DenseBlock:
 
 
 def _has_experts(module: Any) -> bool:
-    block = _unwrap(module)
+    block = unwrap(module)
     return isinstance(getattr(block, "experts", None), torch.nn.Module) or _parallel_experts(block)
 
 
@@ -471,8 +405,8 @@ class _Parallel(_GateHalves):
     is_transposed = False
 
     def __init__(self, block: Any) -> None:
-        self.gate_up_proj = _unwrap(block.input_linear).weight
-        self.down_proj = _unwrap(block.output_linear).weight
+        self.gate_up_proj = unwrap(block.input_linear).weight
+        self.down_proj = unwrap(block.output_linear).weight
         self.act_fn = block.activation
 
     def parameters(self) -> Any:
@@ -483,7 +417,7 @@ def _parallel_experts(block: Any) -> bool:
     """Whether ``block`` is an FFN of experts kept as ``input_linear`` / ``output_linear``
     ``ParallelExperts`` (3-D weights) with a router and an activation (JetMoE's MoE block; its
     attention's mixture of query experts has no activation and is not an FFN)."""
-    weights = [getattr(_unwrap(getattr(block, k, None)), "weight", None) for k in ("input_linear", "output_linear")]
+    weights = [getattr(unwrap(getattr(block, k, None)), "weight", None) for k in ("input_linear", "output_linear")]
     return (
         all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights)
         and callable(getattr(block, "activation", None))
@@ -521,10 +455,10 @@ def _flagged(experts: Any, d_model: int) -> Any:
 def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     fam = family_of(model)
     mlp = getattr(model.blocks[layer], "mlp", None)
-    block = _unwrap(mlp)
+    block = unwrap(mlp)
     where = f"{fam.name} ({fam.architecture}), layer {layer}"
     parallel = _parallel_experts(block)
-    experts = _Parallel(block) if parallel else _unwrap(getattr(block, "experts", None))
+    experts = _Parallel(block) if parallel else unwrap(getattr(block, "experts", None))
     router = getattr(block, "router", None) or getattr(block, "gate", None)
     if mlp is None:
         raise UnsupportedFamily(
@@ -556,21 +490,21 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         )
     n_experts = int(down.shape[0])
     d_expert = int(down.shape[1] if experts.is_transposed else down.shape[2])
-    shared = _unwrap(
+    shared = unwrap(
         getattr(block, "shared_expert", None)
         or getattr(block, "shared_experts", None)
         or getattr(block, "shared_mlp", None)
     )
     beside = None
     if shared is None and mlp is not None:  # Granite 4.0: the decoder layer adds its shared MLP beside the block
-        beside = _unwrap(getattr(_unwrap(model.blocks[layer]), "shared_mlp", None))
-        if beside is not None and not _fused_gated(beside):
+        beside = unwrap(getattr(unwrap(model.blocks[layer]), "shared_mlp", None))
+        if beside is not None and not fused_gated(beside):
             raise UnsupportedFamily(
                 f"{where}: the shared MLP beside the experts ({type(beside).__name__}) is not a gated MLP with one "
                 "fused input_linear [gate | up] and output_linear, without biases"
             )
-        shared = _FusedNames(beside) if beside is not None else None
-    if shared is not None and not _is_gated_mlp(shared):
+        shared = FusedNames(beside) if beside is not None else None
+    if shared is not None and not is_gated_mlp(shared):
         raise UnsupportedFamily(f"{where}: the shared expert {type(shared).__name__} is not a gated MLP")
     d_shared = int(shared.down_proj.in_features) if shared is not None else 0
     # a shared expert the config does not name (Llama 4's is always there): the modules are the truth,
@@ -610,7 +544,7 @@ def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
             f"{where}: the MoE block ({type(block).__name__}) takes {extra} besides the layer's input (routing by "
             "token ids or other state); capinterp's expert forward, which routes by the input alone, cannot stand in"
         )
-    params = list(inspect.signature(_unwrap(router).forward).parameters.values())[1:]
+    params = list(inspect.signature(unwrap(router).forward).parameters.values())[1:]
     names = tuple(
         p.name
         for p in params
@@ -709,8 +643,7 @@ def install(model: Model) -> None:
         mlp.hook_aliases = {**aliases, "hook_post": _HOOK}
         if "hook_post" in mlp.__dict__:
             object.__setattr__(mlp, "hook_post", hook)
-        module = spec.block.module if isinstance(spec.block, _LlamaNames) else spec.block
-        module.forward = functools.partial(spec.forward, hook)
+        module_of(spec.block).forward = functools.partial(spec.forward, hook)
         if isinstance(spec, ExpertBlock) and spec.shared_beside is not None:  # its neurons are in the block's now
             spec.shared_beside.forward = _zero_out
     model.capinterp_experts = blocks
@@ -791,9 +724,9 @@ def owned_entries(spec: ExpertBlock | DenseBlock) -> list[tuple[str, str, Tensor
         b = spec.block
         rows = lambda idx: (_pick(idx, 0, spec.width),)  # noqa: E731
         return [
-            ("W_gate", "gate_proj", _unwrap(b.gate_proj).weight, rows),
-            ("W_in", "up_proj", _unwrap(b.up_proj).weight, rows),
-            ("W_out", "down_proj", _unwrap(b.down_proj).weight, lambda idx: (slice(None), *rows(idx))),
+            ("W_gate", "gate_proj", unwrap(b.gate_proj).weight, rows),
+            ("W_in", "up_proj", unwrap(b.up_proj).weight, rows),
+            ("W_out", "down_proj", unwrap(b.down_proj).weight, lambda idx: (slice(None), *rows(idx))),
         ]
     ex, d, routed = spec.experts, spec.d_expert, spec.n_experts * spec.d_expert
     out_axis = 2 if ex.is_transposed else 1  # where a projection's outputs sit in [E, ., .]
@@ -825,7 +758,7 @@ def owned_entries(spec: ExpertBlock | DenseBlock) -> list[tuple[str, str, Tensor
             ("b_gate_up" if gated else "b_in", f"{name}_bias", getattr(ex, f"{name}_bias"), bias(concat, gated))
         )
     found.append(("W_out", "down_proj", ex.down_proj, values))
-    if isinstance(spec.shared, _FusedNames):  # gate rows j, up rows d_shared + j of one fused weight
+    if isinstance(spec.shared, FusedNames):  # gate rows j, up rows d_shared + j of one fused weight
         sh, ds = spec.shared, spec.d_shared
         rows = lambda idx: (_pick(idx, routed, routed + ds),)  # noqa: E731
         found += [

@@ -42,7 +42,6 @@ from capinterp.core.model import model_fingerprint, neuron_hook
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
-from capinterp.core.weights import down_projection
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.rome_experts import (
     check_expert,
@@ -50,6 +49,7 @@ from capinterp.interventions.rome_experts import (
     expert_layer,
     expert_restore,
     expert_slice,
+    expert_value,
     expert_write,
 )
 from capinterp.interventions.second_moment import key_corpus, second_moment
@@ -93,9 +93,9 @@ class RomeEdit:
     def _add(self, model: Model) -> Callable[[], None]:
         """Write W' into ``model``; returns what restores W exactly."""
         if self.expert is not None:
-            columns = expert_slice(model, self.expert)
-            old_rows = expert_write(model, self.layer, self.update, columns)
-            return lambda: expert_restore(model, self.layer, old_rows, columns)
+            e = self.expert
+            old_rows = expert_write(model, self.layer, self.update, e)
+            return lambda: expert_restore(model, self.layer, old_rows, e)
         w, dim = value_weight(model, self.layer)
         old = w.detach().clone()
         upd = self.update[:, : w.shape[dim]].to(device=w.device, dtype=torch.float32)  # padding columns are 0
@@ -304,7 +304,8 @@ def rome_edit(
     edit = RomeEdit(
         layer,
         key.cpu(),
-        _unedited_value(model, layer, key) + delta.cpu(),
+        (_unedited_value(model, layer, key) if expert is None else expert_value(model, layer, key, expert))
+        + delta.cpu(),
         delta.cpu(),
         _padded_left(model, layer, C, key, ridge, columns).cpu(),
         fact,
@@ -396,10 +397,8 @@ def _padded_left(
 
 @torch.no_grad()
 def _unedited_value(model: Model, layer: int, key: torch.Tensor) -> torch.Tensor:
-    """W k*: what ``layer``'s down projection makes of the key before the edit, on the CPU."""
-    if expert_layer(model, layer):
-        values = down_projection(model, layer).values()
-        return (key.float().to(values.device) @ values.float()).cpu()
+    """W k*: what ``layer``'s down projection makes of the key before the edit, on the CPU (a dense layer;
+    an expert's: :func:`~capinterp.interventions.rome_experts.expert_value`)."""
     w, dim = value_weight(model, layer)
     key = key[: w.shape[dim]]  # a dense layer of a mixed model: its real neurons (the padding's keys are 0)
     return (w.float() @ key if dim == 1 else key @ w.float()).cpu()

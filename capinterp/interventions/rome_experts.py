@@ -25,12 +25,20 @@ from __future__ import annotations
 import torch
 
 from capinterp.core import validate
-from capinterp.core.experts import DenseBlock
+from capinterp.core.experts import DenseBlock, ExpertBlock, ExpertValues
 from capinterp.core.family import family_of
 from capinterp.core.protocol import Model
 from capinterp.core.weights import down_projection
 
-__all__ = ["check_expert", "choose_expert", "expert_layer", "expert_restore", "expert_slice", "expert_write"]
+__all__ = [
+    "check_expert",
+    "choose_expert",
+    "expert_layer",
+    "expert_restore",
+    "expert_slice",
+    "expert_value",
+    "expert_write",
+]
 
 
 def expert_layer(model: Model, layer: int) -> bool:
@@ -58,32 +66,42 @@ def expert_slice(model: Model, expert: int) -> slice:
     return slice(expert * moe.d_expert, (expert + 1) * moe.d_expert)
 
 
+def _block(model: Model, layer: int) -> ExpertBlock:
+    proj = down_projection(model, layer)
+    assert isinstance(proj, ExpertValues) and isinstance(proj.spec, ExpertBlock), f"layer {layer} is no expert layer"
+    return proj.spec
+
+
+@torch.no_grad()
+def expert_value(model: Model, layer: int, key: torch.Tensor, expert: int) -> torch.Tensor:
+    """``W_e^T k_e``: what expert ``expert`` writes for its part of ``key`` (``[d_mlp]``), float32 on the CPU."""
+    k = key[expert_slice(model, expert)].float().cpu()
+    return k @ _block(model, layer).expert_values(expert).float().cpu()
+
+
 @torch.no_grad()
 def choose_expert(model: Model, layer: int, key: torch.Tensor) -> int:
     """The expert that writes most at the key: ``argmax_e ||W_e^T k_e||`` over the routed experts."""
     moe = family_of(model).moe
     assert moe is not None
-    routed = moe.n_experts * moe.d_expert
-    values = down_projection(model, layer).values()[:routed].float().cpu()
-    k = key[:routed].float().cpu()
-    writes = (k[:, None] * values).reshape(moe.n_experts, moe.d_expert, -1).sum(1).norm(dim=-1)
+    writes = torch.stack([expert_value(model, layer, key, e).norm() for e in range(moe.n_experts)])
     if not bool(writes.gt(0).any()):
         raise ValueError(f"ROME at layer {layer}: the subject's last token writes through no expert (its key is 0)")
     return int(writes.argmax())
 
 
 @torch.no_grad()
-def expert_write(model: Model, layer: int, update: torch.Tensor, columns: slice) -> torch.Tensor:
-    """Add ``update`` (``[d_model, d_mlp]``, keys to values) to the value vectors of the neurons in
-    ``columns`` (one expert's), in that expert's own weight; returns their old rows (``[n, d_model]``)
-    for :func:`expert_restore`."""
-    proj = down_projection(model, layer)
-    idx = torch.arange(columns.start, columns.stop)
-    old = proj.values()[idx].detach().clone()
-    proj.write_rows(idx, (old.float() + update[:, columns].T.to(old.device)).to(old.dtype))
+def expert_write(model: Model, layer: int, update: torch.Tensor, expert: int) -> torch.Tensor:
+    """Add ``update`` (``[d_model, d_mlp]``, keys to values) to expert ``expert``'s value vectors, in its
+    own weight; returns the old ones (``[d_expert, d_model]``) for :func:`expert_restore`."""
+    columns = expert_slice(model, expert)
+    old = _block(model, layer).expert_values(expert)
+    new = (old.float() + update[:, columns].T.to(old.device)).to(old.dtype)
+    down_projection(model, layer).write_rows(torch.arange(columns.start, columns.stop), new)
     return old
 
 
 @torch.no_grad()
-def expert_restore(model: Model, layer: int, old: torch.Tensor, columns: slice) -> None:
+def expert_restore(model: Model, layer: int, old: torch.Tensor, expert: int) -> None:
+    columns = expert_slice(model, expert)
     down_projection(model, layer).write_rows(torch.arange(columns.start, columns.stop), old)

@@ -24,7 +24,7 @@ ROUTED = KW["num_local_experts"] * KW["intermediate_size"]  # 4 experts x 48 neu
 
 
 # Granite 4.0 H-Micro's layout: Mamba-2 and attention layers, no experts (the matrix's dense row has attention only)
-H_DENSE = dict(layer_types=["linear_attention", "full_attention"], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8)
+H_DENSE = {k: KW[k] for k in ("layer_types", "mamba_n_heads", "mamba_d_head", "mamba_d_state")}  # the MoE row's layers
 
 
 def _load(family: str = "granitemoehybrid", **overrides):

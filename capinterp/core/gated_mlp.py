@@ -1,0 +1,110 @@
+"""Gated MLPs as transformers names them (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``), and
+views of the ones that name them otherwise, for :mod:`capinterp.core.experts`: LFM2-MoE's dense layers
+keep the original Llama's ``w1`` / ``w3`` / ``w2``; Granite 4.0's shared MLP fuses gate and up into one
+``input_linear``. A view's attributes are the module's own parameters (or views of them), so reads and
+writes reach the model; :func:`module_of` gives the module behind a view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "FusedNames",
+    "LlamaNames",
+    "activation",
+    "fused_gated",
+    "gated_mlp_neurons",
+    "is_gated_mlp",
+    "module_of",
+    "named_gated",
+    "unwrap",
+]
+
+
+def unwrap(module: Any) -> Any:
+    """The transformers module behind bridge wrappers."""
+    while isinstance(getattr(module, "original_component", None), torch.nn.Module):
+        module = module.original_component
+    return module
+
+
+def activation(mlp: Any) -> Any:
+    """A transformers gated MLP's activation module (``act_fn``; Llama 4 calls it ``activation_fn``)."""
+    return getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+
+
+class LlamaNames:
+    """A gated MLP that keeps the original Llama's names (LFM2-MoE's dense layers: ``w1`` gate, ``w3`` up,
+    ``w2`` down, SiLU inside its forward), seen under transformers' usual ones. Its attributes are the
+    module's own submodules, so reads and writes reach the model; calling it calls the module. The
+    activation is taken as SiLU where the module names none: the load-time check of
+    :mod:`capinterp.core.experts` refuses the layer if the module computes anything else."""
+
+    def __init__(self, mlp: torch.nn.Module):
+        self.module = mlp
+        self.gate_proj, self.up_proj, self.down_proj = mlp.w1, mlp.w3, mlp.w2
+        self.act_fn = getattr(mlp, "act_fn", None) or torch.nn.functional.silu
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.module(x)
+
+
+def named_gated(mlp: Any) -> Any:
+    """``mlp``, or its :class:`LlamaNames` view where its projections are called ``w1`` / ``w2`` / ``w3``."""
+    if not hasattr(mlp, "down_proj") and all(
+        isinstance(unwrap(getattr(mlp, k, None)), torch.nn.Linear) for k in ("w1", "w2", "w3")
+    ):
+        return LlamaNames(mlp)
+    return mlp
+
+
+class _Half:
+    """One half (gate or up) of a fused ``[gate | up]`` Linear without bias, as a Linear would be read:
+    ``weight`` a view of the fused weight's rows (writes reach it), calling it projects."""
+
+    def __init__(self, fused: torch.nn.Linear, half: int):
+        self.fused, self.half = fused, half
+
+    @property
+    def weight(self) -> Tensor:
+        return self.fused.weight.chunk(2, dim=0)[self.half]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+class FusedNames:
+    """A gated MLP with one fused ``input_linear`` (rows: gate half, then up half) and ``output_linear``
+    (Granite 4.0's shared MLP), seen under transformers' usual names; ``fused`` is the fused Linear
+    (the parameter its neurons' gate and up rows live in). Not callable: once served, the module's own
+    forward returns 0 (the MoE block computes its neurons)."""
+
+    def __init__(self, mlp: Any):
+        self.module, self.fused = mlp, mlp.input_linear
+        self.gate_proj, self.up_proj, self.down_proj = _Half(self.fused, 0), _Half(self.fused, 1), mlp.output_linear
+        self.act_fn = mlp.activation
+
+
+def fused_gated(mlp: Any) -> bool:
+    return all(
+        isinstance(unwrap(getattr(mlp, k, None)), torch.nn.Linear) and unwrap(getattr(mlp, k)).bias is None
+        for k in ("input_linear", "output_linear")
+    ) and callable(getattr(mlp, "activation", None))
+
+
+def is_gated_mlp(mlp: Any) -> bool:
+    return all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")) and callable(activation(mlp))
+
+
+def gated_mlp_neurons(mlp: Any, x: Tensor) -> Tensor:
+    """``act(gate_proj(x)) * up_proj(x)``: the neurons of a transformers gated MLP (a shared expert,
+    or a dense layer between expert layers)."""
+    return activation(mlp)(mlp.gate_proj(x)) * mlp.up_proj(x)
+
+
+def module_of(mlp: Any) -> Any:
+    """The transformers module behind a :class:`LlamaNames` or :class:`FusedNames` view (``mlp`` itself otherwise)."""
+    return mlp.module if isinstance(mlp, (LlamaNames, FusedNames)) else mlp
