@@ -35,6 +35,7 @@ MOE_FAMILIES = (
     "lfm2_moe",
     "jamba",
     "granitemoehybrid",
+    "nemotron_h",
 )
 
 
@@ -50,6 +51,8 @@ ALL_EXPERT_LAYERS = {
     "dots1": dict(first_k_dense_replace=0),
     "lfm2_moe": dict(num_dense_layers=0),
     "jamba": dict(expert_layer_period=1, expert_layer_offset=0),
+    # one sublayer per layer: two expert layers, then attention (transformers' cache needs one to tell its length)
+    "nemotron_h": dict(layers_block_type=["moe", "moe", "full_attention"], num_hidden_layers=3),
 }
 
 

@@ -30,6 +30,10 @@ bridge's stays registered for everyone else):
   the model has no experts (Granite 4.0 Micro: a dense model), the sparse MoE block where it has
   (capinterp's expert forward then computes experts and shared MLP as one layer, see
   :mod:`capinterp.core.experts`); ``hook_mlp_out`` fires on the layer's scaled contribution.
+* ``NemotronHForCausalLM`` (NemotronH): the bridge maps each layer, one sublayer each, as one opaque
+  ``mixer``. capinterp first renames each layer's modules by kind (:mod:`capinterp.core.one_sublayer`,
+  :data:`PREPARED_ARCHITECTURES`) and maps them as a hybrid's block: optional ``ln1`` / ``attn`` /
+  ``mixer`` (Mamba-2) / ``ln2``, and an ``mlp`` in every layer (one with no neurons on mixer layers).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["EXTRA_ARCHITECTURES", "REMAPPED_ARCHITECTURES", "register", "remapped"]
+__all__ = ["EXTRA_ARCHITECTURES", "PREPARED_ARCHITECTURES", "REMAPPED_ARCHITECTURES", "register", "remapped"]
 
 
 def _phimoe_adapter() -> type:
@@ -173,20 +177,96 @@ def register() -> None:
         factory.ArchitectureAdapterFactory.register_adapter(name, adapter)
 
 
+def _nemotron_h_adapter() -> type:
+    from transformer_lens.model_bridge.generalized_components import (
+        AttentionBridge,
+        BlockBridge,
+        DepthwiseConv1DBridge,
+        GatedRMSNormBridge,
+        LinearBridge,
+        MoEBridge,
+        RMSNormalizationBridge,
+        SSM2MixerBridge,
+    )
+    from transformer_lens.model_bridge.supported_architectures.nemotron_h import NemotronHArchitectureAdapter
+
+    class NemotronHSplit(NemotronHArchitectureAdapter):
+        """NemotronH after :func:`capinterp.core.one_sublayer.split`: pre-norm blocks whose mixer (attention
+        without positions, or Mamba-2) and FFN (an MLP, experts, or one with no neurons) are optional by layer."""
+
+        def __init__(self, cfg: Any) -> None:
+            super().__init__(cfg)
+
+            def norm(name: str) -> Any:
+                bridge = RMSNormalizationBridge(name=name, config=self.cfg)
+                bridge.optional = True  # the bridge's norm does not take optional=: set as its own adapter does
+                return bridge
+
+            inner_norm = GatedRMSNormBridge(name="norm")
+            attn = AttentionBridge(
+                name="self_attn",
+                config=self.cfg,
+                optional=True,
+                maintain_native_attention=True,
+                requires_attention_mask=True,
+                requires_position_embeddings=False,
+                submodules={p: LinearBridge(name=f"{p}_proj") for p in ("q", "k", "v", "o")},
+            )
+            mamba = SSM2MixerBridge(
+                name="mamba",
+                config=self.cfg,
+                optional=True,
+                submodules={
+                    "in_proj": LinearBridge(name="in_proj"),
+                    "conv1d": DepthwiseConv1DBridge(name="conv1d"),
+                    "inner_norm": inner_norm,
+                    "out_proj": LinearBridge(name="out_proj"),
+                },
+            )
+            blocks = BlockBridge(
+                name="model.layers",
+                submodules={
+                    "ln1": norm("input_layernorm"),
+                    "attn": attn,
+                    "mixer": mamba,
+                    "ln2": norm("pre_ff_layernorm"),
+                    "mlp": MoEBridge(name="mlp", config=self.cfg, submodules={}),  # capinterp serves every layer's
+                },
+            )
+            self.component_mapping = {**(self.component_mapping or {}), "blocks": blocks}
+
+    return NemotronHSplit
+
+
+def _split_nemotron_h(hf_model: Any) -> None:
+    from capinterp.core.one_sublayer import split
+
+    split(hf_model)
+
+
 #: transformers class name -> capinterp's adapter used instead of the bridge's while capinterp loads it
-REMAPPED_ARCHITECTURES = {"GraniteMoeHybridForCausalLM": _granite_hybrid_adapter}
+REMAPPED_ARCHITECTURES = {
+    "GraniteMoeHybridForCausalLM": _granite_hybrid_adapter,
+    "NemotronHForCausalLM": _nemotron_h_adapter,
+}
+
+#: transformers class name -> what capinterp does to the transformers model before its adapter wraps it
+PREPARED_ARCHITECTURES = {"NemotronHForCausalLM": _split_nemotron_h}
 
 
 @contextlib.contextmanager
-def remapped(architecture: str | None) -> Iterator[None]:
+def remapped(architecture: str | None, hf_model: Any = None) -> Iterator[None]:
     """Within the block, the bridge builds ``architecture`` with capinterp's adapter where
-    :data:`REMAPPED_ARCHITECTURES` has one; the bridge's own is registered again on exit."""
+    :data:`REMAPPED_ARCHITECTURES` has one (``hf_model`` first prepared for it, where
+    :data:`PREPARED_ARCHITECTURES` says how); the bridge's own is registered again on exit."""
     from transformer_lens.factories import architecture_adapter_factory as factory
 
     make = REMAPPED_ARCHITECTURES.get(architecture or "")
     if make is None or architecture is None:
         yield
         return
+    if hf_model is not None and architecture in PREPARED_ARCHITECTURES:
+        PREPARED_ARCHITECTURES[architecture](hf_model)
     table: dict[str, Any] = factory.ArchitectureAdapterFactory._adapters
     before = table.get(architecture)
     table[architecture] = make()

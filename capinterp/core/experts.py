@@ -45,8 +45,10 @@ Dense layers among MoE layers (the released DeepSeek-V2/V3, GLM-4 MoE, Ernie 4.5
 Laguna checkpoints: dense layers first; Llama 4 Maverick's interleaving) are served by :class:`DenseBlock` on the same neuron axis:
 their neurons first, then padding that is always 0 and is no neuron of the model
 (``Family.layer_widths``, ``Family.valid_neurons``). Refused at load, with the reason: a dense
-layer wider than the expert layers' axis, one that is not a gated MLP (gate_proj, up_proj,
-down_proj, act_fn), and one whose transformers forward differs from that MLP on random inputs.
+layer wider than the expert layers' axis, one that is not an MLP (gate_proj where gated, up_proj,
+down_proj, act_fn; NemotronH's are plain, ReLU-squared), and one whose transformers forward differs
+from that MLP on random inputs. A dense model whose layers differ in width (NemotronH's mixer layers
+have an FFN with no neurons, :mod:`capinterp.core.one_sublayer`) is served the same way.
 """
 
 from __future__ import annotations
@@ -59,13 +61,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from capinterp.core.family import MoE, UnsupportedFamily, family_of
+from capinterp.core.family import FFN_ONLY_LAYERS, MoE, UnsupportedFamily, family_of
 from capinterp.core.gated_mlp import (
     FusedNames,
-    activation,
     fused_gated,
-    gated_mlp_neurons,
-    is_gated_mlp,
+    input_projections,
+    is_mlp,
+    mlp_neurons,
     module_of,
     named_gated,
     unwrap,
@@ -86,7 +88,7 @@ class ExpertBlock:
     block: Any  # the transformers sparse-MoE block
     router: Any  # as the block holds it (the bridge's wrapper: its hooks still fire)
     experts: Any  # transformers' stacked experts (3-D parameters, has_gate / has_bias / is_transposed flags)
-    shared: Any  # shared expert MLP (gate_proj / up_proj / down_proj), or None
+    shared: Any  # shared expert MLP (gate_proj / up_proj / down_proj; NemotronH's plain up_proj / down_proj), or None
     shared_gate: Any  # its sigmoid gate (Linear d_model -> 1), or None
     n_experts: int
     d_expert: int
@@ -158,7 +160,9 @@ class ExpertBlock:
         if self.shared is None:
             return rows
         sh = self.shared
-        shared = [sh.gate_proj.weight, sh.up_proj.weight][: len(halves)] + [sh.down_proj.weight.T]
+        shared = [getattr(sh, attr).weight for _, attr in input_projections(sh)] + [sh.down_proj.weight.T]
+        if len(shared) != len(halves) + 1:
+            shared = [torch.zeros_like(shared[0])] * (len(halves) + 1 - len(shared)) + shared
         return torch.cat([rows, torch.cat(shared, dim=1).to(rows.dtype)])
 
     # ---- the block's forward
@@ -190,7 +194,7 @@ class ExpertBlock:
             routed.append((e, tok, w))
         parts = [acts.reshape(n_tok, width)]
         if self.shared is not None:
-            s = gated_mlp_neurons(self.shared, x)
+            s = mlp_neurons(self.shared, x)
             if self.shared_gate is not None:
                 s = torch.sigmoid(self.shared_gate(x)) * s
             parts.append(s.to(x.dtype))
@@ -218,8 +222,9 @@ def _zero_out(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
 
 @dataclass(frozen=True, eq=False)
 class DenseBlock:
-    """A dense gated FFN layer of a model whose other layers are MoE (DeepSeek's first_k_dense_replace):
-    its ``width`` neurons on the model's ``padded``-wide neuron axis, the rest of the axis always 0.
+    """A dense FFN layer of a model whose other layers are MoE (DeepSeek's first_k_dense_replace), or
+    whose layers differ in width (NemotronH's mixer layers, whose FFN has no neurons): its ``width``
+    neurons on the model's ``padded``-wide neuron axis, the rest of the axis always 0.
 
     The padding neurons exist only so every layer shares one axis: they are not neurons of the
     model. They have no weights (their value vectors and weight rows read as 0, and writing
@@ -227,13 +232,13 @@ class DenseBlock:
     levels skip them (:meth:`capinterp.core.family.Family.valid_neurons`)."""
 
     layer: int
-    block: Any  # transformers gated MLP (gate_proj, up_proj, down_proj, act_fn)
+    block: Any  # transformers MLP: gated (gate_proj, up_proj, down_proj, act_fn) or plain (no gate_proj)
     width: int
     padded: int
 
     def forward(self, hook: torch.nn.Module, hidden_states: Tensor) -> Tensor:
         b = self.block
-        a = gated_mlp_neurons(b, hidden_states)
+        a = mlp_neurons(b, hidden_states)
         neurons = hook(torch.nn.functional.pad(a, (0, self.padded - self.width)))
         return b.down_proj(neurons[..., : self.width])
 
@@ -249,8 +254,8 @@ class DenseBlock:
 
     def neuron_rows(self) -> Tensor:
         """``[padded, 3 * d_model]``: each real neuron's gate row, up row and value vector (a copy),
-        then zero rows for the padding."""
-        w = [self._weight("gate_proj"), self._weight("up_proj"), self._weight("down_proj").T]
+        then zero rows for the padding (``[padded, 2 * d_model]``, up row and value, in a plain MLP)."""
+        w = [self._weight(attr) for _, attr in input_projections(self.block)] + [self._weight("down_proj").T]
         return self._pad(torch.cat([x.to(w[0].dtype) for x in w], dim=1))
 
     def _refuse_padding(self, rows: Tensor, what: str) -> None:
@@ -287,10 +292,12 @@ def _width(spec: ExpertBlock | DenseBlock) -> int:
     return spec.width if isinstance(spec, DenseBlock) else spec.n_experts * spec.d_expert + spec.d_shared
 
 
-def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
-    """Layer ``layer``'s dense FFN in a model whose other layers are MoE, on the experts' ``moe.width``
-    axis; refused where it is not a gated MLP (gate_proj, up_proj, down_proj, act_fn), is wider than
-    that axis, or computes something else than ``down(act(gate(x)) * up(x))`` on random inputs."""
+def _dense_block(model: Model, layer: int, padded: int, moe: MoE | None = None) -> DenseBlock:
+    """Layer ``layer``'s dense FFN on a ``padded``-wide neuron axis (the experts' axis ``moe.width`` in a
+    model whose other layers are MoE; the widest layer's in a dense model whose layers differ in width);
+    refused where it is not an MLP (gate_proj where gated, up_proj, down_proj, act_fn), is wider than
+    that axis, or computes something else than ``down(act(gate(x)) * up(x))`` (``down(act(up(x)))``
+    without a gate) on random inputs."""
     fam = family_of(model)
     mlp = getattr(model.blocks[layer], "mlp", None)
     block = named_gated(unwrap(mlp))
@@ -300,22 +307,22 @@ def _dense_block(model: Model, layer: int, moe: MoE) -> DenseBlock:
             f"{where}: the bridge's block has no MLP module (a hybrid layer: state-space, convolution or "
             "linear-attention mixer) between expert layers; capinterp needs an FFN in every layer"
         )
-    if not callable(activation(block)) or not all(
-        isinstance(unwrap(getattr(block, k, None)), torch.nn.Linear) for k in ("gate_proj", "up_proj", "down_proj")
-    ):
+    if not is_mlp(block):
         raise UnsupportedFamily(
-            f"{where}: a dense layer between expert layers that is not a gated MLP with gate_proj, up_proj, "
-            f"down_proj and act_fn, or w1, w3 and w2 ({type(block).__name__}); capinterp serves only gated dense layers on the "
-            "experts' neuron axis"
+            f"{where}: a dense layer that is not an MLP with up_proj, down_proj and act_fn (gate_proj where gated), "
+            f"or w1, w3 and w2 ({type(block).__name__}); capinterp serves only such dense layers on a padded "
+            "neuron axis"
         )
     width = int(unwrap(block.down_proj).in_features)
-    if width > moe.width:
+    if width > padded:
+        axis = (
+            f"an expert layer's {padded} ({moe.n_experts} x {moe.d_expert} + {moe.d_shared} shared)" if moe else padded
+        )
         raise UnsupportedFamily(
-            f"{where}: the dense FFN has {width} neurons, more than an expert layer's {moe.width} "
-            f"({moe.n_experts} x {moe.d_expert} + {moe.d_shared} shared); capinterp pads a dense layer's neurons "
+            f"{where}: the dense FFN has {width} neurons, more than {axis}; capinterp pads a dense layer's neurons "
             "onto the experts' neuron axis and cannot fit a wider one"
         )
-    return _checked_dense(where, DenseBlock(layer=layer, block=block, width=width, padded=moe.width))
+    return _checked_dense(where, DenseBlock(layer=layer, block=block, width=width, padded=padded))
 
 
 @torch.no_grad()
@@ -338,8 +345,9 @@ def _checked_dense(where: str, spec: DenseBlock) -> DenseBlock:
     tol = max(1e-4, 16 * torch.finfo(like.dtype).eps) * max(1.0, float(want.abs().max()))
     err = float((got.float() - want.float()).abs().max())
     if err > tol or bool(seen["neurons"][..., spec.width :].any()):
+        form = "act_fn(gate_proj(x)) * up_proj(x)" if hasattr(spec.block, "gate_proj") else "act_fn(up_proj(x))"
         raise UnsupportedFamily(
-            f"{where}: the dense layer's output is not down_proj(act_fn(gate_proj(x)) * up_proj(x)) "
+            f"{where}: the dense layer's output is not down_proj({form}) "
             f"({type(module_of(spec.block)).__name__} differs by {err:.3g}); its neurons are "
             "not defined"
         )
@@ -452,6 +460,9 @@ def _flagged(experts: Any, d_model: int) -> Any:
     return None
 
 
+_LATENT = ("fc1_latent_proj", "fc2_latent_proj")  # NemotronH's latent MoE (Nemotron 3 Super)
+
+
 def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     fam = family_of(model)
     mlp = getattr(model.blocks[layer], "mlp", None)
@@ -470,6 +481,11 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
             f"{where}: the FFN ({type(block).__name__}) is not a sparse mixture-of-experts block with an 'experts' "
             "module (or input_linear / output_linear parallel experts) and a router; capinterp reads experts only "
             "from stacked 3-D expert weights"
+        )
+    if any(not isinstance(getattr(block, k, torch.nn.Identity()), torch.nn.Identity) for k in _LATENT):
+        raise UnsupportedFamily(
+            f"{where}: the experts work in a latent space (moe_latent_size: a projection into it before the "
+            "experts and out of it after); capinterp's expert neurons write to the residual stream directly"
         )
     flagged = _flagged(experts, int(model.cfg.d_model))
     if flagged is None:
@@ -504,8 +520,11 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
                 "fused input_linear [gate | up] and output_linear, without biases"
             )
         shared = FusedNames(beside) if beside is not None else None
-    if shared is not None and not is_gated_mlp(shared):
-        raise UnsupportedFamily(f"{where}: the shared expert {type(shared).__name__} is not a gated MLP")
+    if shared is not None and not is_mlp(shared):
+        raise UnsupportedFamily(
+            f"{where}: the shared expert {type(shared).__name__} is not an MLP (up_proj, down_proj, an activation; "
+            "gate_proj where gated)"
+        )
     d_shared = int(shared.down_proj.in_features) if shared is not None else 0
     # a shared expert the config does not name (Llama 4's is always there): the modules are the truth,
     # and install records its width in the family
@@ -612,12 +631,16 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
 
 def install(model: Model) -> None:
     """Serve every MoE layer of ``model`` through :class:`ExpertBlock`'s forward, its neurons at
-    ``blocks.{l}.mlp.hook_post``; refused with :class:`UnsupportedFamily` where it cannot be done."""
-    from transformer_lens.hook_points import HookPoint
-
+    ``blocks.{l}.mlp.hook_post``; refused with :class:`UnsupportedFamily` where it cannot be done. A
+    dense model whose layers differ in width (NemotronH's: its mixer layers' FFN has no neurons) is
+    served the same way, every layer a :class:`DenseBlock` on the widest layer's axis."""
     fam = family_of(model)
     moe = fam.moe
-    if moe is None or getattr(model, "capinterp_experts", None):
+    if getattr(model, "capinterp_experts", None):
+        return
+    if moe is None:
+        if set(fam.hybrid_layers) & set(FFN_ONLY_LAYERS):  # a dense model whose mixer layers have no neurons
+            _serve(model, fam, [_dense_block(model, layer, fam.d_mlp) for layer in range(len(model.blocks))])
         return
     has = [_has_experts(getattr(b, "mlp", None)) for b in model.blocks]
     experts = {
@@ -632,8 +655,18 @@ def install(model: Model) -> None:
     if shared != {moe.d_shared}:  # a shared expert the config does not name (Llama 4)
         moe = replace(moe, n_shared=1, d_shared=shared.pop())
         fam = replace(fam, moe=moe, d_mlp=moe.width)
-    blocks: list[Any] = [experts.get(layer) or _dense_block(model, layer, moe) for layer in range(len(model.blocks))]
-    if any(_width(b) < moe.width for b in blocks):  # a mixed model whose dense layers' neurons are fewer: padded
+    blocks: list[Any] = [
+        experts.get(layer) or _dense_block(model, layer, moe.width, moe) for layer in range(len(model.blocks))
+    ]
+    _serve(model, fam, blocks)
+
+
+def _serve(model: Model, fam: Any, blocks: list[Any]) -> None:
+    """Every layer through its spec's forward, its neurons at ``blocks.{l}.mlp.hook_post``; layers
+    narrower than the axis (``fam.d_mlp``) recorded in ``fam.layer_widths``."""
+    from transformer_lens.hook_points import HookPoint
+
+    if any(_width(b) < fam.d_mlp for b in blocks):  # layers whose neurons are fewer than the axis: padded
         fam = replace(fam, layer_widths=tuple(_width(b) for b in blocks))
     for spec in blocks:
         mlp = model.blocks[spec.layer].mlp
@@ -723,10 +756,8 @@ def owned_entries(spec: ExpertBlock | DenseBlock) -> list[tuple[str, str, Tensor
     if isinstance(spec, DenseBlock):  # a dense layer of a mixed model: its real neurons' rows and columns
         b = spec.block
         rows = lambda idx: (_pick(idx, 0, spec.width),)  # noqa: E731
-        return [
-            ("W_gate", "gate_proj", unwrap(b.gate_proj).weight, rows),
-            ("W_in", "up_proj", unwrap(b.up_proj).weight, rows),
-            ("W_out", "down_proj", unwrap(b.down_proj).weight, lambda idx: (slice(None), *rows(idx))),
+        return [(kind, attr, unwrap(getattr(b, attr)).weight, rows) for kind, attr in input_projections(b)] + [
+            ("W_out", "down_proj", unwrap(b.down_proj).weight, lambda idx: (slice(None), *rows(idx)))
         ]
     ex, d, routed = spec.experts, spec.d_expert, spec.n_experts * spec.d_expert
     out_axis = 2 if ex.is_transposed else 1  # where a projection's outputs sit in [E, ., .]
@@ -773,9 +804,6 @@ def owned_entries(spec: ExpertBlock | DenseBlock) -> list[tuple[str, str, Tensor
     elif spec.shared is not None:
         sh = spec.shared
         rows = lambda idx: (_pick(idx, routed, routed + spec.d_shared),)  # noqa: E731
-        found += [
-            ("W_gate", "shared.gate_proj", sh.gate_proj.weight, rows),
-            ("W_in", "shared.up_proj", sh.up_proj.weight, rows),
-            ("W_out", "shared.down_proj", sh.down_proj.weight, lambda idx: (slice(None), *rows(idx))),
-        ]
+        found += [(kind, f"shared.{attr}", getattr(sh, attr).weight, rows) for kind, attr in input_projections(sh)]
+        found.append(("W_out", "shared.down_proj", sh.down_proj.weight, lambda idx: (slice(None), *rows(idx))))
     return found

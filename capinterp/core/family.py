@@ -24,11 +24,13 @@ import torch
 from capinterp.core.protocol import Model
 
 __all__ = [
+    "FFN_ONLY_LAYERS",
     "Family",
     "MoE",
     "UnsupportedFamily",
     "check_supported",
     "family_of",
+    "layer_kinds",
     "logit_transform",
     "read_family",
     "require_attention",
@@ -40,7 +42,12 @@ __all__ = [
 # Jamba, GraniteMoE-Hybrid), "conv" (LFM2's short convolution), "hybrid" (Falcon-H1: attention and Mamba side
 # by side). Neuron methods run there (IG takes route "loop": such a layer carries a recurrent or convolution
 # state, not a key/value cache); methods that need attention in every layer refuse (require_attention)
-SERVED_MIXERS = ("linear_attention", "conv", "hybrid")
+SERVED_MIXERS = ("linear_attention", "conv", "hybrid", "mlp", "moe")
+
+# layer kinds with an FFN and no mixer (NemotronH's "mlp" and "moe" layers: each of its layers is one
+# sublayer): capinterp.core.one_sublayer gives every layer of such a model a mixer slot and an FFN slot,
+# the mixer layers an FFN with no neurons, so the neuron axis has one row per layer as everywhere else
+FFN_ONLY_LAYERS = ("mlp", "moe")
 
 # transformers config fields holding the FFN width, in the order families use them (Granite 4.0's FFN
 # is its shared MLP, shared_intermediate_size wide; its intermediate_size is the experts', if any)
@@ -148,11 +155,14 @@ def width_mask(layer_widths: Any, shape: tuple[int, int]) -> torch.Tensor:
     if not layer_widths:
         return torch.ones(n_layers, d_mlp, dtype=torch.bool)
     widths = list(layer_widths)
-    if len(widths) != n_layers or not all(
-        isinstance(w, int) and not isinstance(w, bool) and 0 < w <= d_mlp for w in widths
+    if (
+        len(widths) != n_layers
+        or not all(isinstance(w, int) and not isinstance(w, bool) and 0 <= w <= d_mlp for w in widths)
+        or not any(widths)
     ):
         raise ValueError(
-            f"layer_widths must be {n_layers} integers in [1, {d_mlp}] (each layer's neurons), got {widths!r:.200}"
+            f"layer_widths must be {n_layers} integers in [0, {d_mlp}], not all 0 (each layer's neurons; 0: a layer "
+            f"whose FFN has none, NemotronH's mixer layers), got {widths!r:.200}"
         )
     return torch.arange(d_mlp)[None, :] < torch.tensor(widths)[:, None]
 
@@ -187,12 +197,15 @@ def _get(cfg: Any, *names: str, default: Any = None) -> Any:
 
 def _moe(hf: Any, d_model: int) -> MoE | None:
     n = _get(hf, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-    if not n or int(n) <= 1:
+    kinds = getattr(hf, "layers_block_type", None)  # NemotronH: experts only where a layer is "moe"
+    if not n or int(n) <= 1 or (isinstance(kinds, (list, tuple)) and "mlp" in kinds and "moe" not in kinds):
         return None
     top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", "moe_topk", default=1))
     d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
     shared = _get(hf, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=None)
-    d_shared = _get(hf, "shared_expert_intermediate_size", "shared_intermediate_size", default=None)
+    d_shared = _get(
+        hf, "shared_expert_intermediate_size", "shared_intermediate_size", "moe_shared_expert_intermediate_size"
+    )
     if shared is None:
         shared = 1 if d_shared else 0
     if d_shared is None:
@@ -211,12 +224,7 @@ def _hybrid_layers(hf: Any) -> tuple[str, ...]:
 
 
 # why a layer kind capinterp does not serve cannot be served, where more is known than "another mixer"
-_ONE_SUBLAYER = "layers that are one sublayer each (a mixer alone, or an FFN alone), so some layers have no FFN"
-_UNSERVED_WHY = {
-    "mlp": _ONE_SUBLAYER,  # NemotronH's FFN-only layers
-    "moe": _ONE_SUBLAYER,
-    "shared_block": "layers that call one transformer block whose weights several layers share (Zamba)",
-}
+_UNSERVED_WHY = {"shared_block": "layers that call one transformer block whose weights several layers share (Zamba)"}
 
 
 def _ffn_width(hf: Any, d_model: int) -> int:
@@ -326,6 +334,15 @@ def check_supported(fam: Family) -> None:
         raise UnsupportedFamily(f"{fam.name} ({fam.architecture}): its config gives experts no neurons ({fam.moe})")
 
 
+def layer_kinds(fam: Family) -> str:
+    """A hybrid model's layer kinds besides softmax attention, in words (for messages): its mixers, and
+    its layers that are an FFN alone (NemotronH's), which have no attention either."""
+    mixers = [k for k in fam.hybrid_layers if k not in FFN_ONLY_LAYERS]
+    ffn = [k for k in fam.hybrid_layers if k in FFN_ONLY_LAYERS]
+    parts = ([f"{mixers} mixers"] if mixers else []) + ([f"layers that are an FFN alone ({ffn})"] if ffn else [])
+    return " and ".join(parts)
+
+
 def require_attention(fam: Family, what: str, heads: bool = True) -> None:
     """Refuse ``what`` (a method that reads softmax attention, per-head outputs or a key/value cache in
     every layer: knowledge circuits, head patching, attention tracing) on a hybrid model; where it
@@ -333,7 +350,7 @@ def require_attention(fam: Family, what: str, heads: bool = True) -> None:
     if fam.hybrid_layers:
         raise UnsupportedFamily(
             f"{fam.name} ({fam.architecture}): {what} needs softmax attention in every layer, and this hybrid "
-            f"model's layers include {list(fam.hybrid_layers)} mixers; its neuron methods run, this one cannot"
+            f"model's layers include {layer_kinds(fam)}; its neuron methods run, this one cannot"
         )
     if heads and fam.routed_heads:
         raise UnsupportedFamily(

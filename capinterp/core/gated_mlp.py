@@ -1,5 +1,6 @@
-"""Gated MLPs as transformers names them (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``), and
-views of the ones that name them otherwise, for :mod:`capinterp.core.experts`: LFM2-MoE's dense layers
+"""Gated MLPs as transformers names them (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``), plain
+ones (``up_proj``, ``down_proj``, ``act_fn``: NemotronH's ReLU-squared MLPs and shared experts), and
+views of the gated ones that name them otherwise, for :mod:`capinterp.core.experts`: LFM2-MoE's dense layers
 keep the original Llama's ``w1`` / ``w3`` / ``w2``; Granite 4.0's shared MLP fuses gate and up into one
 ``input_linear``. A view's attributes are the module's own parameters (or views of them), so reads and
 writes reach the model; :func:`module_of` gives the module behind a view."""
@@ -17,7 +18,10 @@ __all__ = [
     "activation",
     "fused_gated",
     "gated_mlp_neurons",
+    "input_projections",
     "is_gated_mlp",
+    "is_mlp",
+    "mlp_neurons",
     "module_of",
     "named_gated",
     "unwrap",
@@ -103,6 +107,22 @@ def gated_mlp_neurons(mlp: Any, x: Tensor) -> Tensor:
     """``act(gate_proj(x)) * up_proj(x)``: the neurons of a transformers gated MLP (a shared expert,
     or a dense layer between expert layers)."""
     return activation(mlp)(mlp.gate_proj(x)) * mlp.up_proj(x)
+
+
+def is_mlp(mlp: Any) -> bool:
+    """A gated MLP, or a plain one: ``up_proj`` and ``down_proj`` Linears and an activation."""
+    return all(hasattr(mlp, k) for k in ("up_proj", "down_proj")) and callable(activation(mlp))
+
+
+def mlp_neurons(mlp: Any, x: Tensor) -> Tensor:
+    """The neurons of a gated MLP (:func:`gated_mlp_neurons`) or of a plain one, ``act(up_proj(x))``."""
+    return gated_mlp_neurons(mlp, x) if hasattr(mlp, "gate_proj") else activation(mlp)(mlp.up_proj(x))
+
+
+def input_projections(mlp: Any) -> list[tuple[str, str]]:
+    """``(kind, attribute)`` of the projections whose rows a neuron owns on its input side: gate and
+    up (``W_gate``, ``W_in``), or up alone in a plain MLP."""
+    return [("W_gate", "gate_proj"), ("W_in", "up_proj")] if hasattr(mlp, "gate_proj") else [("W_in", "up_proj")]
 
 
 def module_of(mlp: Any) -> Any:

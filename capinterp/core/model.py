@@ -32,7 +32,7 @@ import torch
 
 from capinterp.core.embedding_norm import final_norm_order
 from capinterp.core.embedding_norm import install as install_embedding_norm
-from capinterp.core.family import UnsupportedFamily, check_supported, family_of, read_family
+from capinterp.core.family import FFN_ONLY_LAYERS, UnsupportedFamily, check_supported, family_of, read_family
 from capinterp.core.fingerprint import (
     architecture_fingerprint,
     hf_config_facts,
@@ -47,6 +47,7 @@ from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
 __all__ = [
     "DEFAULT_MODEL",
     "architecture_fingerprint",
+    "attention_layers",
     "cache_dir",
     "check_logit_path",
     "check_neuron_hooks",
@@ -187,7 +188,7 @@ def load_model(
     arch = (getattr(hf.config, "architectures", None) or [None])[0]
     if not arch:
         hf.config.architectures = [type(hf).__name__]
-    with remapped(hf.config.architectures[0]):  # Granite 4.0: its FFN as one module
+    with remapped(hf.config.architectures[0], hf):  # Granite 4.0: its FFN as one module; NemotronH's layers split
         bridge = TransformerBridge.boot_transformers(
             _PACKAGED.get(label, {}).get("tl_name", label), hf_model=hf, tokenizer=tok
         )
@@ -266,7 +267,9 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     check_supported(fam)  # refused here, naming the family, never partway through a run
     bridge.capinterp_family = fam
     hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
-    if fam.moe is not None:  # expert neurons at blocks.{l}.mlp.hook_post (refused here if it cannot be done)
+    # expert neurons at blocks.{l}.mlp.hook_post (refused here if it cannot be done); NemotronH's layers of
+    # differing width (its mixer layers' FFN has none) on one padded axis
+    if fam.moe is not None or set(fam.hybrid_layers) & set(FFN_ONLY_LAYERS):
         from capinterp.core.experts import install
 
         install(bridge)
@@ -495,6 +498,13 @@ def model_meta(model: Model) -> dict[str, Any]:
         **_moe_meta(model),
         **({"layer_widths": list(widths)} if (widths := family_of(model).layer_widths) else {}),
     }
+
+
+def attention_layers(model: Model) -> list[int]:
+    """The layers whose block has softmax attention: every layer, but on a hybrid model only those with an
+    attention module (the others mix tokens with a Mamba, linear-attention or convolution mixer, or are
+    NemotronH's FFN alone)."""
+    return [l for l, b in enumerate(model.blocks) if getattr(b, "attn", None) is not None]
 
 
 def valid_neurons(model: Model) -> torch.Tensor:

@@ -183,6 +183,9 @@ _GRANITE_MULTIPLIERS = dict(
     embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=4.0
 )
 
+# NemotronH's sizes besides its layers (Mamba-2: 4 heads x 16 = 2 x d_model; attention: 4 query heads of 8)
+_NEMOTRON_H = dict(head_dim=8, intermediate_size=48, mamba_num_heads=4, mamba_head_dim=16, n_groups=1, ssm_state_size=8)
+
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(intermediate_size=96),
     "mistral": dict(intermediate_size=96, sliding_window=4),  # every layer sliding: a 4-token window bites
@@ -411,10 +414,30 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         position_embedding_type="rope",
         **_GRANITE_MULTIPLIERS,
     ),
+    # NemotronH (adapter and layer split: capinterp.core.one_sublayer): each layer one sublayer, the four kinds
+    # in the config's default order: Mamba-2 mixer, experts (plain ReLU-squared experts and shared expert,
+    # DeepSeek-V3's sigmoid routing), attention without positions, a plain MLP narrower than the experts' axis
+    "nemotron_h": dict(
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+        num_hidden_layers=4,
+        **_NEMOTRON_H,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        moe_shared_expert_intermediate_size=16,
+        n_group=1,
+        topk_group=1,
+    ),
+    # the dense NemotronH layout (Nemotron-H 8B, Nemotron Nano 9B v2: Mamba-2, MLP and attention layers)
+    "nemotron_h_dense": dict(
+        layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"],
+        num_hidden_layers=4,
+        **{**_NEMOTRON_H, "intermediate_size": 96},
+    ),
 }
 
 # rows of TINY_FAMILIES that are a variant of a transformers family (their model_type), not a family of their own
-TINY_VARIANT_OF: dict[str, str] = {"granitemoehybrid_dense": "granitemoehybrid"}
+TINY_VARIANT_OF: dict[str, str] = {"granitemoehybrid_dense": "granitemoehybrid", "nemotron_h_dense": "nemotron_h"}
 
 
 def model_type(family: str) -> str:
@@ -467,6 +490,8 @@ TINY_HYBRID: tuple[str, ...] = (
     "lfm2",
     "lfm2_moe",
     "granitemoehybrid",
+    "nemotron_h",
+    "nemotron_h_dense",
 )
 
 

@@ -32,8 +32,8 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.family import family_of, require_attention
-from capinterp.core.model import neuron_hook
+from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
+from capinterp.core.model import attention_layers, neuron_hook
 from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
@@ -47,12 +47,30 @@ __all__ = ["attention_scaling", "knowledge_synapses", "scale_attention"]
 KeySpec = str | Sequence[int] | Callable[[Any, Example, list[int]], Sequence[int]]
 
 
+def _attending(model: Model, what: str) -> list[int]:
+    """The layers with softmax attention (a hybrid model's attention layers); refused where there are none."""
+    found = attention_layers(model)
+    if not found:
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): {what} needs softmax attention in some layer, and none of this "
+            f"model's layers has it ({layer_kinds(fam)})"
+        )
+    return found
+
+
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
-    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)", heads=False)
+    attending = _attending(model, "attention scaling")
     n = int(model.cfg.n_layers)
-    out = list(range(n)) if layers is None else [int(l) for l in layers]
+    out = attending if layers is None else [int(l) for l in layers]
     if not out or any(not 0 <= l < n for l in out):
         raise ValueError(f"layers must be a non-empty subset of 0..{n - 1}, got {layers!r}")
+    if other := [l for l in out if l not in attending]:
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): layers {other} have no softmax attention (this hybrid model's layers "
+            f"include {layer_kinds(fam)}); attention scaling reaches only its attention layers, {attending}"
+        )
     require_pattern_writes(model, out, "attention scaling")
     return out
 
@@ -133,8 +151,7 @@ def knowledge_synapses(
 @torch.no_grad()
 def _top_attended(model: Model, ids: list[int], k: int, skip: int) -> list[int]:
     """The ``k`` keys most attended from the last position (positions < ``skip`` and the last excluded)."""
-    require_attention(family_of(model), "the keys most attended (attention patterns in every layer)", heads=False)
-    names = {f"blocks.{l}.attn.hook_pattern" for l in range(int(model.cfg.n_layers))}
+    names = {f"blocks.{l}.attn.hook_pattern" for l in _attending(model, "the keys most attended")}
     _, cache = model.run_with_cache(torch.tensor([ids], device=model.cfg.device), names_filter=lambda n: n in names)
     att = torch.stack([cache[n][0, :, -1, :].float().mean(0) for n in names]).mean(0).cpu()
     att[:skip] = -1
@@ -181,7 +198,6 @@ def attention_scaling(
     KS, or too few other positions for the control) gets NaN. Inputs are checked first.
     """
     validate.model(model)
-    require_attention(family_of(model), "attention scaling (softmax attention weights in every layer)", heads=False)
     exs = validate.examples(examples, "attention_scaling(examples)")
     if isinstance(factors, (str, bytes)) or not isinstance(factors, Sequence) or not factors:
         raise ValueError(f"factors must be a non-empty sequence of numbers, got {factors!r:.60}")

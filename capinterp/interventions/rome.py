@@ -274,6 +274,7 @@ def rome_edit(
     """
     validate.model(model)
     search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
+    _check_has_neurons(model, layer)
     check_expert(model, layer, expert)
     validate.nonneg_int("n_prefixes", n_prefixes)
     validate.positive_int("prefix_tokens", prefix_tokens)
@@ -331,6 +332,17 @@ def rome_edit(
     if inplace:
         edit.apply_permanently(model)
     return edit
+
+
+def _check_has_neurons(model: Model, layer: int) -> None:
+    """Refuse a layer whose FFN has no neurons (NemotronH's mixer layers): there is no down projection to edit."""
+    fam = family_of(model)
+    if fam.layer_widths and fam.layer_widths[layer] == 0:
+        ffn = [l for l, w in enumerate(fam.layer_widths) if w]
+        raise ValueError(
+            f"layer {layer} of {fam.name} has no FFN neurons (a layer with a mixer and no FFN); ROME edits an FFN's "
+            f"down projection: pick one of the layers with neurons, {ffn}"
+        )
 
 
 def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None) -> tuple[Example, str, str]:

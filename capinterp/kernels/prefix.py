@@ -168,13 +168,13 @@ _CACHE_ARG = "__capinterp_cache_arg__"
 
 def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
-    from capinterp.core.family import family_of
+    from capinterp.core.family import family_of, layer_kinds
 
     fam = family_of(model)
     if fam.hybrid_layers:  # decided by the architecture, before any work
         raise NoCache(
-            f"{fam.name}'s {list(fam.hybrid_layers)} layers carry a state of their own (recurrent or convolution), "
-            "not a key/value cache that the rows could share (docs/models.md, 'IG's fast route by family')"
+            f"{fam.name}'s layers include {layer_kinds(fam)}: the mixers carry a state of their own (recurrent or "
+            "convolution), not a key/value cache that the rows could share (docs/models.md, 'IG's fast route by family')"
         )
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from capinterp.core.family import family_of
 from capinterp.core.forward import capture
+from capinterp.core.model import attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
 
@@ -40,6 +41,7 @@ __all__ = [
     "make_noise",
     "parse_noise",
     "prefix_ok",
+    "present_layers",
     "restoration_probs",
     "row_hooks",
     "subject_std",
@@ -158,15 +160,17 @@ def row_hooks(
     t_r: Int[Tensor, " rows"],
     l_r: Int[Tensor, " rows"],
     L: int,
+    present: dict[str, list[int]] | None = None,
 ):
-    """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows."""
+    """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows. ``present``:
+    the layers that have each kind's state (a hybrid model's attention layers); all ``L`` by default."""
     out = []
     half, upper = window // 2, -(-window // 2)
     for ki, k in enumerate(kinds):
         sel = kind_r == ki
         if not bool(sel.any()):
             continue
-        for j in range(L):
+        for j in range(L) if present is None else present[k]:
             if k == "resid":
                 m = sel & (l_r == j)
             else:  # layer j is restored by centres l with l - half <= j < l + upper
@@ -178,12 +182,20 @@ def row_hooks(
 
 
 def restoration_probs(
-    run: Runner, kinds: Sequence[str], window: int, s0: int, L: int, batch_size: int, cache
+    run: Runner,
+    kinds: Sequence[str],
+    window: int,
+    s0: int,
+    L: int,
+    batch_size: int,
+    cache,
+    present: dict[str, list[int]] | None = None,
 ) -> Float[Tensor, "n_t kinds n_layers"]:
     """Restored p(o) [T - s0, K, L] (mean over samples) for every (token >= s0, kind, layer).
 
     Restorations are token-major, (t, kind, layer) for t >= s0, one row per restoration x sample;
-    with a ``cache`` each token t gets its own suffix run(s) over the corrupted prefix.
+    with a ``cache`` each token t gets its own suffix run(s) over the corrupted prefix. ``present``:
+    the layers that have each kind's state (:func:`present_layers`); a window restores those it holds.
     """
     T, K, S = run.T, len(kinds), run.samples
     n_t = T - s0
@@ -200,9 +212,17 @@ def restoration_probs(
         for a in range(lo, hi, batch_size):
             rows = torch.arange(a, min(a + batch_size, hi))
             r = rows // S
-            spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L)
+            spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L, present)
             p_rows[a : a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
     return reduce(p_rows, "(t k l s) -> t k l", "mean", t=n_t, k=K, l=L)
+
+
+def present_layers(model: Model, kinds: Sequence[str]) -> dict[str, list[int]]:
+    """Per kind, the layers that have its state: every layer, but on a hybrid model only the layers whose
+    block has an attention module have an attention output (``hook_attn_out``) (the others mix tokens with a Mamba, linear-attention or
+    convolution mixer, or have an FFN alone): attention tracing restores the attention layers in each window."""
+    every = list(range(len(model.blocks)))
+    return {k: attention_layers(model) if k == "attn" else every for k in kinds}
 
 
 def token_groups(T: int, subject_range: tuple[int, int]) -> dict[str, list[int]]:

@@ -16,7 +16,10 @@ For each fact (an Example with ``meta["subject"]``):
    j in the window ``[l - window//2, l + ceil(window/2)) ∩ [0, L)`` (ROME's window; ``[l-5, l+5)``
    for the default 10). IE(t, l) = p*_restored(o) - p*. On parallel-block models (GPT-J, GPT-NeoX,
    Falcon, ...) the MLP and attention of a block read the same residual; their outputs are
-   restored separately all the same.
+   restored separately all the same. On a hybrid model only some layers have softmax attention
+   (the others a Mamba, linear-attention or convolution mixer, or NemotronH's FFN alone): kind
+   ``"attn"`` restores the attention layers inside each window, and a window holding none restores
+   nothing (IE 0; with ``window=1``, every layer without attention).
 
 Noise scale (Meng et al. 2022, Sec. 2.1): ``noise_std`` given -> that literal std; otherwise
 ``noise`` x the std over every scalar of the stacked token embeddings of all subject tokens
@@ -57,7 +60,7 @@ from tqdm.auto import tqdm
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.family import family_of, require_attention
+from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import _ids, encode, model_bos
 from capinterp.kernels.tracing import HOOK as _HOOK
@@ -68,6 +71,7 @@ from capinterp.kernels.tracing import (
     make_noise,
     parse_noise,
     prefix_ok,
+    present_layers,
     restoration_probs,
     subject_std,
     subject_token_range,
@@ -169,9 +173,13 @@ class CausalTrace(Localizer):
         if not facts:
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
         self._begin_fit()
-        if "attn" in self.kinds:  # hybrid models: some layers mix tokens without attention (kinds=("resid", "mlp"))
-            require_attention(
-                family_of(self.model), "causal tracing of attention outputs (kinds with 'attn')", heads=False
+        self._present = present_layers(self.model, self.kinds)  # hybrids: attention in some layers only
+        if "attn" in self.kinds and not self._present["attn"]:
+            fam = family_of(self.model)
+            raise UnsupportedFamily(
+                f"{fam.name} ({fam.architecture}): causal tracing of attention outputs (kinds with 'attn') needs "
+                f"softmax attention in some layer, and none of this model's layers has it ({layer_kinds(fam)}); "
+                "trace kinds=('resid', 'mlp')"
             )
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
         # the noise's std as the residual stream receives it (Falcon-H1 multiplies the hook's output afterwards)
@@ -256,7 +264,7 @@ class CausalTrace(Localizer):
 
             return keep
 
-        hooks = [(f"blocks.{l}.{_HOOK[k]}", keeper((k, l))) for k in self.kinds for l in range(L)]
+        hooks = [(f"blocks.{l}.{_HOOK[k]}", keeper((k, l))) for k in self.kinds for l in self._present[k]]
         probs = _last_probs(model, ids, hooks)[0]
         o = int(probs.argmax())
         tok = model.tokenizer
@@ -277,11 +285,11 @@ class CausalTrace(Localizer):
                 "p_target": float(probs[item["target_id"]]),
             }
 
-        noise = self._noise(s1 - s0).to(dev, dtype=clean[(self.kinds[0], 0)].dtype)
+        noise = self._noise(s1 - s0).to(dev, dtype=next(iter(clean.values())).dtype)
         run = _Runner(self, ids, noise, (s0, s1), clean, o)
         p_star_rows, cache = run.corrupted(use_cache=self._prefix_ok(T))
         p_star = float(p_star_rows.mean())
-        p_res = restoration_probs(run, self.kinds, self.window, s0, L, self.batch_size, cache)
+        p_res = restoration_probs(run, self.kinds, self.window, s0, L, self.batch_size, cache, self._present)
         grids, restored = {}, {}
         for ki, k in enumerate(self.kinds):
             pr = torch.full((T, L), p_star)

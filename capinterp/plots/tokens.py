@@ -22,7 +22,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
 from capinterp.core.model import valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import model_bos
@@ -102,8 +102,8 @@ def attention_pattern(
     if name not in model.hook_dict:  # a hybrid model's linear-attention layer
         fam = family_of(model)
         raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}): layer {layer} has no softmax attention pattern (its mixer is "
-            f"one of {list(fam.hybrid_layers)}); pick a layer with attention"
+            f"{fam.name} ({fam.architecture}): layer {layer} has no softmax attention pattern (the model's layers "
+            f"include {layer_kinds(fam)}); pick a layer with attention"
         )
     ids, strs = prompt_tokens(model, prompt)
     _, cache = model.run_with_cache(ids, names_filter=lambda n: n == name)

@@ -60,12 +60,14 @@ def _plant(model, hf, tok) -> int:
     transposed, concatenated, has_bias = _layout(ex)
     d = ex.down_proj.shape[1] if transposed else ex.down_proj.shape[2]
     rows = [NEURON, d + NEURON] if concatenated else [2 * NEURON, 2 * NEURON + 1]
+    gated = getattr(ex, "has_gate", True)  # NemotronH's experts: act(up(x)), no gate
+    name, rows = ("gate_up_proj", rows) if gated else ("up_proj", [NEURON])
     if transposed:
-        ex.gate_up_proj[EXPERT][:, rows] = 1.5 * u[:, None]
+        getattr(ex, name)[EXPERT][:, rows] = 1.5 * u[:, None]
     else:
-        ex.gate_up_proj[EXPERT][rows] = 1.5 * u
+        getattr(ex, name)[EXPERT][rows] = 1.5 * u
     if has_bias:
-        ex.gate_up_proj_bias[EXPERT][rows] = 0.0
+        getattr(ex, f"{name}_bias")[EXPERT][rows] = 0.0
     layer = hf.model.layers[LAYER]
     layer = getattr(layer, "original_component", layer)  # transformers' decoder layer behind the bridge's
     for name, norm in layer.named_children():  # a norm on the FFN's output (FlexOlmo,

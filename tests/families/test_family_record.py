@@ -43,7 +43,7 @@ def test_ffn_width_from_config(family):
     fam = family_of(model)
     want = 128 if family in ("bloom", "mpt") else 96  # these two fix the FFN at 4 x d_model
     assert fam.d_mlp == want == model.cfg.d_mlp
-    assert ci.core.model.neuron_shape(model) == (2, want)
+    assert ci.core.model.neuron_shape(model) == (fam.n_layers, want)
 
 
 @pytest.mark.parametrize(
@@ -89,8 +89,8 @@ def test_parallel_blocks_flagged(family):
 
 def _one_down(layer: torch.nn.Module) -> torch.nn.Linear:
     """A dense decoder layer's FFN down projection, by its transformers name (down_proj, or w2: LFM2)."""
-    mlp = getattr(layer, "mlp", None) or layer.feed_forward
-    return getattr(mlp, "down_proj", None) or mlp.w2
+    mlp = getattr(layer, "mlp", None) or getattr(layer, "feed_forward", None) or layer.mixer  # NemotronH: one sublayer
+    return getattr(mlp, "down_proj", None) or getattr(mlp, "w2", None)
 
 
 def _dense_widths(hf) -> list[int | None]:
@@ -99,7 +99,8 @@ def _dense_widths(hf) -> list[int | None]:
     out: list[int | None] = []
     for layer in hf.model.layers:
         sparse = any(isinstance(getattr(m, "experts", None), torch.nn.Module) for m in layer.modules())
-        out.append(None if sparse else int(_one_down(layer).in_features))
+        down = None if sparse else _one_down(layer)  # none in NemotronH's mixer layers: 0 neurons
+        out.append(None if sparse else int(down.in_features) if down is not None else 0)
     return out
 
 
@@ -120,7 +121,8 @@ def test_moe_loads_with_expert_neurons(family):
         act = cache[f"blocks.{layer}.mlp.hook_post"][0]
         assert act.shape[-1] == moe.width
         if width is not None:
-            assert not bool(act[:, width:].any()) and bool(act[:, :width].any()), f"{family}: layer {layer}'s padding"
+            assert not bool(act[:, width:].any()), f"{family}: layer {layer}'s padding"
+            assert width == 0 or bool(act[:, :width].any()), f"{family}: layer {layer}'s neurons"
             continue
         routed = act[:, : moe.n_experts * moe.d_expert].reshape(act.shape[0], moe.n_experts, moe.d_expert)
         active = (routed != 0).any(-1).sum(-1)
@@ -195,11 +197,9 @@ def test_dense_layer_not_gated_refused():
     mlp = model.blocks[0].mlp
     while isinstance(getattr(mlp, "original_component", None), torch.nn.Module):
         mlp = mlp.original_component  # the transformers MLP the bridge wraps
-    del mlp.gate_proj  # now ungated
-    with pytest.raises(
-        UnsupportedFamily, match="^deepseek_v2 .*layer 0: a dense layer between expert layers that is not a gated MLP"
-    ):
-        experts._dense_block(model, 0, family_of(model).moe)
+    del mlp.up_proj  # neither gated nor plain
+    with pytest.raises(UnsupportedFamily, match="^deepseek_v2 .*layer 0: a dense layer that is not an MLP"):
+        experts._dense_block(model, 0, family_of(model).d_mlp, family_of(model).moe)
 
 
 def test_dense_layer_computing_something_else_refused_at_load(monkeypatch):
@@ -343,7 +343,7 @@ def test_capinterp_adapters_never_replace_the_bridges_own(monkeypatch):
 @pytest.mark.parametrize(
     ("family", "fields", "why"),
     [
-        ("nemotron_h", dict(layers_block_type=["mamba", "attention", "mlp", "moe"]), "one sublayer each"),
+        ("nemotron_h", dict(layers_block_type=["mamba", "attention", "mlp", "moe"]), None),  # capinterp splits
         ("zamba2", dict(layers_block_type=["mamba", "hybrid"]), "several layers share"),
         ("granitemoehybrid", dict(layer_types=["mamba", "attention"]), None),  # Mamba: served
         ("falcon_h1", {}, None),

@@ -15,10 +15,13 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core.family import UnsupportedFamily
+from capinterp.core.family import FFN_ONLY_LAYERS, UnsupportedFamily
 from capinterp.core.tiny import TINY_FAMILIES, TINY_HYBRID, model_type, tiny_hf
 
 FAMILIES = tuple(TINY_HYBRID)
+# the bridge runs these attention modules as transformers does, the pattern hook only observing: attention
+# scaling is refused there (capinterp.core.pattern_writes)
+OBSERVE_ONLY = ("olmo_hybrid", "jamba", "nemotron_h", "nemotron_h_dense")
 FACTS = [
     ci.Example("The Eiffel Tower is in the city of", " Paris", meta={"subject": "The Eiffel Tower"}),
     ci.Example("Rome is the capital of", " Italy", meta={"subject": "Rome"}),
@@ -74,30 +77,41 @@ def test_ig_runs_the_loop_route_and_says_why(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_methods_needing_attention_everywhere_refuse_naming_the_mixer(family):
+    """Knowledge circuits and head patching need attention in every layer: refused, naming the mixers."""
     model = _pair(family)[0]
-    why = rf"{family}.*needs softmax attention in every layer.*{re.escape(str(list(_mixers(family))))}"
+    mixers = [k for k in _mixers(family) if k not in FFN_ONLY_LAYERS]  # NemotronH's FFN-only layers: named apart
+    why = rf"{model_type(family)}.*needs softmax attention in every layer.*{re.escape(str(mixers))} mixers"
     with pytest.raises(UnsupportedFamily, match=why):
         ci.localizers.get("knowledge_circuit")(model, progress=False).fit(FACTS)
-    with pytest.raises(UnsupportedFamily, match=why):
-        ci.localizers.get("causal_trace")(model, top_k=1, progress=False).fit(FACTS)  # default kinds include "attn"
     from capinterp.circuits.head_patching import head_effects
 
     with pytest.raises(UnsupportedFamily, match=why):
         head_effects(model, FACTS)
-    from capinterp.interventions.attention_scaling import attention_scaling
-
-    with pytest.raises(UnsupportedFamily, match=why):
-        attention_scaling(model, FACTS, factors=[2.0])
     from capinterp.plots.tokens import attention_pattern
 
     if _kinds(family)[0] == "hybrid":  # Falcon-H1: attention beside Mamba in every layer, its pattern is real
         assert attention_pattern(model, FACTS[0].prompt, 0)[1].shape[0] == model.cfg.n_heads
     else:
-        with pytest.raises(UnsupportedFamily, match=rf"{family}.*layer 0 has no softmax attention pattern"):
+        with pytest.raises(UnsupportedFamily, match=rf"{model_type(family)}.*layer 0 has no softmax attention pattern"):
             attention_pattern(model, FACTS[0].prompt, 0)
-    assert attention_pattern(model, FACTS[0].prompt, 1)[1].shape[0] == model.cfg.n_heads  # layer 1 attends
-    trace = ci.localizers.get("causal_trace")(model, kinds=("resid", "mlp"), top_k=1, require_correct=False)
-    assert set(trace.fit(FACTS).grids_) == {"resid", "mlp"}
+    attends = next(l for l, k in enumerate(_kinds(family)) if k == "hybrid" or ("attention" in k and "linear" not in k))
+    assert attention_pattern(model, FACTS[0].prompt, attends)[1].shape[0] == model.cfg.n_heads
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_tracing_restores_the_attention_layers_only(family):
+    """On a hybrid, kind "attn" restores the attention layers in each window: with window 1, a layer
+    without attention restores nothing (its effect is 0, up to the rounding of another batch) and an
+    attention layer's is not."""
+    model = _pair(family)[0]
+    trace = ci.localizers.get("causal_trace")(model, window=1, top_k=1, require_correct=False, progress=False)
+    rec = trace.fit(FACTS[:1]).per_prompt_[0]
+    attends = [getattr(b, "attn", None) is not None for b in model.blocks]
+    assert any(attends) and set(rec["grids"]) == {"resid", "mlp", "attn"}
+    grid = rec["grids"]["attn"]
+    for layer, has in enumerate(attends):
+        effect = float(grid[:, layer].abs().max())
+        assert (effect > 1e-6) if has else (effect < 1e-7), f"{family}: layer {layer} (attention: {has}): {effect:.3g}"
 
 
 @pytest.mark.parametrize(("family", "gain"), [("falcon_h1", 2.0), ("granitemoehybrid", 1.0)])
@@ -118,3 +132,24 @@ def test_causal_trace_noise_is_in_residual_units(family, gain):
         _, noisy = model.run_with_cache(ids, names_filter="blocks.0.hook_resid_pre")
     added = noisy["blocks.0.hook_resid_pre"] - clean["blocks.0.hook_resid_pre"]
     torch.testing.assert_close(added, noise, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_scaling_reaches_the_attention_layers(family):
+    """Attention scaling (knowledge synapses) scales the attention layers by default; a layer without
+    attention is refused, naming the layers with it. Scaling the subject's keys by 0 changes p(target)."""
+    from capinterp.interventions.attention_scaling import attention_scaling
+
+    model = _pair(family)[0]
+    attending = [l for l, b in enumerate(model.blocks) if getattr(b, "attn", None) is not None]
+    if family in OBSERVE_ONLY:
+        with pytest.raises(
+            UnsupportedFamily, match=rf"writing blocks\.{attending[0]}\.attn\.hook_pattern does not reach"
+        ):
+            attention_scaling(model, FACTS[:2], factors=[0.0], control=False)
+        return
+    rows = attention_scaling(model, FACTS[:2], factors=[0.0], control=False)
+    assert rows["delta"].notna().all() and float(rows["delta"].abs().max()) > 0
+    if 0 not in attending:
+        with pytest.raises(UnsupportedFamily, match=rf"layers \[0\] have no softmax attention.*{attending}"):
+            attention_scaling(model, FACTS[:1], factors=[0.0], layers=[0])

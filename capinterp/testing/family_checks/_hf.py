@@ -19,6 +19,7 @@ __all__ = [
     "GATE_NAMES",
     "UP_NAMES",
     "attn_out",
+    "attn_out_of",
     "decoder_layers",
     "hooked",
     "is_matrix",
@@ -80,8 +81,8 @@ def _one(module: torch.nn.Module, names: tuple[str, ...], skip: str | None = Non
     return found[0][1]
 
 
-def _attn_name(layer: torch.nn.Module) -> str:
-    return next(n for n in _ATTN if hasattr(layer, n))
+def _attn_name(layer: torch.nn.Module) -> str | None:
+    return next((n for n in _ATTN if hasattr(layer, n)), None)  # None: NemotronH's layers call theirs "mixer"
 
 
 def attn_out(hf: Any, layer: int) -> torch.nn.Module:
@@ -89,10 +90,24 @@ def attn_out(hf: Any, layer: int) -> torch.nn.Module:
     the output projection is no module (JetMoE: output experts applied inside the attention's forward),
     the attention module itself, whose first output is that contribution."""
     block = decoder_layers(hf)[layer]
-    attn = getattr(block, _attn_name(block))
+    attn = getattr(block, _attn_name(block) or "self_attn")
     if not any(n.split(".")[-1] in _ATTN_OUT for n, _ in attn.named_modules()):
         return attn
     return _one(attn, _ATTN_OUT)
+
+
+def attn_out_of(hf: Any, layer: int) -> torch.nn.Module | None:
+    """:func:`attn_out` of ``layer``, or None where the layer has no softmax attention (a hybrid model's
+    Mamba, linear-attention or convolution layer; NemotronH's layers hold their one sublayer as ``mixer``,
+    attention where the layer's ``block_type`` says so)."""
+    block = decoder_layers(hf)[layer]
+    name = _attn_name(block)
+    if name is not None and getattr(block, name) is not None:
+        return attn_out(hf, layer)
+    mixer = getattr(block, "mixer", None)
+    if getattr(block, "block_type", None) == "full_attention" and isinstance(mixer, torch.nn.Module):
+        return _one(mixer, _ATTN_OUT)
+    return None
 
 
 def mlp_down(hf: Any, layer: int) -> torch.nn.Module:

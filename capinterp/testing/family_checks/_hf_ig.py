@@ -36,7 +36,8 @@ def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
         found = [
             m
             for name, m in named
-            if (_in_dim(m) or d_mlp) < d_mlp
+            if (width := _in_dim(m)) is not None
+            and width < d_mlp
             and not any(a in part for part in name.split(".") for a in ("attn", "attention", *SHARED_PATHS))
         ]
     if len(found) != 1:

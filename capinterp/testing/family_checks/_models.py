@@ -35,10 +35,10 @@ def plain_hf(family: str) -> Any:
     """A second, untouched transformers model with the same weights as :func:`load_pair`'s (the
     bridge wraps its own copy's submodules, so HF hooks on that copy would hook the bridge).
     Cached: do not modify."""
-    from capinterp.testing.family_checks._moe_ref import densify, is_moe
+    from capinterp.testing.family_checks._one_sublayer_ref import reference_model
 
     hf = tiny_hf(family)[0]
-    return densify(hf) if is_moe(hf) else hf
+    return reference_model(hf)
 
 
 def encode(tok: Any, text: str) -> torch.Tensor:

@@ -216,7 +216,8 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
         acts.append(a * routed if block._ref_input_weighted else a * dense_w[:, e : e + 1])
     neurons = [torch.stack(acts, 1).reshape(x.shape[0], -1)]
     if shared is not None:
-        s = shared.act_fn(shared.gate_proj(x)) * shared.up_proj(x)
+        gated = getattr(shared, "gate_proj", None) is not None  # NemotronH's shared expert: act(up(x)), no gate
+        s = shared.act_fn(shared.gate_proj(x)) * shared.up_proj(x) if gated else shared.act_fn(shared.up_proj(x))
         gate = getattr(block, "shared_expert_gate", None)
         neurons.append(torch.sigmoid(gate(x)) * s if gate is not None else s)
     out = block.down_proj(torch.cat(neurons, -1).reshape(B, T, -1).to(hidden.dtype), dense_w.to(hidden.dtype))
@@ -284,10 +285,13 @@ def moe_neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torc
                 mark(ex.down_proj, (e, j) if ex.is_transposed else (e, slice(None), j))
             else:
                 j, sh = i - n_exp * d, block._ref_shared
-                if isinstance(sh.gate_proj, _FusedHalf):  # gate row j and up row d_shared + j of one weight
+                if isinstance(
+                    getattr(sh, "gate_proj", None), _FusedHalf
+                ):  # gate row j, up row d_shared + j: one weight
                     mark(sh.gate_proj.fused.weight, ([j, sh.down_proj.weight.shape[1] + j],))
                 else:
-                    mark(sh.gate_proj.weight, (j,))
+                    if getattr(sh, "gate_proj", None) is not None:
+                        mark(sh.gate_proj.weight, (j,))
                     mark(sh.up_proj.weight, (j,))
                 mark(sh.down_proj.weight, (slice(None), j))
     return masks
@@ -314,8 +318,12 @@ def moe_neuron_rows(hf: Any) -> dict[int, torch.Tensor]:
                 value = ex.down_proj[e, j] if ex.is_transposed else ex.down_proj[e, :, j]
                 rows.append(torch.cat([*ins, value]))
         if sh is not None:
+            gated = getattr(sh, "gate_proj", None) is not None
             for j in range(sh.down_proj.weight.shape[1]):
-                rows.append(torch.cat([sh.gate_proj.weight[j], sh.up_proj.weight[j], sh.down_proj.weight[:, j]]))
+                ins = [sh.gate_proj.weight[j], sh.up_proj.weight[j]] if gated else [sh.up_proj.weight[j]]
+                if len(ins) < len(picks):  # a plain shared expert beside gated experts: a zero gate row
+                    ins = [torch.zeros_like(ins[0])] + ins
+                rows.append(torch.cat([*ins, sh.down_proj.weight[:, j]]))
         out[layer] = torch.stack(rows).detach()
     return out
 

@@ -4,6 +4,7 @@ their transformers names (written here by hand, independently of capinterp's own
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import torch
@@ -27,10 +28,10 @@ def plain(family: str) -> Any:
     """A fresh, unwrapped transformers model of the family (same seed as the bridge's). Cached: do
     not modify; :func:`capinterp.core.tiny.tiny_hf` gives one to modify. Mixture-of-experts
     models are made dense (:func:`._moe_ref.densify`)."""
-    from capinterp.testing.family_checks._moe_ref import densify, is_moe
+    from capinterp.testing.family_checks._one_sublayer_ref import reference_model
 
     hf = tiny_hf(family)[0]
-    return densify(hf) if is_moe(hf) else hf
+    return reference_model(hf)
 
 
 class Mlp:
@@ -80,13 +81,24 @@ def _conv1d(mod: torch.nn.Module) -> bool:
     return type(mod).__name__ == "Conv1D"  # transformers' Conv1D stores [in, out]
 
 
+# NemotronH's modules as capinterp renames them (capinterp.core.one_sublayer, documented): each layer's mixer
+# or FFN is "mixer" in transformers, its norm "norm"; the FFN capinterp adds to a mixer layer has no entries
+_SPLIT_NAMES = re.compile(r"(\.layers\.\d+\.)(?:(mamba|self_attn|mlp)|(input_layernorm|pre_ff_layernorm))\.")
+
+
 def plain_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``{transformers name: parameter}`` of a transformers model, also one a bridge wraps
-    (its wrapper segments ``._original_component`` removed)."""
-    return {
-        n.replace("._original_component", "").replace("_original_component.", ""): p
-        for n, p in model.named_parameters()
-    }
+    (its wrapper segments ``._original_component`` removed; NemotronH's renamed modules by their
+    transformers names)."""
+    out: dict[str, torch.Tensor] = {}
+    for n, p in model.named_parameters():
+        n = n.replace("._original_component", "").replace("_original_component.", "")
+        if getattr(getattr(model, "config", None), "model_type", None) == "nemotron_h":
+            if not p.numel():  # the FFN with no neurons capinterp gives a mixer layer
+                continue
+            n = _SPLIT_NAMES.sub(lambda m: m.group(1) + ("mixer." if m.group(2) else "norm."), n)
+        out[n] = p
+    return out
 
 
 def neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Tensor]:

@@ -23,7 +23,8 @@ from capinterp.core.example import Example
 from capinterp.core.family import family_of
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
-from capinterp.testing.family_checks._moe_ref import ExpertsDown, densify, is_moe, split_values
+from capinterp.testing.family_checks._moe_ref import ExpertsDown, split_values
+from capinterp.testing.family_checks._one_sublayer_ref import reference_model
 from capinterp.testing.family_checks._plain import layer_widths, mlps, neuron_entries, plain, plain_params
 from capinterp.units.neurons import NeuronSet
 
@@ -42,7 +43,9 @@ def _neurons(model: Model, family: str) -> tuple[dict[int, list[int]], NeuronSet
     widths = layer_widths(plain(family))
     real = torch.arange(d_mlp)[None, :] < torch.tensor(widths)[:, None]
     assert torch.equal(family_of(model).valid_neurons(), real), f"{family}: capinterp's real neurons are not {widths}"
-    chosen = {l: sorted({l, d_mlp // 3 + 2 * l, d_mlp // 2 + 1, d_mlp - 1 - l}) for l in range(n_layers)}
+    chosen = {  # a layer of width 0 (NemotronH's mixer layers: no FFN) has none
+        l: sorted({l, w // 3 + 2 * l, w // 2 + 1, w - 1 - l}) if w else [] for l, w in enumerate(widths)
+    }
     if family_of(model).moe is not None:  # every expert's neurons: a token reaches only top_k experts
         chosen = {l: list(range(l, widths[l], 2)) for l in range(n_layers)}
     return chosen, NeuronSet.from_indices([(l, i) for l, idx in chosen.items() for i in idx], n_layers, d_mlp)
@@ -60,7 +63,10 @@ def _scaled_inputs(hf, chosen: dict[int, list[int]], factor: float) -> Iterator[
 
         return pre
 
-    handles = [mlp.down[1].register_forward_pre_hook(hook(torch.tensor(chosen[l]))) for l, mlp in enumerate(mlps(hf))]
+    handles = [
+        mlp.down[1].register_forward_pre_hook(hook(torch.tensor(chosen[l], dtype=torch.long)))
+        for l, mlp in enumerate(mlps(hf))
+    ]
     try:
         yield
     finally:
@@ -115,7 +121,7 @@ def _reference_step(family: str, chosen: dict[int, list[int]], tok) -> tuple[dic
     from capinterp.core.tiny import tiny_hf
 
     hf = tiny_hf(family)[0]
-    hf = densify(hf) if is_moe(hf) else hf
+    hf = reference_model(hf)
     params = plain_params(hf)
     before = {n: p.detach().clone() for n, p in params.items()}
     masks = neuron_entries(hf, chosen)
@@ -198,7 +204,7 @@ def _value_rows(w: torch.Tensor, conv1d: bool) -> torch.Tensor:
 
 def _last(x: torch.Tensor) -> torch.Tensor:
     """The last token's down-projection input (OPT / XGLM flatten ``[batch * seq, d_mlp]``)."""
-    return x.detach().reshape(-1, x.shape[-1])[-1]
+    return x.detach().flatten(0, -2)[-1]
 
 
 def _hand_edit(family: str, chosen: dict[int, list[int]], tok, mode: str) -> dict[str, torch.Tensor]:
@@ -221,6 +227,8 @@ def _hand_edit(family: str, chosen: dict[int, list[int]], tok, mode: str) -> dic
             h.remove()
     out = {}
     for layer, idx in chosen.items():
+        if not idx:  # a layer without neurons (NemotronH's mixer layers)
+            continue
         name, conv1d = _down_weight(hf, layer)
         down = mlps(hf)[layer].down[1]
         dense_moe = isinstance(down, ExpertsDown)

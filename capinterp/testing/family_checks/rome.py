@@ -44,7 +44,7 @@ def _run(hf: Any, down: torch.nn.Module, ids: torch.Tensor, pos: int, delta: tor
     T = ids.shape[1]
 
     def pre(mod, args):
-        keep["key"] = args[0].reshape(-1, T, args[0].shape[-1])[0, pos].detach().float().clone()
+        keep["key"] = args[0].flatten(0, -2).unflatten(0, (-1, T))[0, pos].detach().float().clone()
 
     def add(out: torch.Tensor) -> torch.Tensor:
         keep["value"] = out.reshape(-1, T, out.shape[-1])[0, pos].detach().float().clone()  # Falcon adds in place
@@ -62,32 +62,40 @@ def _run(hf: Any, down: torch.nn.Module, ids: torch.Tensor, pos: int, delta: tor
         handle.remove()
 
 
-def _one_expert(hf: Any, key: torch.Tensor) -> slice | None:
+def edited_layer(hf: Any) -> int:
+    """The layer the check edits: ``LAYER``, or the first layer after it with neurons (NemotronH's
+    layer 0 is a Mamba layer, whose FFN has none)."""
+    from capinterp.testing.family_checks._plain import layer_widths
+
+    return next(l for l, w in enumerate(layer_widths(hf)) if l >= LAYER and w > 0)
+
+
+def _one_expert(hf: Any, key: torch.Tensor, layer: int) -> slice | None:
     """On an MoE layer: the neurons of the expert whose part of ``key`` writes most; None on a dense layer."""
     from capinterp.testing.family_checks._moe_ref import moe_layers
 
-    if LAYER not in moe_layers(hf):
+    if layer not in moe_layers(hf):
         return None
-    ex = moe_layers(hf)[LAYER][1].experts
+    ex = moe_layers(hf)[layer][1].experts
     n_exp, d = ex.down_proj.shape[0], ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
-    rows = torch.as_tensor(mlp_down(hf, LAYER).weight).detach().float()  # [every expert's neurons (+ shared), d]
+    rows = torch.as_tensor(mlp_down(hf, layer).weight).detach().float()  # [every expert's neurons (+ shared), d]
     writes = [float((key[e * d : (e + 1) * d, None] * rows[e * d : (e + 1) * d]).sum(0).norm()) for e in range(n_exp)]
     e = max(range(n_exp), key=writes.__getitem__)
     return slice(e * d, (e + 1) * d)
 
 
-def _block_bias(hf: Any) -> torch.Tensor | float:
-    """The bias an MoE block adds to its experts' sum (JetMoE's), at ``LAYER``; 0 elsewhere."""
+def _block_bias(hf: Any, layer: int) -> torch.Tensor | float:
+    """The bias an MoE block adds to its experts' sum (JetMoE's), at ``layer``; 0 elsewhere."""
     from capinterp.testing.family_checks._moe_ref import _jetmoe, moe_layers
 
-    block: Any = moe_layers(hf).get(LAYER, (None, None))[1]
+    block: Any = moe_layers(hf).get(layer, (None, None))[1]
     return block.bias.detach().float() if _jetmoe(block) else 0.0
 
 
-def reference_edit(hf: Any, tok: Any) -> dict[str, Any]:
-    """k*, delta and the left vector of the ROME update at ``LAYER``, all from HF hooks (and the
+def reference_edit(hf: Any, tok: Any, layer: int = LAYER) -> dict[str, Any]:
+    """k*, delta and the left vector of the ROME update at ``layer``, all from HF hooks (and the
     edited expert's neurons on an MoE layer)."""
-    down = mlp_down(hf, LAYER)
+    down = mlp_down(hf, layer)
     rows = []  # (ids, subject's last position, answer positions, gold ids)
     for c in CONTEXTS:
         p_ids, full = _ids(tok, c + PROMPT), _ids(tok, c + PROMPT + NEW)
@@ -104,10 +112,10 @@ def reference_edit(hf: Any, tok: Any) -> dict[str, Any]:
             _run(hf, down, x, pos, None, keep)
             keys.append(keep["key"])
             if i == 0:  # the layer's output: JetMoE's block adds its bias after the experts' sum
-                v0_norm = (keep["value"] + _block_bias(hf)).norm()
+                v0_norm = (keep["value"] + _block_bias(hf, layer)).norm()
         kl_before = _run(hf, down, kl_ids, kl_pos, None, keep)[-1]
     key = torch.stack(keys).mean(0)
-    cols = _one_expert(hf, key)
+    cols = _one_expert(hf, key, layer)
     if cols is not None:  # the other neurons' keys are not the edited expert's
         key = torch.zeros_like(key).index_copy_(0, torch.arange(cols.start, cols.stop), key[cols])
     part = slice(None) if cols is None else cols
@@ -162,19 +170,19 @@ def check_rome_edit(family: str) -> None:
     from capinterp.core.model import load_model
     from capinterp.core.tiny import tiny_hf
     from capinterp.interventions.rome import rome_edit
+    from capinterp.testing.family_checks._one_sublayer_ref import reference_model
 
+    hf, _ = tiny_hf(family)
+    hf = reference_model(hf)  # MoE: the down projection's input is every expert's neurons
+    layer = edited_layer(hf)
     hf_b, tok = tiny_hf(family)  # fresh models: the edit writes weights
     model = load_model(hf_b, tokenizer=tok)
     fact = Example(prompt=PROMPT, target="", meta={"subject": SUBJECT, "target_from": "greedy"})
     edit = rome_edit(
-        model, fact, NEW, layer=LAYER, texts=list(TEXTS), prefixes=list(CONTEXTS[1:]), steps=STEPS,
+        model, fact, NEW, layer=layer, texts=list(TEXTS), prefixes=list(CONTEXTS[1:]), steps=STEPS,
         lr=LR, kl_factor=KL, weight_decay=WD, clamp=CLAMP, ridge=RIDGE,
     )  # fmt: skip
-    from capinterp.testing.family_checks._moe_ref import densify, is_moe
-
-    hf, _ = tiny_hf(family)
-    hf = densify(hf) if is_moe(hf) else hf  # MoE: the down projection's input is every expert's neurons
-    want = reference_edit(hf, tok)
+    want = reference_edit(hf, tok, layer)
     for name in ("key", "delta", "left"):
         got, ref = getattr(edit, name).float(), want[name]
         if name != "delta" and got.numel() > ref.numel():  # a dense layer of a mixed model: then padding
@@ -182,7 +190,7 @@ def check_rome_edit(family: str) -> None:
             got = got[: ref.numel()]
         err = float((got - ref).norm() / ref.norm())
         assert err < 1e-4, f"{family}: ROME {name} differs from the HF-hook reference by {err:.3g} (relative)"
-    down = mlp_down(hf, LAYER)
+    down = mlp_down(hf, layer)
     update = torch.outer(want["delta"], want["left"])  # [d_model, d_mlp]: keys to values
     with torch.no_grad():
         before = {p: hf(_ids(tok, p)).logits[0, -1].double().log_softmax(-1) for p in (PROMPT, *PROMPTS)}
@@ -190,7 +198,7 @@ def check_rome_edit(family: str) -> None:
             from capinterp.testing.family_checks._moe_ref import split_values
 
             params = dict(hf.named_parameters())
-            for name, new in split_values(hf, LAYER, torch.as_tensor(down.weight) + update.T).items():
+            for name, new in split_values(hf, layer, torch.as_tensor(down.weight) + update.T).items():
                 params[name].copy_(new)
         else:
             w = down.weight

@@ -1,0 +1,111 @@
+"""NemotronH (one sublayer per layer: Mamba-2, attention, MLP or experts alone), served by splitting each
+layer into a mixer slot and an FFN slot (capinterp.core.one_sublayer): the mixer layers' FFN has no
+neurons. The family matrix checks every method against plain transformers (rows nemotron_h,
+nemotron_h_dense); this file checks the layout itself and the refusals."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+
+import pytest
+import torch
+
+import capinterp as ci
+from capinterp.core.example import Example
+from capinterp.core.family import UnsupportedFamily
+from capinterp.core.model import valid_neurons
+from capinterp.core.tiny import TINY_FAMILIES, tiny_hf
+from capinterp.interventions.rome import rome_edit
+from capinterp.testing.family_checks._plain import plain_params
+
+FAMILIES = ("nemotron_h", "nemotron_h_dense")
+FACT = Example(prompt="The Eiffel Tower is in the city of", target=" Paris", meta={"subject": "The Eiffel Tower"})
+
+
+def _load(family: str, **overrides):
+    hf, tok = tiny_hf(family, **overrides)
+    plain = copy.deepcopy(hf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ci.load_model(hf, tokenizer=tok), plain, tok
+
+
+@functools.cache
+def _pair(family: str):
+    return _load(family)
+
+
+def _widths(family: str) -> list[int]:
+    """Each layer's neurons from the config: 0 on a mixer layer, the MLP's width, the experts' and shared expert's."""
+    kw = TINY_FAMILIES[family]
+    moe = kw.get("n_routed_experts", 0) * kw.get("moe_intermediate_size", 0) + kw.get(
+        "moe_shared_expert_intermediate_size", 0
+    )
+    per_kind = {"mlp": kw["intermediate_size"], "moe": moe}
+    return [per_kind.get(k, 0) for k in kw["layers_block_type"]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.no_grad()
+def test_every_layer_has_an_ffn_slot_the_mixer_layers_with_no_neurons(family):
+    model, plain, tok = _pair(family)
+    widths = _widths(family)
+    fam = ci.family_of(model)
+    assert list(fam.layer_widths) == widths and fam.d_mlp == max(widths)
+    assert int(valid_neurons(model).sum()) == sum(widths)
+    ids = tok(FACT.prompt, return_tensors="pt")["input_ids"]
+    want = plain(ids).logits
+    logits, cache = model.run_with_cache(ids)
+    assert float((logits - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    for layer, width in enumerate(widths):
+        neurons = cache[f"blocks.{layer}.mlp.hook_post"]
+        assert neurons.shape[-1] == fam.d_mlp
+        assert not neurons[..., width:].any(), f"layer {layer}: padding past its {width} neurons is not 0"
+        if width:  # an FFN layer: its contribution is the layer's whole update of the residual stream
+            got = cache[f"blocks.{layer}.hook_mlp_out"]
+            assert (
+                float(
+                    (cache[f"blocks.{layer}.hook_resid_post"] - cache[f"blocks.{layer}.hook_resid_pre"] - got)
+                    .abs()
+                    .max()
+                )
+                < 1e-5
+            )
+            assert neurons[..., :width].abs().sum() > 0
+        else:  # a mixer layer: its FFN adds nothing
+            assert not cache[f"blocks.{layer}.hook_mlp_out"].any()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rome_refuses_a_layer_without_neurons_naming_those_with(family):
+    model, _, _ = _pair(family)
+    ffn = [l for l, w in enumerate(_widths(family)) if w]
+    with pytest.raises(ValueError, match=rf"layer 0 of nemotron_h has no FFN neurons.*{ffn}"):
+        rome_edit(model, FACT, " Rome", layer=0, texts=["a b c d e f"], steps=1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parameters_keep_their_tensors_under_the_transformers_names(family):
+    """The split renames modules (mixer -> mamba / self_attn / mlp, norm -> input_layernorm / pre_ff_layernorm):
+    every transformers parameter is still there, once, mapped back to its transformers name."""
+    model, plain, _ = _pair(family)
+    got = plain_params(model.original_model)
+    want = dict(plain.named_parameters())
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[n], want[n]) for n in want)
+
+
+def test_latent_experts_are_refused_naming_the_latent_space():
+    with pytest.raises(UnsupportedFamily, match="latent space"):
+        _load("nemotron_h", moe_latent_size=16)
+
+
+def test_a_plain_mlp_computing_something_else_is_refused(monkeypatch):
+    from transformers.models.nemotron_h import modeling_nemotron_h as nh
+
+    forward = nh.NemotronHMLP.forward
+    monkeypatch.setattr(nh.NemotronHMLP, "forward", lambda self, x: 2 * forward(self, x))
+    with pytest.raises(UnsupportedFamily, match=r"down_proj\(act_fn\(up_proj\(x\)\)\)"):
+        _load("nemotron_h_dense")
