@@ -77,6 +77,7 @@ import torch
 from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
+from capinterp.core.family import family_of
 from capinterp.core.model import neuron_hook, neuron_shape, user_hooks
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
@@ -585,12 +586,16 @@ def grad_x_act(
     n_layers, d_mlp = neuron_shape(model)
     device = torch.device(model.cfg.device)
     out = torch.zeros(len(items), n_layers, d_mlp)
+    # a hybrid's recurrent or convolution state is not reused: transformers' continuation from a prefix's
+    # state does not reproduce the full forward on every family (Bamba's Mamba-2 layers, Jamba's Mamba
+    # layers past one token: logits off by 0.2-1.2 on the tiny models), so the whole sequence runs there
+    reuse = not family_of(model).hybrid_layers
     with frozen_params(model), torch.enable_grad():
         for i, enc in enumerate(items):
             s = site(enc, positions)
             tokens = s.seq.to(device).view(1, -1)
             cache, feed = None, tokens
-            if s.p0 > 0:
+            if s.p0 > 0 and reuse:
                 try:
                     with torch.no_grad():
                         cache = _prefix._prefix_forward(model, tokens[:, : s.p0])

@@ -153,3 +153,20 @@ def test_attention_scaling_reaches_the_attention_layers(family):
     if 0 not in attending:
         with pytest.raises(UnsupportedFamily, match=rf"layers \[0\] have no softmax attention.*{attending}"):
             attention_scaling(model, FACTS[:1], factors=[0.0], layers=[0])
+
+
+@pytest.mark.parametrize("family", ["bamba", "jamba", "nemotron_h"])
+def test_grad_x_act_runs_the_whole_sequence_on_hybrids(family):
+    """Gradient x activation equals the hand computation (one full forward per layer): on a hybrid it does
+    not continue from a prefix's recurrent state, which transformers does not reproduce on every family
+    (Bamba's continuation was off by 9 %, Jamba's by 29 %)."""
+    from ig_reference import ref_grad_x_act
+
+    from capinterp.core.example import Example
+    from capinterp.core.tokens import encode
+    from capinterp.kernels.ig import grad_x_act
+
+    model = _pair(family)[0]
+    enc = encode(model, [Example("The Eiffel Tower is in the city of", " Paris is")])
+    got, ref = grad_x_act(model, enc)[0], ref_grad_x_act(model, enc[0])
+    assert float((got - ref).abs().max()) <= 1e-4 * float(ref.abs().max())

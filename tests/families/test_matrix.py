@@ -9,9 +9,10 @@ from capinterp.testing.family_checks import FAMILIES, all_checks, run_check
 from capinterp.testing.family_checks.table import render
 
 CHECKS = all_checks()
-# hybrid models: what needs softmax attention in every layer (heads as graph nodes, attention outputs) refuses;
-# IG's fast route cannot share a linear-attention or convolution layer's state (the loop route runs, checked)
-HYBRID_REFUSED = {"eap", "eap_ig", "acdc", "causal_trace", "ig_fast_route"}
+# hybrid models: what needs attention heads in every layer (heads as graph nodes) refuses; IG's fast route
+# cannot share a linear-attention or convolution layer's state (the loop route runs, checked); causal tracing
+# restores the attention layers a window holds (checked against the restoration)
+HYBRID_REFUSED = {"eap", "eap_ig", "acdc", "ig_fast_route"}
 # attention heads routed per token (JetMoE's mixture of attention heads): no head is a fixed graph node
 ROUTED_HEADS, ROUTED_HEADS_REFUSED = {"jetmoe"}, {"eap", "eap_ig", "acdc"}
 _seen: dict[tuple[str, str], str] = {}
