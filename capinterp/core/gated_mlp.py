@@ -19,7 +19,6 @@ __all__ = [
     "fused_gated",
     "gated_mlp_neurons",
     "input_projections",
-    "is_gated_mlp",
     "is_mlp",
     "mlp_neurons",
     "module_of",
@@ -97,10 +96,6 @@ def fused_gated(mlp: Any) -> bool:
         isinstance(unwrap(getattr(mlp, k, None)), torch.nn.Linear) and unwrap(getattr(mlp, k)).bias is None
         for k in ("input_linear", "output_linear")
     ) and callable(getattr(mlp, "activation", None))
-
-
-def is_gated_mlp(mlp: Any) -> bool:
-    return all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")) and callable(activation(mlp))
 
 
 def gated_mlp_neurons(mlp: Any, x: Tensor) -> Tensor:

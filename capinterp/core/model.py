@@ -32,7 +32,7 @@ import torch
 
 from capinterp.core.embedding_norm import final_norm_order
 from capinterp.core.embedding_norm import install as install_embedding_norm
-from capinterp.core.family import FFN_ONLY_LAYERS, UnsupportedFamily, check_supported, family_of, read_family
+from capinterp.core.family import UnsupportedFamily, check_supported, family_of, layer_kinds, read_family
 from capinterp.core.fingerprint import (
     architecture_fingerprint,
     hf_config_facts,
@@ -59,6 +59,7 @@ __all__ = [
     "neuron_param_info",
     "neuron_shape",
     "refresh_fingerprint",
+    "require_attention_layers",
     "user_hooks",
     "valid_neurons",
 ]
@@ -267,12 +268,11 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     check_supported(fam)  # refused here, naming the family, never partway through a run
     bridge.capinterp_family = fam
     hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
-    # expert neurons at blocks.{l}.mlp.hook_post (refused here if it cannot be done); NemotronH's layers of
-    # differing width (its mixer layers' FFN has none) on one padded axis
-    if fam.moe is not None or set(fam.hybrid_layers) & set(FFN_ONLY_LAYERS):
-        from capinterp.core.experts import install
+    # expert neurons at blocks.{l}.mlp.hook_post, and NemotronH's layers of differing width on one padded
+    # axis (refused here if it cannot be done; any other model is left as it is)
+    from capinterp.core.experts import install
 
-        install(bridge)
+    install(bridge)
     bridge.capinterp_own_hooks = _hook_ids(bridge)  # the bridge's own (OPT, XGLM attach some): not the user's
     # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM); MoE: every expert's neurons
     bridge.cfg.d_mlp = family_of(bridge).d_mlp
@@ -505,6 +505,19 @@ def attention_layers(model: Model) -> list[int]:
     attention module (the others mix tokens with a Mamba, linear-attention or convolution mixer, or are
     NemotronH's FFN alone)."""
     return [l for l, b in enumerate(model.blocks) if getattr(b, "attn", None) is not None]
+
+
+def require_attention_layers(model: Model, what: str, hint: str = "") -> list[int]:
+    """:func:`attention_layers`, refusing ``what`` (a method that reads attention in the layers that have
+    it: attention tracing, attention scaling) where no layer has softmax attention."""
+    found = attention_layers(model)
+    if not found:
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): {what} needs softmax attention in some layer, and none of this "
+            f"model's layers has it ({layer_kinds(fam)}){hint}"
+        )
+    return found
 
 
 def valid_neurons(model: Model) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 from capinterp.core import validate
 from capinterp.core.example import Example
 from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
-from capinterp.core.model import attention_layers, neuron_hook
+from capinterp.core.model import neuron_hook, require_attention_layers
 from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
@@ -47,20 +47,8 @@ __all__ = ["attention_scaling", "knowledge_synapses", "scale_attention"]
 KeySpec = str | Sequence[int] | Callable[[Any, Example, list[int]], Sequence[int]]
 
 
-def _attending(model: Model, what: str) -> list[int]:
-    """The layers with softmax attention (a hybrid model's attention layers); refused where there are none."""
-    found = attention_layers(model)
-    if not found:
-        fam = family_of(model)
-        raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}): {what} needs softmax attention in some layer, and none of this "
-            f"model's layers has it ({layer_kinds(fam)})"
-        )
-    return found
-
-
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
-    attending = _attending(model, "attention scaling")
+    attending = require_attention_layers(model, "attention scaling")
     n = int(model.cfg.n_layers)
     out = attending if layers is None else [int(l) for l in layers]
     if not out or any(not 0 <= l < n for l in out):
@@ -151,7 +139,7 @@ def knowledge_synapses(
 @torch.no_grad()
 def _top_attended(model: Model, ids: list[int], k: int, skip: int) -> list[int]:
     """The ``k`` keys most attended from the last position (positions < ``skip`` and the last excluded)."""
-    names = {f"blocks.{l}.attn.hook_pattern" for l in _attending(model, "the keys most attended")}
+    names = {f"blocks.{l}.attn.hook_pattern" for l in require_attention_layers(model, "the keys most attended")}
     _, cache = model.run_with_cache(torch.tensor([ids], device=model.cfg.device), names_filter=lambda n: n in names)
     att = torch.stack([cache[n][0, :, -1, :].float().mean(0) for n in names]).mean(0).cpu()
     att[:skip] = -1

@@ -16,7 +16,7 @@ one expert ``e``'s ``d_expert`` neurons:
 
 The expert: ``expert=`` in :func:`~capinterp.interventions.rome.rome_edit`, or by default the one
 that writes most at the subject, ``argmax_e ||W_e^T k*_e||`` (an expert the subject was never
-routed to writes 0). A :class:`~capinterp.core.experts.DenseBlock` layer of a mixed model is a
+routed to writes 0). A :class:`~capinterp.core.dense_layers.DenseBlock` layer of a mixed model is a
 dense layer: no expert there.
 """
 

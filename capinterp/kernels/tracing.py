@@ -218,9 +218,9 @@ def restoration_probs(
 
 
 def present_layers(model: Model, kinds: Sequence[str]) -> dict[str, list[int]]:
-    """Per kind, the layers that have its state: every layer, but on a hybrid model only the layers whose
-    block has an attention module have an attention output (``hook_attn_out``) (the others mix tokens with a Mamba, linear-attention or
-    convolution mixer, or have an FFN alone): attention tracing restores the attention layers in each window."""
+    """Per kind, the layers that have its state: every layer, but on a hybrid model only the attention
+    layers have an attention output (:func:`capinterp.core.model.attention_layers`): attention tracing
+    restores the attention layers in each window."""
     every = list(range(len(model.blocks)))
     return {k: attention_layers(model) if k == "attn" else every for k in kinds}
 

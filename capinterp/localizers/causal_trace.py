@@ -60,7 +60,7 @@ from tqdm.auto import tqdm
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
+from capinterp.core.model import require_attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import _ids, encode, model_bos
 from capinterp.kernels.tracing import HOOK as _HOOK
@@ -173,14 +173,11 @@ class CausalTrace(Localizer):
         if not facts:
             raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
         self._begin_fit()
-        self._present = present_layers(self.model, self.kinds)  # hybrids: attention in some layers only
-        if "attn" in self.kinds and not self._present["attn"]:
-            fam = family_of(self.model)
-            raise UnsupportedFamily(
-                f"{fam.name} ({fam.architecture}): causal tracing of attention outputs (kinds with 'attn') needs "
-                f"softmax attention in some layer, and none of this model's layers has it ({layer_kinds(fam)}); "
-                "trace kinds=('resid', 'mlp')"
+        if "attn" in self.kinds:  # hybrids: attention in some layers only, refused where in none
+            require_attention_layers(
+                self.model, "causal tracing of attention outputs (kinds with 'attn')", "; trace kinds=('resid', 'mlp')"
             )
+        self._present = present_layers(self.model, self.kinds)
         prepared = [self._prepare(i, ex) for i, ex in enumerate(facts)]
         # the noise's std as the residual stream receives it (Falcon-H1 multiplies the hook's output afterwards)
         self._embed_gain = embed_gain(self.model)

@@ -189,8 +189,8 @@ def test_dense_layer_wider_than_the_experts_refused_at_load(family, overrides, w
 
 
 def test_dense_layer_not_gated_refused():
-    """A dense layer between expert layers without a gate projection is refused, naming the layer."""
-    from capinterp.core import experts
+    """A dense layer between expert layers that is no MLP (no up projection) is refused, naming the layer."""
+    from capinterp.core import dense_layers
 
     hf, tok = tiny_hf("deepseek_v2")
     model = ci.load_model(hf, tokenizer=tok)
@@ -199,7 +199,7 @@ def test_dense_layer_not_gated_refused():
         mlp = mlp.original_component  # the transformers MLP the bridge wraps
     del mlp.up_proj  # neither gated nor plain
     with pytest.raises(UnsupportedFamily, match="^deepseek_v2 .*layer 0: a dense layer that is not an MLP"):
-        experts._dense_block(model, 0, family_of(model).d_mlp, family_of(model).moe)
+        dense_layers.dense_block(model, 0, family_of(model).d_mlp, family_of(model).moe)
 
 
 def test_dense_layer_computing_something_else_refused_at_load(monkeypatch):
