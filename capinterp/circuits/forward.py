@@ -45,6 +45,7 @@ from einops import rearrange
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 from capinterp.circuits.probe import Routes, routes
 from capinterp.core.family import family_of
+from capinterp.core.model import mixer_module
 from capinterp.core.position_mean import SplitMean
 from capinterp.core.protocol import Model
 
@@ -83,7 +84,7 @@ def graph_mode(model: Model, graph: Graph) -> Iterator[None]:
                     else "this model exposes no per-head attention input"
                 )
                 raise NotImplementedError(f"{split} is not supported by this model ({err}); {hint}") from err
-        elif not routes(model, graph.parallel).layer_attn:
+        elif not all(routes(model, graph.parallel).layer_attn[l] for l in graph.head_layers):
             raise NotImplementedError("this model fires no hook before its attention norm: granularity='layer' fails")
         try:
             model.set_use_hook_mlp_in(True)
@@ -109,11 +110,17 @@ def node_params(model: Model, graph: Graph) -> dict[str, int]:
     def count(mod: Any) -> int:
         return 0 if mod is None else sum({id(p): p.numel() for p in mod.parameters()}.values())
 
+    from capinterp.core.model import mixer_module
+
     out = {INPUT: 0, LOGITS: 0}
     for l in range(graph.n_layers):
         blk = model.blocks[l]
-        per_head = (count(getattr(blk, "attn", None)) + count(getattr(blk, "ln1", None))) // graph.n_heads
-        out.update({f"a{l}.h{h}": per_head for h in range(graph.n_heads)})
+        ln1 = count(getattr(blk, "ln1", None))
+        if graph.has_heads(l):  # beside a mixer (Falcon-H1) the mixer owns the shared norm
+            per_head = (count(getattr(blk, "attn", None)) + (0 if graph.has_mixer(l) else ln1)) // graph.n_heads
+            out.update({f"a{l}.h{h}": per_head for h in range(graph.n_heads)})
+        if graph.has_mixer(l):
+            out[f"x{l}"] = count(getattr(blk, str(mixer_module(model, l)), None)) + ln1
         out[f"m{l}"] = count(getattr(blk, "mlp", None)) + count(getattr(blk, "ln2", None))
     return out
 
@@ -151,9 +158,10 @@ def run_graph(
         keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
     """
     names = _hooks(model, graph)
+    fam = family_of(model)
     rt = routes(model, graph.parallel)
     gains = _post_attn_gains(model, graph)
-    w_o = _head_out_weights(model, graph) if rt.result == "z" else []
+    w_o = _head_out_weights(model, graph) if rt.result == "z" else {}
     B, T = tokens.shape
     d = int(model.cfg.d_model)
     dtype = next(model.parameters()).dtype
@@ -200,13 +208,23 @@ def run_graph(
 
     def on_result(l):
         def fn(x, hook):
-            outs[graph.head_src(l) : graph.head_src(l) + H] = rearrange(x.detach(), "b t h d -> h b t d")
+            x = x.detach() * fam.attn_out_multiplier if fam.attn_out_multiplier != 1.0 else x.detach()
+            outs[graph.head_src(l) : graph.head_src(l) + H] = rearrange(x, "b t h d -> h b t d")
 
         return fn
 
     def on_mlp_out(l):
         def fn(x, hook):
-            outs[graph.head_src(l, H)] = x.detach()
+            outs[graph.mlp_src(l)] = x.detach()
+
+        return fn
+
+    def on_mixer_out(l):  # what the layer's mixer adds: resid_mid - resid_pre (less its heads, Falcon-H1)
+        def fn(x, hook):  # x: the residual the (sequential) MLP reads
+            out = x.detach() - pre[l].detach()
+            if graph.has_heads(l):
+                out = out - outs[graph.head_src(l) : graph.head_src(l) + H].sum(0)
+            outs[graph.mixer_src(l)] = out
 
         return fn
 
@@ -232,43 +250,68 @@ def run_graph(
 
         return fn
 
-    def on_norm_slot(l: int, cols: slice):  # the module's input rebuilt as ln1(slot) from the block's input
+    def on_norm_slot(l: int, cols: slice, scale: float = 1.0):  # the module's input rebuilt as ln1(slot)
         norm = _raw(model.blocks[l].ln1)
         slot = on_slot(cols)
 
         def fn(x, hook):
-            return norm(slot(pre[l], hook)).to(x.dtype)
+            y = norm(slot(pre[l], hook))
+            return (y * scale if scale != 1.0 else y).to(x.dtype)
 
         return fn
 
     hooks = [(names["input"], on_input)]
     for l in range(graph.n_layers):
         layer = graph.granularity == "layer"
-        if l and "norm" in (rt.mlp, rt.layer_attn if layer else ""):
+        mixer = mixer_module(model, l) if graph.has_mixer(l) else None
+        if l and ("norm" in (rt.mlp[l], rt.layer_attn[l] if layer else "") or mixer):
             hooks.append((f"blocks.{l}.hook_resid_pre", on_pre(l)))
-        if not layer:
+        if not graph.has_heads(l):
+            pass
+        elif not layer:
             hooks += [(name, on_slot(graph.slot_index(l, kind))) for kind, name in names["attn_in"][l]]
-        elif rt.layer_attn == "ln1_in":
-            hooks.append((f"blocks.{l}.ln1.hook_in", on_slot(graph.slot_index(l, "layer"))))
-        else:
-            hooks.append((f"blocks.{l}.attn.hook_in", on_norm_slot(l, graph.slot_index(l, "layer"))))
-        if rt.result == "result":
+        elif rt.layer_attn[l] != "norm" and not mixer:
+            hooks.append((f"blocks.{l}.{rt.layer_attn[l]}", on_slot(graph.slot_index(l, "layer"))))
+        else:  # Falcon-H1's attention reads ln1's output times its input multiplier
+            hooks.append(
+                (f"blocks.{l}.attn.hook_in", on_norm_slot(l, graph.slot_index(l, "layer"), fam.attn_in_multiplier))
+            )
+        if not graph.has_heads(l):
+            pass
+        elif rt.result == "result":
             hooks.append((names["result"][l], on_result(l)))
         else:
             hooks.append((f"blocks.{l}.attn.o.hook_in", on_z(l)))
+        if mixer is not None:  # its slot: the residual before the mixer's norm; beside heads, ln1(slot) into it
+            cols = graph.slot_index(l, "mixer")
+            if graph.has_heads(l):
+                hooks.append((f"blocks.{l}.{mixer}.hook_in", on_norm_slot(l, cols)))
+            else:
+                hooks.append((f"blocks.{l}.ln1.hook_in", on_slot(cols)))
         mlp_cols = graph.slot_index(l, "mlp")
-        if rt.mlp == "norm":
+        if rt.mlp[l] == "norm":
             hooks.append((f"blocks.{l}.mlp.hook_in", on_norm_slot(l, mlp_cols)))
         else:
-            hook = names["mlp_in"][l] if rt.mlp == "mlp_in" else f"blocks.{l}.ln2.hook_in"
+            hook = f"blocks.{l}.{rt.mlp[l]}"
+            if mixer is not None:  # the residual the MLP reads, before its edges are taken out
+                hooks.append((hook, on_mixer_out(l)))
             hooks.append((hook, on_slot(mlp_cols)))
         hooks.append((names["mlp_out"][l], on_mlp_out(l)))
-        if gains:
+        if l in gains:
             hooks.append((f"blocks.{l}.ln1_post.hook_in", on_attn_post(l)))
     hooks.append((names["final"], on_slot(slice(graph.n_slots - 1, graph.n_slots))))
     logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
-    want = graph.n_layers * (len(graph.attn_slots(0)) if graph.granularity == "layer" else len(names["attn_in"][0]))
-    if keep_slots and len(slots) != want + graph.n_layers + 1:
+    want = sum(
+        (
+            len(graph.attn_slots(l))
+            if graph.granularity == "layer" or not graph.has_heads(l)
+            else len(names["attn_in"][l])
+        )
+        + graph.has_mixer(l)
+        + 1
+        for l in range(graph.n_layers)
+    )
+    if keep_slots and len(slots) != want + 1:
         raise RuntimeError(f"only {len(slots)} slot hooks fired: is graph_mode on?")
     return GraphRun(logits, rearrange(outs, "n b t d -> b t n d"), [slots[k] for k in sorted(slots)])
 
@@ -296,6 +339,13 @@ def check_additive(model: Model, graph: Graph, tol: float = 1e-3) -> float:
     toks = model.to_tokens("The capital of France is the city of Paris")
     with graph_mode(model, graph):
         run = run_graph(model, graph, toks, keep_slots=True)
+    plain = model(toks).float()
+    drift = float((run.logits.float() - plain).abs().amax() / plain.abs().amax().clamp_min(1e-12))
+    if drift > tol:
+        raise NotImplementedError(
+            f"{family_of(model).name}: the circuit graph's forward (granularity {graph.granularity!r}) changes this "
+            f"model's logits (relative {drift:.2g}): the bridge's hooks for it do not compute the model's forward"
+        )
     slots = run.stack_slots(run.slot_inputs).float()
     cum = run.outputs.float().cumsum(2)
     idx = torch.tensor([graph.n_upstream(j) - 1 for j in range(graph.n_slots)], device=cum.device)
@@ -314,42 +364,43 @@ def _raw(mod: Any) -> Any:
     return getattr(mod, "original_component", None) or mod
 
 
-def _head_out_weights(model: Model, graph: Graph) -> list[torch.Tensor]:
-    """Per layer ``[H, d_head, d_model]``: head h's slice of the output projection, as ``z_h @ W[h]``.
+def _head_out_weights(model: Model, graph: Graph) -> dict[int, torch.Tensor]:
+    """Per layer with heads ``[H, d_head, d_model]``: head h's slice of the output projection, as ``z_h @ W[h]``.
 
     Orientation from the family record (Conv1D stores ``[in, out]``, ``nn.Linear`` ``[out, in]``);
     scaled by the family's residual multiplier, as the block scales the attention output.
     """
     fam = family_of(model)
-    out = []
-    for l in range(graph.n_layers):
+    out = {}
+    for l in graph.head_layers:
         w = _raw(model.blocks[l].attn.o).weight.detach()
         w = w if fam.conv1d else w.T  # -> [H * d_head, d_model]
-        out.append(w.reshape(graph.n_heads, -1, w.shape[-1]) * fam.residual_multiplier)
+        out[l] = w.reshape(graph.n_heads, -1, w.shape[-1]) * (fam.residual_multiplier * fam.attn_out_multiplier)
     return out
 
 
-def _has(model: Model, sub: str) -> bool:
-    return getattr(model.blocks[0], "submodules", {}).get(sub) is not None or hasattr(model.blocks[0], sub)
+def _has(model: Model, sub: str, l: int = 0) -> bool:
+    blk = model.blocks[l]
+    return getattr(blk, "submodules", {}).get(sub) is not None or hasattr(blk, sub)
 
 
-def _post_attn_gains(model: Model, graph: Graph) -> list[tuple[torch.Tensor, float]]:
-    """Per layer ``(effective gain, eps)`` of an RMS post-attention norm (Gemma), else ``[]``.
+def _post_attn_gains(model: Model, graph: Graph) -> dict[int, tuple[torch.Tensor, float]]:
+    """Per layer with heads ``(effective gain, eps)`` of an RMS post-attention norm (Gemma), where it has one.
 
     ``norm(x) = x * rsqrt(mean(x^2) + eps) * gain`` is linear in x for a fixed scale, so with the
     scale of the actual sum each head's share of the normalized output is exact (and they add up).
     The gain is read off the module: ``norm(ones) * sqrt(1 + eps)``.
     """
-    if not _has(model, "ln1_post"):
-        return []
-    out = []
+    out = {}
     with torch.no_grad():
-        for l in range(graph.n_layers):
+        for l in graph.head_layers:
+            if not _has(model, "ln1_post", l):
+                continue
             mod = model.blocks[l].ln1_post
             raw = getattr(mod, "original_component", mod)
             eps = float(getattr(raw, "eps", 0) or getattr(raw, "variance_epsilon", 1e-6))
             ones = torch.ones(1, int(model.cfg.d_model), device=next(model.parameters()).device)
-            out.append(((raw(ones.to(next(model.parameters()).dtype)).float() * (1 + eps) ** 0.5)[0], eps))
+            out[l] = ((raw(ones.to(next(model.parameters()).dtype)).float() * (1 + eps) ** 0.5)[0], eps)
     return out
 
 
@@ -357,12 +408,11 @@ def _hooks(model: Model, graph: Graph) -> dict[str, Any]:
     slot = {"q": "hook_q_input", "k": "hook_k_input", "v": "hook_v_input", "head": "hook_attn_in"}
     kinds = ("head",) if graph.granularity == "head" else ("q", "k", "v")
     L = range(graph.n_layers)
-    mlp_out = "ln2_post.hook_out" if _has(model, "ln2_post") else "hook_mlp_out"  # post-FFN norm: its output
+    mlp_out = ["ln2_post.hook_out" if _has(model, "ln2_post", l) else "hook_mlp_out" for l in L]  # post-FFN norm
     return {
         "input": "blocks.0.hook_resid_pre",
         "result": [f"blocks.{l}.attn.hook_result" for l in L],
-        "mlp_out": [f"blocks.{l}.{mlp_out}" for l in L],
+        "mlp_out": [f"blocks.{l}.{mlp_out[l]}" for l in L],
         "attn_in": [[(k, f"blocks.{l}.{slot[k]}") for k in kinds] for l in L],
-        "mlp_in": [f"blocks.{l}.hook_mlp_in" for l in L],
         "final": "ln_final.hook_in",
     }

@@ -7,6 +7,9 @@ Nodes (Yao et al. 2024, Sec. 2), in topological order:
 * ``a{l}.h{h}``: every attention head; its output is its slice of the output projection,
   ``z_h @ W_O[h]`` (TransformerLens ``hook_result``);
 * ``m{l}``: every MLP (``hook_mlp_out``);
+* ``x{l}`` (hybrid models): the whole token mixer of a layer whose mixer is not softmax attention
+  (Mamba, gated delta net, short convolution), one node read through one slot ``x{l}`` (the
+  residual before the mixer's norm); its output is what the mixer adds to the residual stream;
 * ``logits``.
 
 Every node except ``logits`` writes into the residual stream and every node except ``input``
@@ -44,6 +47,7 @@ scores and saves to JSON.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from dataclasses import dataclass, field
@@ -58,7 +62,7 @@ from capinterp.core.protocol import Model
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.units.base import KeySet
 
-__all__ = ["GRANULARITIES", "Circuit", "EdgeSet", "Graph", "prune_dead", "select_edges"]
+__all__ = ["GRANULARITIES", "LAYER_KINDS", "Circuit", "EdgeSet", "Graph", "prune_dead", "select_edges"]
 
 GRANULARITIES = ("qkv", "head", "layer")
 INPUT, LOGITS = "input", "logits"
@@ -75,18 +79,32 @@ def supports(model: Model, flag: str) -> bool:
     return True
 
 
+#: What a layer of a hybrid graph mixes tokens with: attention heads, one mixer node (a Mamba,
+#: linear-attention or convolution mixer), both side by side (Falcon-H1), or nothing (NemotronH's
+#: layers that are an FFN alone).
+LAYER_KINDS = ("attn", "mixer", "both", "ffn")
+
+
 @dataclass(frozen=True)
 class Graph:
-    """Structure of the edge graph of a model with ``n_layers`` blocks of ``n_heads`` heads."""
+    """Structure of the edge graph of a model with ``n_layers`` blocks of ``n_heads`` heads.
+
+    ``kinds`` (hybrid models only; empty: every layer has attention) gives each layer's token mixer,
+    one of :data:`LAYER_KINDS`: a layer of kind ``"mixer"`` has one node ``x{l}`` (its whole mixer)
+    read through one slot ``x{l}`` instead of heads; ``"both"`` has the heads and ``x{l}``;
+    ``"ffn"`` neither. Every layer has its MLP ``m{l}`` (0 wide on NemotronH's mixer layers)."""
 
     n_layers: int
     n_heads: int
     n_kv_heads: int
     granularity: str = "qkv"
     parallel: bool = False  # attention and MLP of a block read the same residual (the block's input)
+    kinds: tuple[str, ...] = ()
     sources: tuple[str, ...] = field(init=False, repr=False)
     slots: tuple[str, ...] = field(init=False, repr=False)
     nodes: tuple[str, ...] = field(init=False, repr=False)
+    _src_start: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _slot_start: tuple[int, ...] = field(init=False, repr=False, compare=False)
     input_node: ClassVar[str] = INPUT
     logits_node: ClassVar[str] = LOGITS
 
@@ -95,32 +113,52 @@ class Graph:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {self.granularity!r}")
         if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
-        H, L = self.n_heads, self.n_layers
-        src = [INPUT]
-        for l in range(L):
-            src += [f"a{l}.h{h}" for h in range(H)] + [f"m{l}"]
-        slots: list[str] = []
-        for l in range(L):
-            slots += self.attn_slots(l) + [f"m{l}"]
+        kinds = tuple(self.kinds)
+        if kinds and (len(kinds) != self.n_layers or any(k not in LAYER_KINDS for k in kinds)):
+            raise ValueError(f"kinds must give one of {LAYER_KINDS} per layer ({self.n_layers}), got {kinds!r}")
+        if kinds and self.parallel:
+            raise ValueError("a hybrid graph (kinds=) with parallel attention and MLP is not defined")
+        object.__setattr__(self, "kinds", () if all(k == "attn" for k in kinds) else kinds)
+        src, slots = [INPUT], list[str]()
+        src_start: list[int] = []
+        slot_start: list[int] = []
+        for l in range(self.n_layers):
+            src_start.append(len(src))
+            slot_start.append(len(slots))
+            src += [f"a{l}.h{h}" for h in range(self.n_heads)] if self.has_heads(l) else []
+            src += [f"x{l}"] if self.has_mixer(l) else []
+            src.append(f"m{l}")
+            slots += self.attn_slots(l) + ([f"x{l}"] if self.has_mixer(l) else []) + [f"m{l}"]
         slots.append(LOGITS)
         object.__setattr__(self, "sources", tuple(src))
         object.__setattr__(self, "slots", tuple(slots))
         object.__setattr__(self, "nodes", tuple(src) + (LOGITS,))
+        object.__setattr__(self, "_src_start", tuple(src_start) + (len(src),))
+        object.__setattr__(self, "_slot_start", tuple(slot_start) + (len(slots) - 1,))
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_model(cls, model: Model, granularity: str = "auto") -> Graph:
         """Graph of a TransformerBridge; ``granularity="auto"`` picks q/k/v slots when the model's
         attention exposes per-head q/k/v inputs, else one attention slot per layer (``"layer"``).
-        Block layout (parallel or sequential) and head counts come from the family record."""
+        Block layout (parallel or sequential), head counts and, on hybrid models, each layer's
+        mixer come from the family record and the blocks."""
         from capinterp.circuits.probe import splits_qkv
-        from capinterp.core.family import family_of, require_attention
+        from capinterp.core.family import family_of, require_fixed_heads
+        from capinterp.core.model import layer_mixers
 
         fam = family_of(model)
-        require_attention(fam, "a knowledge-circuit graph (attention heads as nodes)")
+        require_fixed_heads(fam, "a knowledge-circuit graph (attention heads as nodes)")
+        scaled_in = fam.attn_in_multiplier != 1.0  # the bridge's split q/k/v inputs skip it (Falcon-H1)
         if granularity == "auto":
-            granularity = "qkv" if splits_qkv(model) else "layer"
-        return cls(fam.n_layers, fam.n_heads, fam.n_kv_heads, granularity, fam.parallel_block)
+            granularity = "qkv" if splits_qkv(model) and not scaled_in else "layer"
+        elif granularity in ("qkv", "head") and scaled_in:
+            raise ValueError(
+                f"{fam.name}: granularity {granularity!r} is not served on this model: its attention reads its "
+                f"norm's output times attention_in_multiplier={fam.attn_in_multiplier:g}, which the bridge's per-head "
+                "q/k/v inputs leave out; use granularity='layer' (the default here)"
+            )
+        return cls(fam.n_layers, fam.n_heads, fam.n_kv_heads, granularity, fam.parallel_block, layer_mixers(model))
 
     @classmethod
     def from_dict(cls, d: dict) -> Graph:
@@ -131,34 +169,58 @@ class Graph:
             int(d["n_kv_heads"]),
             str(d["granularity"]),
             bool(d.get("parallel", False)),
+            tuple(str(k) for k in d.get("kinds", ())),
         )
 
     def to_dict(self) -> dict:
-        """The four numbers that define the graph (JSON-serializable)."""
-        return {
+        """The numbers that define the graph (JSON-serializable); ``kinds`` on hybrid graphs only."""
+        out: dict[str, Any] = {
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "n_kv_heads": self.n_kv_heads,
             "granularity": self.granularity,
             "parallel": self.parallel,
         }
+        return {**out, "kinds": list(self.kinds)} if self.kinds else out
 
     @property
     def signature(self) -> tuple:
-        """``(n_layers, n_heads, n_kv_heads, granularity)``, plus ``"parallel"`` for parallel blocks:
-        graphs with equal signatures have the same edges (sequential graphs keep their former signature)."""
-        base = (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
-        return base + ("parallel",) if self.parallel else base
+        """``(n_layers, n_heads, n_kv_heads, granularity)``, plus ``"parallel"`` for parallel blocks and
+        the layer kinds of a hybrid graph: graphs with equal signatures have the same edges (sequential
+        graphs keep their former signature)."""
+        base: tuple = (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
+        base = base + ("parallel",) if self.parallel else base
+        return base + ("kinds",) + self.kinds if self.kinds else base
 
     # ------------------------------------------------------------------ slot layout
+    def kind(self, l: int) -> str:
+        """Layer ``l``'s token mixer: ``"attn"``, ``"mixer"``, ``"both"`` or ``"ffn"`` (:data:`LAYER_KINDS`)."""
+        return self.kinds[l] if self.kinds else "attn"
+
+    def has_heads(self, l: int) -> bool:
+        """Whether layer ``l`` has attention heads."""
+        return self.kind(l) in ("attn", "both")
+
+    def has_mixer(self, l: int) -> bool:
+        """Whether layer ``l`` has a mixer node ``x{l}`` (a Mamba, linear-attention or convolution mixer)."""
+        return self.kind(l) in ("mixer", "both")
+
+    @property
+    def head_layers(self) -> list[int]:
+        """The layers with attention heads (every layer but on a hybrid graph)."""
+        return [l for l in range(self.n_layers) if self.has_heads(l)]
+
     @property
     def gqa(self) -> bool:
         """True when key/value heads are shared by groups of query heads (grouped-query attention)."""
         return self.n_kv_heads < self.n_heads
 
     def attn_slots(self, l: int) -> list[str]:
-        """Names of layer ``l``'s attention input slots (per head and q / k / v, or per head)."""
+        """Names of layer ``l``'s attention input slots (per head and q / k / v, or per head; none in a
+        layer without attention)."""
         H, G = self.n_heads, self.n_kv_heads
+        if not self.has_heads(l):
+            return []
         if self.granularity == "head":
             return [f"a{l}.h{h}" for h in range(H)]
         if self.granularity == "layer":
@@ -168,18 +230,45 @@ class Graph:
 
     @property
     def slots_per_layer(self) -> int:
-        """Input slots of one layer: its attention slots and its MLP."""
+        """Input slots of one layer: its attention slots and its MLP (graphs whose layers all have attention)."""
+        if self.kinds:
+            raise ValueError("the layers of a hybrid graph differ in their slots: use slot_index / layer_slots")
         return len(self.attn_slots(0)) + 1
+
+    def layer_slots(self, l: int) -> slice:
+        """Every input slot of layer ``l`` (attention, mixer, MLP)."""
+        return slice(self._slot_start[l], self._slot_start[l + 1])
 
     def head_src(self, l: int, h: int = 0) -> int:
         """Source index of head ``a{l}.h{h}`` (``head_src(l, H)`` is ``m{l}``)."""
-        return 1 + l * (self.n_heads + 1) + h
+        if h == self.n_heads:
+            return self.mlp_src(l)
+        if not self.has_heads(l):
+            raise ValueError(f"layer {l} of this graph has no attention heads (its kind: {self.kind(l)})")
+        return self._src_start[l] + h
+
+    def mixer_src(self, l: int) -> int:
+        """Source index of layer ``l``'s mixer node ``x{l}``."""
+        if not self.has_mixer(l):
+            raise ValueError(f"layer {l} of this graph has no mixer node (its kind: {self.kind(l)})")
+        return self._src_start[l + 1] - 2
+
+    def mlp_src(self, l: int) -> int:
+        """Source index of ``m{l}``."""
+        return self._src_start[l + 1] - 1
 
     def slot_index(self, l: int, kind: str) -> slice:
-        """Slots of layer ``l`` of one kind: ``"q"``, ``"k"``, ``"v"``, ``"head"``, ``"layer"`` or ``"mlp"``."""
-        H, G, base = self.n_heads, self.n_kv_heads, l * self.slots_per_layer
+        """Slots of layer ``l`` of one kind: ``"q"``, ``"k"``, ``"v"``, ``"head"``, ``"layer"``, ``"mixer"``
+        or ``"mlp"``."""
+        H, G, base, end = self.n_heads, self.n_kv_heads, self._slot_start[l], self._slot_start[l + 1]
         if kind == "mlp":
-            return slice(base + self.slots_per_layer - 1, base + self.slots_per_layer)
+            return slice(end - 1, end)
+        if kind == "mixer":
+            if not self.has_mixer(l):
+                raise ValueError(f"layer {l} of this graph has no mixer (its kind: {self.kind(l)})")
+            return slice(end - 2, end - 1)
+        if not self.has_heads(l):
+            raise ValueError(f"layer {l} of this graph has no attention slots (its kind: {self.kind(l)})")
         if kind == "layer":
             return slice(base, base + 1)
         offsets = (
@@ -195,8 +284,10 @@ class Graph:
         """Number of sources computed before slot ``j`` reads (sources ``0 .. n-1``)."""
         if j == self.n_slots - 1:
             return self.n_src
-        l, r = divmod(j, self.slots_per_layer)
-        return self.head_src(l) + (self.n_heads if r == self.slots_per_layer - 1 and not self.parallel else 0)
+        l = bisect.bisect_right(self._slot_start, j) - 1
+        if j == self._slot_start[l + 1] - 1 and not self.parallel:  # a sequential MLP reads its layer's mixers
+            return self.mlp_src(l)
+        return self._src_start[l]
 
     @property
     def edge_mask(self) -> torch.Tensor:
@@ -212,7 +303,7 @@ class Graph:
     def slot_nodes(self, j: int) -> tuple[str, ...]:
         """Nodes that read through slot ``j`` (a KV group slot feeds every head of its group)."""
         name = self.slots[j]
-        if name == LOGITS or name.startswith("m"):
+        if name == LOGITS or name.startswith(("m", "x")):
             return (name,)
         head, _, kind = name.partition("<")
         if "." not in head:  # "layer" granularity: a{l} feeds every head of the layer

@@ -13,9 +13,13 @@ answer into how :func:`capinterp.circuits.forward.run_graph` reads each node:
   multiplier (Granite) - the same sum the block adds to the residual stream;
 * the MLP slot: ``hook_mlp_in``, else the input of the MLP's own norm (``ln2.hook_in``), else, for
   a parallel block whose attention and MLP share one norm, the MLP's input rebuilt as
-  ``ln1(slot)`` from the block's input;
-* ``"layer"`` attention slots: ``ln1.hook_in`` (sequential blocks), or ``ln1(slot)`` fed to the
+  ``ln1(slot)`` from the block's input; a layer with no norm before its MLP (NemotronH's mixer
+  layers) reads the residual at the MLP's own input;
+* ``"layer"`` attention slots: ``ln1.hook_in`` (sequential blocks), the attention's own input where
+  it reads the residual without a norm (post-norm layers: OLMo-Hybrid), or ``ln1(slot)`` fed to the
   attention's input (parallel blocks, where ln1's output also feeds the MLP).
+
+Routes are chosen per layer: a hybrid model's layers differ (attention, a mixer, an FFN alone).
 """
 
 from __future__ import annotations
@@ -84,7 +88,17 @@ def fired_hooks(model: Model) -> frozenset[str]:
     dev = next(model.parameters()).device
     try:
         with torch.no_grad():
-            model.run_with_hooks(torch.tensor([[1, 2, 3]], device=dev), fwd_hooks=hooks)
+            try:
+                model.run_with_hooks(torch.tensor([[1, 2, 3]], device=dev), fwd_hooks=hooks)
+            except NotImplementedError:  # the bridge accepts split q/k/v inputs, then its attention refuses them
+                if not on["use_split_qkv_input"]:
+                    raise
+                _try_set(model, "use_split_qkv_input", False)
+                on["use_split_qkv_input"] = False
+                fired.clear()
+                values.clear()
+                hooks = [(n, f) for n, f in hooks if not (n.endswith("_input") and ".hook_" in n)]
+                model.run_with_hooks(torch.tensor([[1, 2, 3]], device=dev), fwd_hooks=hooks)
     finally:
         for f in _FLAGS:
             if on[f] and not before[f]:
@@ -105,52 +119,76 @@ def fired_hooks(model: Model) -> frozenset[str]:
     return out
 
 
-def _every_block(model: Model, name: str) -> bool:
+def _every_block(model: Model, name: str, layers: list[int] | None = None) -> bool:
+    """Whether ``blocks.{l}.<name>`` fires in every layer (of ``layers``, default all)."""
     fired = fired_hooks(model)
-    return all(f"blocks.{l}.{name}" in fired for l in range(int(model.cfg.n_layers)))
+    return all(f"blocks.{l}.{name}" in fired for l in (range(int(model.cfg.n_layers)) if layers is None else layers))
 
 
 def splits_qkv(model: Model) -> bool:
-    """Whether every block fires per-head q/k/v input hooks (granularity ``"qkv"`` is possible)."""
-    return all(_every_block(model, f"hook_{k}_input") for k in "qkv")
+    """Whether every block with attention fires per-head q/k/v input hooks (granularity ``"qkv"`` is possible)."""
+    from capinterp.core.model import attention_layers
+
+    return all(_every_block(model, f"hook_{k}_input", attention_layers(model)) for k in "qkv")
 
 
 @dataclass(frozen=True)
 class Routes:
-    """How :func:`~capinterp.circuits.forward.run_graph` reads head outputs and the slots it rebuilds."""
+    """How :func:`~capinterp.circuits.forward.run_graph` reads head outputs and the slots it rebuilds.
+
+    ``mlp`` and ``layer_attn`` give one route per layer (layers of a hybrid model differ): the hook
+    whose tensor is the slot's input (``"hook_mlp_in"``, ``"ln2.hook_in"``, ``"ln1.hook_in"``; or
+    ``"mlp.hook_in"`` / ``"attn.hook_in"`` where the module reads the residual without a norm of its
+    own), ``"norm"`` (ln1(slot) fed to the module's input), or ``""`` (no route; layers without
+    attention)."""
 
     result: str  # "result" (hook_result) | "z" (o_proj input x W_O slice)
-    mlp: str  # "mlp_in" | "ln2_in" | "norm" (ln1(slot) into the MLP's input)
-    layer_attn: str  # "layer" granularity: "ln1_in" | "norm" (ln1(slot) into the attention's input)
+    mlp: tuple[str, ...]
+    layer_attn: tuple[str, ...]  # for granularity "layer"
 
 
 def routes(model: Model, parallel: bool) -> Routes:
     """The routes this model's hooks allow (see the module docstring); NotImplementedError if none."""
     from capinterp.core.family import family_of
+    from capinterp.core.model import attention_layers
 
     fam = family_of(model)
-    if _every_block(model, "attn.hook_result"):
+    att = attention_layers(model)
+    if _every_block(model, "attn.hook_result", att):
         result = "result"
-    elif _every_block(model, "attn.o.hook_in"):
+    elif _every_block(model, "attn.o.hook_in", att):
         result = "z"
     else:
         raise NotImplementedError(
             f"{fam.name}: knowledge circuits need per-head attention outputs, and this model's attention "
             "fires neither hook_result nor its output projection's input hook"
         )
-    has_ln2 = getattr(model.blocks[0], "submodules", {}).get("ln2") is not None
-    if _every_block(model, "hook_mlp_in"):
-        mlp = "mlp_in"
-    elif has_ln2 and _every_block(model, "ln2.hook_in"):
-        mlp = "ln2_in"
-    elif parallel and _every_block(model, "mlp.hook_in"):
-        mlp = "norm"
-    else:
-        raise NotImplementedError(f"{fam.name}: no hook gives the MLP's input residual on this model")
-    if not parallel and _every_block(model, "ln1.hook_in"):
-        layer_attn = "ln1_in"
-    elif parallel and _every_block(model, "attn.hook_in"):
-        layer_attn = "norm"
-    else:
-        layer_attn = ""
-    return Routes(result, mlp, layer_attn)
+    fired = fired_hooks(model)
+
+    def has(l: int, sub: str) -> bool:
+        return getattr(model.blocks[l], "submodules", {}).get(sub) is not None
+
+    def mlp_route(l: int) -> str:
+        if f"blocks.{l}.hook_mlp_in" in fired:
+            return "hook_mlp_in"
+        if has(l, "ln2") and f"blocks.{l}.ln2.hook_in" in fired:
+            return "ln2.hook_in"
+        if parallel and f"blocks.{l}.mlp.hook_in" in fired:
+            return "norm"
+        if not parallel and not has(l, "ln2") and f"blocks.{l}.mlp.hook_in" in fired:
+            return "mlp.hook_in"  # no norm before the MLP (NemotronH's mixer layers): it reads the residual
+        raise NotImplementedError(f"{fam.name}: no hook gives the MLP's input residual on this model (layer {l})")
+
+    def attn_route(l: int) -> str:
+        if l not in att:
+            return ""
+        if not parallel and has(l, "ln1") and f"blocks.{l}.ln1.hook_in" in fired:
+            return "ln1.hook_in"
+        if not parallel and not has(l, "ln1") and f"blocks.{l}.attn.hook_in" in fired:
+            return "attn.hook_in"  # post-norm attention (OLMo-Hybrid): it reads the residual itself
+        if parallel and f"blocks.{l}.attn.hook_in" in fired:
+            return "norm"
+        return ""
+
+    L = range(int(model.cfg.n_layers))
+    return Routes(result, tuple(mlp_route(l) for l in L), tuple(attn_route(l) for l in L))

@@ -115,6 +115,8 @@ class Family:
     residual_multiplier: float = 1.0  # Granite: every attention / MLP output is scaled before joining the residual
     ffn_multiplier: float = 1.0  # Falcon-H1: the FFN's output is this times its down projection's
     attention_multiplier: float | None = None  # Granite: replaces 1/sqrt(d_head)
+    attn_in_multiplier: float = 1.0  # Falcon-H1: the attention reads its norm's output times this
+    attn_out_multiplier: float = 1.0  # Falcon-H1: the attention's output times this joins the residual
     moe: MoE | None = None
     # a sliding attention window the attention module applies itself by absolute position in the
     # sequence it is given, not through the attention mask (GPT-Neo's "local" layers); IG's fast
@@ -309,6 +311,8 @@ def read_family(model: Model) -> Family:
         residual_multiplier=float(_get(hf, "residual_multiplier", default=1.0)),
         ffn_multiplier=float((_get(hf, "mlp_multipliers") or [1.0, 1.0])[1]),  # Falcon-H1: [gate, down]
         attention_multiplier=_get(hf, "attention_multiplier"),
+        attn_in_multiplier=float(_get(hf, "attention_in_multiplier", default=1.0)),
+        attn_out_multiplier=float(_get(hf, "attention_out_multiplier", default=1.0)),
         moe=moe,
         module_window=_module_window(hf),
         hybrid_layers=_hybrid_layers(hf),
@@ -352,7 +356,14 @@ def require_attention(fam: Family, what: str, heads: bool = True) -> None:
             f"{fam.name} ({fam.architecture}): {what} needs softmax attention in every layer, and this hybrid "
             f"model's layers include {layer_kinds(fam)}; its neuron methods run, this one cannot"
         )
-    if heads and fam.routed_heads:
+    if heads:
+        require_fixed_heads(fam, what)
+
+
+def require_fixed_heads(fam: Family, what: str) -> None:
+    """Refuse ``what`` (a method taking attention heads as units: knowledge circuits, head patching) on a
+    model whose heads are routed per token (JetMoE)."""
+    if fam.routed_heads:
         raise UnsupportedFamily(
             f"{fam.name} ({fam.architecture}): {what} takes attention heads as units, and this model's heads are "
             "experts its router picks per token (a mixture of attention heads: head k of a token is its k-th "

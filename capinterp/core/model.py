@@ -507,6 +507,31 @@ def attention_layers(model: Model) -> list[int]:
     return [l for l, b in enumerate(model.blocks) if getattr(b, "attn", None) is not None]
 
 
+#: The bridge's names of a hybrid block's token mixer besides softmax attention.
+MIXER_MODULES = ("mixer", "mamba", "linear_attn", "conv")
+
+
+def mixer_module(model: Model, l: int) -> str | None:
+    """The name, on block ``l``, of its token mixer that is not softmax attention (a Mamba, gated
+    delta net or short-convolution mixer), or None."""
+    blk = model.blocks[l]
+    subs = getattr(blk, "submodules", None) or dict(blk.named_children())
+    return next((n for n in MIXER_MODULES if subs.get(n) is not None or getattr(blk, n, None) is not None), None)
+
+
+def layer_mixers(model: Model) -> tuple[str, ...]:
+    """Each layer's token mixer for the circuit graph (:data:`capinterp.circuits.graph.LAYER_KINDS`):
+    ``"attn"``, ``"mixer"``, ``"both"`` (Falcon-H1) or ``"ffn"`` (NemotronH's FFN layers); empty on a
+    model whose layers all have attention alone."""
+    if not family_of(model).hybrid_layers:
+        return ()
+    out = []
+    for l in range(len(model.blocks)):
+        attn, mixer = getattr(model.blocks[l], "attn", None) is not None, mixer_module(model, l) is not None
+        out.append({(True, False): "attn", (False, True): "mixer", (True, True): "both"}.get((attn, mixer), "ffn"))
+    return tuple(out)
+
+
 def require_attention_layers(model: Model, what: str, hint: str = "") -> list[int]:
     """:func:`attention_layers`, refusing ``what`` (a method that reads attention in the layers that have
     it: attention tracing, attention scaling) where no layer has softmax attention."""

@@ -35,7 +35,7 @@ from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core import validate
-from capinterp.core.family import family_of, require_attention
+from capinterp.core.family import family_of, require_fixed_heads
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.kernels.quadrature import check_rule
@@ -155,7 +155,7 @@ class KnowledgeCircuit(Localizer):
         if not facts:
             raise ValueError("KnowledgeCircuit.fit needs at least one fact")
         self._begin_fit()
-        require_attention(family_of(self.model), "a knowledge circuit (attention heads as graph nodes)")
+        require_fixed_heads(family_of(self.model), "a knowledge circuit (attention heads as graph nodes)")
         encode(self.model, facts)  # tokenization problems (TokenizationError) surface before any forward pass
         t0 = time.perf_counter()
         graph = Graph.from_model(self.model, self.granularity)

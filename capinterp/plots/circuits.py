@@ -1,7 +1,7 @@
 """Plotly figures of circuits: the layered graph and the edge-score heatmap (never ``show()``).
 
 :func:`plot_circuit`: nodes on a layered layout (x: ``input``, then per layer its heads and its
-MLP, then ``logits``; y: head index), edges as lines from the source node to the reader of the
+MLP, a hybrid layer's mixer node ``x{l}`` in its heads' column, then ``logits``; y: head index), edges as lines from the source node to the reader of the
 slot (q enters a little above the head, k level, v a little below; a KV-group slot enters at the
 middle of its group), width proportional to |score| (5 width classes) and colour by sign (blue:
 positive, the edge supports the clean answer; red: negative; grey: no score). Hovering an edge's
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # annotations only: figures read a circuit by attribute
 __all__ = ["edge_heatmap", "layout", "plot_circuit"]
 
 _POS, _NEG, _NONE = "#2166ac", "#b2182b", "#9e9e9e"
-_NODE_COLORS = {"input": "#4d4d4d", "attn": "#f4a582", "mlp": "#92c5de", "logits": "#4d4d4d"}
+_NODE_COLORS = {"input": "#4d4d4d", "attn": "#f4a582", "mixer": "#c2a5cf", "mlp": "#92c5de", "logits": "#4d4d4d"}
 _SLOT_DY = {"q": 0.22, "k": 0.0, "v": -0.22}
 
 
@@ -33,8 +33,12 @@ def layout(graph: Graph) -> dict[str, tuple[float, float]]:
     H = graph.n_heads
     pos = {graph.input_node: (0.0, 0.0), graph.logits_node: (2.0 * graph.n_layers + 1, 0.0)}
     for l in range(graph.n_layers):
-        for h in range(H):
-            pos[f"a{l}.h{h}"] = (2.0 * l + 1, h - (H - 1) / 2)
+        heads = graph.has_heads(l)
+        if heads:
+            for h in range(H):
+                pos[f"a{l}.h{h}"] = (2.0 * l + 1, h - (H - 1) / 2)
+        if graph.has_mixer(l):  # a hybrid layer's mixer: in the heads' column, below them beside heads
+            pos[f"x{l}"] = (2.0 * l + 1, -(H + 1) / 2 if heads else 0.0)
         pos[f"m{l}"] = (2.0 * l + 2, 0.0)
     return pos
 
@@ -101,8 +105,9 @@ def plot_circuit(
         )
     )
     names = list(g.nodes) if show_all_nodes else circuit.nodes
-    kinds = [n if n in (g.input_node, g.logits_node) else ("attn" if n.startswith("a") else "mlp") for n in names]
-    for kind in ("input", "attn", "mlp", "logits"):
+    kind_of = {"a": "attn", "x": "mixer", "m": "mlp"}
+    kinds = [n if n in (g.input_node, g.logits_node) else kind_of[n[0]] for n in names]
+    for kind in ("input", "attn", "mixer", "mlp", "logits"):
         sel = [n for n, k in zip(names, kinds) if k == kind]
         if not sel:
             continue

@@ -2,7 +2,7 @@
 attention; Bamba, Jamba: Mamba layers; Falcon-H1: attention and Mamba side by side; LFM2, LFM2-MoE:
 short-convolution layers; Granite 4.0: Mamba-2 layers): served at load; neuron methods run (IG on route "loop": such a
 layer carries a recurrent or convolution state, not a key/value cache); methods that need attention
-in every layer refuse, naming why."""
+in every layer (head patching) refuse, naming why; knowledge circuits take each mixer as a graph node."""
 
 from __future__ import annotations
 
@@ -77,12 +77,11 @@ def test_ig_runs_the_loop_route_and_says_why(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_methods_needing_attention_everywhere_refuse_naming_the_mixer(family):
-    """Knowledge circuits and head patching need attention in every layer: refused, naming the mixers."""
+    """Head patching needs attention heads in every layer: refused, naming the mixers (knowledge
+    circuits run: a mixer is a node of the graph, tests/circuits/test_hybrid_graph.py)."""
     model = _pair(family)[0]
     mixers = [k for k in _mixers(family) if k not in FFN_ONLY_LAYERS]  # NemotronH's FFN-only layers: named apart
     why = rf"{model_type(family)}.*needs softmax attention in every layer.*{re.escape(str(mixers))} mixers"
-    with pytest.raises(UnsupportedFamily, match=why):
-        ci.localizers.get("knowledge_circuit")(model, progress=False).fit(FACTS)
     from capinterp.circuits.head_patching import head_effects
 
     with pytest.raises(UnsupportedFamily, match=why):

@@ -12,7 +12,7 @@ CHECKS = all_checks()
 # hybrid models: what needs attention heads in every layer (heads as graph nodes) refuses; IG's fast route
 # cannot share a linear-attention or convolution layer's state (the loop route runs, checked); causal tracing
 # restores the attention layers a window holds (checked against the restoration)
-HYBRID_REFUSED = {"eap", "eap_ig", "acdc", "ig_fast_route"}
+HYBRID_REFUSED = {"ig_fast_route"}
 # attention heads routed per token (JetMoE's mixture of attention heads): no head is a fixed graph node
 ROUTED_HEADS, ROUTED_HEADS_REFUSED = {"jetmoe"}, {"eap", "eap_ig", "acdc"}
 _seen: dict[tuple[str, str], str] = {}
