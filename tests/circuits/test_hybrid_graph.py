@@ -96,3 +96,28 @@ def test_the_eap_family_check_fails_when_the_mixer_node_is_wrong(monkeypatch):
     monkeypatch.setattr("capinterp.circuits.eap.run_graph", skewed)
     with pytest.raises(AssertionError, match="EAP scores differ"):
         circuits.check_eap("lfm2")
+
+
+@pytest.mark.parametrize("family", ["tiny", "bamba"])
+def test_circuits_run_in_bfloat16_and_find_the_float32_edges(family):
+    """In bfloat16 the decomposition holds to rounding (check_additive's 16-bit tolerance; it refused
+    every bfloat16 model before, at 6e-3): EAP there keeps float32's top edges."""
+    from capinterp.core.tiny import tiny_hf
+
+    facts = [FACT, ci.Example("The Eiffel Tower is in the city of", " Paris", meta={"subject": "The Eiffel Tower"})]
+    scores = []
+    for dtype in ("float32", "bfloat16"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if family == "tiny":
+                model = ci.load_model("tiny", dtype=dtype)
+            else:
+                hf, tok = tiny_hf(family)
+                model = ci.load_model(hf, tokenizer=tok, dtype=dtype)
+            kc = ci.KnowledgeCircuit(model, algorithm="eap", top_n=20, progress=False).fit(facts)
+        assert kc.circuit_.scores is not None
+        scores.append(kc.circuit_.scores.flatten())
+    full, low = scores
+    top = [set(s.abs().topk(20).indices.tolist()) for s in scores]
+    assert len(top[0] & top[1]) >= 18
+    assert float((full - low).abs().max() / full.abs().max()) < 0.25
