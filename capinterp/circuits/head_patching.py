@@ -32,7 +32,8 @@ import torch
 from capinterp.circuits.forward import GraphRun, graph_mode, mean_outputs, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
-from capinterp.core.family import family_of, require_attention
+from capinterp.core.family import family_of, require_fixed_heads
+from capinterp.core.model import attention_layers, require_attention_layers
 from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
@@ -54,8 +55,17 @@ HEAD_ABLATIONS = ("zero", "mean")
 
 
 def head_sources(graph: Graph) -> list[int]:
-    """Source indices of every head, layer-major (``[l * H + h]`` is head ``a{l}.h{h}``)."""
-    return [graph.head_src(l, h) for l in range(graph.n_layers) for h in range(graph.n_heads)]
+    """Source indices of every head, layer-major (``[i * H + h]`` is head ``h`` of the ``i``-th layer
+    with attention: of layer ``i`` but on a hybrid model, whose other layers have no heads)."""
+    return [graph.head_src(l, h) for l in graph.head_layers for h in range(graph.n_heads)]
+
+
+def per_layer(graph: Graph, flat: torch.Tensor) -> np.ndarray:
+    """``[n_heads_total]`` values (:func:`head_sources` order) -> ``[n_layers, n_heads]``, NaN in the
+    rows of a hybrid model's layers without attention."""
+    out = np.full((graph.n_layers, graph.n_heads), np.nan)
+    out[graph.head_layers] = flat.numpy().reshape(-1, graph.n_heads)
+    return out
 
 
 def _items(model: Model, data: Any) -> list[Encoded]:
@@ -95,7 +105,8 @@ def _ref_rows(ref: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None):
     ablation = validate.choice("ablation", ablation, HEAD_ABLATIONS)
     bs = validate.positive_int("batch_size", batch_size)
-    require_attention(family_of(model), "attention-head patching")
+    require_fixed_heads(family_of(model), "attention-head patching")
+    require_attention_layers(model, "attention-head patching")
     graph = graph or Graph.from_model(model)
     return _items(model, data), ablation, bs, graph
 
@@ -103,7 +114,8 @@ def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph
 def head_effects(
     model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
 ) -> np.ndarray:
-    """``[n_layers, n_heads]`` exact effects ``m(clean) - m(head ablated)`` (see the module docstring)."""
+    """``[n_layers, n_heads]`` exact effects ``m(clean) - m(head ablated)`` (see the module docstring);
+    NaN rows for a hybrid model's layers without attention."""
     items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
     srcs = head_sources(graph)
     total = torch.zeros(len(srcs), dtype=torch.float64)
@@ -119,7 +131,7 @@ def head_effects(
                     removed[s] = True
                     abl = _prob(run_graph(model, graph, tokens, removed=removed, ref=r).logits, last, target)
                     total[i] += (full - abl).double().sum().cpu()
-    return (total / len(items)).numpy().reshape(graph.n_layers, graph.n_heads)
+    return per_layer(graph, total / len(items))
 
 
 class HeadRuns:
@@ -140,13 +152,12 @@ class HeadRuns:
 
     def __iter__(self) -> Iterator[HeadStep]:
         model, graph = self.model, self.graph
-        L = graph.n_layers
         with graph_mode(model, graph):
             ref = _reference(model, graph, self.items, self.ablation, self.bs)
             for chunk in batches(self.items, self.bs):
                 tokens, last, target = _batch(model, chunk)
                 pats: dict[int, torch.Tensor] = {}
-                grab = _pattern_hooks(model, list(range(L)), pats) if self.patterns else contextlib.nullcontext()
+                grab = _pattern_hooks(model, graph.head_layers, pats) if self.patterns else contextlib.nullcontext()
                 with torch.enable_grad(), grab:
                     run = run_graph(model, graph, tokens, keep_slots=True)
                     metric = _prob(run.logits, last, target).sum()
@@ -156,10 +167,10 @@ class HeadRuns:
                 if ref is not None:
                     ref_full = _ref_rows(ref, tokens)
                     diff = diff - ref_full[:, :, idx.to(ref.device)]
-                yield HeadStep(len(chunk), tokens, run, metric, diff, ref_full, [pats[l] for l in sorted(pats)])
+                yield HeadStep(len(chunk), tokens, run, metric, diff, ref_full, dict(sorted(pats.items())))
 
     def result(self, total: torch.Tensor) -> np.ndarray:
-        return (total / len(self.items)).numpy().reshape(self.graph.n_layers, self.graph.n_heads)
+        return per_layer(self.graph, total / len(self.items))
 
 
 @dataclass
@@ -172,7 +183,7 @@ class HeadStep:
     metric: torch.Tensor  # sum over the batch of p(target)
     diff: torch.Tensor  # [B, T, n_heads_total, d]: a_h - ref_h
     ref_full: torch.Tensor | None  # [B, T, n_src, d] reference for removal passes (None: zero)
-    patterns: list[torch.Tensor]  # live attention patterns per layer (HeadRuns(patterns=True))
+    patterns: dict[int, torch.Tensor]  # live attention patterns by layer (HeadRuns(patterns=True))
 
     def grads(self, extra: Sequence[torch.Tensor] = (), retain: bool = False) -> list[torch.Tensor]:
         """``[dm/dslots as [B, T, n_slots, d], *dm/d(extra)]``, zeros where the metric does not depend."""
@@ -249,23 +260,24 @@ def head_atp_qk(
     (:func:`~capinterp.core.pattern_writes.require_pattern_writes`: refused where the bridge's hook only observes).
     """
     # its correction is the pattern's gradient: 0 where the hooked pattern is not on the output's path
-    require_pattern_writes(model, list(range(1, int(model.cfg.n_layers))), "AtP*'s QK fix")
+    require_pattern_writes(model, attention_layers(model)[1:], "AtP*'s QK fix")
     runs = HeadRuns(model, data, ablation, batch_size, graph, patterns=True)
     graph = runs.graph
     if graph.granularity != "qkv":
         raise NotImplementedError(
             f"the QK fix needs separate q/k/v input slots; this model's graph has granularity {graph.granularity!r}"
         )
-    L, H = graph.n_layers, graph.n_heads
+    H, att = graph.n_heads, graph.head_layers
     qk = qk_slots(graph)
     feeds = runs.feeds * (~qk[None]).float()  # linear paths: v, MLPs, logits
     total = torch.zeros(len(runs.srcs), dtype=torch.float64)
     for step in runs:
-        grads, *g_pat = step.grads(step.patterns)
+        grads, *pat_grads = step.grads(list(step.patterns.values()))
+        g_pat = dict(zip(step.patterns, pat_grads))
         total += step.estimate(grads, feeds)
         with torch.no_grad():
             for i, s in enumerate(runs.srcs):
-                for l2 in range(i // H + 1, L):
+                for l2 in att[i // H + 1 :]:
                     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
                     for kind in ("q", "k"):
                         removed[s, graph.slot_index(l2, kind)] = True
@@ -279,7 +291,7 @@ def qk_slots(graph: Graph) -> torch.Tensor:
     """Bool ``[n_slots]``: the query and key input slots (granularity ``"qkv"``; none otherwise)."""
     qk = torch.zeros(graph.n_slots, dtype=torch.bool)
     if graph.granularity == "qkv":
-        for l in range(graph.n_layers):
+        for l in graph.head_layers:
             qk[graph.slot_index(l, "q")] = True
             qk[graph.slot_index(l, "k")] = True
     return qk
@@ -300,7 +312,8 @@ def head_atp_graddrop(
     magnitude of the exact effect. One forward and ``L`` backward passes per batch.
     """
     runs = HeadRuns(model, data, ablation, batch_size, graph)
-    L, H, spl = runs.graph.n_layers, runs.graph.n_heads, runs.graph.slots_per_layer
+    g, H = runs.graph, runs.graph.n_heads
+    L = g.n_layers
     if L < 2:
         raise ValueError("GradDrop needs at least two layers (it averages over the L - 1 other layers)")
     total = torch.zeros(len(runs.srcs), dtype=torch.float64)
@@ -310,16 +323,19 @@ def head_atp_graddrop(
             firsts.append(firsts[-1] + (t.shape[2] if t.dim() == 4 else 1))
         per_item = torch.zeros(step.n, len(runs.srcs), dtype=torch.float64)
         for l in range(L):
-            in_l = [i for i, f in enumerate(firsts) if l * spl <= f < (l + 1) * spl]
+            sl = g.layer_slots(l)  # the slots of block l (attention, mixer, MLP)
+            in_l = [i for i, f in enumerate(firsts) if sl.start <= f < sl.stop]
             handles = [step.run.slot_inputs[i].register_hook(torch.zeros_like) for i in in_l]
             try:
                 grads = step.grads(retain=True)[0]
             finally:
                 for hd in handles:
                     hd.remove()
-            grads[:, :, l * spl : (l + 1) * spl] = 0  # no gradient through block l
+            grads[:, :, sl] = 0  # no gradient through block l
             est = step.estimate(grads, runs.feeds, per_item=True)
-            est[:, l * H : (l + 1) * H] = 0  # block l's own heads: their contribution's gradient is 0
+            if g.has_heads(l):  # block l's own heads: their contribution's gradient is 0
+                i = g.head_layers.index(l)
+                est[:, i * H : (i + 1) * H] = 0
             per_item += est.abs()
         total += per_item.sum(0) / (L - 1)
     return runs.result(total)

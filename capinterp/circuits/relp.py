@@ -39,7 +39,7 @@ import torch
 
 from capinterp.circuits.graph import Graph
 from capinterp.circuits.head_patching import HeadRuns, qk_slots
-from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
 from capinterp.core.protocol import Model
 
 __all__ = ["RELP_RULES", "head_relp", "relp_rules"]
@@ -239,6 +239,12 @@ def head_relp(
     pattern is constant); a model whose attention computes its output without the hooked pattern
     is refused there.
     """
+    fam = family_of(model)
+    if fam.hybrid_layers:
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): RelP's propagation rules cover norms, attention and MLPs, and this "
+            f"hybrid model's layers include {layer_kinds(fam)}, which no rule covers; head_atp (plain AtP) runs"
+        )
     runs = HeadRuns(model, data, ablation, batch_size, graph)
     qk = qk_slots(runs.graph)
     total = torch.zeros(len(runs.srcs), dtype=torch.float64)

@@ -32,6 +32,7 @@ import torch
 
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.circuits.relp import head_relp
+from capinterp.core.family import UnsupportedFamily
 from capinterp.core.model import neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -149,18 +150,23 @@ def head_table(
     ``relp``, RelP (AtP with LRP rules in the backward pass, :mod:`capinterp.circuits.relp`); with
     ``graddrop``, AtP*'s GradDrop and ``|AtP|`` against ``|exact|`` (GradDrop is unsigned)."""
     exact = head_effects(model, data, ablation=ablation, batch_size=batch_size).ravel()
-    atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()
+    heads = ~np.isnan(exact)  # a hybrid model's layers without attention have no heads (NaN rows)
+    exact = exact[heads]
+    atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]
     methods = {"AtP": (atp, exact)}
     if relp:
-        methods["RelP"] = (head_relp(model, data, ablation=ablation, batch_size=batch_size).ravel(), exact)
+        try:
+            methods["RelP"] = (head_relp(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads], exact)
+        except UnsupportedFamily:
+            pass  # no RelP rule for a hybrid model's mixers
     if qk_fix:
         try:
-            qk = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()
+            qk = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]
             methods["AtP* (QK fix)"] = (qk, exact)
         except NotImplementedError:
             pass  # no per-head q/k inputs on this family (granularity "layer"): AtP only
     if graddrop:
-        gd = head_atp_graddrop(model, data, ablation=ablation, batch_size=batch_size).ravel()
+        gd = head_atp_graddrop(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]
         methods["|AtP| vs |effect|"] = (np.abs(atp), np.abs(exact))
         methods["AtP* (GradDrop) vs |effect|"] = (gd, np.abs(exact))
     rows = []

@@ -2,7 +2,8 @@
 attention; Bamba, Jamba: Mamba layers; Falcon-H1: attention and Mamba side by side; LFM2, LFM2-MoE:
 short-convolution layers; Granite 4.0: Mamba-2 layers): served at load; neuron methods run (IG on route "loop": such a
 layer carries a recurrent or convolution state, not a key/value cache); methods that need attention
-in every layer (head patching) refuse, naming why; knowledge circuits take each mixer as a graph node."""
+(RelP's rules) refuse, naming why; knowledge circuits take each mixer as a graph node, head patching
+the attention layers' heads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import functools
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,16 +78,21 @@ def test_ig_runs_the_loop_route_and_says_why(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_methods_needing_attention_everywhere_refuse_naming_the_mixer(family):
-    """Head patching needs attention heads in every layer: refused, naming the mixers (knowledge
-    circuits run: a mixer is a node of the graph, tests/circuits/test_hybrid_graph.py)."""
+def test_head_methods_take_the_attention_layers_and_relp_refuses_naming_the_mixer(family):
+    """Head patching and AtP run on the attention layers' heads (NaN rows elsewhere; checked against
+    transformers in tests/circuits/test_hybrid_heads.py); RelP has no rule for a mixer and refuses,
+    naming the mixers; the attention view refuses a layer without attention."""
     model = _pair(family)[0]
     mixers = [k for k in _mixers(family) if k not in FFN_ONLY_LAYERS]  # NemotronH's FFN-only layers: named apart
-    why = rf"{model_type(family)}.*needs softmax attention in every layer.*{re.escape(str(mixers))} mixers"
-    from capinterp.circuits.head_patching import head_effects
+    from capinterp.circuits.head_patching import head_atp
+    from capinterp.circuits.relp import head_relp
+    from capinterp.core.model import attention_layers
 
-    with pytest.raises(UnsupportedFamily, match=why):
-        head_effects(model, FACTS)
+    atp = head_atp(model, FACTS)
+    att = attention_layers(model)
+    assert not np.isnan(atp[att]).any() and np.isnan(np.delete(atp, att, axis=0)).all()
+    with pytest.raises(UnsupportedFamily, match=rf"{model_type(family)}.*RelP.*{re.escape(str(mixers))} mixers"):
+        head_relp(model, FACTS)
     from capinterp.plots.tokens import attention_pattern
 
     if _kinds(family)[0] == "hybrid":  # Falcon-H1: attention beside Mamba in every layer, its pattern is real
