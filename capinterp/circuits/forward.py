@@ -101,27 +101,31 @@ def graph_mode(model: Model, graph: Graph) -> Iterator[None]:
 
 
 def node_params(model: Model, graph: Graph) -> dict[str, int]:
-    """Parameters each node owns: a head 1/H of its layer's attention (+ ln1), an MLP its weights (+ ln2).
+    """Parameters each node owns: a head 1/H of its layer's attention (+ ln1 and a post-attention norm),
+    a hybrid layer's mixer its weights (+ ln1, which it shares with Falcon-H1's attention), the MLP
+    every other parameter of the block (its weights, ln2, a post-FFN norm, Granite 4.0's shared MLP).
 
     ``input`` and ``logits`` own 0: every circuit touches them, and counting the embedding and
     unembedding matrices would swamp the share (CNL's 1.6-2.6 % counts components only).
     """
-
-    def count(mod: Any) -> int:
-        return 0 if mod is None else sum({id(p): p.numel() for p in mod.parameters()}.values())
-
     from capinterp.core.model import mixer_module
+
+    def params(*mods: Any) -> dict[int, int]:
+        return {id(p): p.numel() for m in mods if m is not None for p in m.parameters()}
 
     out = {INPUT: 0, LOGITS: 0}
     for l in range(graph.n_layers):
         blk = model.blocks[l]
-        ln1 = count(getattr(blk, "ln1", None))
-        if graph.has_heads(l):  # beside a mixer (Falcon-H1) the mixer owns the shared norm
-            per_head = (count(getattr(blk, "attn", None)) + (0 if graph.has_mixer(l) else ln1)) // graph.n_heads
-            out.update({f"a{l}.h{h}": per_head for h in range(graph.n_heads)})
-        if graph.has_mixer(l):
-            out[f"x{l}"] = count(getattr(blk, str(mixer_module(model, l)), None)) + ln1
-        out[f"m{l}"] = count(getattr(blk, "mlp", None)) + count(getattr(blk, "ln2", None))
+        ln1 = getattr(blk, "ln1", None)
+        mixer = params(getattr(blk, str(mixer_module(model, l)), None), ln1) if graph.has_mixer(l) else {}
+        attn = {}
+        if graph.has_heads(l):
+            attn = params(getattr(blk, "attn", None), ln1, getattr(blk, "ln1_post", None))
+            attn = {k: v for k, v in attn.items() if k not in mixer}
+            out.update({f"a{l}.h{h}": sum(attn.values()) // graph.n_heads for h in range(graph.n_heads)})
+        if mixer:
+            out[f"x{l}"] = sum(mixer.values())
+        out[f"m{l}"] = sum(v for k, v in params(blk).items() if k not in attn and k not in mixer)
     return out
 
 

@@ -121,3 +121,17 @@ def test_circuits_run_in_bfloat16_and_find_the_float32_edges(family):
     top = [set(s.abs().topk(20).indices.tolist()) for s in scores]
     assert len(top[0] & top[1]) >= 18
     assert float((full - low).abs().max() / full.abs().max()) < 0.25
+
+
+@pytest.mark.parametrize("family", ["olmo_hybrid", "granitemoehybrid", "falcon_h1", "nemotron_h", "gemma3_text"])
+def test_node_params_count_every_block_parameter_once(family):
+    """Post-norms (OLMo-Hybrid, Gemma 3) go with their sublayer, Granite 4.0's shared MLP with the MLP,
+    Falcon-H1's shared ln1 with the mixer: the nodes' parameters add up to the blocks'."""
+    from capinterp.circuits.forward import node_params
+
+    model = load_pair(family)[2]
+    g = Graph.from_model(model)
+    counts = node_params(model, g)
+    blocks = sum({id(p): p.numel() for b in model.blocks for p in b.parameters()}.values())
+    assert sum(counts.values()) == blocks
+    assert all(counts[n] > 0 for n in g.sources if n[0] in "ax")  # NemotronH's 0-wide MLPs own nothing
