@@ -106,38 +106,9 @@ class _Ref:
         if o is None or _mixer(layer) is not None or hasattr(layer, "block_type"):
             return self._hybrid_readers(l, o)
         mods = dict(layer.named_modules())
-        norm_out: dict[int, tuple[str, torch.Tensor]] = {}  # the tensors stay alive: ids are not reused
-        reads: list[tuple[str, int]] = []
-        alive: list[Any] = []  # every tensor read stays alive, so no id is reused
-
-        def read(n: str) -> Any:
-            def fn(m: Any, a: tuple, k: dict) -> None:
-                alive.append(_first_tensor(a, k))
-                reads.append((n, id(alive[-1])))
-
-            return fn
-
-        o_out: list[torch.Tensor] = []
-        hs = [o.register_forward_hook(lambda m, a, out: o_out.append(out))]
-        for name, mod in mods.items():
-            if not name:
-                continue
-            if "norm" in type(mod).__name__.lower():
-                hs.append(mod.register_forward_hook(lambda m, a, out, n=name: norm_out.__setitem__(id(out), (n, out))))
-            hs.append(mod.register_forward_pre_hook(read(name), with_kwargs=True))
-        try:
-            with torch.no_grad():
-                self.hf(torch.tensor([[1, 2, 3]]))
-        finally:
-            for h in hs:
-                h.remove()
-        is_norm = {n for n, m in mods.items() if "norm" in type(m).__name__.lower()}
-        found = [(n, norm_out[i][0]) for n, i in reads if i in norm_out and n not in is_norm]
-        names = {n for n, _ in found}
-        top = [(n, nm) for n, nm in found if not any(n.startswith(p + ".") for p in names)]
+        top, post = self._norm_readers(layer, o)
         o_name = next(n for n, m in mods.items() if m is o)
-        post = [n for n, i in reads if i == id(o_out[0]) and n in is_norm]
-        self.post.append(mods[post[0]] if post else None)
+        self.post.append(mods[post] if post else None)
         attn: list[tuple[str, str | None]] = [(n, nm) for n, nm in top if o_name.startswith(n + ".")]
         box = o_name.split(".")[0] + "."  # the attention's own module (q/k norms inside it read nothing of ours)
         mlp: list[tuple[str, str | None]] = [
@@ -151,15 +122,17 @@ class _Ref:
             for k, (n, nm) in zip(("attn", "mlp"), (attn[0], mlp[0]))
         ]
 
-    def _norm_readers(self, layer: torch.nn.Module) -> list[tuple[str, str | None]]:
-        """The layer's outermost modules reading a norm's output (or, for a module reading the residual
-        itself, nothing), as ``(module name, norm name)``, in call order; and the norms run on the
-        attention's output (post-norms)."""
+    def _norm_readers(
+        self, layer: torch.nn.Module, o: torch.nn.Module | None = None
+    ) -> tuple[list[tuple[str, str]], str | None]:
+        """The layer's outermost modules reading a norm's output, as ``(module name, norm name)`` in call
+        order, and the name of the norm run on the output of ``o`` (a post-attention norm), if any."""
         mods = dict(layer.named_modules())
         norm_out: dict[int, str] = {}
         reads: list[tuple[str, int]] = []
-        alive: list[Any] = []
-        hs = []
+        alive: list[Any] = []  # every tensor seen stays alive, so no id is reused
+        o_out: list[torch.Tensor] = []
+        hs = [] if o is None else [o.register_forward_hook(lambda m, a, out: o_out.append(out))]
 
         def wrote(n: str) -> Any:
             def fn(m: Any, a: tuple, out: Any) -> None:
@@ -190,7 +163,9 @@ class _Ref:
         is_norm = {n for n, m in mods.items() if "norm" in type(m).__name__.lower()}
         found = [(n, norm_out[i]) for n, i in reads if i in norm_out and n not in is_norm]
         names = [n for n, _ in found]
-        return [(n, nm) for n, nm in dict(found).items() if not any(n.startswith(p + ".") for p in names)]
+        top = [(n, nm) for n, nm in dict(found).items() if not any(n.startswith(p + ".") for p in names)]
+        post = [n for n, i in reads if o_out and i == id(o_out[0]) and n in is_norm]
+        return top, post[0] if post else None
 
     def _hybrid_readers(
         self, l: int, o: torch.nn.Module | None
@@ -200,20 +175,18 @@ class _Ref:
         times ``attention_in_multiplier``."""
         layer = self.layers[l]
         mods = dict(layer.named_modules())
-        top = self._norm_readers(layer)
+        top, _ = self._norm_readers(layer)
         o_name = None if o is None else next(n for n, m in mods.items() if m is o)
         mix = _mixer(layer)
         out: list[tuple[str, torch.nn.Module, torch.nn.Module | None, float]] = []
-        attn = [(n, nm) for n, nm in top if o_name is not None and o_name.startswith(n + ".")]
-        mixer = [(n, nm) for n, nm in top if mix is not None and n == mix[0]]
+        attn: list[tuple[str, str | None]] = [(n, nm) for n, nm in top if o_name and o_name.startswith(n + ".")]
+        mixer: list[tuple[str, str | None]] = [(n, nm) for n, nm in top if mix is not None and n == mix[0]]
         mlp = [(n, nm) for n, nm in top if (n, nm) not in attn + mixer]
-        if o is not None and not attn and mixer:  # Falcon-H1: beside the mixer, on its norm, scaled
-            attn = [(o_name.split(".")[0], mixer[0][1])]  # type: ignore[union-attr]
+        scale = 1.0
+        if o_name and not attn:  # Falcon-H1: beside the mixer, on its norm, times its input multiplier
+            assert mixer, f"layer {l}: no reader of a norm's output leads to the attention ({top})"
+            attn = [(o_name.split(".")[0], mixer[0][1])]
             scale = float(getattr(self.cfg, "attention_in_multiplier", 1.0) or 1.0)
-        else:
-            scale = 1.0
-        if o is not None and not attn:  # post-norm attention (OLMo-Hybrid) reads the residual itself
-            attn = [(o_name.split(".")[0], None)]  # type: ignore[union-attr]
         self.post.append(None)  # the hybrid layers served are pre-norm
         assert len(attn) <= 1 and len(mixer) <= 1, f"layer {l}: readers {top}"
         for kind, found, sc in (("attn", attn, scale), ("mixer", mixer, 1.0), ("mlp", mlp, 1.0)):
