@@ -64,6 +64,10 @@ def test_knowledge_circuit_on_a_hybrid_model_keeps_mixer_nodes(family, tmp_path)
     assert "mixer" in {t.name for t in fig.data}
     path = kc.circuit_.save(tmp_path / "c.json")
     assert Circuit.load(path).graph == g
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = ci.faithfulness(model, kc, [FACT], random_sets=2).table
+    assert len(table) and table["fraction"].iloc[-1] == 1.0
 
 
 def test_falcon_h1_refuses_per_head_inputs_and_a_graph_forward_that_changes_the_logits():
