@@ -44,6 +44,7 @@ from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.rome_experts import (
+    SHARED,
     check_expert,
     choose_expert,
     expert_layer,
@@ -76,7 +77,7 @@ class RomeEdit:
     params: dict[str, Any] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
     model: Model | None = field(default=None, repr=False, compare=False)
-    expert: int | None = None  # the edited expert of an MoE layer (rome_experts)
+    expert: int | str | None = None  # the edited expert of an MoE layer, or "shared" (rome_experts)
     _active: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _cms: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -245,7 +246,7 @@ def rome_edit(
     ridge: float = 1e-3,
     seed: int = 0,
     inplace: bool = False,
-    expert: int | None = None,
+    expert: int | str | None = None,
 ) -> RomeEdit:
     """Compute the ROME edit that makes ``model`` continue ``fact``'s prompt with ``new_target``.
 
@@ -269,8 +270,9 @@ def rome_edit(
         clamp: ||delta|| is kept <= clamp * ||v0||.
         ridge: C + ridge * mean(diag C) * I is inverted (a local corpus is small).
         expert: on a mixture-of-experts layer, the expert whose down projection is edited (default:
-            the one that writes most at the subject's last token); None on dense layers.
-            ``second_moment_matrix`` is then that expert's ``[d_expert, d_expert]``.
+            the routed expert that writes most at the subject's last token), or ``"shared"``: the
+            layer's shared expert; None on dense layers. ``second_moment_matrix`` is then that
+            expert's ``[d_expert, d_expert]`` (``[d_shared, d_shared]``).
     """
     validate.model(model)
     search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
@@ -355,10 +357,13 @@ def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None)
     return fact, subject, new_target
 
 
-def _check_matrix(model: Model, layer: int, matrix: torch.Tensor | None, expert: int | None) -> None:
-    """A given C is ``[d_mlp, d_mlp]``, or on an MoE layer the ``[d_expert, d_expert]`` of the expert named."""
+def _check_matrix(model: Model, layer: int, matrix: torch.Tensor | None, expert: int | str | None) -> None:
+    """A given C is ``[d_mlp, d_mlp]``, or on an MoE layer the ``[d_expert, d_expert]`` of the expert named
+    (``[d_shared, d_shared]`` for the shared expert)."""
     moe = family_of(model).moe
     n = moe.d_expert if moe is not None and expert_layer(model, layer) else int(model.cfg.d_mlp)
+    if moe is not None and expert == SHARED:
+        n = moe.d_shared
     if matrix is not None and n != int(model.cfg.d_mlp) and expert is None:
         raise ValueError(
             f"second_moment_matrix on a mixture-of-experts layer is one expert's keys' ([{n}, {n}]): pass expert= too"

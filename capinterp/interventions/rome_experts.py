@@ -15,8 +15,10 @@ one expert ``e``'s ``d_expert`` neurons:
   is added to the layer's output), the other experts and the shared expert keep their weights.
 
 The expert: ``expert=`` in :func:`~capinterp.interventions.rome.rome_edit`, or by default the one
-that writes most at the subject, ``argmax_e ||W_e^T k*_e||`` (an expert the subject was never
-routed to writes 0). A :class:`~capinterp.core.dense_layers.DenseBlock` layer of a mixed model is a
+that writes most at the subject, ``argmax_e ||W_e^T k*_e||`` over the routed experts (an expert the
+subject was never routed to writes 0). ``expert="shared"`` edits the layer's shared expert instead
+(Qwen2-MoE, DeepSeek, GLM, Granite 4.0's shared MLP, ...): the same algebra on its ``d_shared``
+neurons, which every token runs (a sigmoid gate, Qwen2-MoE's, is folded into their activation). A :class:`~capinterp.core.dense_layers.DenseBlock` layer of a mixed model is a
 dense layer: no expert there.
 """
 
@@ -30,7 +32,12 @@ from capinterp.core.family import family_of
 from capinterp.core.protocol import Model
 from capinterp.core.weights import down_projection
 
+#: ``expert=`` naming a layer's shared expert.
+SHARED = "shared"
+Expert = int | str  # an expert index, or SHARED
+
 __all__ = [
+    "SHARED",
     "check_expert",
     "choose_expert",
     "expert_layer",
@@ -47,11 +54,18 @@ def expert_layer(model: Model, layer: int) -> bool:
     return bool(blocks) and not isinstance(blocks[layer], DenseBlock)
 
 
-def check_expert(model: Model, layer: int, expert: int | None) -> None:
-    """``expert`` is None on a dense layer, None or an expert index on an MoE layer (before any work)."""
+def check_expert(model: Model, layer: int, expert: Expert | None) -> None:
+    """``expert`` is None on a dense layer; None, an expert index or ``"shared"`` (where the layer has a
+    shared expert) on an MoE layer (before any work)."""
     if not expert_layer(model, layer):
         if expert is not None:
             raise ValueError(f"expert={expert!r} is for mixture-of-experts layers; layer {layer} is dense")
+        return
+    if isinstance(expert, str):
+        if expert != SHARED:
+            raise ValueError(f"expert must be an expert index, {SHARED!r} or None, got {expert!r}")
+        if _block(model, layer).shared is None:
+            raise ValueError(f"expert={SHARED!r}: layer {layer} has no shared expert ({family_of(model).name})")
         return
     if expert is not None:
         moe = family_of(model).moe
@@ -59,11 +73,23 @@ def check_expert(model: Model, layer: int, expert: int | None) -> None:
         validate.integer("expert", expert, low=0, high=moe.n_experts - 1)
 
 
-def expert_slice(model: Model, expert: int) -> slice:
-    """Expert ``expert``'s neurons on its layer's neuron axis."""
+def expert_slice(model: Model, expert: Expert) -> slice:
+    """Expert ``expert``'s neurons on its layer's neuron axis (the shared expert's follow the routed ones)."""
     moe = family_of(model).moe
     assert moe is not None
+    if expert == SHARED:
+        routed = moe.n_experts * moe.d_expert
+        return slice(routed, routed + moe.d_shared)
+    assert isinstance(expert, int)
     return slice(expert * moe.d_expert, (expert + 1) * moe.d_expert)
+
+
+def _values(model: Model, layer: int, expert: Expert) -> torch.Tensor:
+    """Expert ``expert``'s value vectors, ``[d_expert or d_shared, d_model]`` (a copy)."""
+    if expert == SHARED:
+        return down_projection(model, layer).values()[expert_slice(model, expert)].clone()
+    assert isinstance(expert, int)
+    return _block(model, layer).expert_values(expert)
 
 
 def _block(model: Model, layer: int) -> ExpertBlock:
@@ -73,10 +99,10 @@ def _block(model: Model, layer: int) -> ExpertBlock:
 
 
 @torch.no_grad()
-def expert_value(model: Model, layer: int, key: torch.Tensor, expert: int) -> torch.Tensor:
+def expert_value(model: Model, layer: int, key: torch.Tensor, expert: Expert) -> torch.Tensor:
     """``W_e^T k_e``: what expert ``expert`` writes for its part of ``key`` (``[d_mlp]``), float32 on the CPU."""
     k = key[expert_slice(model, expert)].float().cpu()
-    return k @ _block(model, layer).expert_values(expert).float().cpu()
+    return k @ _values(model, layer, expert).float().cpu()
 
 
 @torch.no_grad()
@@ -91,17 +117,17 @@ def choose_expert(model: Model, layer: int, key: torch.Tensor) -> int:
 
 
 @torch.no_grad()
-def expert_write(model: Model, layer: int, update: torch.Tensor, expert: int) -> torch.Tensor:
+def expert_write(model: Model, layer: int, update: torch.Tensor, expert: Expert) -> torch.Tensor:
     """Add ``update`` (``[d_model, d_mlp]``, keys to values) to expert ``expert``'s value vectors, in its
     own weight; returns the old ones (``[d_expert, d_model]``) for :func:`expert_restore`."""
     columns = expert_slice(model, expert)
-    old = _block(model, layer).expert_values(expert)
+    old = _values(model, layer, expert)
     new = (old.float() + update[:, columns].T.to(old.device)).to(old.dtype)
     down_projection(model, layer).write_rows(torch.arange(columns.start, columns.stop), new)
     return old
 
 
 @torch.no_grad()
-def expert_restore(model: Model, layer: int, old: torch.Tensor, expert: int) -> None:
+def expert_restore(model: Model, layer: int, old: torch.Tensor, expert: Expert) -> None:
     columns = expert_slice(model, expert)
     down_projection(model, layer).write_rows(torch.arange(columns.start, columns.stop), old)

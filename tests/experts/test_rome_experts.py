@@ -107,10 +107,13 @@ def test_bad_second_moment_matrix_or_texts_refused_before_any_work(monkeypatch):
         ci.rome_edit(model, FACT, " Rome", layer=1, **{**KW, "texts": [""]})
 
 
-def test_the_edit_raises_the_new_target():
-    """Editing one expert moves the answer: log p(new target) at the prompt rises by more than a nat."""
+@pytest.mark.parametrize("expert", [None, "shared"])
+def test_the_edit_raises_the_new_target(expert):
+    """Editing one expert (the default routed one, or the shared one) moves the answer: log p(new
+    target) at the prompt rises by more than a nat."""
     model, _, tok = load_tiny_mixed()
-    edit = ci.rome_edit(model, FACT, " Rome", layer=1, **{**KW, "steps": 20, "weight_decay": 0.0, "kl_factor": 0.0})
+    kw = {**KW, "steps": 20, "weight_decay": 0.0, "kl_factor": 0.0}
+    edit = ci.rome_edit(model, FACT, " Rome", layer=1, expert=expert, **kw)
     ids = tok(FACT.prompt, return_tensors="pt")["input_ids"]
     rome = tok(" Rome")["input_ids"][0]
     with torch.no_grad():
@@ -118,3 +121,47 @@ def test_the_edit_raises_the_new_target():
         with edit:
             after = float(model(ids)[0, -1].log_softmax(-1)[rome])
     assert after > before + 1.0, (edit.losses, before, after)
+
+
+def test_the_shared_expert_gets_the_same_rank_one_update():
+    """``expert="shared"``: k*, C and the left vector on the shared expert's neurons (after the routed
+    ones); only its down projection moves, by the update written by hand into plain transformers'
+    shared expert; leaving the block restores it exactly."""
+    model, plain, tok, edit = _edit("shared")
+    cols = slice(E * DE, W)
+    assert edit.expert == "shared" and not bool(edit.key[: E * DE].any()) and not bool(edit.left[: E * DE].any())
+    C, _ = second_moment(model, 1, texts=TEXTS, neurons=cols)
+    full, _ = second_moment(model, 1, texts=TEXTS)
+    assert torch.allclose(C, full[cols, cols], rtol=1e-5, atol=1e-7)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = tok(FACT.prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        down = plain.model.layers[1].mlp.shared_experts.down_proj.weight  # [d_model, d_shared]
+        old = down.clone()
+        down += torch.outer(edit.delta, edit.left[cols])
+        try:
+            with edit:
+                changed = {n for n, p in model.named_parameters() if not torch.equal(p, params[n])}
+                assert [n.replace("._original_component", "") for n in changed] == [
+                    "model.layers.1.mlp.shared_experts.down_proj.weight"
+                ]
+                torch.testing.assert_close(
+                    down_projection(model, 1).apply(edit.key[None])[0], edit.value, atol=1e-4, rtol=1e-4
+                )
+                torch.testing.assert_close(model(ids), plain(ids).logits, atol=1e-5, rtol=1e-4)
+        finally:
+            down.copy_(old)
+    assert all(torch.equal(p, params[n]) for n, p in model.named_parameters())
+
+
+def test_shared_expert_edit_refused_where_there_is_none():
+    from capinterp.testing.family_checks._models import load_pair
+
+    model = _edit()[0]
+    with pytest.raises(ValueError, match="expert must be an expert index, 'shared' or None"):
+        ci.rome_edit(model, FACT, " Rome", layer=1, expert="common", **KW)
+    with pytest.raises(ValueError, match=r"second_moment_matrix must be \[48, 48\]"):
+        ci.rome_edit(model, FACT, " Rome", layer=1, expert="shared", second_moment_matrix=torch.eye(W), **KW)
+    mixtral = load_pair("mixtral")[2]
+    with pytest.raises(ValueError, match="expert='shared': layer 1 has no shared expert"):
+        ci.rome_edit(mixtral, FACT, " Rome", layer=1, expert="shared", **KW)
