@@ -75,6 +75,10 @@ class _Half:
     def weight(self) -> Tensor:
         return self.fused.weight.chunk(2, dim=0)[self.half]
 
+    @property
+    def in_features(self) -> int:
+        return int(self.fused.in_features)
+
     def __call__(self, x: Tensor) -> Tensor:
         return torch.nn.functional.linear(x, self.weight)
 
@@ -104,9 +108,18 @@ def gated_mlp_neurons(mlp: Any, x: Tensor) -> Tensor:
     return activation(mlp)(mlp.gate_proj(x)) * mlp.up_proj(x)
 
 
+def _linear(mod: Any) -> bool:
+    """A Linear layer (or one like it: ``in_features`` and a 2-D ``weight``), bridge wrappers looked through."""
+    mod = unwrap(mod)
+    weight = getattr(mod, "weight", None)
+    return isinstance(getattr(mod, "in_features", None), int) and isinstance(weight, Tensor) and weight.dim() == 2
+
+
 def is_mlp(mlp: Any) -> bool:
-    """A gated MLP, or a plain one: ``up_proj`` and ``down_proj`` Linears and an activation."""
-    return all(hasattr(mlp, k) for k in ("up_proj", "down_proj")) and callable(activation(mlp))
+    """A gated MLP, or a plain one: ``up_proj`` and ``down_proj`` Linears (``gate_proj`` too where it has
+    one) and an activation. A projection that is no Linear (another layout of its weight) is no MLP here."""
+    names = ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("up_proj", "down_proj")
+    return all(_linear(getattr(mlp, k, None)) for k in names) and callable(activation(mlp))
 
 
 def mlp_neurons(mlp: Any, x: Tensor) -> Tensor:

@@ -202,6 +202,29 @@ def test_dense_layer_not_gated_refused():
         dense_layers.dense_block(model, 0, family_of(model).d_mlp, family_of(model).moe)
 
 
+def test_dense_layer_whose_projection_is_no_linear_refused():
+    """A dense layer whose down projection is some other module (no ``in_features``, a weight of another
+    layout) is refused as no MLP, naming the layer, instead of failing on a missing attribute."""
+    from capinterp.core import dense_layers
+
+    class Transposed(torch.nn.Module):  # the same map, its weight stored [in, out]
+        def __init__(self, lin: torch.nn.Linear) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(lin.weight.detach().T.clone())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w
+
+    hf, tok = tiny_hf("deepseek_v2")
+    model = ci.load_model(hf, tokenizer=tok)
+    mlp = model.blocks[0].mlp
+    while isinstance(getattr(mlp, "original_component", None), torch.nn.Module):
+        mlp = mlp.original_component
+    mlp.down_proj = Transposed(mlp.down_proj)
+    with pytest.raises(UnsupportedFamily, match="^deepseek_v2 .*layer 0: a dense layer that is not an MLP"):
+        dense_layers.dense_block(model, 0, family_of(model).d_mlp, family_of(model).moe)
+
+
 def test_dense_layer_computing_something_else_refused_at_load(monkeypatch):
     """A dense MLP whose transformers forward is not down(act(gate(x)) * up(x)) (here: doubled) is
     refused at load, never served with wrong numbers."""
