@@ -45,6 +45,7 @@ __all__ = [
     "expert_slice",
     "expert_value",
     "expert_write",
+    "has_shared_expert",
 ]
 
 
@@ -52,6 +53,11 @@ def expert_layer(model: Model, layer: int) -> bool:
     """Whether ``layer`` is a mixture-of-experts layer (not a dense model's, nor a mixed model's dense one)."""
     blocks = getattr(model, "capinterp_experts", None) or []
     return bool(blocks) and not isinstance(blocks[layer], DenseBlock)
+
+
+def has_shared_expert(model: Model, layer: int) -> bool:
+    """Whether ``layer`` is an MoE layer with a shared expert (``expert="shared"`` can edit it)."""
+    return expert_layer(model, layer) and _block(model, layer).shared is not None
 
 
 def check_expert(model: Model, layer: int, expert: Expert | None) -> None:
@@ -64,7 +70,7 @@ def check_expert(model: Model, layer: int, expert: Expert | None) -> None:
     if isinstance(expert, str):
         if expert != SHARED:
             raise ValueError(f"expert must be an expert index, {SHARED!r} or None, got {expert!r}")
-        if _block(model, layer).shared is None:
+        if not has_shared_expert(model, layer):
             raise ValueError(f"expert={SHARED!r}: layer {layer} has no shared expert ({family_of(model).name})")
         return
     if expert is not None:

@@ -165,3 +165,26 @@ def test_shared_expert_edit_refused_where_there_is_none():
     mixtral = load_pair("mixtral")[2]
     with pytest.raises(ValueError, match="expert='shared': layer 1 has no shared expert"):
         ci.rome_edit(mixtral, FACT, " Rome", layer=1, expert="shared", **KW)
+
+
+# the families whose first layer with a shared expert can reach the matrix check's answer (in the mixed
+# families that layer is the last: an edit at the subject there reaches no later token, EditUnreachable)
+SHARED = [
+    "qwen2_moe",
+    "hunyuan_v1_moe",
+    "llama4_text",
+    "qwen3_next",
+    "qwen3_5_moe_text",
+    "granitemoehybrid",
+    "nemotron_h",
+]
+
+
+@pytest.mark.parametrize("family", SHARED)
+def test_shared_expert_edit_matches_the_hand_written_reference(family):
+    """The family matrix's ROME check with ``expert="shared"``: k*, delta and the left vector equal the
+    HF-hook recomputation on the shared expert's neurons, and the edited log-probs equal those of the
+    plain transformers model with the update written into its shared expert by hand."""
+    from capinterp.testing.family_checks.rome import check_rome_edit
+
+    check_rome_edit(family, expert="shared")

@@ -70,15 +70,20 @@ def edited_layer(hf: Any) -> int:
     return next(l for l, w in enumerate(layer_widths(hf)) if l >= LAYER and w > 0)
 
 
-def _one_expert(hf: Any, key: torch.Tensor, layer: int) -> slice | None:
-    """On an MoE layer: the neurons of the expert whose part of ``key`` writes most; None on a dense layer."""
+def _one_expert(hf: Any, key: torch.Tensor, layer: int, shared: bool = False) -> slice | None:
+    """On an MoE layer: the neurons of the expert whose part of ``key`` writes most (``shared``: the
+    shared expert's, after the routed experts'); None on a dense layer."""
     from capinterp.testing.family_checks._moe_ref import moe_layers
 
     if layer not in moe_layers(hf):
+        assert not shared, f"layer {layer} is no MoE layer"
         return None
     ex = moe_layers(hf)[layer][1].experts
     n_exp, d = ex.down_proj.shape[0], ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
     rows = torch.as_tensor(mlp_down(hf, layer).weight).detach().float()  # [every expert's neurons (+ shared), d]
+    if shared:
+        assert rows.shape[0] > n_exp * d, f"layer {layer} has no shared expert"
+        return slice(n_exp * d, rows.shape[0])
     writes = [float((key[e * d : (e + 1) * d, None] * rows[e * d : (e + 1) * d]).sum(0).norm()) for e in range(n_exp)]
     e = max(range(n_exp), key=writes.__getitem__)
     return slice(e * d, (e + 1) * d)
@@ -92,9 +97,9 @@ def _block_bias(hf: Any, layer: int) -> torch.Tensor | float:
     return block.bias.detach().float() if _jetmoe(block) else 0.0
 
 
-def reference_edit(hf: Any, tok: Any, layer: int = LAYER) -> dict[str, Any]:
+def reference_edit(hf: Any, tok: Any, layer: int = LAYER, shared: bool = False) -> dict[str, Any]:
     """k*, delta and the left vector of the ROME update at ``layer``, all from HF hooks (and the
-    edited expert's neurons on an MoE layer)."""
+    edited expert's neurons on an MoE layer: the shared expert's with ``shared``)."""
     down = mlp_down(hf, layer)
     rows = []  # (ids, subject's last position, answer positions, gold ids)
     for c in CONTEXTS:
@@ -115,7 +120,7 @@ def reference_edit(hf: Any, tok: Any, layer: int = LAYER) -> dict[str, Any]:
                 v0_norm = (keep["value"] + _block_bias(hf, layer)).norm()
         kl_before = _run(hf, down, kl_ids, kl_pos, None, keep)[-1]
     key = torch.stack(keys).mean(0)
-    cols = _one_expert(hf, key, layer)
+    cols = _one_expert(hf, key, layer, shared)
     if cols is not None:  # the other neurons' keys are not the edited expert's
         key = torch.zeros_like(key).index_copy_(0, torch.arange(cols.start, cols.stop), key[cols])
     part = slice(None) if cols is None else cols
@@ -164,8 +169,18 @@ def reference_edit(hf: Any, tok: Any, layer: int = LAYER) -> dict[str, Any]:
     return {"key": key, "delta": delta.detach(), "left": left, "losses": losses, "expert": cols}
 
 
-def check_rome_edit(family: str) -> None:
-    """k* and delta equal the HF-hook recomputation; the edited logits equal the hand-edited HF model's."""
+def shared_expert_layer(family: str) -> int | None:
+    """The first MoE layer of the family's tiny model whose block has a shared expert, or None."""
+    from capinterp.interventions.rome_experts import has_shared_expert
+    from capinterp.testing.family_checks._models import load_pair
+
+    model = load_pair(family)[2]
+    return next((l for l in range(int(model.cfg.n_layers)) if has_shared_expert(model, l)), None)
+
+
+def check_rome_edit(family: str, expert: str | None = None) -> None:
+    """k* and delta equal the HF-hook recomputation; the edited logits equal the hand-edited HF model's.
+    ``expert="shared"``: the edit of the first MoE layer's shared expert (:func:`shared_expert_layer`)."""
     from capinterp.core.example import Example
     from capinterp.core.model import load_model
     from capinterp.core.tiny import tiny_hf
@@ -174,15 +189,16 @@ def check_rome_edit(family: str) -> None:
 
     hf, _ = tiny_hf(family)
     hf = reference_model(hf)  # MoE: the down projection's input is every expert's neurons
-    layer = edited_layer(hf)
+    layer = edited_layer(hf) if expert is None else shared_expert_layer(family)
+    assert layer is not None, f"{family}: no layer with a shared expert"
     hf_b, tok = tiny_hf(family)  # fresh models: the edit writes weights
     model = load_model(hf_b, tokenizer=tok)
     fact = Example(prompt=PROMPT, target="", meta={"subject": SUBJECT, "target_from": "greedy"})
     edit = rome_edit(
         model, fact, NEW, layer=layer, texts=list(TEXTS), prefixes=list(CONTEXTS[1:]), steps=STEPS,
-        lr=LR, kl_factor=KL, weight_decay=WD, clamp=CLAMP, ridge=RIDGE,
+        lr=LR, kl_factor=KL, weight_decay=WD, clamp=CLAMP, ridge=RIDGE, expert=expert,
     )  # fmt: skip
-    want = reference_edit(hf, tok, layer)
+    want = reference_edit(hf, tok, layer, shared=expert == "shared")
     for name in ("key", "delta", "left"):
         got, ref = getattr(edit, name).float(), want[name]
         if name != "delta" and got.numel() > ref.numel():  # a dense layer of a mixed model: then padding
