@@ -45,7 +45,7 @@ from einops import rearrange
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 from capinterp.circuits.probe import Routes, routes
 from capinterp.core.family import family_of
-from capinterp.core.model import mixer_module
+from capinterp.core.model import layer_mixers, mixer_module
 from capinterp.core.position_mean import SplitMean
 from capinterp.core.protocol import Model
 
@@ -103,12 +103,12 @@ def graph_mode(model: Model, graph: Graph) -> Iterator[None]:
 def node_params(model: Model, graph: Graph) -> dict[str, int]:
     """Parameters each node owns: a head 1/H of its layer's attention (+ ln1 and a post-attention norm),
     a hybrid layer's mixer its weights (+ ln1, which it shares with Falcon-H1's attention), the MLP
-    every other parameter of the block (its weights, ln2, a post-FFN norm, Granite 4.0's shared MLP).
+    every other parameter of the block (its weights, ln2, a post-FFN norm, Granite 4.0's shared MLP);
+    the nodes add up to the blocks' parameters up to the remainder of a layer's attention over its heads.
 
     ``input`` and ``logits`` own 0: every circuit touches them, and counting the embedding and
     unembedding matrices would swamp the share (CNL's 1.6-2.6 % counts components only).
     """
-    from capinterp.core.model import mixer_module
 
     def params(*mods: Any) -> dict[int, int]:
         return {id(p): p.numel() for m in mods if m is not None for p in m.parameters()}
@@ -161,6 +161,11 @@ def run_graph(
         ref: ``[B, T, n_src, d]`` value a removed edge's source takes instead (default 0).
         keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
     """
+    if graph.n_layers != len(model.blocks) or graph.kinds != layer_mixers(model):
+        raise ValueError(
+            f"this graph's layers ({graph.n_layers}, kinds {graph.kinds or 'all attention'}) are not this model's "
+            f"({len(model.blocks)}, kinds {layer_mixers(model) or 'all attention'}): build it with Graph.from_model"
+        )
     names = _hooks(model, graph)
     fam = family_of(model)
     rt = routes(model, graph.parallel)

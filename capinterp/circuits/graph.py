@@ -92,7 +92,8 @@ class Graph:
     ``kinds`` (hybrid models only; empty: every layer has attention) gives each layer's token mixer,
     one of :data:`LAYER_KINDS`: a layer of kind ``"mixer"`` has one node ``x{l}`` (its whole mixer)
     read through one slot ``x{l}`` instead of heads; ``"both"`` has the heads and ``x{l}``;
-    ``"ffn"`` neither. Every layer has its MLP ``m{l}`` (0 wide on NemotronH's mixer layers)."""
+    ``"ffn"`` neither. Every layer has its MLP ``m{l}`` (0 wide on NemotronH's mixer and attention
+    layers, whose one sublayer is not an FFN)."""
 
     n_layers: int
     n_heads: int
@@ -240,7 +241,9 @@ class Graph:
         return slice(self._slot_start[l], self._slot_start[l + 1])
 
     def head_src(self, l: int, h: int = 0) -> int:
-        """Source index of head ``a{l}.h{h}`` (``head_src(l, H)`` is ``m{l}``)."""
+        """Source index of head ``a{l}.h{h}``; ``head_src(l, H)`` is ``m{l}`` (:meth:`mlp_src`). A layer's
+        heads are ``head_src(l) .. head_src(l) + H - 1``; on a hybrid graph's ``"both"`` layer its mixer
+        comes next, before ``m{l}``."""
         if h == self.n_heads:
             return self.mlp_src(l)
         if not self.has_heads(l):
@@ -454,7 +457,7 @@ class Circuit:
     edge's score (0 off the edges) or None; ``node_params``: parameters per node (for param_share).
     """
 
-    FORMAT_VERSION = 1
+    FORMAT_VERSION = 2  # 2: a hybrid graph's layer kinds (written only for hybrid graphs; others stay 1)
 
     def __init__(
         self,
@@ -537,7 +540,7 @@ class Circuit:
         """The circuit as a JSON-serializable dict (graph, ``[n_src, n_slots]`` mask and scores, metadata)."""
         return {
             "type": "Circuit",
-            "format_version": self.FORMAT_VERSION,
+            "format_version": self.FORMAT_VERSION if self.graph.kinds else 1,
             "version": __version__,
             "graph": self.graph.to_dict(),
             "edges": [[a, b, s] for (a, b), s in self.edges.items()],

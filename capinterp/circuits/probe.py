@@ -13,7 +13,7 @@ answer into how :func:`capinterp.circuits.forward.run_graph` reads each node:
   multiplier (Granite) - the same sum the block adds to the residual stream;
 * the MLP slot: ``hook_mlp_in``, else the input of the MLP's own norm (``ln2.hook_in``), else, for
   a parallel block whose attention and MLP share one norm, the MLP's input rebuilt as
-  ``ln1(slot)`` from the block's input; a layer with no norm before its MLP (NemotronH's mixer
+  ``ln1(slot)`` from the block's input; a layer with no norm before its MLP (NemotronH's mixer and attention
   layers) reads the residual at the MLP's own input;
 * ``"layer"`` attention slots: ``ln1.hook_in`` (sequential blocks), the attention's own input where
   it reads the residual without a norm (post-norm layers: OLMo-Hybrid), or ``ln1(slot)`` fed to the
@@ -176,7 +176,7 @@ def routes(model: Model, parallel: bool) -> Routes:
         if parallel and f"blocks.{l}.mlp.hook_in" in fired:
             return "norm"
         if not parallel and not has(l, "ln2") and f"blocks.{l}.mlp.hook_in" in fired:
-            return "mlp.hook_in"  # no norm before the MLP (NemotronH's mixer layers): it reads the residual
+            return "mlp.hook_in"  # no norm before the MLP (NemotronH's 0-wide one): it reads the residual
         raise NotImplementedError(f"{fam.name}: no hook gives the MLP's input residual on this model (layer {l})")
 
     def attn_route(l: int) -> str:

@@ -32,8 +32,8 @@ import torch
 
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.circuits.relp import head_relp
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.model import neuron_shape, valid_neurons
+from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.core.model import attention_layers, neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.edge_agreement import edge_rows, edge_table
@@ -146,19 +146,24 @@ def head_table(
     batch_size: int = 16,
 ) -> pd.DataFrame:
     """Rows for component ``"attention head"``: AtP (and, with ``qk_fix``, AtP*'s attention-saturation
-    fix where the model's graph has q/k slots) against exact single-head patching, every head; with
+    fix where the model's graph has q/k slots) against exact single-head patching, every head (of the
+    attention layers, on a hybrid model); with
     ``relp``, RelP (AtP with LRP rules in the backward pass, :mod:`capinterp.circuits.relp`); with
     ``graddrop``, AtP*'s GradDrop and ``|AtP|`` against ``|exact|`` (GradDrop is unsigned)."""
-    exact = head_effects(model, data, ablation=ablation, batch_size=batch_size).ravel()
-    heads = ~np.isnan(exact)  # a hybrid model's layers without attention have no heads (NaN rows)
-    exact = exact[heads]
+    exact = head_effects(model, data, ablation=ablation, batch_size=batch_size)
+    has_heads = np.zeros(exact.shape, dtype=bool)  # a hybrid model's layers without attention: NaN rows
+    has_heads[attention_layers(model)] = True
+    heads = has_heads.ravel()
+    exact = exact.ravel()[heads]
     atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]
     methods = {"AtP": (atp, exact)}
     if relp:
         try:
             methods["RelP"] = (head_relp(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads], exact)
         except UnsupportedFamily:
-            pass  # no RelP rule for a hybrid model's mixers
+            if not family_of(model).hybrid_layers:
+                raise
+            # no RelP rule for a hybrid model's mixers: AtP and its corrections only
     if qk_fix:
         try:
             qk = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]

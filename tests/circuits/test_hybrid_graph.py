@@ -139,3 +139,19 @@ def test_node_params_count_every_block_parameter_once(family):
     blocks = sum({id(p): p.numel() for b in model.blocks for p in b.parameters()}.values())
     assert sum(counts.values()) == blocks
     assert all(counts[n] > 0 for n in g.sources if n[0] in "ax")  # NemotronH's 0-wide MLPs own nothing
+
+
+def test_a_graph_of_other_layers_is_refused_and_hybrid_files_carry_their_version(tmp_path):
+    """A graph whose layer kinds are not the model's would read zeros for the mixers: refused before any
+    pass; a hybrid circuit's file is format 2 (a dense one stays 1, as written before)."""
+    from capinterp.circuits.forward import run_graph
+
+    model = load_pair("bamba")[2]
+    wrong = Graph(
+        2, model.cfg.n_heads, model.cfg.n_key_value_heads or model.cfg.n_heads, "head", kinds=("mixer", "both")
+    )
+    with pytest.raises(ValueError, match="are not this model's"):
+        run_graph(model, wrong, model.to_tokens("Rome"))
+    g = Graph.from_model(model)
+    assert Circuit.full(g).to_dict()["format_version"] == 2
+    assert Circuit.full(Graph(2, 2, 2)).to_dict()["format_version"] == 1
