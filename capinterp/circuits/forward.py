@@ -399,7 +399,7 @@ def _head_out_weights(model: Model, graph: Graph) -> dict[int, torch.Tensor]:
     return out
 
 
-def _has(model: Model, sub: str, l: int = 0) -> bool:
+def _has(model: Model, sub: str, l: int) -> bool:
     blk = model.blocks[l]
     return getattr(blk, "submodules", {}).get(sub) is not None or hasattr(blk, sub)
 

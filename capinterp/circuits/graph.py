@@ -120,7 +120,8 @@ class Graph:
         if kinds and self.parallel:
             raise ValueError("a hybrid graph (kinds=) with parallel attention and MLP is not defined")
         object.__setattr__(self, "kinds", () if all(k == "attn" for k in kinds) else kinds)
-        src, slots = [INPUT], list[str]()
+        src: list[str] = [INPUT]
+        slots: list[str] = []
         src_start: list[int] = []
         slot_start: list[int] = []
         for l in range(self.n_layers):

@@ -136,6 +136,11 @@ class ExpertBlock:
             return rows
         return torch.cat([rows, self.shared.down_proj.weight.T.to(rows.dtype)])
 
+    def shared_values(self) -> Tensor:
+        """The shared expert's value vectors, ``[d_shared, d_model]`` (a copy of its down projection's columns)."""
+        assert self.shared is not None, "this block has no shared expert"
+        return self.shared.down_proj.weight.T.detach().clone()
+
     def expert_values(self, e: int) -> Tensor:
         """Expert ``e``'s value vectors, ``[d_expert, d_model]`` (a copy of its slice of the stacked weight)."""
         w = self.experts.down_proj[e]

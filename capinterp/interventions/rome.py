@@ -45,6 +45,7 @@ from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.rome_experts import (
     SHARED,
+    Expert,
     check_expert,
     choose_expert,
     expert_layer,
@@ -77,7 +78,7 @@ class RomeEdit:
     params: dict[str, Any] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
     model: Model | None = field(default=None, repr=False, compare=False)
-    expert: int | str | None = None  # the edited expert of an MoE layer, or "shared" (rome_experts)
+    expert: Expert | None = None  # the edited expert of an MoE layer, or "shared" (rome_experts)
     _active: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _cms: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -246,7 +247,7 @@ def rome_edit(
     ridge: float = 1e-3,
     seed: int = 0,
     inplace: bool = False,
-    expert: int | str | None = None,
+    expert: Expert | None = None,
 ) -> RomeEdit:
     """Compute the ROME edit that makes ``model`` continue ``fact``'s prompt with ``new_target``.
 
@@ -357,7 +358,7 @@ def _checked_fact(model: Model, fact: Any, subject: Any, new_target: str | None)
     return fact, subject, new_target
 
 
-def _check_matrix(model: Model, layer: int, matrix: torch.Tensor | None, expert: int | str | None) -> None:
+def _check_matrix(model: Model, layer: int, matrix: torch.Tensor | None, expert: Expert | None) -> None:
     """A given C is ``[d_mlp, d_mlp]``, or on an MoE layer the ``[d_expert, d_expert]`` of the expert named
     (``[d_shared, d_shared]`` for the shared expert)."""
     moe = family_of(model).moe

@@ -18,8 +18,9 @@ The expert: ``expert=`` in :func:`~capinterp.interventions.rome.rome_edit`, or b
 that writes most at the subject, ``argmax_e ||W_e^T k*_e||`` over the routed experts (an expert the
 subject was never routed to writes 0). ``expert="shared"`` edits the layer's shared expert instead
 (Qwen2-MoE, DeepSeek, GLM, Granite 4.0's shared MLP, ...): the same algebra on its ``d_shared``
-neurons, which every token runs (a sigmoid gate, Qwen2-MoE's, is folded into their activation). A :class:`~capinterp.core.dense_layers.DenseBlock` layer of a mixed model is a
-dense layer: no expert there.
+neurons, which every token runs (a sigmoid gate, Qwen2-MoE's, is folded into their activation).
+A :class:`~capinterp.core.dense_layers.DenseBlock` layer of a mixed model is a dense layer: no
+expert there.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ Expert = int | str  # an expert index, or SHARED
 
 __all__ = [
     "SHARED",
+    "Expert",
     "check_expert",
     "choose_expert",
     "expert_layer",
@@ -92,10 +94,11 @@ def expert_slice(model: Model, expert: Expert) -> slice:
 
 def _values(model: Model, layer: int, expert: Expert) -> torch.Tensor:
     """Expert ``expert``'s value vectors, ``[d_expert or d_shared, d_model]`` (a copy)."""
+    block = _block(model, layer)
     if expert == SHARED:
-        return down_projection(model, layer).values()[expert_slice(model, expert)].clone()
+        return block.shared_values()
     assert isinstance(expert, int)
-    return _block(model, layer).expert_values(expert)
+    return block.expert_values(expert)
 
 
 def _block(model: Model, layer: int) -> ExpertBlock:
