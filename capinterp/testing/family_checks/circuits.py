@@ -57,7 +57,7 @@ def _out_proj(layer: torch.nn.Module) -> torch.nn.Module | None:
     if getattr(layer, "block_type", None) in ("attention", "full_attention"):  # NemotronH: its one sublayer
         mixer = cast(torch.nn.Module, layer.mixer)
         return next(m for n, m in mixer.named_modules() if n.split(".")[-1] in _OUT)
-    if _mixer(layer) is not None or hasattr(layer, "block_type"):
+    if _hybrid(layer):
         return None
     raise AssertionError(f"no attention output projection in {type(layer).__name__}")
 
@@ -69,6 +69,11 @@ def _mixer(layer: torch.nn.Module) -> tuple[str, torch.nn.Module] | None:
         if any(k in type(child).__name__ for k in _MIXERS):
             return name, child
     return None
+
+
+def _hybrid(layer: torch.nn.Module) -> bool:
+    """A hybrid model's layer: a non-attention mixer in it, or NemotronH's one sublayer (``block_type``)."""
+    return _mixer(layer) is not None or hasattr(layer, "block_type")
 
 
 def _final_norm(hf: Any) -> torch.nn.Module:
@@ -103,7 +108,7 @@ class _Ref:
         in that order, for the parts the layer has: modules reading a norm's output (norm None: the module
         reads the residual itself, OLMo 2)."""
         layer, o = self.layers[l], _out_proj(self.layers[l])
-        if o is None or _mixer(layer) is not None or hasattr(layer, "block_type"):
+        if o is None or _hybrid(layer):
             return self._hybrid_readers(l, o)
         mods = dict(layer.named_modules())
         top, post = self._norm_readers(layer, o)
@@ -201,7 +206,7 @@ class _Ref:
 
     def run(self, ids: torch.Tensor, resid0: torch.Tensor | None = None, grad: bool = False) -> dict:
         """Node outputs ``[T, n_src, d]`` (input; heads, mixer and MLP per layer), logits, reader inputs
-        (``slots``: ``{(layer, kind): tensor}``, ``(-1, "logits")`` the final norm's)."""
+        (``slots``: ``{(layer, kind): [tensor per reader]}``, ``(-1, "logits")`` the final norm's)."""
         rec: dict[str, Any] = {"in": {}, "out": {}, "z": {}, "o": {}, "p": {}, "x": {}, "mid": {}, "slots": {}}
         hs = []
 
@@ -312,7 +317,7 @@ class _Ref:
                     heads = heads * (rec["p"][l][0] / rec["o"][l][0])
                     attn = rec["p"][l][0]
                 outs += list(heads * self.mult)
-            if "mixer" in kinds or hasattr(layer, "block_type"):  # hybrid layers: the MLP reads the residual mid
+            if _hybrid(layer):  # the MLP reads the residual mid, after the mixer (or NemotronH's one sublayer)
                 mid = rec["mid"][l][0] if l in rec["mid"] else rec["out"][l][0]
                 if "mixer" in kinds:
                     outs.append(mid - rec["in"][l][0] - attn)
