@@ -147,10 +147,12 @@ class Graph:
         mixer come from the family record and the blocks."""
         from capinterp.circuits.probe import splits_qkv
         from capinterp.core.family import family_of, require_fixed_heads
+        from capinterp.core.layer_extras import require_additive_layers
         from capinterp.core.model import layer_mixers
 
         fam = family_of(model)
         require_fixed_heads(fam, "a knowledge-circuit graph (attention heads as nodes)")
+        require_additive_layers(model, "a knowledge-circuit graph")
         scaled_in = fam.attn_in_multiplier != 1.0  # the bridge's split q/k/v inputs skip it (Falcon-H1)
         if granularity == "auto":
             granularity = "qkv" if splits_qkv(model) and not scaled_in else "layer"

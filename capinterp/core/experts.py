@@ -67,6 +67,7 @@ from capinterp.core.gated_mlp import (
     is_mlp,
     mlp_neurons,
     module_of,
+    named_gated,
     unwrap,
 )
 from capinterp.core.protocol import Model
@@ -348,6 +349,12 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
             f"{where}: the bridge's block has no MLP module (a layer without an FFN); capinterp needs an FFN, "
             "experts or dense, in every layer of a mixture-of-experts model"
         )
+    if experts is None and getattr(unwrap(model.blocks[layer]), "experts", None) is not None:
+        raise UnsupportedFamily(
+            f"{where}: the decoder layer runs experts beside its dense MLP ({type(block).__name__}), each output "
+            "normalized before the two add (Gemma 4's MoE layers: post_feedforward_layernorm_1 / _2), so the "
+            "layer's output is not a sum over neurons; expert neurons are not defined"
+        )
     if experts is None or router is None:
         raise UnsupportedFamily(
             f"{where}: the FFN ({type(block).__name__}) is not a sparse mixture-of-experts block with an 'experts' "
@@ -512,7 +519,12 @@ def install(model: Model) -> None:
     if getattr(model, "capinterp_experts", None):
         return
     if moe is None:
+        widths = _dense_widths(model)
         if set(fam.hybrid_layers) & set(FFN_ONLY_LAYERS):  # a dense model whose mixer layers have no neurons
+            _serve(model, fam, [dense_block(model, layer, fam.d_mlp) for layer in range(len(model.blocks))])
+        elif len(set(widths)) > 1:  # Gemma 4's double-wide MLPs in its KV-sharing layers: the widest is the axis
+            fam = replace(fam, d_mlp=max(widths))
+            model.capinterp_family = fam
             _serve(model, fam, [dense_block(model, layer, fam.d_mlp) for layer in range(len(model.blocks))])
         return
     has = [_has_experts(getattr(b, "mlp", None)) for b in model.blocks]
@@ -532,6 +544,17 @@ def install(model: Model) -> None:
         experts.get(layer) or dense_block(model, layer, moe.width, moe) for layer in range(len(model.blocks))
     ]
     _serve(model, fam, blocks)
+
+
+def _dense_widths(model: Model) -> list[int]:
+    """Each layer's MLP width read from its down projection, for the layers whose FFN is an MLP
+    (the others are read by the config's width as before)."""
+    widths = []
+    for b in model.blocks:
+        mlp = named_gated(unwrap(getattr(b, "mlp", None)))
+        if mlp is not None and is_mlp(mlp):
+            widths.append(int(unwrap(mlp.down_proj).in_features))
+    return widths
 
 
 def _serve(model: Model, fam: Any, blocks: list[Any]) -> None:

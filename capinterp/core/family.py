@@ -293,6 +293,11 @@ def read_family(model: Model) -> Family:
             **common,
         )
     name = str(getattr(hf, "model_type", "") or type(model.original_model).__name__)
+    if not hasattr(model, "blocks"):  # HRM: its layers run as recurrent stacks, mapped as no blocks.{l}
+        raise UnsupportedFamily(
+            f"{name} ({type(model.original_model).__name__}): the TransformerBridge maps no per-layer blocks "
+            "(blocks.{l}) for this model; capinterp's neurons are blocks.{l}.mlp.hook_post"
+        )
     moe = _moe(hf, common["d_model"])
     logit_multiplier = float(_get(hf, "logit_scale", default=1.0)) * float(_get(hf, "lm_head_multiplier", default=1.0))
     scaling = _get(hf, "logits_scaling")

@@ -186,6 +186,9 @@ _GRANITE_MULTIPLIERS = dict(
 # NemotronH's sizes besides its layers (Mamba-2: 4 heads x 16 = 2 x d_model; attention: 4 query heads of 8)
 _NEMOTRON_H = dict(head_dim=8, intermediate_size=48, mamba_num_heads=4, mamba_head_dim=16, n_groups=1, ssm_state_size=8)
 
+# Gemma 4's text model: a 4-token window on its sliding layers
+_GEMMA4 = dict(intermediate_size=96, head_dim=8, sliding_window=4)
+
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(intermediate_size=96),
     "mistral": dict(intermediate_size=96, sliding_window=4),  # every layer sliding: a 4-token window bites
@@ -196,6 +199,21 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # (layer types: Gemma 2 sliding then full, Gemma 3 both sliding)
     "gemma2": dict(intermediate_size=96, head_dim=8, sliding_window=4),
     "gemma3_text": dict(intermediate_size=96, head_dim=8, sliding_window=4),
+    # Gemma 4 E2B / E4B's text model: per-layer embeddings (PLE) beside the residual stream, full-attention
+    # layers with heads of their own width (the config's per-layer override) and keys equal to values
+    # (attention_k_eq_v), the last layer reusing layer 1's keys and values (num_kv_shared_layers) with a
+    # double-wide MLP, every layer's output scaled by its layer_scalar (drawn away from 1 by tiny_hf)
+    "gemma4_text": dict(
+        _GEMMA4,
+        num_hidden_layers=3,
+        layer_types=["sliding_attention", "full_attention", "full_attention"],
+        per_layer_config={"01": {"head_dim": 16}, "02": {"head_dim": 16}},
+        num_kv_shared_layers=1,
+        use_double_wide_mlp=True,
+        attention_k_eq_v=True,
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=512,
+    ),
     "olmo": dict(intermediate_size=96),
     "olmo2": dict(intermediate_size=96),
     "stablelm": dict(intermediate_size=96),
@@ -242,6 +260,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # hybrids: a linear-attention layer (gated delta net), then a full-attention one
     "qwen3_next": _HYBRID,
     "qwen3_5_moe_text": _HYBRID,
+    "qwen3_5_text": dict(intermediate_size=96, head_dim=8, layer_types=["linear_attention", "full_attention"]),
     # Mamba hybrids ("linear_attention" in transformers' vocabulary for their Mamba layers): a Mamba
     # layer, then an attention layer (Bamba, OLMo-Hybrid's gated delta net, Jamba: dense then MoE)
     "bamba": dict(intermediate_size=96, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8),
@@ -437,7 +456,10 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 # rows of TINY_FAMILIES that are a variant of a transformers family (their model_type), not a family of their own
-TINY_VARIANT_OF: dict[str, str] = {"granitemoehybrid_dense": "granitemoehybrid", "nemotron_h_dense": "nemotron_h"}
+TINY_VARIANT_OF: dict[str, str] = {
+    "granitemoehybrid_dense": "granitemoehybrid",
+    "nemotron_h_dense": "nemotron_h",
+}
 
 
 def model_type(family: str) -> str:
@@ -451,9 +473,11 @@ def model_type(family: str) -> str:
 TINY_DRAWN_BIASES: tuple[str, ...] = ("phimoe", "jetmoe")
 
 
-# Mixture-of-experts families capinterp refuses at load (the reason: tests/families/test_family_record.py,
+# Families of the bridge capinterp refuses at load (the reason: tests/families/test_family_record.py,
 # docs/models.md); tiny models of them test that the refusal names the family and the reason.
 TINY_REFUSED: dict[str, dict[str, Any]] = {
+    # HRM: two recurrent stacks of layers run in cycles; the bridge maps no blocks.{l}
+    "hrm_text": dict(intermediate_size=96, num_hidden_layers=4, num_layers_per_stack=2, H_cycles=1, L_cycles=1),
     "deepseek_v4": dict(
         moe_intermediate_size=48,
         num_local_experts=4,
@@ -483,6 +507,7 @@ TINY_MIXED: tuple[str, ...] = tuple(
 TINY_HYBRID: tuple[str, ...] = (
     "qwen3_next",
     "qwen3_5_moe_text",
+    "qwen3_5_text",
     "bamba",
     "olmo_hybrid",
     "jamba",
@@ -529,6 +554,9 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
         for p in model.parameters():
             if p.dim() in (2, 3):  # matrices, and the stacked experts of MoE families
                 torch.nn.init.normal_(p, std=std)
+        for name, buf in model.named_buffers():  # a per-layer scale of the residual (Gemma 4): 1 at init
+            if name.endswith("layer_scalar"):
+                buf.uniform_(0.5, 1.5)
         if family in TINY_DRAWN_BIASES:
             for name, p in model.named_parameters():
                 if p.dim() == 1 and name.endswith("bias"):

@@ -331,7 +331,15 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
     for name in ("position_ids", "cache_position"):
         if isinstance(kw.get(name), torch.Tensor):
             kw[name] = _memo(run, (name, id(kw[name]), R), lambda t=kw[name]: _tile(t, R, S, -1))
+    for name in _PER_POSITION:
+        if isinstance(kw.get(name), torch.Tensor):
+            kw[name] = _memo(run, (name, id(kw[name]), R), lambda t=kw[name]: _tile(t, R, S, 1))
     return args, kw
+
+
+#: per-position inputs of a block besides the residual, ``[1, S, ...]``, the same for every row (they
+#: are the tokens', not the residual's): Gemma 4's per-layer embeddings
+_PER_POSITION = ("per_layer_input",)
 
 
 def _batched_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
@@ -365,6 +373,31 @@ def _batch_layout(model: Model) -> bool:
     from capinterp.core.family import family_of
 
     return family_of(model).module_window is not None
+
+
+#: the keyword under which a layer reads keys and values an earlier layer stored in the same forward
+#: (Gemma 4's KV-sharing layers, num_kv_shared_layers)
+_SHARED_KV = "shared_kv_states"
+
+
+def _shared_rows(shared: dict, clean: dict, R: int, S: int, batch: bool) -> dict:
+    """``shared`` (the stair's own store, which its producer layers write) with keys and values for
+    all ``R`` rows: a producer that ran in the stair stored them for the rows present then (the
+    first ones: rows join at the end); the rows that joined after it, or every row where the producer
+    ran below the stair's first block, are clean there, so they read the clean run's (``clean``, the
+    recorded store: prefix, then the S suffix positions)."""
+    for name, (k, v) in clean.items():
+        have = shared.get(name)
+        if batch:  # [rows, heads, prefix + S, d]: the clean rows appended
+            n = 0 if have is None else have[0].shape[0]
+            base, dim, fill = have or (k[:0], v[:0]), 0, [t.expand(R - n, *t.shape[1:]) for t in (k, v)]
+        else:  # [1, heads, prefix + rows * S, d]: the clean suffix appended once per row
+            pre = k.shape[-2] - S
+            n = 0 if have is None else (have[0].shape[-2] - pre) // S
+            base, dim = have or (k[..., :pre, :], v[..., :pre, :]), -2
+            fill = [t[..., pre:, :].repeat(*[1] * (t.ndim - 2), R - n, 1) for t in (k, v)]
+        shared[name] = (torch.cat([base[0], fill[0]], dim=dim), torch.cat([base[1], fill[1]], dim=dim))
+    return shared
 
 
 def _edit(z: torch.Tensor | None, eps: torch.Tensor | None, act: torch.Tensor, hook) -> torch.Tensor:
@@ -410,6 +443,7 @@ def stair_logits(
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
     batch = _batch_layout(model)
+    shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # KV-sharing layers' keys and values, these rows
     hooks = [
         (
             neuron_hook(l),
@@ -432,6 +466,8 @@ def stair_logits(
                 h = new if h is None else torch.cat([h, new], dim=1)
                 R += c
             args, kwargs = (_batched_call if batch else _folded_call)(run, j, R)
+            if _SHARED_KV in kwargs:
+                kwargs[_SHARED_KV] = _shared_rows(shared, kwargs[_SHARED_KV], R, run.n_pos, batch)
             cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
             x = rearrange(h, "1 (r s) d -> r s d", r=R) if batch else h
             out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
@@ -469,7 +505,9 @@ def stair_supported(model: Model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     a float32 tolerance would call a broken route: the fast route then fell back to the slower
     prefix route on every short prompt of SmolLM2 and Gemma 3 in bfloat16).
     """
-    groups = [(l, run.acts[l][None].expand(2, -1, -1)) for l in range(min(2, len(run.acts)))]
+    # rows joining at the first blocks and at the last (which reads, say, an earlier layer's shared keys)
+    layers = sorted({*range(min(2, len(run.acts))), len(run.acts) - 1})
+    groups = [(l, run.acts[l][None].expand(2, -1, -1)) for l in layers]
     try:
         with torch.no_grad():
             logits = stair_logits(model, run, groups)

@@ -38,12 +38,16 @@ def test_dense_family_logits_match_transformers(family):
 
 @pytest.mark.parametrize("family", DENSE)
 def test_ffn_width_from_config(family):
-    """Neurons per layer are the config's FFN width (96 = 3 x d_model), not the bridge's 4 x d_model guess."""
+    """Neurons per layer are the config's FFN width (96 = 3 x d_model), not the bridge's 4 x d_model guess;
+    Gemma 4's double-wide MLP (its KV-sharing last layer) is the axis, the other layers padded onto it."""
     _, _, model = _load(family)
     fam = family_of(model)
-    want = 128 if family in ("bloom", "mpt") else 96  # these two fix the FFN at 4 x d_model
+    want = 128 if family in ("bloom", "mpt") else 192 if family == "gemma4_text" else 96  # bloom, mpt: 4 x d_model
     assert fam.d_mlp == want == model.cfg.d_mlp
     assert ci.core.model.neuron_shape(model) == (fam.n_layers, want)
+    if family == "gemma4_text":
+        assert fam.layer_widths == (96, 96, 192)
+        assert fam.valid_neurons().sum(1).tolist() == [96, 96, 192]
 
 
 @pytest.mark.parametrize(
@@ -249,6 +253,7 @@ def test_dense_layer_with_another_activation_than_silu_refused_at_load(monkeypat
 
 REFUSED_WHY = {
     "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
+    "hrm_text": r"the TransformerBridge maps no per-layer blocks",
 }
 
 
