@@ -36,6 +36,7 @@ MOE_FAMILIES = (
     "jamba",
     "granitemoehybrid",
     "nemotron_h",
+    "deepseek_v4",
 )
 
 

@@ -93,6 +93,9 @@ class ExpertBlock:
     d_shared: int
     returns_scores: bool  # the block returns (output, router scores) (gpt-oss)
     router_args: tuple[str, ...] = ()  # block attributes the router takes after the hidden states (a score bias)
+    # the router takes the token ids after the hidden states (DeepSeek-V4's hash layers: a fixed token id ->
+    # experts table picks the experts, the learned gate only weights them); the block is called with them
+    by_token: bool = False
     router_3d: bool = False  # the router reads [batch, pos, d_model], not one row per token
     # the router weight scales the expert's input, not its output (Llama 4): a neuron is then
     # act_e(w * x)[i], still 0 on tokens not routed to its expert, and the layer's output is still
@@ -170,13 +173,22 @@ class ExpertBlock:
 
     # ---- the block's forward
 
-    def forward(self, hook: torch.nn.Module, hidden_states: Tensor) -> Any:
+    def forward(self, hook: torch.nn.Module, hidden_states: Tensor, input_ids: Tensor | None = None) -> Any:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         # the router's input: one row per token, or the block's own [batch, pos, d_model] (AFMoE's
         # router reads three axes), as found at load (_checked); its choices flattened to one row per token
         r_in = hidden_states if self.router_3d else x
-        routing = self.router(r_in, *(getattr(self.block, n) for n in self.router_args))
+        extra_in: tuple = tuple(getattr(self.block, n) for n in self.router_args)
+        if self.by_token:
+            if input_ids is None or input_ids.numel() != x.shape[0]:
+                raise ValueError(
+                    f"layer {self.layer} routes each token by its id (hash routing), and this forward gave "
+                    f"{'no token ids' if input_ids is None else f'{input_ids.numel()} ids for {x.shape[0]} tokens'}: "
+                    "run the model on token ids"
+                )
+            extra_in = (input_ids, *extra_in)
+        routing = self.router(r_in, *extra_in)
         if len(routing) == 2:  # (scores over all experts, 0 where not chosen; logits): Llama 4's router
             scores, extra = routing
             weights, index = scores.reshape(x.shape[0], -1).topk(self.top_k, dim=-1)
@@ -190,8 +202,9 @@ class ExpertBlock:
         acts = x.new_zeros(n_tok, self.n_experts, self.d_expert)
         routed = []
         for e in index.unique().tolist():
-            tok, slot = torch.where(index == e)
-            w = weights[tok, slot, None]
+            hit = index == e  # a token may pick one expert in two slots (a hash table's row): the weights add
+            tok = hit.any(1).nonzero().squeeze(1)
+            w = (weights * hit).sum(1)[tok, None]
             a = self.activation(e, x[tok] * w) if self.input_weighted else self.activation(e, x[tok]) * w
             acts[tok, e] = a.to(x.dtype)
             routed.append((e, tok, w))
@@ -424,6 +437,7 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         d_shared=d_shared,
         returns_scores=False,
         router_args=_router_args(where, block, router),
+        by_token=_BY_TOKEN in _params(unwrap(router).forward),
         top_k=moe.top_k,
         out_bias=getattr(block, "bias", None) if parallel else None,
         shared_beside=beside,
@@ -431,18 +445,32 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     return _checked(where, spec, down)
 
 
+_BY_TOKEN = "input_ids"  # a block forward's and router's parameter for the token ids (DeepSeek-V4's hash routing)
+
+
+def _params(fn: Any) -> list[str]:
+    """The names of a forward's parameters after its first (the hidden states), ``*args`` / ``**kwargs`` left out."""
+    ps = list(inspect.signature(fn).parameters.values())[1:]
+    return [p.name for p in ps if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
 def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
     """Names of the block attributes the router takes after the hidden states (MiniMax-M2's, AFMoE's
     and LFM2-MoE's expert score bias), read from the router's signature; refused where the block's own
-    forward takes more than its input, or the router takes something the block does not hold
-    (DeepSeek-V4's hash routing takes the token ids)."""
-    extra = [p.name for p in list(inspect.signature(block.forward).parameters.values())[1:]]
+    forward takes more than its input and the token ids (DeepSeek-V4's hash routing, which
+    :class:`ExpertBlock` passes on), or the router takes something the block does not hold."""
+    extra = [n for n in _params(block.forward) if n != _BY_TOKEN]
     if extra:
         raise UnsupportedFamily(
-            f"{where}: the MoE block ({type(block).__name__}) takes {extra} besides the layer's input (routing by "
-            "token ids or other state); capinterp's expert forward, which routes by the input alone, cannot stand in"
+            f"{where}: the MoE block ({type(block).__name__}) takes {extra} besides the layer's input and token ids "
+            "(routing by other state); capinterp's expert forward, which routes by the input alone, cannot stand in"
         )
-    params = list(inspect.signature(unwrap(router).forward).parameters.values())[1:]
+    if _BY_TOKEN in _params(unwrap(router).forward) and _BY_TOKEN not in _params(block.forward):
+        raise UnsupportedFamily(
+            f"{where}: the router takes the token ids, which the MoE block ({type(block).__name__}) is not given; "
+            "capinterp's expert forward cannot route these tokens"
+        )
+    params = [p for p in list(inspect.signature(unwrap(router).forward).parameters.values())[1:] if p.name != _BY_TOKEN]
     names = tuple(
         p.name
         for p in params
@@ -454,9 +482,20 @@ def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
     if missing:
         raise UnsupportedFamily(
             f"{where}: the router takes {missing}, which the block does not hold (routing by something other than "
-            "the layer's input, such as token ids); capinterp's expert forward cannot route these tokens"
+            "the layer's input); capinterp's expert forward cannot route these tokens"
         )
     return names
+
+
+def _clamps(spec: ExpertBlock) -> bool:
+    """Whether the experts or the shared expert clamp their neurons' inputs (gpt-oss's and DeepSeek-V4's ``limit``)."""
+    return any(isinstance(getattr(m, "limit", None), (int, float)) for m in (spec.experts, spec.shared))
+
+
+def _vocab(router: Any) -> int:
+    """The token ids a router routes by (its token -> experts table's rows; 1 where it takes no ids)."""
+    table = getattr(unwrap(router), "tid2eid", None)
+    return int(table.shape[0]) if isinstance(table, Tensor) else 1
 
 
 @torch.no_grad()
@@ -468,8 +507,12 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 6, int(like.shape[-1] if spec.experts.is_transposed else like.shape[1]), generator=gen)
     x = x.to(device=like.device, dtype=like.dtype)
+    if _clamps(spec):  # inputs large enough that the clamps bite, so a path without them fails here
+        x = x * 100.0
+    ids = torch.randint(0, _vocab(spec.router), x.shape[:-1], generator=gen).to(like.device)
+    by_token = {_BY_TOKEN: ids} if spec.by_token else {}
     try:
-        want = spec.block(x)
+        want = spec.block(x, **by_token)
         if spec.shared_beside is not None:  # the layer's FFN: the block, plus the shared MLP beside it
             want = want + spec.shared_beside(x)
     except Exception as err:  # any failure of the block on its own is a refusal
@@ -488,7 +531,7 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
     for router_3d, input_weighted in ((False, False), (True, False), (False, True), (True, True)):
         candidate = replace(spec, router_3d=router_3d, input_weighted=input_weighted)
         try:
-            got = candidate.forward(HookPoint(), x)
+            got = candidate.forward(HookPoint(), x, **by_token)
         except Exception as err:  # a router that reads the other layout
             found.append(f"{type(err).__name__}: {err}")
             continue

@@ -139,6 +139,10 @@ class Family:
     # d_mlp-wide axis, the rest is padding, always 0 (set at load by capinterp.core.experts.install).
     # Empty when every layer has d_mlp neurons
     layer_widths: tuple[int, ...] = ()
+    # the residual between layers is this many streams (DeepSeek-V4's hyper-connections, config hc_mult):
+    # blocks.{l}.hook_out is [batch, pos, streams, d_model]; each sublayer reads a learned, input-dependent
+    # mix of them and writes into all of them, and the model's hc_head collapses them before the final norm
+    residual_streams: int = 1
 
     @property
     def neurons(self) -> tuple[int, int]:
@@ -322,6 +326,8 @@ def read_family(model: Model) -> Family:
         module_window=_module_window(hf),
         hybrid_layers=_hybrid_layers(hf),
         routed_heads=_routed_heads(model),
+        # several residual streams where the bridge maps the model's collapse of them (DeepSeek-V4's hc_head)
+        residual_streams=int(_get(hf, "hc_mult", default=1)) if hasattr(model, "hc_head") else 1,
         **common,
     )
 

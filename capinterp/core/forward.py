@@ -13,7 +13,7 @@ import torch
 from capinterp.core.family import family_of, logit_transform
 from capinterp.core.protocol import Model
 
-__all__ = ["capture", "logits_at", "unembed"]
+__all__ = ["capture", "collapse_streams", "logits_at", "unembed"]
 
 
 class _Stop(Exception):
@@ -35,6 +35,15 @@ def capture(model: Model, tokens: torch.Tensor, hook_name: str, fwd_hooks=()) ->
     if not box:
         raise RuntimeError(f"{hook_name} did not fire: this architecture has no such hook")
     return box[0]
+
+
+def collapse_streams(model: Model, h: torch.Tensor) -> torch.Tensor:
+    """The last block's output as the final norm reads it: ``h`` itself (``[..., pos, d_model]``), or, on a
+    model whose residual is several streams (DeepSeek-V4's hyper-connections: ``[..., pos, n_streams,
+    d_model]``), the model's own collapse of them (``hc_head``: learned, input-dependent weights)."""
+    if h.ndim <= 3 or h.shape[-2] != family_of(model).residual_streams:
+        return h
+    return model.hc_head(h)
 
 
 def unembed(model: Model, h: torch.Tensor) -> torch.Tensor:

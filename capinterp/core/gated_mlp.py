@@ -104,8 +104,13 @@ def fused_gated(mlp: Any) -> bool:
 
 def gated_mlp_neurons(mlp: Any, x: Tensor) -> Tensor:
     """``act(gate_proj(x)) * up_proj(x)``: the neurons of a transformers gated MLP (a shared expert,
-    or a dense layer between expert layers)."""
-    return activation(mlp)(mlp.gate_proj(x)) * mlp.up_proj(x)
+    or a dense layer between expert layers); where the MLP clamps them first (DeepSeek-V4's
+    ``limit``, the config's ``swiglu_limit``), the gate at ``limit`` and the up projection at ``+-limit``."""
+    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+    limit = getattr(mlp, "limit", None)
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return activation(mlp)(gate) * up
 
 
 def _linear(mod: Any) -> bool:

@@ -1,5 +1,8 @@
 """Decoder-layer steps beside attention and the FFN that write to or rescale the residual stream.
 
+DeepSeek-V4 keeps several residual streams between layers (hyper-connections, ``Family.residual_streams``):
+each sublayer reads a learned, input-dependent mix of them and writes into all of them.
+
 Gemma 4's text model (E2B / E4B) ends each layer with two more steps: per-layer embeddings (PLE:
 ``per_layer_input_gate`` reads the residual after the MLP, is multiplied by the token's per-layer
 embedding, and ``per_layer_projection`` writes the product back, after its own norm), then
@@ -33,6 +36,12 @@ def layer_extras(model: Model) -> list[str]:
         if isinstance(s := getattr(layer, "layer_scalar", None), torch.Tensor) and bool((s != 1).any())
     ]
     found = []
+    streams = family_of(model).residual_streams
+    if streams > 1:
+        found.append(
+            f"keeps {streams} residual streams between layers (hyper-connections: each sublayer reads a learned, "
+            "input-dependent mix of them and writes into all of them, so no output joins the residual additively)"
+        )
     if ple:
         found.append(
             f"adds per-layer embeddings after the MLP in layers {ple} (PLE: per_layer_input_gate / "

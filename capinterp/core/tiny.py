@@ -396,6 +396,15 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     ),
     "deepseek_v2": {**_DEEPSEEK_MOE, **_MLA},
     "deepseek_v3": {**_DEEPSEEK_MOE, **_MLA},
+    # DeepSeek-V4: four residual streams (hyper-connections), compressed attention, layer 0 routed by a
+    # token id -> experts table (hash routing, drawn by tiny_hf), layer 1 by its gate; SwiGLU clamped at 10
+    "deepseek_v4": dict(
+        moe_intermediate_size=48,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        mlp_layer_types=["hash_moe", "moe"],
+    ),
     # dots.llm1 (adapter: capinterp.core.adapters): Qwen3 attention, DeepSeek-V3 routing, a dense layer 0
     "dots1": dict(_DEEPSEEK_MOE, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
     "laguna": dict(
@@ -478,13 +487,6 @@ TINY_DRAWN_BIASES: tuple[str, ...] = ("phimoe", "jetmoe")
 TINY_REFUSED: dict[str, dict[str, Any]] = {
     # HRM: two recurrent stacks of layers run in cycles; the bridge maps no blocks.{l}
     "hrm_text": dict(intermediate_size=96, num_hidden_layers=4, num_layers_per_stack=2, H_cycles=1, L_cycles=1),
-    "deepseek_v4": dict(
-        moe_intermediate_size=48,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        head_dim=8,
-        mlp_layer_types=["hash_moe", "moe"],
-    ),
 }
 
 
@@ -554,9 +556,12 @@ def tiny_hf(family: str, *, seed: int = 0, std: float = 0.15, **overrides: Any) 
         for p in model.parameters():
             if p.dim() in (2, 3):  # matrices, and the stacked experts of MoE families
                 torch.nn.init.normal_(p, std=std)
-        for name, buf in model.named_buffers():  # a per-layer scale of the residual (Gemma 4): 1 at init
-            if name.endswith("layer_scalar"):
+        for name, buf in model.named_buffers():
+            if name.endswith("layer_scalar"):  # a per-layer scale of the residual (Gemma 4): 1 at init
                 buf.uniform_(0.5, 1.5)
+            if name.endswith("tid2eid"):  # DeepSeek-V4's token -> experts table (all expert 0 at init): distinct draws
+                n_experts = int(cfg.num_local_experts)
+                buf.copy_(torch.stack([torch.randperm(n_experts)[: buf.shape[1]] for _ in range(buf.shape[0])]))
         if family in TINY_DRAWN_BIASES:
             for name, p in model.named_parameters():
                 if p.dim() == 1 and name.endswith("bias"):

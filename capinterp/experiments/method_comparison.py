@@ -43,6 +43,7 @@ from capinterp.experiments._per_sample import ScoreCache
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.commonality import commonality_table
 from capinterp.experiments.erase import PAPER_TABLE4, erase_table
+from capinterp.kernels.tracing import trace_hook
 from capinterp.plots.paper import measured_vs_paper
 from capinterp.units import metrics
 from capinterp.units.neurons import NeuronSet
@@ -77,8 +78,8 @@ def _prob(model: Model, ex: Example, hooks: list | None = None) -> float:
     return float(torch.softmax(logits[0].double(), -1)[enc.target_ids[0]])
 
 
-def _zero_mlp(layers: Sequence[int]) -> list:
-    return [(f"blocks.{int(l)}.hook_mlp_out", lambda act, hook: torch.zeros_like(act)) for l in layers]
+def _zero_mlp(model: Model, layers: Sequence[int]) -> list:
+    return [(trace_hook(model, "mlp", int(l)), lambda act, hook: torch.zeros_like(act)) for l in layers]
 
 
 def rome_ipp(model: Model, ex: Example, layers: Sequence[int], n_random: int, seed: int = 0) -> float:
@@ -86,9 +87,11 @@ def rome_ipp(model: Model, ex: Example, layers: Sequence[int], n_random: int, se
     sets: IPP of the drop in target probability (a fraction)."""
     n_layers = int(model.cfg.n_layers)
     before = _prob(model, ex)
-    located = before - _prob(model, ex, _zero_mlp(layers))
+    located = before - _prob(model, ex, _zero_mlp(model, layers))
     rng = random.Random(f"capinterp-rome-ipp|{seed}")
-    rand = [before - _prob(model, ex, _zero_mlp(rng.sample(range(n_layers), len(layers)))) for _ in range(n_random)]
+    rand = [
+        before - _prob(model, ex, _zero_mlp(model, rng.sample(range(n_layers), len(layers)))) for _ in range(n_random)
+    ]
     return metrics.ipp(located, rand)
 
 

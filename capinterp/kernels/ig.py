@@ -77,7 +77,6 @@ import torch
 from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
-from capinterp.core.family import family_of
 from capinterp.core.model import neuron_hook, neuron_shape, user_hooks
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
@@ -589,7 +588,7 @@ def grad_x_act(
     # a hybrid's recurrent or convolution state is not reused: transformers' continuation from a prefix's
     # state does not reproduce the full forward on every family (Bamba's Mamba-2 layers, Jamba's Mamba
     # layers past one token: logits off by 0.2-1.2 on the tiny models), so the whole sequence runs there
-    reuse = not family_of(model).hybrid_layers
+    reuse = _prefix.unshared_state(model) is None
     with frozen_params(model), torch.enable_grad():
         for i, enc in enumerate(items):
             s = site(enc, positions)

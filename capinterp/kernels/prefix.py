@@ -41,7 +41,9 @@ import torch
 from einops import rearrange
 from jaxtyping import Float, Int
 
+from capinterp.core.forward import collapse_streams
 from capinterp.core.forward import unembed as _unembed
+from capinterp.core.gated_mlp import unwrap
 from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
 
@@ -162,20 +164,38 @@ def _split_call(block, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, 
     return hidden, rest, kwargs
 
 
+def unshared_state(model: Model) -> str | None:
+    """Why a prompt prefix's state cannot be reused for other rows or continued from, or None: a hybrid's
+    mixers carry a recurrent or convolution state (transformers' own continuation from it is not exact on
+    every family), and DeepSeek-V4's attention compresses its keys and values into a cache of its own."""
+    from capinterp.core.family import family_of, layer_kinds
+
+    fam = family_of(model)
+    if fam.hybrid_layers:
+        return (
+            f"{fam.name}'s layers include {layer_kinds(fam)}: the mixers carry a state of their own (recurrent or "
+            "convolution), not a key/value cache that the rows could share"
+        )
+    compressed = [
+        l for l, b in enumerate(model.blocks) if getattr(unwrap(getattr(b, "attn", None)), "compressor", None)
+    ]
+    if compressed:
+        return (
+            f"{fam.name}'s attention in layers {compressed} compresses its keys and values into a cache of its own "
+            "(a compressor's buffered blocks beside the keys and values): a state of their own, not a key/value "
+            "cache that the rows could share"
+        )
+    return None
+
+
 #: key of a recorded call's kwargs naming the parameter the block takes its KV cache under
 _CACHE_ARG = "__capinterp_cache_arg__"
 
 
 def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
-    from capinterp.core.family import family_of, layer_kinds
-
-    fam = family_of(model)
-    if fam.hybrid_layers:  # decided by the architecture, before any work
-        raise NoCache(
-            f"{fam.name}'s layers include {layer_kinds(fam)}: the mixers carry a state of their own (recurrent or "
-            "convolution), not a key/value cache that the rows could share (docs/models.md, 'IG's fast route by family')"
-        )
+    if why := unshared_state(model):  # decided by the architecture, before any work
+        raise NoCache(f"{why} (docs/models.md, 'IG's fast route by family')")
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)
     n_layers = len(model.blocks)
@@ -328,7 +348,7 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
         bias = kw.get(name)
         if isinstance(bias, torch.Tensor):
             kw[name] = _memo(run, (name, id(bias), n_pre, R), lambda b=bias: _fold_keys(b, n_pre, S, R))
-    for name in ("position_ids", "cache_position"):
+    for name in ("position_ids", "cache_position", "input_ids"):  # input_ids: DeepSeek-V4's hash routing
         if isinstance(kw.get(name), torch.Tensor):
             kw[name] = _memo(run, (name, id(kw[name]), R), lambda t=kw[name]: _tile(t, R, S, -1))
     for name in _PER_POSITION:
@@ -462,21 +482,21 @@ def stair_logits(
                 h, R = run.resid[j], 1
             if j in joining:
                 c = joining[j].shape[0]
-                new = run.resid[j].repeat(1, c, 1)
+                new = run.resid[j].repeat(1, c, *[1] * (run.resid[j].ndim - 2))  # [1, S, (streams,) d]
                 h = new if h is None else torch.cat([h, new], dim=1)
                 R += c
             args, kwargs = (_batched_call if batch else _folded_call)(run, j, R)
             if _SHARED_KV in kwargs:
                 kwargs[_SHARED_KV] = _shared_rows(shared, kwargs[_SHARED_KV], R, run.n_pos, batch)
             cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
-            x = rearrange(h, "1 (r s) d -> r s d", r=R) if batch else h
+            x = rearrange(h, "1 (r s) ... -> r s ...", r=R) if batch else h
             out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
             h = out[0] if isinstance(out, (tuple, list)) else out
             if batch:
-                h = rearrange(h, "r s d -> 1 (r s) d")
+                h = rearrange(h, "r s ... -> 1 (r s) ...")
     if h is None:  # unreachable: block ``start`` is a joining or clean layer, which sets h
         raise RuntimeError("stair_logits built no residual stream")
-    h = rearrange(h, "1 (r s) d -> r s d", r=R)
+    h = collapse_streams(model, rearrange(h, "1 (r s) ... -> r s ...", r=R))
     return _unembed(model, h if at is None else h[:, at : at + 1])
 
 

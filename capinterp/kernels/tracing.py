@@ -30,6 +30,7 @@ from capinterp.core.forward import capture
 from capinterp.core.model import attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
+from capinterp.kernels.prefix import unshared_state
 
 __all__ = [
     "HOOK",
@@ -47,11 +48,23 @@ __all__ = [
     "subject_std",
     "subject_token_range",
     "token_groups",
+    "trace_hook",
 ]
 
 KINDS = ("resid", "mlp", "attn")
 TOKEN_GROUPS = ("first_subject", "middle_subject", "last_subject", "first_after", "further", "last")
 HOOK = {"resid": "hook_resid_post", "mlp": "hook_mlp_out", "attn": "hook_attn_out"}
+# the same states where the bridge gives a block no residual aliases (DeepSeek-V4: its block output is
+# its hyper-connections' streams, [batch, pos, streams, d_model], restored whole)
+_PLAIN = {"resid": "hook_out", "mlp": "mlp.hook_out", "attn": "attn.hook_out"}
+
+
+def trace_hook(model: Model, kind: str, layer: int) -> str:
+    """The hook whose state kind ``kind`` restores at block ``layer``: TransformerLens' alias
+    (``hook_resid_post``, ``hook_mlp_out``, ``hook_attn_out``), or the module output it names."""
+    name = f"blocks.{layer}.{HOOK[kind]}"
+    hooks = getattr(model, "hook_dict", None)
+    return name if hooks is None or name in hooks else f"blocks.{layer}.{_PLAIN[kind]}"
 
 
 # ------------------------------------------------------------------------------ subject & noise
@@ -144,7 +157,7 @@ def make_noise(
 
 def prefix_ok(model: Model, reuse_prefix: bool, T: int) -> bool:
     """Whether suffix runs over a cached corrupted prefix can be used for a T-token prompt."""
-    if reuse_prefix is False or family_of(model).hybrid_layers:  # a linear-attention state is not a K/V cache
+    if reuse_prefix is False or unshared_state(model):  # a linear-attention state is not a K/V cache
         return False
     cfg = getattr(getattr(model, "original_model", None), "config", None)
     text = getattr(cfg, "get_text_config", lambda: cfg)() if cfg else None
@@ -161,9 +174,11 @@ def row_hooks(
     l_r: Int[Tensor, " rows"],
     L: int,
     present: dict[str, list[int]] | None = None,
+    model: Model | None = None,
 ):
     """[(hook name, kind, layer, local row indices, token indices)] for one chunk of rows. ``present``:
-    the layers that have each kind's state (a hybrid model's attention layers); all ``L`` by default."""
+    the layers that have each kind's state (a hybrid model's attention layers); all ``L`` by default.
+    ``model``: the hook names are its own (:func:`trace_hook`); TransformerLens' aliases without it."""
     out = []
     half, upper = window // 2, -(-window // 2)
     for ki, k in enumerate(kinds):
@@ -177,7 +192,8 @@ def row_hooks(
                 m = sel & (l_r - half <= j) & (j < l_r + upper)
             rows = m.nonzero().flatten()
             if rows.numel():
-                out.append((f"blocks.{j}.{HOOK[k]}", k, j, rows, t_r[rows]))
+                name = trace_hook(model, k, j) if model is not None else f"blocks.{j}.{HOOK[k]}"
+                out.append((name, k, j, rows, t_r[rows]))
     return out
 
 
@@ -212,7 +228,7 @@ def restoration_probs(
         for a in range(lo, hi, batch_size):
             rows = torch.arange(a, min(a + batch_size, hi))
             r = rows // S
-            spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L, present)
+            spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L, present, run.model)
             p_rows[a : a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
     return reduce(p_rows, "(t k l s) -> t k l", "mean", t=n_t, k=K, l=L)
 

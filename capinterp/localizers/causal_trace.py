@@ -63,7 +63,6 @@ from capinterp.core.example import Example
 from capinterp.core.model import require_attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import _ids, encode, model_bos
-from capinterp.kernels.tracing import HOOK as _HOOK
 from capinterp.kernels.tracing import (
     KINDS,
     TOKEN_GROUPS,
@@ -76,6 +75,7 @@ from capinterp.kernels.tracing import (
     subject_std,
     subject_token_range,
     token_groups,
+    trace_hook,
 )
 from capinterp.kernels.tracing import Runner as _Runner
 from capinterp.kernels.tracing import last_probs as _last_probs
@@ -261,7 +261,7 @@ class CausalTrace(Localizer):
 
             return keep
 
-        hooks = [(f"blocks.{l}.{_HOOK[k]}", keeper((k, l))) for k in self.kinds for l in self._present[k]]
+        hooks = [(trace_hook(self.model, k, l), keeper((k, l))) for k in self.kinds for l in self._present[k]]
         probs = _last_probs(model, ids, hooks)[0]
         o = int(probs.argmax())
         tok = model.tokenizer

@@ -252,7 +252,6 @@ def test_dense_layer_with_another_activation_than_silu_refused_at_load(monkeypat
 
 
 REFUSED_WHY = {
-    "deepseek_v4": r"takes \['input_ids'\] besides the layer's input",  # hash routing by token id
     "hrm_text": r"the TransformerBridge maps no per-layer blocks",
 }
 

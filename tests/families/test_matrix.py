@@ -16,8 +16,11 @@ HYBRID_REFUSED = {"ig_fast_route"}
 # attention heads routed per token (JetMoE's mixture of attention heads): no head is a fixed graph node
 ROUTED_HEADS, ROUTED_HEADS_REFUSED = {"jetmoe"}, {"eap", "eap_ig", "acdc"}
 # a layer that writes to or scales the residual stream beside attention and the MLP (Gemma 4's per-layer
-# embeddings and layer_scalar): the circuit graph's split of the residual stream does not hold
-LAYER_EXTRAS, LAYER_EXTRAS_REFUSED = {"gemma4_text"}, {"eap", "eap_ig", "acdc"}
+# embeddings and layer_scalar), or several residual streams (DeepSeek-V4's hyper-connections): the circuit
+# graph's split of the residual stream does not hold. DeepSeek-V4's compressed attention keeps a cache of
+# its own: IG's fast route cannot share it (the loop route runs, checked)
+LAYER_EXTRAS, LAYER_EXTRAS_REFUSED = {"gemma4_text", "deepseek_v4"}, {"eap", "eap_ig", "acdc"}
+UNSHARED_CACHE, UNSHARED_CACHE_REFUSED = {"deepseek_v4"}, {"ig_fast_route"}
 _seen: dict[tuple[str, str], str] = {}
 
 
@@ -30,6 +33,7 @@ def test_method_on_family(family, method):
         (HYBRID_REFUSED if family in TINY_HYBRID else set())
         | (ROUTED_HEADS_REFUSED if family in ROUTED_HEADS else set())
         | (LAYER_EXTRAS_REFUSED if family in LAYER_EXTRAS else set())
+        | (UNSHARED_CACHE_REFUSED if family in UNSHARED_CACHE else set())
     )
     if method not in refusals:
         assert result == "Y", f"family {family} refused for {method}: {result}"

@@ -16,6 +16,7 @@ capinterp's axis; :func:`moe_layers` tells the MoE layers by decoder layer index
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 
@@ -182,7 +183,20 @@ def _beside(hf: Any, block: Any) -> Any:
     return view
 
 
-def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
+def _takes_ids(block: Any) -> bool:
+    """DeepSeek-V4's MoE block: its forward takes the token ids (its hash layers route by them)."""
+    return "input_ids" in inspect.signature(type(block).forward).parameters
+
+
+def _limited(mlp: Any, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4's shared expert clamps its gate at ``limit`` and its up projection at ``+-limit``."""
+    limit = getattr(mlp, "limit", None)
+    if limit is None:
+        return gate, up
+    return gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+
+
+def _dense_forward(block: Any, hidden: torch.Tensor, input_ids: torch.Tensor | None = None) -> Any:
     ex, shared = block.experts, block._ref_shared
     router = getattr(block, "router", None) or block.gate
     B, T, H = hidden.shape
@@ -193,7 +207,8 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
     else:
         handle = router.register_forward_hook(lambda _m, _i, out: seen.setdefault("out", out))
         try:
-            type(block).forward(block, hidden)  # transformers' own forward (its output is not used)
+            ids = {"input_ids": input_ids} if _takes_ids(block) else {}
+            type(block).forward(block, hidden, **ids)  # transformers' own forward (its output is not used)
         finally:
             handle.remove()
     if block._ref_input_weighted:  # Llama 4: (scores over all experts, 0 where not chosen; logits)
@@ -202,7 +217,7 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
     else:
         _, top_w, top_i = seen["out"]
         top_w, top_i = top_w.reshape(x.shape[0], -1), top_i.reshape(x.shape[0], -1)
-        dense_w = torch.zeros(x.shape[0], ex.down_proj.shape[0], dtype=top_w.dtype).scatter(1, top_i, top_w)
+        dense_w = torch.zeros(x.shape[0], ex.down_proj.shape[0], dtype=top_w.dtype).scatter_add(1, top_i, top_w)
     acts = []
     for e in range(ex.down_proj.shape[0]):
         name = "gate_up_proj" if ex.has_gate else "up_proj"
@@ -217,7 +232,11 @@ def _dense_forward(block: Any, hidden: torch.Tensor) -> Any:
     neurons = [torch.stack(acts, 1).reshape(x.shape[0], -1)]
     if shared is not None:
         gated = getattr(shared, "gate_proj", None) is not None  # NemotronH's shared expert: act(up(x)), no gate
-        s = shared.act_fn(shared.gate_proj(x)) * shared.up_proj(x) if gated else shared.act_fn(shared.up_proj(x))
+        if gated:
+            g, u = _limited(shared, shared.gate_proj(x), shared.up_proj(x))
+            s = shared.act_fn(g) * u
+        else:
+            s = shared.act_fn(shared.up_proj(x))
         gate = getattr(block, "shared_expert_gate", None)
         neurons.append(torch.sigmoid(gate(x)) * s if gate is not None else s)
     out = block.down_proj(torch.cat(neurons, -1).reshape(B, T, -1).to(hidden.dtype), dense_w.to(hidden.dtype))
@@ -241,7 +260,10 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
     for _, block in _blocks(hf):
         flag_jetmoe(block)
         object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))
-        probe = block(torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]))
+        ids_in = {"input_ids": torch.zeros(1, 1, dtype=torch.long)} if _takes_ids(block) else {}
+        probe = block(
+            torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]), **ids_in
+        )
         shared = next((getattr(block, k) for k in _SHARED if getattr(block, k, None) is not None), None)
         if shared is None:
             shared = _beside(hf, block)

@@ -27,7 +27,10 @@ def _window(l: int, n_layers: int) -> range:
 
 
 def _tokens(out: torch.Tensor, T: int) -> torch.Tensor:
-    """``[batch, T, d]`` view of a module output (OPT runs its MLP on ``[batch * T, d]``)."""
+    """``[batch, T, d]`` view of a module output (OPT runs its MLP on ``[batch * T, d]``); a decoder
+    layer's output of several residual streams stays ``[batch, T, streams, d]`` (DeepSeek-V4)."""
+    if out.ndim == 4 and out.shape[1] == T:
+        return out
     return out.view(-1, T, out.shape[-1])
 
 
