@@ -340,10 +340,10 @@ def _folded_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
         run, ("mask", id(mask), n_pre, R), lambda: _fold_mask(mask, n_pre, S, R, run.suffix.device)
     )
     pe = kw.get("position_embeddings")
-    if isinstance(pe, torch.Tensor):  # one table (DeepSeek-V2's complex [batch, pos, rotary / 2] freqs_cis)
-        kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: _tile(pe, R, S, -2))
-    elif pe is not None:  # (cos, sin)
-        kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: tuple(_tile(t, R, S, -2) for t in pe))
+    # one table (DeepSeek-V2's complex [batch, pos, rotary / 2] freqs_cis), (cos, sin), or such per rope
+    # kind (DeepSeek-V4's {"main": (cos, sin), "compress": ...})
+    if pe is not None:
+        kw["position_embeddings"] = _memo(run, ("pe", id(pe), R), lambda: _map_tables(pe, lambda t: _tile(t, R, S, -2)))
     for name in _PER_KEY:
         bias = kw.get(name)
         if isinstance(bias, torch.Tensor):
@@ -381,9 +381,20 @@ def _batched_call(run: CleanSuffix, j: int, R: int) -> tuple[tuple, dict]:
         else:
             kw[name] = _memo(run, (name, id(value), "batch", R), lambda v=value, n=name: rows(v, n))
     pe = kw.get("position_embeddings")
-    if isinstance(pe, tuple):
-        kw["position_embeddings"] = _memo(run, ("pe", id(pe), "batch", R), lambda: tuple(rows(t, "pe") for t in pe))
+    if isinstance(pe, (tuple, dict)):
+        kw["position_embeddings"] = _memo(
+            run, ("pe", id(pe), "batch", R), lambda: _map_tables(pe, lambda t: rows(t, "pe"))
+        )
     return args, kw
+
+
+def _map_tables(pe: Any, fn: Any) -> Any:
+    """``fn`` on every tensor of a rotary table: one tensor, a (cos, sin) tuple, or a dict of those."""
+    if isinstance(pe, torch.Tensor):
+        return fn(pe)
+    if isinstance(pe, dict):
+        return {k: _map_tables(v, fn) for k, v in pe.items()}
+    return tuple(_map_tables(t, fn) for t in pe)
 
 
 def _batch_layout(model: Model) -> bool:

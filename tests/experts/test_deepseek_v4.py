@@ -85,3 +85,26 @@ def test_a_forward_without_token_ids_is_refused():
     assert spec.by_token and not model.capinterp_experts[1].by_token
     with pytest.raises(ValueError, match="routes each token by its id"):
         spec.forward(torch.nn.Identity(), torch.randn(1, 3, model.cfg.d_model))
+
+
+def test_fast_route_runs_on_four_residual_streams_where_no_layer_compresses():
+    """Without compressed attention (every layer sliding) IG's fast route runs, the rows carrying all
+    four residual streams and hc_head collapsing them, and equals the loop route's scores."""
+    import warnings
+
+    from capinterp.core.tokens import encode
+    from capinterp.kernels import ig as _ig
+    from capinterp.kernels.ig import ig_scores
+    from capinterp.kernels.ig_config import IGConfig
+
+    model, *_ = load_tiny_moe("deepseek_v4", layer_types=["sliding_attention", "sliding_attention"])
+    assert model.capinterp_family.residual_streams == 4
+    items = encode(model, [Example(p, " Paris") for p in PROMPTS])
+    cfg = dict(steps=5, rule="right", positions="last_prompt", invariance="off")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = ig_scores(model, items, IGConfig(route="fast", **cfg))
+    assert not [w for w in caught if "route" in str(w.message)], [str(w.message) for w in caught]
+    assert all(_ig._STAIR_OK[model].values())
+    loop = ig_scores(model, items, IGConfig(route="loop", **cfg))
+    assert (fast - loop).abs().max() <= 1e-5 * loop.abs().max()
