@@ -35,11 +35,15 @@ choices grouped by expert; its block adds a bias to its output, owned by no neur
 expert the config does not name (Llama 4's) is taken from the modules. Granite 4.0's shared MLP, which
 its decoder layer adds beside the MoE block (one fused ``input_linear`` [gate | up]), joins the block's
 forward as its shared expert, and that module's own forward then returns 0 (the layer's output is unchanged).
+DeepSeek-V4's hash layers route by the token ids, which its decoder layer hands the block and the
+forward passes to the router. NemotronH's latent experts read ``fc1(x)`` and write through ``fc2``: a
+routed neuron's value vector is ``fc2 @`` its column (writable only unchanged or as 0).
 At load each layer's forward is checked against the
-transformers block's own on random inputs. What cannot be served this way (a layer without an FFN,
+transformers block's own on random inputs (100 times larger where the experts clamp their inputs, so
+the clamps bite). What cannot be served this way (a layer without an FFN,
 experts normalized after the down projection, an experts module without transformers' stacked
-weights, a block that routes by more than its input, any block whose output the check finds
-different) is refused at load with the reason.
+weights, a block that routes by more than its input and the token ids, any block whose output the
+check finds different) is refused at load with the reason.
 
 Dense layers among MoE layers (the released DeepSeek-V2/V3, GLM-4 MoE, Ernie 4.5 MoE, AFMoE and
 Laguna checkpoints: dense layers first; Llama 4 Maverick's interleaving) are served on the same neuron
@@ -72,7 +76,7 @@ from capinterp.core.gated_mlp import (
 )
 from capinterp.core.protocol import Model
 
-__all__ = ["DenseBlock", "ExpertBlock", "ExpertValues", "expert_block", "install", "is_moe"]
+__all__ = ["DenseBlock", "ExpertBlock", "ExpertValues", "expert_block", "install", "is_moe", "latent_layers"]
 
 _HOOK = "hook_neurons"  # the HookPoint's own name; blocks.{l}.mlp.hook_post is its alias
 
@@ -106,6 +110,10 @@ class ExpertBlock:
     # the transformers module of a shared expert the decoder layer adds beside the block (Granite 4.0's
     # shared_mlp): the block's forward then computes it too, and this module's own forward returns 0
     shared_beside: Any = None
+    # NemotronH's latent MoE (Nemotron 3 Super): the routed experts read fc1(x) and their summed output
+    # goes through fc2 (both Linears, d_model <-> latent): a routed neuron's value vector is fc2 @ its
+    # column of the expert's down projection; the router and the shared expert read x itself
+    latent: tuple[Any, Any] | None = None
 
     # ---- the experts' arithmetic, read from transformers' own flags
 
@@ -129,13 +137,22 @@ class ExpertBlock:
     def down_bias(self, e: int) -> Tensor | None:
         return self.experts.down_proj_bias[e] if self.experts.has_bias else None
 
+    def _to_model(self, rows: Tensor) -> Tensor:
+        """Routed value rows as the residual stream receives them: through fc2 in a latent MoE."""
+        return rows if self.latent is None else rows @ self.latent[1].weight.T.to(rows.dtype)
+
+    def _own_rows(self) -> Tensor:
+        """The routed experts' down-projection columns, one row per neuron, in the experts' own space
+        (``[n_experts * d_expert, d_model]``; the latent space's width in a latent MoE)."""
+        w = self.experts.down_proj  # [E, d, H] transposed, [E, H, d] otherwise
+        return (w if self.experts.is_transposed else w.transpose(1, 2)).reshape(
+            -1, w.shape[-1 if self.experts.is_transposed else 1]
+        )
+
     def values(self) -> Tensor:
         """The layer's value vectors, ``[n_experts * d_expert + d_shared, d_model]``: a copy, in
         neuron order (routed experts', then the shared expert's)."""
-        w = self.experts.down_proj  # [E, d, H] transposed, [E, H, d] otherwise
-        rows = (w if self.experts.is_transposed else w.transpose(1, 2)).reshape(
-            -1, w.shape[-1 if self.experts.is_transposed else 1]
-        )
+        rows = self._to_model(self._own_rows())
         if self.shared is None:
             return rows
         return torch.cat([rows, self.shared.down_proj.weight.T.to(rows.dtype)])
@@ -148,11 +165,13 @@ class ExpertBlock:
     def expert_values(self, e: int) -> Tensor:
         """Expert ``e``'s value vectors, ``[d_expert, d_model]`` (a copy of its slice of the stacked weight)."""
         w = self.experts.down_proj[e]
-        return (w if self.experts.is_transposed else w.T).detach().clone()
+        return self._to_model(w if self.experts.is_transposed else w.T).detach().clone()
 
     def neuron_rows(self) -> Tensor:
         """Every neuron's weights side by side, ``[d_mlp, 3 * d_model]``: its gate row, up row
-        (input row where the experts are not gated: ``[d_mlp, 2 * d_model]``) and value vector (a copy)."""
+        (input row where the experts are not gated: ``[d_mlp, 2 * d_model]``) and value vector (a copy);
+        a latent MoE's routed neurons have theirs in the latent space (its own weights: the up row and
+        the down-projection column), zero-padded to the shared expert's width."""
         ex, d = self.experts, self.d_expert
         name = "gate_up_proj" if ex.has_gate else "up_proj"
         w = getattr(ex, name)
@@ -162,14 +181,17 @@ class ExpertBlock:
             halves: tuple[Tensor, ...] = (w[:, :d], w[:, d:]) if concat else (w[:, 0::2], w[:, 1::2])
         else:
             halves = (w,)
-        rows = torch.cat([h.reshape(-1, h.shape[-1]) for h in halves] + [self.values()[: self.n_experts * d]], dim=1)
+        rows = torch.cat([h.reshape(-1, h.shape[-1]) for h in halves] + [self._own_rows()], dim=1)
         if self.shared is None:
             return rows
         sh = self.shared
         shared = [getattr(sh, attr).weight for _, attr in input_projections(sh)] + [sh.down_proj.weight.T]
         if len(shared) != len(halves) + 1:
             shared = [torch.zeros_like(shared[0])] * (len(halves) + 1 - len(shared)) + shared
-        return torch.cat([rows, torch.cat(shared, dim=1).to(rows.dtype)])
+        shared_rows = torch.cat(shared, dim=1).to(rows.dtype)
+        width = max(rows.shape[1], shared_rows.shape[1])  # a latent MoE's routed rows are narrower
+        pad = lambda r: torch.nn.functional.pad(r, (0, width - r.shape[1]))  # noqa: E731
+        return torch.cat([pad(rows), pad(shared_rows)])
 
     # ---- the block's forward
 
@@ -199,13 +221,14 @@ class ExpertBlock:
             extra = weights
         weights, index = weights.reshape(x.shape[0], -1), index.reshape(x.shape[0], -1)
         n_tok, width = x.shape[0], self.n_experts * self.d_expert
+        xe = x if self.latent is None else self.latent[0](x)  # the routed experts' input
         acts = x.new_zeros(n_tok, self.n_experts, self.d_expert)
         routed = []
         for e in index.unique().tolist():
             hit = index == e  # a token may pick one expert in two slots (a hash table's row): the weights add
             tok = hit.any(1).nonzero().squeeze(1)
             w = (weights * hit).sum(1)[tok, None]
-            a = self.activation(e, x[tok] * w) if self.input_weighted else self.activation(e, x[tok]) * w
+            a = self.activation(e, xe[tok] * w) if self.input_weighted else self.activation(e, xe[tok]) * w
             acts[tok, e] = a.to(x.dtype)
             routed.append((e, tok, w))
         parts = [acts.reshape(n_tok, width)]
@@ -216,13 +239,15 @@ class ExpertBlock:
             parts.append(s.to(x.dtype))
         neurons = hook(torch.cat(parts, dim=-1).reshape(*shape[:-1], -1)).reshape(n_tok, -1)
         acts = neurons[:, :width].reshape(n_tok, self.n_experts, self.d_expert)
-        out = x.new_zeros(x.shape)
+        out = xe.new_zeros(xe.shape)
         for e, tok, w in routed:
             y = self.down(e, acts[tok, e])
             b = self.down_bias(e)
             if b is not None:
                 y = y + (b if self.input_weighted else w * b)
             out = out.index_add(0, tok, y.to(x.dtype))
+        if self.latent is not None:
+            out = self.latent[1](out)
         if self.shared is not None:
             out = out + self.shared.down_proj(neurons[:, width:])
         if self.out_bias is not None:  # added to the layer's output, owned by no neuron (JetMoE)
@@ -238,6 +263,11 @@ def _zero_out(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
 
 def _width(spec: ExpertBlock | DenseBlock) -> int:
     return spec.width if isinstance(spec, DenseBlock) else spec.n_experts * spec.d_expert + spec.d_shared
+
+
+def latent_layers(model: Model) -> list[int]:
+    """The layers whose routed experts work in a latent space (NemotronH's ``moe_latent_size``)."""
+    return [b.layer for b in getattr(model, "capinterp_experts", None) or [] if getattr(b, "latent", None) is not None]
 
 
 def is_moe(model: Model) -> bool:
@@ -374,11 +404,7 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
             "module (or input_linear / output_linear parallel experts) and a router; capinterp reads experts only "
             "from stacked 3-D expert weights"
         )
-    if any(not isinstance(getattr(block, k, torch.nn.Identity()), torch.nn.Identity) for k in _LATENT):
-        raise UnsupportedFamily(
-            f"{where}: the experts work in a latent space (moe_latent_size: a projection into it before the "
-            "experts and out of it after); capinterp's expert neurons write to the residual stream directly"
-        )
+    latent = _latent(where, block)
     flagged = _flagged(experts, int(model.cfg.d_model))
     if flagged is None:
         raise UnsupportedFamily(
@@ -441,8 +467,23 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         top_k=moe.top_k,
         out_bias=getattr(block, "bias", None) if parallel else None,
         shared_beside=beside,
+        latent=latent,
     )
     return _checked(where, spec, down)
+
+
+def _latent(where: str, block: Any) -> tuple[Any, Any] | None:
+    """NemotronH's latent projections around the routed experts (``fc1_latent_proj``, ``fc2_latent_proj``),
+    None where they are identities (no latent space); refused where they are not Linears."""
+    mods = [unwrap(getattr(block, k, None)) for k in _LATENT]
+    if all(m is None or isinstance(m, torch.nn.Identity) for m in mods):
+        return None
+    if not all(isinstance(m, torch.nn.Linear) for m in mods):
+        raise UnsupportedFamily(
+            f"{where}: the experts' latent projections ({', '.join(type(m).__name__ for m in mods)}) are not Linears; "
+            "capinterp reads a latent expert's value vectors through fc2_latent_proj's weight"
+        )
+    return mods[0], mods[1]
 
 
 _BY_TOKEN = "input_ids"  # a block forward's and router's parameter for the token ids (DeepSeek-V4's hash routing)
@@ -505,7 +546,10 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
     a block whose routing or experts need a step :class:`ExpertBlock` does not take (router weights
     applied to the input, a soft-cap, a post-expert norm...) is refused here, never a wrong number."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 6, int(like.shape[-1] if spec.experts.is_transposed else like.shape[1]), generator=gen)
+    width = int(like.shape[-1] if spec.experts.is_transposed else like.shape[1])
+    if spec.latent is not None:  # the block reads the residual stream, its experts the latent space
+        width = int(spec.latent[0].in_features)
+    x = torch.randn(2, 6, width, generator=gen)
     x = x.to(device=like.device, dtype=like.dtype)
     if _clamps(spec):  # inputs large enough that the clamps bite, so a path without them fails here
         x = x * 100.0
@@ -650,8 +694,10 @@ class ExpertValues:
             self.spec.write_values(values)
             return
         spec, w = self.spec, self.spec.experts.down_proj
-        routed = values[: spec.n_experts * spec.d_expert].reshape(spec.n_experts, spec.d_expert, -1)
-        (w if spec.experts.is_transposed else w.transpose(1, 2)).copy_(routed.to(device=w.device, dtype=w.dtype))
+        n = spec.n_experts * spec.d_expert
+        if spec.latent is None or not _latent_rows(spec, torch.arange(n), values[:n]):
+            routed = values[:n].reshape(spec.n_experts, spec.d_expert, -1)
+            (w if spec.experts.is_transposed else w.transpose(1, 2)).copy_(routed.to(device=w.device, dtype=w.dtype))
         if spec.shared is not None:
             s = spec.shared.down_proj.weight
             s.copy_(values[spec.n_experts * spec.d_expert :].T.to(device=s.device, dtype=s.dtype))
@@ -664,6 +710,9 @@ class ExpertValues:
             return
         spec, w = self.spec, self.spec.experts.down_proj
         routed = spec.n_experts * spec.d_expert
+        mine = neurons < routed
+        if spec.latent is not None and _latent_rows(spec, neurons[mine], rows[mine.to(rows.device)]):
+            neurons, rows = neurons[~mine], rows[(~mine).to(rows.device)]  # the routed rows: unchanged, or zeroed
         for i, row in zip(neurons.tolist(), rows):
             if i < routed:
                 e, j = divmod(i, spec.d_expert)
@@ -678,6 +727,28 @@ class ExpertValues:
         """``W += delta`` (``[d_mlp, d_model]``), summed in float32, stored in each weight's dtype."""
         values = self.values()
         self.write(values.float() + delta.float().to(values.device))
+
+
+def _latent_rows(spec: ExpertBlock, neurons: Tensor, rows: Tensor) -> bool:
+    """Write value rows of a latent MoE's routed neurons (``fc2 @ column``: a ``d_model`` row is in reach
+    only within fc2's range): rows equal to the current ones are left, zero rows zero their columns;
+    any other row is refused (:class:`UnsupportedFamily`) before anything is written. True when handled."""
+    assert spec.latent is not None
+    current = spec.values()[neurons.to(spec.experts.down_proj.device)]
+    same = (rows.to(current) == current).all(1)
+    zero = (rows == 0).all(1).to(same.device)
+    if not bool((same | zero).all()):
+        raise UnsupportedFamily(
+            f"layer {spec.layer}: a latent expert's value vector is fc2_latent_proj @ its column of the expert's "
+            "down projection, so a new d_model vector can be written only within fc2's range; capinterp writes "
+            "such rows only unchanged or as 0 (erasing), and refuses this edit"
+        )
+    w = spec.experts.down_proj
+    with torch.no_grad():
+        for i in neurons[zero.cpu() & ~same.cpu()].tolist():
+            e, j = divmod(i, spec.d_expert)
+            (w[e, j] if spec.experts.is_transposed else w[e, :, j]).zero_()
+    return True
 
 
 def _pick(idx: Tensor, lo: int, hi: int) -> Tensor:

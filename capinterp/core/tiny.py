@@ -456,6 +456,20 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         n_group=1,
         topk_group=1,
     ),
+    # Nemotron 3 Super's latent experts: the routed experts read a 16-wide projection of the residual
+    # stream and write back through another (moe_latent_size; the router and the shared expert read it)
+    "nemotron_h_latent": dict(
+        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+        num_hidden_layers=4,
+        **_NEMOTRON_H,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        moe_shared_expert_intermediate_size=16,
+        n_group=1,
+        topk_group=1,
+        moe_latent_size=16,
+    ),
     # the dense NemotronH layout (Nemotron-H 8B, Nemotron Nano 9B v2: Mamba-2, MLP and attention layers)
     "nemotron_h_dense": dict(
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"],
@@ -468,6 +482,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
 TINY_VARIANT_OF: dict[str, str] = {
     "granitemoehybrid_dense": "granitemoehybrid",
     "nemotron_h_dense": "nemotron_h",
+    "nemotron_h_latent": "nemotron_h",
 }
 
 
@@ -519,6 +534,7 @@ TINY_HYBRID: tuple[str, ...] = (
     "granitemoehybrid",
     "nemotron_h",
     "nemotron_h_dense",
+    "nemotron_h_latent",
 )
 
 

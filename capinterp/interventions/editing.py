@@ -39,6 +39,8 @@ from torch import Tensor
 
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
+from capinterp.core.experts import latent_layers
+from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.fingerprint import restoring
 from capinterp.core.model import neuron_hook
 from capinterp.core.params import copy_model
@@ -311,6 +313,13 @@ def edit_knowledge(
     """
     _check_args(selection, mode, direction, lambdas)
     validate.model(model)
+    if latent := latent_layers(model):  # before any localization
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): edit_knowledge writes new value vectors, and the routed experts of "
+            f"layers {latent} work in a latent space (a value vector is fc2_latent_proj @ the expert's own column, "
+            "so a d_model vector is in reach only within fc2's range); erase the neurons instead (capinterp.erase)"
+        )
     query_index = validate.integer("query_index", query_index)
     batch_size = validate.positive_int("batch_size", batch_size)
     for flag, value in (("signed", signed), ("inplace", inplace), ("evaluate", evaluate)):

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from capinterp.core import validate
-from capinterp.core.experts import DenseBlock, ExpertBlock, ExpertValues
-from capinterp.core.family import family_of
+from capinterp.core.experts import DenseBlock, ExpertBlock, ExpertValues, latent_layers
+from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 from capinterp.core.weights import down_projection
 
@@ -79,6 +79,13 @@ def check_expert(model: Model, layer: int, expert: Expert | None) -> None:
         moe = family_of(model).moe
         assert moe is not None
         validate.integer("expert", expert, low=0, high=moe.n_experts - 1)
+    if layer in latent_layers(model):  # a routed expert's value vectors are fc2 @ its columns
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): ROME at layer {layer} would write a routed expert's value vectors, "
+            "which in this latent MoE are fc2_latent_proj @ the expert's own columns (a d_model update is in reach "
+            f"only within fc2's range); edit the shared expert (expert={SHARED!r}) or a dense layer"
+        )
 
 
 def expert_slice(model: Model, expert: Expert) -> slice:

@@ -23,7 +23,7 @@ from capinterp.core.tiny import TINY_FAMILIES, TINY_HYBRID, model_type, tiny_hf
 FAMILIES = tuple(TINY_HYBRID)
 # the bridge runs these attention modules as transformers does, the pattern hook only observing: attention
 # scaling is refused there (capinterp.core.pattern_writes)
-OBSERVE_ONLY = ("olmo_hybrid", "jamba", "nemotron_h", "nemotron_h_dense")
+OBSERVE_ONLY = ("olmo_hybrid", "jamba", "nemotron_h", "nemotron_h_dense", "nemotron_h_latent")
 FACTS = [
     ci.Example("The Eiffel Tower is in the city of", " Paris", meta={"subject": "The Eiffel Tower"}),
     ci.Example("Rome is the capital of", " Italy", meta={"subject": "Rome"}),

@@ -97,9 +97,53 @@ def test_parameters_keep_their_tensors_under_the_transformers_names(family):
     assert all(torch.equal(got[n], want[n]) for n in want)
 
 
-def test_latent_experts_are_refused_naming_the_latent_space():
-    with pytest.raises(UnsupportedFamily, match="latent space"):
-        _load("nemotron_h", moe_latent_size=16)
+def test_latent_experts_value_vectors_are_fc2_of_their_columns():
+    """Nemotron 3 Super's latent MoE (row nemotron_h_latent of the matrix checks every method): a routed
+    neuron's value vector is fc2_latent_proj's weight times its column of the expert's down projection,
+    read by hand from the transformers modules."""
+    from capinterp.core.experts import latent_layers
+    from capinterp.core.weights import down_projection
+
+    model, plain, _ = _pair("nemotron_h_latent")
+    assert latent_layers(model) == [1]
+    block = plain.model.layers[1].mixer
+    fc2, down = block.fc2_latent_proj.weight, block.experts.down_proj  # [d_model, latent], [E, latent, d]
+    d = down.shape[2]
+    want = torch.stack([fc2 @ down[e, :, j] for e in range(down.shape[0]) for j in range(d)])
+    got = down_projection(model, 1).values()
+    assert torch.allclose(got[: want.shape[0]], want, atol=1e-6)
+    shared = block.shared_experts.down_proj.weight.T
+    assert torch.equal(got[want.shape[0] :], shared)
+
+
+def test_latent_value_writes_only_unchanged_or_zero():
+    """A d_model row is in fc2's reach only within its range: a new row is refused before anything is
+    written; an unchanged row and a zero row (erasing) are written."""
+    from capinterp.core.weights import down_projection
+
+    model, _, _ = _load("nemotron_h_latent")
+    proj = down_projection(model, 1)
+    before = proj.values()
+    with pytest.raises(UnsupportedFamily, match="latent expert's value vector"):
+        proj.write_rows(torch.tensor([0, 1]), before[:2] + 1.0)
+    assert torch.equal(proj.values(), before)
+    proj.write_rows(torch.tensor([0, 1, 70]), torch.stack([before[0], torch.zeros_like(before[1]), before[70] * 2]))
+    after = proj.values()
+    assert torch.equal(after[0], before[0]) and after[1].abs().max() == 0
+    assert torch.allclose(after[70], 2 * before[70])  # a shared-expert row: written as given
+    assert torch.equal(after[2:64], before[2:64])
+
+
+def test_latent_layers_refuse_routed_edits_before_any_work_and_edit_the_shared_expert():
+    from capinterp.interventions.editing import edit_knowledge
+    from capinterp.testing.family_checks.rome import check_rome_edit
+
+    model, _, _ = _pair("nemotron_h_latent")
+    with pytest.raises(UnsupportedFamily, match="ROME at layer 1 would write a routed expert"):
+        rome_edit(model, FACT, " Rome", layer=1, texts=["a b c d e f"], steps=1)
+    with pytest.raises(UnsupportedFamily, match="edit_knowledge writes new value vectors"):
+        edit_knowledge(model, [FACT, FACT], mode="erase")
+    check_rome_edit("nemotron_h_latent", expert="shared")  # against the hand-written ROME on transformers
 
 
 def test_a_plain_mlp_computing_something_else_is_refused(monkeypatch):

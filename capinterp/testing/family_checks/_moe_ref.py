@@ -78,7 +78,9 @@ class ExpertsDown(torch.nn.Module):
     def weight(self) -> torch.Tensor:
         ex = self._refs.block.experts
         w = ex.down_proj if ex.is_transposed else ex.down_proj.transpose(1, 2)  # [E, d, H]
-        rows = [w.reshape(-1, w.shape[-1])]
+        routed = w.reshape(-1, w.shape[-1])
+        fc2 = _latent_out(self._refs.block)
+        rows = [routed if fc2 is None else routed @ fc2.weight.T]  # a latent MoE's experts write through fc2
         if self._refs.shared is not None:
             rows.append(self._refs.shared.down_proj.weight.T)
         return torch.cat(rows)
@@ -93,7 +95,22 @@ class ExpertsDown(torch.nn.Module):
         out = neurons @ self.weight.to(neurons.dtype)
         if weights is not None and getattr(ex, "has_bias", False):
             out = out + (weights @ ex.down_proj_bias).reshape(out.shape)
+        fc2 = _latent_out(self._refs.block)
+        if fc2 is not None and fc2.bias is not None:
+            out = out + fc2.bias
         return out
+
+
+def _latent_out(block: Any) -> Any:
+    """NemotronH's ``fc2_latent_proj`` where the routed experts work in a latent space (None otherwise)."""
+    fc2 = getattr(block, "fc2_latent_proj", None)
+    return fc2 if isinstance(fc2, torch.nn.Linear) else None
+
+
+def _latent_in(block: Any, x: torch.Tensor) -> torch.Tensor:
+    """The routed experts' input: ``fc1_latent_proj(x)`` in a latent MoE, ``x`` otherwise."""
+    fc1 = getattr(block, "fc1_latent_proj", None)
+    return fc1(x) if isinstance(fc1, torch.nn.Linear) else x
 
 
 def _halves_gate(experts: Any, h: torch.Tensor) -> torch.Tensor:
@@ -219,10 +236,11 @@ def _dense_forward(block: Any, hidden: torch.Tensor, input_ids: torch.Tensor | N
         top_w, top_i = top_w.reshape(x.shape[0], -1), top_i.reshape(x.shape[0], -1)
         dense_w = torch.zeros(x.shape[0], ex.down_proj.shape[0], dtype=top_w.dtype).scatter_add(1, top_i, top_w)
     acts = []
+    x_in = _latent_in(block, x)
     for e in range(ex.down_proj.shape[0]):
         name = "gate_up_proj" if ex.has_gate else "up_proj"
         w = getattr(ex, name)[e]
-        xe = x * dense_w[:, e : e + 1] if block._ref_input_weighted else x
+        xe = x_in * dense_w[:, e : e + 1] if block._ref_input_weighted else x_in
         h = xe @ w if ex.is_transposed else xe @ w.T
         if ex.has_bias:
             h = h + getattr(ex, f"{name}_bias")[e]
@@ -261,9 +279,13 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
         flag_jetmoe(block)
         object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))
         ids_in = {"input_ids": torch.zeros(1, 1, dtype=torch.long)} if _takes_ids(block) else {}
-        probe = block(
-            torch.zeros(1, 1, block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]), **ids_in
+        fc2 = _latent_out(block)  # a latent MoE reads the residual stream, its experts the latent space
+        width = (
+            fc2.out_features
+            if fc2 is not None
+            else block.experts.down_proj.shape[-1 if block.experts.is_transposed else 1]
         )
+        probe = block(torch.zeros(1, 1, width), **ids_in)
         shared = next((getattr(block, k) for k in _SHARED if getattr(block, k, None) is not None), None)
         if shared is None:
             shared = _beside(hf, block)
@@ -346,7 +368,8 @@ def moe_neuron_rows(hf: Any) -> dict[int, torch.Tensor]:
                 if len(ins) < len(picks):  # a plain shared expert beside gated experts: a zero gate row
                     ins = [torch.zeros_like(ins[0])] + ins
                 rows.append(torch.cat([*ins, sh.down_proj.weight[:, j]]))
-        out[layer] = torch.stack(rows).detach()
+        width = max(r.numel() for r in rows)  # a latent MoE's routed rows (latent space) are narrower: zero-padded
+        out[layer] = torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows]).detach()
     return out
 
 
@@ -360,6 +383,11 @@ def split_values(hf: Any, layer: int, values: torch.Tensor) -> dict[str, torch.T
     routed = values[: n_exp * d].reshape(n_exp, d, -1)
     key = f"{name}.output_linear.weight" if _jetmoe(block) else f"{name}.experts.down_proj"
     out = {key: (routed if ex.is_transposed else routed.transpose(1, 2)).contiguous()}
+    if _latent_out(block) is not None:  # routed rows are fc2 @ latent columns: only the shared expert's are written
+        assert torch.allclose(values[: n_exp * d], ExpertsDown(block, sh).weight[: n_exp * d]), (
+            "a routed latent row changed"
+        )
+        out = {}
     if sh is not None:
         names = {id(p): n.replace("._original_component", "") for n, p in hf.named_parameters()}
         out[names[id(sh.down_proj.weight)]] = values[n_exp * d :].T.contiguous()
