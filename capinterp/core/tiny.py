@@ -185,6 +185,18 @@ _GRANITE_MULTIPLIERS = dict(
 
 # NemotronH's sizes besides its layers (Mamba-2: 4 heads x 16 = 2 x d_model; attention: 4 query heads of 8)
 _NEMOTRON_H = dict(head_dim=8, intermediate_size=48, mamba_num_heads=4, mamba_head_dim=16, n_groups=1, ssm_state_size=8)
+# NemotronH with experts: the four kinds in the config's default order (Mamba-2, experts, attention, MLP)
+_NEMOTRON_H_MOE = dict(
+    layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+    num_hidden_layers=4,
+    **_NEMOTRON_H,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    moe_shared_expert_intermediate_size=16,
+    n_group=1,
+    topk_group=1,
+)
 
 # Gemma 4's text model: a 4-token window on its sliding layers
 _GEMMA4 = dict(intermediate_size=96, head_dim=8, sliding_window=4)
@@ -445,31 +457,10 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # NemotronH (adapter and layer split: capinterp.core.one_sublayer): each layer one sublayer, the four kinds
     # in the config's default order: Mamba-2 mixer, experts (plain ReLU-squared experts and shared expert,
     # DeepSeek-V3's sigmoid routing), attention without positions, a plain MLP narrower than the experts' axis
-    "nemotron_h": dict(
-        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
-        num_hidden_layers=4,
-        **_NEMOTRON_H,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=16,
-        moe_shared_expert_intermediate_size=16,
-        n_group=1,
-        topk_group=1,
-    ),
+    "nemotron_h": _NEMOTRON_H_MOE,
     # Nemotron 3 Super's latent experts: the routed experts read a 16-wide projection of the residual
     # stream and write back through another (moe_latent_size; the router and the shared expert read it)
-    "nemotron_h_latent": dict(
-        layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
-        num_hidden_layers=4,
-        **_NEMOTRON_H,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=16,
-        moe_shared_expert_intermediate_size=16,
-        n_group=1,
-        topk_group=1,
-        moe_latent_size=16,
-    ),
+    "nemotron_h_latent": dict(_NEMOTRON_H_MOE, moe_latent_size=16),
     # the dense NemotronH layout (Nemotron-H 8B, Nemotron Nano 9B v2: Mamba-2, MLP and attention layers)
     "nemotron_h_dense": dict(
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"],
