@@ -33,6 +33,7 @@ from capinterp.circuits.forward import GraphRun, graph_mode, mean_outputs, run_g
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
 from capinterp.core.family import family_of, require_fixed_heads
+from capinterp.core.layer_extras import require_additive_layers
 from capinterp.core.model import attention_layers, require_attention_layers
 from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.position_mean import batch_rows
@@ -106,6 +107,7 @@ def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph
     ablation = validate.choice("ablation", ablation, HEAD_ABLATIONS)
     bs = validate.positive_int("batch_size", batch_size)
     require_fixed_heads(family_of(model), "attention-head patching")
+    require_additive_layers(model, "attention-head patching")  # a graph passed in skips Graph.from_model
     require_attention_layers(model, "attention-head patching")
     graph = graph or Graph.from_model(model)
     return _items(model, data), ablation, bs, graph

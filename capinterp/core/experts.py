@@ -37,7 +37,7 @@ its decoder layer adds beside the MoE block (one fused ``input_linear`` [gate | 
 forward as its shared expert, and that module's own forward then returns 0 (the layer's output is unchanged).
 DeepSeek-V4's hash layers route by the token ids, which its decoder layer hands the block and the
 forward passes to the router. NemotronH's latent experts read ``fc1(x)`` and write through ``fc2``: a
-routed neuron's value vector is ``fc2 @`` its column (writable only unchanged or as 0).
+routed neuron's value vector is ``fc2 @`` its column (writable only within fc2's range).
 At load each layer's forward is checked against the
 transformers block's own on random inputs (100 times larger where the experts clamp their inputs, so
 the clamps bite). What cannot be served this way (a layer without an FFN,
@@ -202,15 +202,13 @@ class ExpertBlock:
         # router reads three axes), as found at load (_checked); its choices flattened to one row per token
         r_in = hidden_states if self.router_3d else x
         extra_in: tuple = tuple(getattr(self.block, n) for n in self.router_args)
-        if self.by_token:
-            if input_ids is None or input_ids.numel() != x.shape[0]:
-                raise ValueError(
-                    f"layer {self.layer} routes each token by its id (hash routing), and this forward gave "
-                    f"{'no token ids' if input_ids is None else f'{input_ids.numel()} ids for {x.shape[0]} tokens'}: "
-                    "run the model on token ids"
-                )
-            extra_in = (input_ids, *extra_in)
-        routing = self.router(r_in, *extra_in)
+        if self.by_token and (input_ids is None or input_ids.numel() != x.shape[0]):
+            raise ValueError(
+                f"layer {self.layer} routes each token by its id (hash routing), and this forward gave "
+                f"{'no token ids' if input_ids is None else f'{input_ids.numel()} ids for {x.shape[0]} tokens'}: "
+                "run the model on token ids"
+            )
+        routing = self.router(r_in, *extra_in, **({_BY_TOKEN: input_ids} if self.by_token else {}))
         if len(routing) == 2:  # (scores over all experts, 0 where not chosen; logits): Llama 4's router
             scores, extra = routing
             weights, index = scores.reshape(x.shape[0], -1).topk(self.top_k, dim=-1)
@@ -500,7 +498,7 @@ def _router_args(where: str, block: Any, router: Any) -> tuple[str, ...]:
     and LFM2-MoE's expert score bias), read from the router's signature; refused where the block's own
     forward takes more than its input and the token ids (DeepSeek-V4's hash routing, which
     :class:`ExpertBlock` passes on), or the router takes something the block does not hold."""
-    extra = [n for n in _params(block.forward) if n != _BY_TOKEN]
+    extra = [p.name for p in list(inspect.signature(block.forward).parameters.values())[1:] if p.name != _BY_TOKEN]
     if extra:
         raise UnsupportedFamily(
             f"{where}: the MoE block ({type(block).__name__}) takes {extra} besides the layer's input and token ids "
@@ -551,10 +549,17 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
         width = int(spec.latent[0].in_features)
     x = torch.randn(2, 6, width, generator=gen)
     x = x.to(device=like.device, dtype=like.dtype)
-    if _clamps(spec):  # inputs large enough that the clamps bite, so a path without them fails here
-        x = x * 100.0
     ids = torch.randint(0, _vocab(spec.router), x.shape[:-1], generator=gen).to(like.device)
     by_token = {_BY_TOKEN: ids} if spec.by_token else {}
+    spec = _matched(where, spec, x, by_token)
+    if _clamps(spec):  # and on inputs large enough that the clamps bite, so a path without them fails here
+        _matched(where, spec, x * 100.0, by_token, fixed=True)
+    return spec
+
+
+def _matched(where: str, spec: ExpertBlock, x: Tensor, by_token: dict, fixed: bool = False) -> ExpertBlock:
+    """The first reading of the block's routing (``router_3d``, ``input_weighted``) whose forward on ``x``
+    reproduces the transformers block's (only ``spec``'s own where ``fixed``); refused where none does."""
     try:
         want = spec.block(x, **by_token)
         if spec.shared_beside is not None:  # the layer's FFN: the block, plus the shared MLP beside it
@@ -566,13 +571,14 @@ def _checked(where: str, spec: ExpertBlock, like: Tensor) -> ExpertBlock:
         ) from err
     spec = replace(spec, returns_scores=isinstance(want, tuple))
     want_t = want[0] if isinstance(want, tuple) else want
-    tol = max(1e-4, 16 * torch.finfo(like.dtype).eps) * max(1.0, float(want_t.abs().max()))
+    tol = max(1e-4, 16 * torch.finfo(x.dtype).eps) * max(1.0, float(want_t.abs().max()))
     from transformer_lens.hook_points import HookPoint
 
     found = []
     # the router's input as the block gives it (rows, or [batch, pos, d_model]), and where its weight
     # goes (the expert's output, or its input as in Llama 4): the first reading that reproduces the block
-    for router_3d, input_weighted in ((False, False), (True, False), (False, True), (True, True)):
+    readings = ((False, False), (True, False), (False, True), (True, True))
+    for router_3d, input_weighted in [(spec.router_3d, spec.input_weighted)] if fixed else readings:
         candidate = replace(spec, router_3d=router_3d, input_weighted=input_weighted)
         try:
             got = candidate.forward(HookPoint(), x, **by_token)
@@ -695,7 +701,9 @@ class ExpertValues:
             return
         spec, w = self.spec, self.spec.experts.down_proj
         n = spec.n_experts * spec.d_expert
-        if spec.latent is None or not _latent_rows(spec, torch.arange(n), values[:n]):
+        if spec.latent is not None:
+            _latent_rows(spec, torch.arange(n), values[:n])
+        else:
             routed = values[:n].reshape(spec.n_experts, spec.d_expert, -1)
             (w if spec.experts.is_transposed else w.transpose(1, 2)).copy_(routed.to(device=w.device, dtype=w.dtype))
         if spec.shared is not None:
@@ -711,8 +719,9 @@ class ExpertValues:
         spec, w = self.spec, self.spec.experts.down_proj
         routed = spec.n_experts * spec.d_expert
         mine = neurons < routed
-        if spec.latent is not None and _latent_rows(spec, neurons[mine], rows[mine.to(rows.device)]):
-            neurons, rows = neurons[~mine], rows[(~mine).to(rows.device)]  # the routed rows: unchanged, or zeroed
+        if spec.latent is not None:  # the routed rows through fc2's range, the rest below
+            _latent_rows(spec, neurons[mine], rows[mine.to(rows.device)])
+            neurons, rows = neurons[~mine], rows[(~mine).to(rows.device)]
         for i, row in zip(neurons.tolist(), rows):
             if i < routed:
                 e, j = divmod(i, spec.d_expert)
@@ -729,26 +738,31 @@ class ExpertValues:
         self.write(values.float() + delta.float().to(values.device))
 
 
-def _latent_rows(spec: ExpertBlock, neurons: Tensor, rows: Tensor) -> bool:
-    """Write value rows of a latent MoE's routed neurons (``fc2 @ column``: a ``d_model`` row is in reach
-    only within fc2's range): rows equal to the current ones are left, zero rows zero their columns;
-    any other row is refused (:class:`UnsupportedFamily`) before anything is written. True when handled."""
+def _latent_rows(spec: ExpertBlock, neurons: Tensor, rows: Tensor) -> None:
+    """Write value rows of a latent MoE's routed neurons. Such a row is ``fc2 @ column``, so a ``d_model``
+    row is in reach only within fc2's range: each row's column is the least-squares solution, and a row
+    that column does not reproduce (to 1e-4 of the row, 16-bit: 1e-2) is refused
+    (:class:`UnsupportedFamily`) before anything is written. Restoring, scaling and zeroing a row are
+    in reach; a new direction outside fc2's range is not."""
     assert spec.latent is not None
-    current = spec.values()[neurons.to(spec.experts.down_proj.device)]
-    same = (rows.to(current) == current).all(1)
-    zero = (rows == 0).all(1).to(same.device)
-    if not bool((same | zero).all()):
+    w, fc2 = spec.experts.down_proj, spec.latent[1].weight
+    a = fc2.detach().double()  # [d_model, latent]
+    want = rows.to(device=a.device, dtype=torch.float64)
+    cols = torch.linalg.lstsq(a, want.T).solution.T if want.numel() else want[:, : a.shape[1]]
+    tol = (1e-2 if w.dtype in (torch.float16, torch.bfloat16) else 1e-4) * want.norm(dim=1).clamp_min(1e-12)
+    off = (cols @ a.T - want).norm(dim=1)
+    if bool((off > tol).any()):
         raise UnsupportedFamily(
             f"layer {spec.layer}: a latent expert's value vector is fc2_latent_proj @ its column of the expert's "
-            "down projection, so a new d_model vector can be written only within fc2's range; capinterp writes "
-            "such rows only unchanged or as 0 (erasing), and refuses this edit"
+            f"down projection, so a d_model vector can be written only within fc2's range (latent width "
+            f"{a.shape[1]}); {int((off > tol).sum())} of these rows are not (off by up to {float((off / tol).max()):.3g} "
+            "times the tolerance), and the edit is refused"
         )
-    w = spec.experts.down_proj
     with torch.no_grad():
-        for i in neurons[zero.cpu() & ~same.cpu()].tolist():
+        for i, col in zip(neurons.tolist(), cols):
             e, j = divmod(i, spec.d_expert)
-            (w[e, j] if spec.experts.is_transposed else w[e, :, j]).zero_()
-    return True
+            target = w[e, j] if spec.experts.is_transposed else w[e, :, j]
+            target.copy_(col.to(device=target.device, dtype=target.dtype))
 
 
 def _pick(idx: Tensor, lo: int, hi: int) -> Tensor:

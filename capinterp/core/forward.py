@@ -41,7 +41,8 @@ def collapse_streams(model: Model, h: torch.Tensor) -> torch.Tensor:
     """The last block's output as the final norm reads it: ``h`` itself (``[..., pos, d_model]``), or, on a
     model whose residual is several streams (DeepSeek-V4's hyper-connections: ``[..., pos, n_streams,
     d_model]``), the model's own collapse of them (``hc_head``: learned, input-dependent weights)."""
-    if h.ndim <= 3 or h.shape[-2] != family_of(model).residual_streams:
+    streams = family_of(model).residual_streams
+    if h.ndim <= 3 or streams <= 1 or h.shape[-2] != streams:
         return h
     return model.hc_head(h)
 

@@ -80,6 +80,19 @@ def _write(model: Model, layer: int, idx: torch.Tensor, values: torch.Tensor) ->
     down_projection(model, layer).write_rows(idx, values)
 
 
+def _no_latent(model: Model, what: str, layers: Any = None) -> None:
+    """Refuse ``what`` (writing new value vectors) where the routed experts of ``layers`` (every layer by
+    default) work in a latent space, before anything is written."""
+    latent = [l for l in latent_layers(model) if layers is None or l in layers]
+    if latent:
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"{fam.name} ({fam.architecture}): {what} writes new value vectors, and the routed experts of "
+            f"layers {latent} work in a latent space (a value vector is fc2_latent_proj @ the expert's own column, "
+            "so a d_model vector is in reach only within fc2's range); erase the neurons instead (capinterp.erase)"
+        )
+
+
 @dataclass
 class KnowledgeEdit:
     """One edit: which neurons get which value vectors, and what it did (``metrics``, ``records``)."""
@@ -99,6 +112,7 @@ class KnowledgeEdit:
     def apply(self, model: Model) -> Iterator[Any]:
         """Write the new value vectors into ``model``; restore the exact old ones on exit."""
         check_neurons(model, self.neurons)
+        _no_latent(model, "a knowledge edit", self.values)
         saved = {l: _rows(model, l, idx) for l, (idx, _) in self.values.items()}
         with restoring(model):  # the old rows go back exactly: the fingerprint stays valid
             try:
@@ -112,6 +126,7 @@ class KnowledgeEdit:
     def apply_permanently(self, model: Model) -> Any:
         """Write the edit into ``model`` for good; returns the model."""
         check_neurons(model, self.neurons)
+        _no_latent(model, "a knowledge edit", self.values)
         for l, (idx, new) in self.values.items():
             _write(model, l, idx, new)
         return model
@@ -313,13 +328,7 @@ def edit_knowledge(
     """
     _check_args(selection, mode, direction, lambdas)
     validate.model(model)
-    if latent := latent_layers(model):  # before any localization
-        fam = family_of(model)
-        raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}): edit_knowledge writes new value vectors, and the routed experts of "
-            f"layers {latent} work in a latent space (a value vector is fc2_latent_proj @ the expert's own column, "
-            "so a d_model vector is in reach only within fc2's range); erase the neurons instead (capinterp.erase)"
-        )
+    _no_latent(model, "edit_knowledge")  # before any localization
     query_index = validate.integer("query_index", query_index)
     batch_size = validate.positive_int("batch_size", batch_size)
     for flag, value in (("signed", signed), ("inplace", inplace), ("evaluate", evaluate)):

@@ -411,7 +411,18 @@ def _batch_layout(model: Model) -> bool:
 _SHARED_KV = "shared_kv_states"
 
 
-def _shared_rows(shared: dict, clean: dict, R: int, S: int, batch: bool) -> dict:
+def _shared_store() -> Any:
+    """An empty store of shared keys and values of transformers' own type (``KVSharingDict``, which
+    accelerate moves in place between devices, where a plain dict would be copied and the keys a layer
+    stores lost), a dict where transformers has none."""
+    try:
+        from transformers.cache_utils import KVSharingDict
+    except ImportError:  # a transformers without KV sharing
+        return {}
+    return KVSharingDict()
+
+
+def _shared_rows(shared: Any, clean: Any, R: int, S: int, batch: bool) -> Any:
     """``shared`` (the stair's own store, which its producer layers write) with keys and values for
     all ``R`` rows: a producer that ran in the stair stored them for the rows present then (the
     first ones: rows join at the end); the rows that joined after it, or every row where the producer
@@ -474,7 +485,7 @@ def stair_logits(
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
     batch = _batch_layout(model)
-    shared: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # KV-sharing layers' keys and values, these rows
+    shared = _shared_store()  # KV-sharing layers' keys and values, these rows
     hooks = [
         (
             neuron_hook(l),

@@ -132,13 +132,32 @@ def projection(model: Model, layer: int, w_u: Float[Tensor, "d_model n"]) -> Flo
         return (w_out @ w_u).float()
 
 
+def layer_scales(model: Model) -> list[float]:
+    """Per layer, the product of the scales the residual stream takes from that layer's end to the
+    final norm (Gemma 4's ``layer_scalar``, which multiplies the whole residual after each layer, the
+    layer's own MLP output included); 1 where the model has none."""
+    from capinterp.core.gated_mlp import unwrap
+
+    own = []
+    for b in model.blocks:
+        s = getattr(unwrap(b), "layer_scalar", None)
+        own.append(float(s.float().prod()) if isinstance(s, torch.Tensor) else 1.0)
+    out, acc = [0.0] * len(own), 1.0
+    for l in reversed(range(len(own))):
+        acc *= own[l]
+        out[l] = acc
+    return out
+
+
 def direct_gain(model: Model) -> float:
     """The linear factors between a neuron's down-projection output and the logits that the
     weights do not hold: the family's residual multiplier (Granite scales every MLP output
     before it joins the residual), its FFN output multiplier (Falcon-H1's down multiplier) and its
     logit multiplier (Cohere's logit_scale, Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier). With them a DCSN score is the neuron's direct effect on the target
-    logit (before a final soft-cap); the paper's ``W_out W_U`` (ALGORITHMS.md 5.1) is silent on
-    them, and for families without them the factor is 1."""
+    logit (before a final soft-cap; Gemma 4's layer scales come on top, :func:`layer_scales`); the
+    paper's ``W_out W_U`` (ALGORITHMS.md 5.1) is silent on them, and for families without them the
+    factor is 1. On DeepSeek-V4, whose residual is four streams mixed by input-dependent weights, no
+    fixed factor makes it the direct effect: the score there is the paper's static one."""
     fam = family_of(model)
     return fam.residual_multiplier * fam.ffn_multiplier * fam.logit_multiplier
 
@@ -163,10 +182,10 @@ def per_sample_scores(
         tok = logits.argmax(-1)
     w_u = unembed_columns(model, tok)
     out = torch.empty_like(acts)
-    gain = direct_gain(model)
+    gain, later = direct_gain(model), layer_scales(model)
     for l in range(acts.shape[1]):
         proj = projection(model, l, w_u).T if fold is None else folded_projection(model, l, w_u, fold, scales)
-        out[:, l] = acts[:, l] * proj.to(acts.device) * gain
+        out[:, l] = acts[:, l] * proj.to(acts.device) * (gain * later[l])
     return out, tok, logits.argmax(-1)
 
 

@@ -116,22 +116,25 @@ def test_latent_experts_value_vectors_are_fc2_of_their_columns():
     assert torch.equal(got[want.shape[0] :], shared)
 
 
-def test_latent_value_writes_only_unchanged_or_zero():
-    """A d_model row is in fc2's reach only within its range: a new row is refused before anything is
-    written; an unchanged row and a zero row (erasing) are written."""
+def test_latent_value_writes_reach_only_fc2s_range():
+    """A d_model row is in fc2's reach only within its range: a row outside it is refused before anything
+    is written; zeroing a row, restoring it and scaling it are written (through the column that fc2 maps
+    to the row), and a shared-expert row as given."""
     from capinterp.core.weights import down_projection
 
     model, _, _ = _load("nemotron_h_latent")
     proj = down_projection(model, 1)
     before = proj.values()
-    with pytest.raises(UnsupportedFamily, match="latent expert's value vector"):
-        proj.write_rows(torch.tensor([0, 1]), before[:2] + 1.0)
-    assert torch.equal(proj.values(), before)
-    proj.write_rows(torch.tensor([0, 1, 70]), torch.stack([before[0], torch.zeros_like(before[1]), before[70] * 2]))
+    with pytest.raises(UnsupportedFamily, match="only within fc2's range"):
+        proj.write_rows(torch.tensor([0, 70]), torch.stack([before[0] + 1.0, before[70] * 2]))
+    assert torch.equal(proj.values(), before)  # nothing written, the shared row included
+    proj.write_rows(torch.tensor([0, 1, 70]), torch.stack([before[0] * 3, torch.zeros_like(before[1]), before[70] * 2]))
     after = proj.values()
-    assert torch.equal(after[0], before[0]) and after[1].abs().max() == 0
-    assert torch.allclose(after[70], 2 * before[70])  # a shared-expert row: written as given
+    assert torch.allclose(after[0], 3 * before[0], atol=1e-5) and after[1].abs().max() < 1e-6
+    assert torch.allclose(after[70], 2 * before[70])
     assert torch.equal(after[2:64], before[2:64])
+    proj.write_rows(torch.tensor([1]), before[1:2])  # an erased row restored
+    assert torch.allclose(proj.values()[1], before[1], atol=1e-5)
 
 
 def test_latent_layers_refuse_routed_edits_before_any_work_and_edit_the_shared_expert():

@@ -18,6 +18,7 @@ import torch
 
 from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
+from capinterp.testing.family_checks._hf import decoder_layers
 from capinterp.testing.family_checks._hf_ig import (
     clean_down_inputs,
     down_weight,
@@ -181,12 +182,16 @@ def check_dcsn(family: str) -> None:
     if getattr(cfg, "logits_scaling", None):
         mult /= float(cfg.logits_scaling)
     want = torch.zeros(fam.n_layers, fam.d_mlp, dtype=torch.float64)
+    # Gemma 4 scales the whole residual after each layer: a neuron's direct path takes its own layer's
+    # scale and every later one's
+    scalars = [float(getattr(layer, "layer_scalar", torch.ones(1)).double().prod()) for layer in decoder_layers(hf)]
     for item in items:
         ids, t = _ids(item)
         acts = clean_down_inputs(hf, ids, fam.d_mlp)
         for l in range(fam.n_layers):
             proj = down_weight(hf, l, fam.d_mlp).double() @ w_u[t]  # [the layer's own neurons]
-            want[l, : proj.shape[0]] += acts[l][-1].double() * proj * mult / len(items)
+            later = float(torch.tensor(scalars[l:], dtype=torch.float64).prod())
+            want[l, : proj.shape[0]] += acts[l][-1].double() * proj * mult * later / len(items)
     _close(got, want, f"{family} DCSN", hf, rel=1e-5)
 
 
