@@ -22,7 +22,17 @@ from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.gated_mlp import unwrap
 from capinterp.core.protocol import Model
 
-__all__ = ["layer_extras", "require_additive_layers"]
+__all__ = ["layer_extras", "layer_scalars", "require_additive_layers"]
+
+
+def layer_scalars(model: Model) -> list[float]:
+    """Each layer's scale of the whole residual stream at its end (Gemma 4's ``layer_scalar``, a
+    one-element buffer); 1 where a layer has none."""
+    out = []
+    for b in model.blocks:
+        s = getattr(unwrap(b), "layer_scalar", None)
+        out.append(float(s.float().prod()) if isinstance(s, torch.Tensor) else 1.0)
+    return out
 
 
 def layer_extras(model: Model) -> list[str]:
@@ -30,11 +40,7 @@ def layer_extras(model: Model) -> list[str]:
     their attention (or mixer) and FFN; empty where there are none."""
     layers = [unwrap(b) for b in model.blocks]
     ple = [l for l, layer in enumerate(layers) if getattr(layer, "per_layer_input_gate", None) is not None]
-    scaled = [
-        l
-        for l, layer in enumerate(layers)
-        if isinstance(s := getattr(layer, "layer_scalar", None), torch.Tensor) and bool((s != 1).any())
-    ]
+    scaled = [l for l, s in enumerate(layer_scalars(model)) if s != 1.0]
     found = []
     streams = family_of(model).residual_streams
     if streams > 1:

@@ -53,7 +53,7 @@ class NeuronParam:
 
     On a mixture-of-experts layer a neuron's entries are spread over the experts' 3-D weights:
     ``where`` maps flat neuron indices to the index of their entries
-    (:func:`capinterp.core.experts.owned_entries`) and ``axis`` is -1.
+    (:func:`capinterp.core.expert_weights.owned_entries`) and ``axis`` is -1.
     """
 
     layer: int
@@ -148,7 +148,8 @@ def neuron_params(model: Model, layers: Any = None) -> list[NeuronParam]:
 
 
 def _expert_params(model: Model, names: dict[int, str], layers: Any) -> list[NeuronParam]:
-    from capinterp.core.experts import expert_block, owned_entries
+    from capinterp.core.expert_weights import owned_entries
+    from capinterp.core.experts import expert_block
 
     out: list[NeuronParam] = []
     for layer in range(int(model.cfg.n_layers)) if layers is None else layers:

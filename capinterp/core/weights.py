@@ -24,7 +24,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from capinterp.core.experts import DenseBlock, ExpertValues, expert_block
+from capinterp.core.expert_weights import ExpertValues
+from capinterp.core.experts import DenseBlock, expert_block
 from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 
@@ -79,7 +80,7 @@ def _stored_orientation(module: Any, weight: Tensor, d_mlp: int, d_model: int) -
 
 def down_projection(model: Model, layer: int) -> DownProjection | ExpertValues:
     """Layer ``layer``'s down projection of a loaded model (bridge or TransformerLens-native); on a
-    mixture-of-experts model, all its experts' (:class:`capinterp.core.experts.ExpertValues`)."""
+    mixture-of-experts model, all its experts' (:class:`capinterp.core.expert_weights.ExpertValues`)."""
     n_layers = len(model.blocks)
     if not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")

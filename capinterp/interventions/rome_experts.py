@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from capinterp.core import validate
-from capinterp.core.experts import DenseBlock, ExpertBlock, ExpertValues, latent_layers
+from capinterp.core.expert_weights import ExpertValues
+from capinterp.core.experts import DenseBlock, ExpertBlock, latent_layers
 from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 from capinterp.core.weights import down_projection

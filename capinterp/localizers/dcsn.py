@@ -136,12 +136,9 @@ def layer_scales(model: Model) -> list[float]:
     """Per layer, the product of the scales the residual stream takes from that layer's end to the
     final norm (Gemma 4's ``layer_scalar``, which multiplies the whole residual after each layer, the
     layer's own MLP output included); 1 where the model has none."""
-    from capinterp.core.gated_mlp import unwrap
+    from capinterp.core.layer_extras import layer_scalars
 
-    own = []
-    for b in model.blocks:
-        s = getattr(unwrap(b), "layer_scalar", None)
-        own.append(float(s.float().prod()) if isinstance(s, torch.Tensor) else 1.0)
+    own = layer_scalars(model)
     out, acc = [0.0] * len(own), 1.0
     for l in reversed(range(len(own))):
         acc *= own[l]
