@@ -40,8 +40,8 @@ __all__ = [
 # layer kinds besides softmax attention (transformers' layer_types) that a hybrid model may have and capinterp
 # serves: "linear_attention" (Qwen3-Next's gated delta net; transformers also calls Mamba layers so: Bamba,
 # Jamba, GraniteMoE-Hybrid), "conv" (LFM2's short convolution), "hybrid" (Falcon-H1: attention and Mamba side
-# by side). Neuron methods run there (IG takes route "loop": such a layer carries a recurrent or convolution
-# state, not a key/value cache); methods that need attention in every layer refuse (require_attention)
+# by side). Neuron methods run there (IG's fast route continues each row from a copy of the prefix's recurrent
+# or convolution state, capinterp.kernels.prefix); methods that need attention in every layer refuse (require_attention)
 SERVED_MIXERS = ("linear_attention", "conv", "hybrid", "mlp", "moe")
 
 # layer kinds with an FFN and no mixer (NemotronH's "mlp" and "moe" layers: each of its layers is one

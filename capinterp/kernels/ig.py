@@ -488,7 +488,7 @@ def _ig_rows(
     try:
         run = _prefix.clean_suffix(model, s.seq, s.p0, keep_cache=route == "prefix")
     except _prefix.NoCache as err:
-        warnings.warn(f"no KV cache to reuse ({err}); IG uses route='loop'", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"the prompt prefix is not reused ({err}); IG uses route='loop'", RuntimeWarning, stacklevel=3)
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + len(lay) * len(alphas)
         return _ig_loop(model, s, lay, alphas, weights, base, objective, batch_size)

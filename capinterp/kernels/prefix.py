@@ -20,6 +20,11 @@ every layer below the replaced one is identical to the clean run, so it is compu
    folded like the mask. Attention that windows by absolute position inside the module
    (GPT-Neo's local layers, the family record's ``module_window``) would be cut by the folded
    positions: there the rows go in the batch dimension instead, each reading the prefix K/V.
+   A hybrid's rows go in the batch dimension too, and each block call gets a fresh copy of the
+   prefix's cache for its layer repeated per row (a Mamba, linear-attention or convolution mixer's
+   state, which the mixer advances in place); its suffix runs at explicit positions, and
+   :func:`clean_suffix` checks that continuing from the prefix's state gives the full forward's
+   logits (transformers' continuation is not exact on every family).
    :func:`stair_supported` checks on each model that this reproduces the model's own logits.
 3. :func:`bridge_logits` (route "prefix") is the plain bridge route: a widened copy of the
    prefix cache and ``run_with_hooks(suffix, past_key_values=...)``; every row runs every
@@ -31,6 +36,7 @@ Logits are only ever computed at the suffix positions, which are all read.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -69,7 +75,8 @@ class CleanSuffix:
     resid: list[torch.Tensor] = field(default_factory=list)  # per block: input hidden [1, S, d]
     calls: list[tuple[tuple, dict]] = field(default_factory=list)  # per block: (args, kwargs) minus hidden
     prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    cache: Any = None  # pristine prefix cache (only kept for the bridge route)
+    cache: Any = None  # pristine prefix cache (kept for the bridge route, and on hybrids for their mixers' state)
+    positions: torch.Tensor | None = None  # [1, S] position ids given to a hybrid's continuation (else the model's)
     memo: dict = field(default_factory=dict)  # folded masks / rotary tables by (source id, rows)
 
     @property
@@ -164,28 +171,46 @@ def _split_call(block, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, 
     return hidden, rest, kwargs
 
 
-def unshared_state(model: Model) -> str | None:
-    """Why a prompt prefix's state cannot be reused for other rows or continued from, or None: a hybrid's
-    mixers carry a recurrent or convolution state (transformers' own continuation from it is not exact on
-    every family), and DeepSeek-V4's attention compresses its keys and values into a cache of its own."""
+def mixer_state(model: Model) -> str | None:
+    """Why a hybrid's prompt prefix is more than keys and values, or None: its mixers (Mamba, linear
+    attention, short convolutions) carry a recurrent or convolution state of their own."""
     from capinterp.core.family import family_of, layer_kinds
 
     fam = family_of(model)
-    if fam.hybrid_layers:
-        return (
-            f"{fam.name}'s layers include {layer_kinds(fam)}: the mixers carry a state of their own (recurrent or "
-            "convolution), not a key/value cache that the rows could share"
-        )
+    if not fam.hybrid_layers:
+        return None
+    return (
+        f"{fam.name}'s layers include {layer_kinds(fam)}: the mixers carry a state of their own (recurrent or "
+        "convolution), not a key/value cache that the rows could share"
+    )
+
+
+def compressed_state(model: Model) -> str | None:
+    """Why a prompt prefix's attention cache cannot be reused, or None: DeepSeek-V4's attention compresses
+    its keys and values into a cache of its own (a compressor's buffered blocks beside them)."""
     compressed = [
         l for l, b in enumerate(model.blocks) if getattr(unwrap(getattr(b, "attn", None)), "compressor", None)
     ]
-    if compressed:
-        return (
-            f"{fam.name}'s attention in layers {compressed} compresses its keys and values into a cache of its own "
-            "(a compressor's buffered blocks beside the keys and values): a state of their own, not a key/value "
-            "cache that the rows could share"
-        )
-    return None
+    if not compressed:
+        return None
+    return (
+        f"{family_name(model)}'s attention in layers {compressed} compresses its keys and values into a cache of its "
+        "own (a compressor's buffered blocks beside the keys and values): a state of their own, not a key/value "
+        "cache that the rows could share"
+    )
+
+
+def unshared_state(model: Model) -> str | None:
+    """Why a prompt prefix's state is not simply continued from (gradient x activation, causal tracing), or
+    None: :func:`mixer_state` or :func:`compressed_state`. IG's routes continue a hybrid's mixer state, checked
+    on every prompt against the full forward (:func:`clean_suffix`)."""
+    return mixer_state(model) or compressed_state(model)
+
+
+def family_name(model: Model) -> str:
+    from capinterp.core.family import family_of
+
+    return family_of(model).name
 
 
 #: key of a recorded call's kwargs naming the parameter the block takes its KV cache under
@@ -194,15 +219,19 @@ _CACHE_ARG = "__capinterp_cache_arg__"
 
 def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
-    if why := unshared_state(model):  # decided by the architecture, before any work
+    if why := compressed_state(model):  # decided by the architecture, before any work
         raise NoCache(f"{why} (docs/models.md, 'IG's fast route by family')")
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)
     n_layers = len(model.blocks)
     S = tokens.shape[1] - p0
+    stateful = mixer_state(model) is not None
+    # a hybrid continues from its prefix's mixer state, at explicit positions: some families (Bamba) count
+    # positions from 0 in a forward given a cache without them
+    positions = torch.arange(p0, p0 + S, device=device)[None] if stateful else None
     with torch.no_grad():
         cache = _prefix_forward(model, tokens[:, :p0]) if p0 > 0 else None
-        pristine = copy.deepcopy(cache) if keep_cache and cache is not None else None
+        pristine = copy.deepcopy(cache) if (keep_cache or stateful) and cache is not None else None
         prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if cache is not None:
             real_update = cache.update
@@ -237,10 +266,13 @@ def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_ca
                 tokens[:, p0:],
                 past_key_values=cache,
                 fwd_hooks=[(neuron_hook(l), functools.partial(grab, l)) for l in range(n_layers)],
+                **({} if positions is None else {"position_ids": positions}),
             )
         finally:
             for h in handles:
                 h.remove()
+        if stateful and p0 > 0:
+            _check_continuation(model, tokens, logits[0, -S:], acts[0].dtype)
     if any(a is None for a in acts):
         raise RuntimeError("some hook_post hooks did not fire on the suffix run")
     return CleanSuffix(
@@ -251,7 +283,39 @@ def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_ca
         calls=calls,
         prefix_kv=prefix_kv,
         cache=pristine,
+        positions=positions,
     )
+
+
+def _tolerance(ref: torch.Tensor, rtol: float, dtype: torch.dtype) -> float:
+    """``rtol`` times the largest logit of ``ref`` for a model computing in float32; in half precision
+    (``dtype``: the activations', not the logits': some models upcast their logits) 4 units of the
+    dtype's resolution instead (two bfloat16 roundings of a logit near 25 differ by 0.25, which a
+    float32 tolerance would call a broken route)."""
+    if dtype in (torch.bfloat16, torch.float16):
+        rtol = max(rtol, 4 * torch.finfo(dtype).eps)
+    return rtol * max(1.0, ref.float().abs().max().item())
+
+
+def _check_continuation(
+    model: Model, tokens: torch.Tensor, logits: torch.Tensor, dtype: torch.dtype, rtol: float = 1e-4
+) -> None:
+    """NoCache unless the suffix's logits, continued from the prefix's mixer state, are the full forward's.
+
+    transformers' continuation is exact on most hybrids, but not on all: Jamba's Mamba layers start a
+    scan of more than one token from a zero state (its torch scan takes no initial state), off by 0.4-1.2
+    in logits on the tiny model. One forward per prompt, against the many rows IG runs from it.
+    """
+    S = logits.shape[0]
+    try:
+        full = model(tokens, return_type="logits", logits_to_keep=S)[0, -S:]
+    except TypeError:  # a model whose forward has no logits_to_keep
+        full = model(tokens, return_type="logits")[0, -S:]
+    if (logits.float() - full.float()).abs().max().item() > _tolerance(full, rtol, dtype):
+        raise NoCache(
+            f"transformers' continuation of {family_name(model)}'s mixer state over "
+            f"{'more than one token' if S > 1 else 'one token'} does not reproduce its full forward"
+        )
 
 
 def _replace_rows(z: torch.Tensor, start: int, act: torch.Tensor, hook) -> torch.Tensor:
@@ -400,10 +464,41 @@ def _map_tables(pe: Any, fn: Any) -> Any:
 def _batch_layout(model: Model) -> bool:
     """Rows in the batch dimension instead of folded into the sequence: for attention modules that
     apply a window by absolute position themselves (the family record's ``module_window``), which
-    the folded positions would cut. Every row then reads a per-row view of the prefix K/V."""
+    the folded positions would cut. Every row then reads a per-row view of the prefix K/V. (A hybrid's
+    rows go there too, :func:`stair_logits`: its mixers' state would pass from row to row in one sequence.)"""
     from capinterp.core.family import family_of
 
     return family_of(model).module_window is not None
+
+
+def _state_rows(cache: Any, j: int, R: int) -> Any:
+    """The prefix cache for block ``j``'s call on ``R`` rows: a shallow copy whose layer ``j`` is a fresh copy
+    of the prefix's (its keys and values, its mixer's conv and recurrent states) repeated ``R`` times, which
+    the call writes into; every other layer is the pristine prefix's, untouched."""
+    rows = copy.copy(cache)
+    rows.layers = list(cache.layers)
+    layer = copy.deepcopy(cache.layers[j])
+    layer.reorder_cache(torch.zeros(R, dtype=torch.long))
+    rows.layers[j] = layer
+    return rows
+
+
+@contextlib.contextmanager
+def _saved_states(cache: Any, j: int):
+    """Autograd keeps a copy of layer ``j``'s mixer states wherever the forward saves one for its backward.
+
+    A mixer writes its new state into the cache's tensor in place (transformers' Mamba-2 decode step:
+    ``state * dA`` saves ``state``, then ``state.copy_(...)``), which would fail the backward of a row whose
+    gradient passes through that product (Falcon-H1, a Mamba mixer in every layer)."""
+    layer = cache.layers[j]
+    states = [*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values()]
+    ptrs = {t.untyped_storage().data_ptr() for t in states if isinstance(t, torch.Tensor)}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        return t.clone() if t.untyped_storage().data_ptr() in ptrs else t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
 
 
 #: the keyword under which a layer reads keys and values an earlier layer stored in the same forward
@@ -484,7 +579,7 @@ def stair_logits(
     joining = dict(groups)
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
-    batch = _batch_layout(model)
+    batch = _batch_layout(model) or run.positions is not None  # a hybrid's rows: each its own mixer state
     shared = _shared_store()  # KV-sharing layers' keys and values, these rows
     hooks = [
         (
@@ -512,7 +607,14 @@ def stair_logits(
                 kwargs[_SHARED_KV] = _shared_rows(shared, kwargs[_SHARED_KV], R, run.n_pos, batch)
             cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
             x = rearrange(h, "1 (r s) ... -> r s ...", r=R) if batch else h
-            out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
+            if run.positions is None:  # keys and values only: every row reads the one recorded prefix
+                out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
+            elif run.cache is None:  # a hybrid's rows with no prefix: nothing to continue from
+                out = model.blocks[j](x, *args, **kwargs, **{cache_arg: None})
+            else:
+                rows_cache = _state_rows(run.cache, j, R)
+                with _saved_states(rows_cache, j):
+                    out = model.blocks[j](x, *args, **kwargs, **{cache_arg: rows_cache})
             h = out[0] if isinstance(out, (tuple, list)) else out
             if batch:
                 h = rearrange(h, "r s ... -> 1 (r s) ...")
@@ -527,25 +629,27 @@ def bridge_logits(
 ) -> Float[torch.Tensor, "R S V"]:
     """Same contract as :func:`stair_logits`, through ``run_with_hooks`` with a widened prefix cache."""
     rows = sum(z.shape[0] for _, z in groups)
-    cache = None
+    cache, positions = None, {}
     if run.cache is not None:
         cache = copy.deepcopy(run.cache)  # a forward extends the cache in place: fresh copy per chunk
-        cache.batch_repeat_interleave(rows)
+        if run.positions is None:
+            cache.batch_repeat_interleave(rows)
+        else:  # a hybrid's: every layer's keys and values and mixer states (no batch_repeat_interleave there)
+            cache.reorder_cache(torch.zeros(rows, dtype=torch.long))
+            positions = {"position_ids": run.positions.expand(rows, -1)}
     hooks, start = [], 0
     for l, z in groups:
         hooks.append((neuron_hook(l), functools.partial(_replace_rows, z, start)))
         start += z.shape[0]
-    logits = model.run_with_hooks(run.suffix.expand(rows, -1), past_key_values=cache, fwd_hooks=hooks)
+    logits = model.run_with_hooks(run.suffix.expand(rows, -1), past_key_values=cache, fwd_hooks=hooks, **positions)
     return logits[:, -run.suffix.shape[1] :]
 
 
 def stair_supported(model: Model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     """Do direct block calls reproduce the model's own clean logits on this run?
 
-    Tolerance: ``rtol`` (float32) times the largest logit; in half precision 4 units of the
-    dtype's resolution instead (two bfloat16 roundings of a logit near 25 differ by 0.25, which
-    a float32 tolerance would call a broken route: the fast route then fell back to the slower
-    prefix route on every short prompt of SmolLM2 and Gemma 3 in bfloat16).
+    Tolerance: :func:`_tolerance` (with a float32 tolerance in bfloat16 the fast route fell back to the
+    slower prefix route on every short prompt of SmolLM2 and Gemma 3).
     """
     # rows joining at the first blocks and at the last (which reads, say, an earlier layer's shared keys)
     layers = sorted({*range(min(2, len(run.acts))), len(run.acts) - 1})
@@ -556,9 +660,7 @@ def stair_supported(model: Model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     except Exception:
         return False
     ref = run.logits.float()
-    if run.logits.dtype in (torch.bfloat16, torch.float16):
-        rtol = max(rtol, 4 * torch.finfo(run.logits.dtype).eps)
-    tol = rtol * max(1.0, ref.abs().max().item())
+    tol = _tolerance(run.logits, rtol, run.acts.dtype)
     return logits.shape[1:] == ref.shape and bool((logits.float() - ref).abs().max() <= tol)
 
 

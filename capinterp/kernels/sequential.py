@@ -159,7 +159,9 @@ def _fast(
             with torch.no_grad():
                 run = _prefix.clean_suffix(model, tokens[0], t)
         except _prefix.NoCache as err:
-            warnings.warn(f"no KV cache to reuse ({err}); SIG uses route='loop'", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"the prompt prefix is not reused ({err}); SIG uses route='loop'", RuntimeWarning, stacklevel=3
+            )
             return None
         if ti == 0 and not _prefix.stair_supported(model, run):
             warnings.warn(

@@ -100,7 +100,7 @@ def check_ig_fast_route(family: str) -> None:
     routes = [str(w.message) for w in caught if "route" in str(w.message) or "KV cache" in str(w.message)]
     for j, item in enumerate(items):
         _close(got[j], _ig_ref(hf, item, d_mlp), f"{family} fast IG, prompt {j}", hf)
-    if _prefix.unshared_state(model):  # the route cannot run there (the scores above are the loop route's): said
+    if _prefix.compressed_state(model):  # the route cannot run there (the scores above are the loop route's): said
         assert routes and all("state of their own" in r and "route='loop'" in r for r in routes), routes
         raise UnsupportedFamily(f"{family}: {routes[0]}")
     assert not routes, f"{family}: the fast route fell back: {routes[0]}"
