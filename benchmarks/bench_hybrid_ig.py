@@ -1,12 +1,12 @@
-"""IG's fast route on hybrid models (Mamba, linear-attention, short-convolution layers) against the loop route.
+"""IG's fast route where the prompt prefix leaves a state of its own, against the loop route.
 
     .venv/bin/python benchmarks/bench_hybrid_ig.py --threads 2
     .venv/bin/python benchmarks/bench_hybrid_ig.py --families bamba,lfm2 --n 2 --layers 8 --width 128
 
-On a hybrid the fast route continues every row from a copy of the prompt prefix's mixer state
-(recurrent and convolution states beside the attention layers' keys and values) and runs only the
-scaled positions through the layers from the row's own up; the loop route runs every row over the
-whole sequence. Tiny random models of each family (``capinterp.core.tiny.tiny_hf``, widened with
+On a hybrid (Mamba, linear-attention, short-convolution layers) and on DeepSeek-V4 (compressed
+attention) the fast route continues every row from a copy of the prompt prefix's cache (recurrent
+and convolution states, compressed blocks, keys and values) and runs only the scaled positions
+through the layers from the row's own up; the loop route runs every row over the whole sequence. Tiny random models of each family (``capinterp.core.tiny.tiny_hf``, widened with
 ``--width`` / deepened with ``--layers`` where given), the few-shot arithmetic prompts of
 ``bench_ig.py`` (about 30 tokens), steps 20, all layers, KN's position (the last prompt token). Both
 routes run in one process, interleaved prompt by prompt; printed per family: seconds per prompt of
@@ -34,7 +34,7 @@ from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
 from capinterp.kernels.ig_config import IGConfig
 
-FAMILIES = "qwen3_next,bamba,jamba,falcon_h1,lfm2,granitemoehybrid,nemotron_h"
+FAMILIES = "qwen3_next,bamba,jamba,falcon_h1,lfm2,granitemoehybrid,nemotron_h,deepseek_v4"
 
 
 def _model(family: str, layers: int | None, width: int | None):
@@ -43,7 +43,7 @@ def _model(family: str, layers: int | None, width: int | None):
         over["hidden_size"] = width
     if layers:  # repeat the tiny model's own layer pattern
         base = TINY_FAMILIES[family]
-        for key in ("layer_types", "layers_block_type"):
+        for key in ("layer_types", "layers_block_type", "mlp_layer_types"):
             if isinstance(base.get(key), list):
                 over[key] = (base[key] * layers)[:layers]
         over["num_hidden_layers"] = layers

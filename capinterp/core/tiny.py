@@ -410,12 +410,17 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek_v3": {**_DEEPSEEK_MOE, **_MLA},
     # DeepSeek-V4: four residual streams (hyper-connections), compressed attention, layer 0 routed by a
     # token id -> experts table (hash routing, drawn by tiny_hf), layer 1 by its gate; SwiGLU clamped at 10
+    # DeepSeek-V4: compressed sparse attention (a block of 4 keys compressed into one, an indexer picking
+    # blocks) then heavily compressed attention (blocks of 8 here, 128 in the real model), so that prompts of
+    # ten tokens compress in both layers
     "deepseek_v4": dict(
         moe_intermediate_size=48,
         num_local_experts=4,
         num_experts_per_tok=2,
         head_dim=8,
         mlp_layer_types=["hash_moe", "moe"],
+        layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
     ),
     # dots.llm1 (adapter: capinterp.core.adapters): Qwen3 attention, DeepSeek-V3 routing, a dense layer 0
     "dots1": dict(_DEEPSEEK_MOE, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),

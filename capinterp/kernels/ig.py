@@ -585,9 +585,9 @@ def grad_x_act(
     n_layers, d_mlp = neuron_shape(model)
     device = torch.device(model.cfg.device)
     out = torch.zeros(len(items), n_layers, d_mlp)
-    # a hybrid's recurrent or convolution state is not reused: transformers' continuation from a prefix's
-    # state does not reproduce the full forward on every family (Bamba's Mamba-2 layers, Jamba's Mamba
-    # layers past one token: logits off by 0.2-1.2 on the tiny models), so the whole sequence runs there
+    # a prefix's own state (a hybrid's mixers, DeepSeek-V4's compressed attention) is not continued from:
+    # transformers' continuation is not exact on every family (Jamba's Mamba layers past one token), and
+    # checking it would take the full forward it saves, so the whole sequence runs there
     reuse = _prefix.unshared_state(model) is None
     with frozen_params(model), torch.enable_grad():
         for i, enc in enumerate(items):

@@ -20,9 +20,10 @@ every layer below the replaced one is identical to the clean run, so it is compu
    folded like the mask. Attention that windows by absolute position inside the module
    (GPT-Neo's local layers, the family record's ``module_window``) would be cut by the folded
    positions: there the rows go in the batch dimension instead, each reading the prefix K/V.
-   A hybrid's rows go in the batch dimension too, and each block call gets a fresh copy of the
-   prefix's cache for its layer repeated per row (a Mamba, linear-attention or convolution mixer's
-   state, which the mixer advances in place); its suffix runs at explicit positions, and
+   Where the prefix leaves a state of its own (a hybrid's Mamba, linear-attention or convolution
+   mixers; DeepSeek-V4's compressed attention) the rows go in the batch dimension too, and each
+   block call gets a fresh copy of the prefix's cache for its layer repeated per row, which the
+   layer advances in place; the suffix runs at explicit positions, and
    :func:`clean_suffix` checks that continuing from the prefix's state gives the full forward's
    logits (transformers' continuation is not exact on every family).
    :func:`stair_supported` checks on each model that this reproduces the model's own logits.
@@ -202,9 +203,14 @@ def compressed_state(model: Model) -> str | None:
 
 def unshared_state(model: Model) -> str | None:
     """Why a prompt prefix's state is not simply continued from (gradient x activation, causal tracing), or
-    None: :func:`mixer_state` or :func:`compressed_state`. IG's routes continue a hybrid's mixer state, checked
-    on every prompt against the full forward (:func:`clean_suffix`)."""
+    None: :func:`mixer_state` or :func:`compressed_state`. IG's routes continue such a state, checked on every
+    prompt against the full forward (:func:`clean_suffix`)."""
     return mixer_state(model) or compressed_state(model)
+
+
+def _state_kind(model: Model) -> str:
+    """What a continuation reads of the prefix besides keys and values, in words."""
+    return "its mixers' state" if mixer_state(model) else "its compressed keys and values"
 
 
 def family_name(model: Model) -> str:
@@ -219,15 +225,14 @@ _CACHE_ARG = "__capinterp_cache_arg__"
 
 def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_cache: bool = False) -> CleanSuffix:
     """Clean run of ``seq`` ([T] ids) split at ``p0``; records everything the suffix rows need."""
-    if why := compressed_state(model):  # decided by the architecture, before any work
-        raise NoCache(f"{why} (docs/models.md, 'IG's fast route by family')")
     device = torch.device(model.cfg.device)
     tokens = seq.to(device).view(1, -1)
     n_layers = len(model.blocks)
     S = tokens.shape[1] - p0
-    stateful = mixer_state(model) is not None
-    # a hybrid continues from its prefix's mixer state, at explicit positions: some families (Bamba) count
-    # positions from 0 in a forward given a cache without them
+    # a hybrid's mixers and DeepSeek-V4's compressed attention leave a state of their own: the suffix continues
+    # from it, at explicit positions (some families, Bamba, count positions from 0 in a forward given a cache
+    # without them), and the rows each get a copy of it (stair_logits)
+    stateful = unshared_state(model) is not None
     positions = torch.arange(p0, p0 + S, device=device)[None] if stateful else None
     with torch.no_grad():
         cache = _prefix_forward(model, tokens[:, :p0]) if p0 > 0 else None
@@ -300,7 +305,7 @@ def _tolerance(ref: torch.Tensor, rtol: float, dtype: torch.dtype) -> float:
 def _check_continuation(
     model: Model, tokens: torch.Tensor, logits: torch.Tensor, dtype: torch.dtype, rtol: float = 1e-4
 ) -> None:
-    """NoCache unless the suffix's logits, continued from the prefix's mixer state, are the full forward's.
+    """NoCache unless the suffix's logits, continued from the prefix's state, are the full forward's.
 
     transformers' continuation is exact on most hybrids, but not on all: Jamba's Mamba layers start a
     scan of more than one token from a zero state (its torch scan takes no initial state), off by 0.4-1.2
@@ -313,7 +318,7 @@ def _check_continuation(
         full = model(tokens, return_type="logits")[0, -S:]
     if (logits.float() - full.float()).abs().max().item() > _tolerance(full, rtol, dtype):
         raise NoCache(
-            f"transformers' continuation of {family_name(model)}'s mixer state over "
+            f"transformers' continuation of {family_name(model)}'s prompt prefix ({_state_kind(model)}) over "
             f"{'more than one token' if S > 1 else 'one token'} does not reproduce its full forward"
         )
 
@@ -464,8 +469,8 @@ def _map_tables(pe: Any, fn: Any) -> Any:
 def _batch_layout(model: Model) -> bool:
     """Rows in the batch dimension instead of folded into the sequence: for attention modules that
     apply a window by absolute position themselves (the family record's ``module_window``), which
-    the folded positions would cut. Every row then reads a per-row view of the prefix K/V. (A hybrid's
-    rows go there too, :func:`stair_logits`: its mixers' state would pass from row to row in one sequence.)"""
+    the folded positions would cut. Every row then reads a per-row view of the prefix K/V. (Rows continuing
+    a prefix's own state go there too, :func:`stair_logits`: in one sequence it would pass from row to row.)"""
     from capinterp.core.family import family_of
 
     return family_of(model).module_window is not None
@@ -579,7 +584,7 @@ def stair_logits(
     joining = dict(groups)
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
-    batch = _batch_layout(model) or run.positions is not None  # a hybrid's rows: each its own mixer state
+    batch = _batch_layout(model) or run.positions is not None  # rows each with their own copy of a prefix state
     shared = _shared_store()  # KV-sharing layers' keys and values, these rows
     hooks = [
         (
@@ -609,7 +614,7 @@ def stair_logits(
             x = rearrange(h, "1 (r s) ... -> r s ...", r=R) if batch else h
             if run.positions is None:  # keys and values only: every row reads the one recorded prefix
                 out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
-            elif run.cache is None:  # a hybrid's rows with no prefix: nothing to continue from
+            elif run.cache is None:  # no prefix: no state to continue from
                 out = model.blocks[j](x, *args, **kwargs, **{cache_arg: None})
             else:
                 rows_cache = _state_rows(run.cache, j, R)
@@ -634,7 +639,7 @@ def bridge_logits(
         cache = copy.deepcopy(run.cache)  # a forward extends the cache in place: fresh copy per chunk
         if run.positions is None:
             cache.batch_repeat_interleave(rows)
-        else:  # a hybrid's: every layer's keys and values and mixer states (no batch_repeat_interleave there)
+        else:  # every layer's keys and values and own states (a mixer's has no batch_repeat_interleave)
             cache.reorder_cache(torch.zeros(rows, dtype=torch.long))
             positions = {"position_ids": run.positions.expand(rows, -1)}
     hooks, start = [], 0

@@ -87,20 +87,28 @@ def test_a_forward_without_token_ids_is_refused():
         spec.forward(torch.nn.Identity(), torch.randn(1, 3, model.cfg.d_model))
 
 
-def test_fast_route_runs_on_four_residual_streams_where_no_layer_compresses():
-    """Without compressed attention (every layer sliding) IG's fast route runs, the rows carrying all
-    four residual streams and hc_head collapsing them, and equals the loop route's scores."""
+@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize("positions", ["last_prompt", "answer"])
+def test_fast_route_runs_on_four_residual_streams(compressed, positions):
+    """IG's fast route runs, the rows carrying all four residual streams and hc_head collapsing them, and
+    equals the loop route's scores: with every layer sliding (rows folded into one sequence, reading the
+    recorded keys and values), and with the tiny model's compressed attention (each row continuing from
+    its own copy of the prefix's compressor buffers and compressed keys and values), for one scaled
+    position and for an answer of several tokens."""
     import warnings
 
     from capinterp.core.tokens import encode
     from capinterp.kernels import ig as _ig
     from capinterp.kernels.ig import ig_scores
     from capinterp.kernels.ig_config import IGConfig
+    from capinterp.kernels.prefix import compressed_state
 
-    model, *_ = load_tiny_moe("deepseek_v4", layer_types=["sliding_attention", "sliding_attention"])
+    sliding = {} if compressed else {"layer_types": ["sliding_attention", "sliding_attention"]}
+    model, *_ = load_tiny_moe("deepseek_v4", **sliding)
     assert model.capinterp_family.residual_streams == 4
-    items = encode(model, [Example(p, " Paris") for p in PROMPTS])
-    cfg = dict(steps=5, rule="right", positions="last_prompt", invariance="off")
+    assert (compressed_state(model) is not None) == compressed
+    items = encode(model, [Example(p, " Paris, France") for p in PROMPTS])
+    cfg = dict(steps=5, rule="right", positions=positions, invariance="off")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fast = ig_scores(model, items, IGConfig(route="fast", **cfg))

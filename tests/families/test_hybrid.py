@@ -88,7 +88,8 @@ def test_ig_fast_route_continues_the_mixer_state(family):
     """IG's fast route runs on a hybrid (no fallback, no warning), each row continuing from a copy of the
     prompt prefix's mixer state, and equals the loop route (every row the whole sequence): one scaled
     position (KN), and an answer of several tokens, where continuing Jamba's Mamba state is inexact and
-    the loop route runs instead, said once with the reason."""
+    the loop route runs instead, said once with the reason; and the "prefix" route (the bridge's forward on
+    a widened copy of the prefix's cache) likewise."""
     from capinterp.kernels.ig import ig_scores
     from capinterp.kernels.ig_config import IGConfig
 
@@ -104,13 +105,16 @@ def test_ig_fast_route_continues_the_mixer_state(family):
     cfg = IGConfig(steps=4, positions="answer")
     if family in INEXACT_PAST_ONE:
         with pytest.warns(
-            RuntimeWarning, match="continuation of .*mixer state over more than one token does not reproduce .*loop"
+            RuntimeWarning, match="continuation of .*mixers' state.* over more than one token does not reproduce .*loop"
         ):
             fast = ig_scores(model, enc, cfg)
     else:
         fast = _no_fallback(lambda: ig_scores(model, enc, cfg))
     loop = ig_scores(model, enc, IGConfig(steps=4, positions="answer", route="loop"))
     assert float((fast - loop).abs().max()) <= 1e-4 * float(loop.abs().max())
+    if family not in INEXACT_PAST_ONE:  # the bridge's own forward on the widened prefix cache, every row every layer
+        prefix = _no_fallback(lambda: ig_scores(model, enc, cfg.replace(route="prefix")))
+        assert float((prefix - loop).abs().max()) <= 1e-4 * float(loop.abs().max())
 
 
 @pytest.mark.parametrize("family", ["bamba", "falcon_h1", "nemotron_h"])

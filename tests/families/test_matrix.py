@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from capinterp.core.tiny import TINY_HYBRID
 from capinterp.testing.family_checks import FAMILIES, all_checks, run_check
 from capinterp.testing.family_checks.table import render
 
 CHECKS = all_checks()
-# hybrid models: what needs attention heads in every layer (heads as graph nodes) refuses; IG's fast route
-# cannot share a linear-attention or convolution layer's state (the loop route runs, checked); causal tracing
-# restores the attention layers a window holds (checked against the restoration)
-HYBRID_REFUSED = {"ig_fast_route"}
 # attention heads routed per token (JetMoE's mixture of attention heads): no head is a fixed graph node
 ROUTED_HEADS, ROUTED_HEADS_REFUSED = {"jetmoe"}, {"eap", "eap_ig", "acdc"}
 # a layer that writes to or scales the residual stream beside attention and the MLP (Gemma 4's per-layer
 # embeddings and layer_scalar), or several residual streams (DeepSeek-V4's hyper-connections): the circuit
-# graph's split of the residual stream does not hold. DeepSeek-V4's compressed attention keeps a cache of
-# its own: IG's fast route cannot share it (the loop route runs, checked)
+# graph's split of the residual stream does not hold
 LAYER_EXTRAS, LAYER_EXTRAS_REFUSED = {"gemma4_text", "deepseek_v4"}, {"eap", "eap_ig", "acdc"}
-UNSHARED_CACHE, UNSHARED_CACHE_REFUSED = {"deepseek_v4"}, {"ig_fast_route"}
 # latent experts (Nemotron 3 Super): a routed value vector is fc2 @ the expert's column, so edits that write
 # new d_model value vectors there refuse (ROME's check edits a routed expert; the shared one is tested apart)
 LATENT, LATENT_REFUSED = {"nemotron_h_latent"}, {"edit_knowledge", "rome_edit"}
@@ -33,10 +26,8 @@ def test_method_on_family(family, method):
     result = run_check(method, family)  # a wrong number raises; only refusals and passes return
     _seen[family, method] = result
     refusals = (
-        (HYBRID_REFUSED if family in TINY_HYBRID else set())
-        | (ROUTED_HEADS_REFUSED if family in ROUTED_HEADS else set())
+        (ROUTED_HEADS_REFUSED if family in ROUTED_HEADS else set())
         | (LAYER_EXTRAS_REFUSED if family in LAYER_EXTRAS else set())
-        | (UNSHARED_CACHE_REFUSED if family in UNSHARED_CACHE else set())
         | (LATENT_REFUSED if family in LATENT else set())
     )
     if method not in refusals:
