@@ -6,6 +6,8 @@
 - :mod:`~capinterp.kernels.sequential`: sequential IG (SIG), one token position at a time;
 - :mod:`~capinterp.kernels.quadrature`: the quadrature rules of the IG path integral;
 - :mod:`~capinterp.kernels.prefix`: prefix KV-cache reuse and the layer staircase (the ``"fast"`` route);
+  :mod:`~capinterp.kernels.prefix_state`: continuing from a prefix's own state (hybrids' mixers,
+  compressed attention);
 - :mod:`~capinterp.kernels.completeness` / :mod:`~capinterp.kernels.adaptive`: IG's per-layer
   completeness error and the adaptive rule;
 - :mod:`~capinterp.kernels.tracing`: the batched restoration engine of causal tracing;

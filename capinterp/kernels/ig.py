@@ -85,6 +85,7 @@ from capinterp.kernels.adaptive import adaptive_ig
 from capinterp.kernels.completeness import CompletenessWarning, completeness_error, new_stats
 from capinterp.kernels.ig_config import CLOSED_FORM, INVARIANCE, OBJECTIVES, IGConfig
 from capinterp.kernels.invariant import N_NODES, check_tolerance, scale_invariant, substitute_nodes
+from capinterp.kernels.prefix_state import unshared_state
 from capinterp.kernels.quadrature import quadrature
 
 __all__ = [
@@ -588,7 +589,7 @@ def grad_x_act(
     # a prefix's own state (a hybrid's mixers, DeepSeek-V4's compressed attention) is not continued from:
     # transformers' continuation is not exact on every family (Jamba's Mamba layers past one token), and
     # checking it would take the full forward it saves, so the whole sequence runs there
-    reuse = _prefix.unshared_state(model) is None
+    reuse = unshared_state(model) is None
     with frozen_params(model), torch.enable_grad():
         for i, enc in enumerate(items):
             s = site(enc, positions)

@@ -37,7 +37,6 @@ Logits are only ever computed at the suffix positions, which are all read.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import inspect
@@ -50,9 +49,15 @@ from jaxtyping import Float, Int
 
 from capinterp.core.forward import collapse_streams
 from capinterp.core.forward import unembed as _unembed
-from capinterp.core.gated_mlp import unwrap
 from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
+from capinterp.kernels.prefix_state import (
+    continuation_error,
+    saved_states,
+    state_rows,
+    tolerance,
+    unshared_state,
+)
 
 __all__ = [
     "CleanSuffix",
@@ -172,53 +177,6 @@ def _split_call(block, args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple, 
     return hidden, rest, kwargs
 
 
-def mixer_state(model: Model) -> str | None:
-    """Why a hybrid's prompt prefix is more than keys and values, or None: its mixers (Mamba, linear
-    attention, short convolutions) carry a recurrent or convolution state of their own."""
-    from capinterp.core.family import family_of, layer_kinds
-
-    fam = family_of(model)
-    if not fam.hybrid_layers:
-        return None
-    return (
-        f"{fam.name}'s layers include {layer_kinds(fam)}: the mixers carry a state of their own (recurrent or "
-        "convolution), not a key/value cache that the rows could share"
-    )
-
-
-def compressed_state(model: Model) -> str | None:
-    """Why a prompt prefix's attention cache cannot be reused, or None: DeepSeek-V4's attention compresses
-    its keys and values into a cache of its own (a compressor's buffered blocks beside them)."""
-    compressed = [
-        l for l, b in enumerate(model.blocks) if getattr(unwrap(getattr(b, "attn", None)), "compressor", None)
-    ]
-    if not compressed:
-        return None
-    return (
-        f"{family_name(model)}'s attention in layers {compressed} compresses its keys and values into a cache of its "
-        "own (a compressor's buffered blocks beside the keys and values): a state of their own, not a key/value "
-        "cache that the rows could share"
-    )
-
-
-def unshared_state(model: Model) -> str | None:
-    """Why a prompt prefix's state is not simply continued from (gradient x activation, causal tracing), or
-    None: :func:`mixer_state` or :func:`compressed_state`. IG's routes continue such a state, checked on every
-    prompt against the full forward (:func:`clean_suffix`)."""
-    return mixer_state(model) or compressed_state(model)
-
-
-def _state_kind(model: Model) -> str:
-    """What a continuation reads of the prefix besides keys and values, in words."""
-    return "its mixers' state" if mixer_state(model) else "its compressed keys and values"
-
-
-def family_name(model: Model) -> str:
-    from capinterp.core.family import family_of
-
-    return family_of(model).name
-
-
 #: key of a recorded call's kwargs naming the parameter the block takes its KV cache under
 _CACHE_ARG = "__capinterp_cache_arg__"
 
@@ -276,8 +234,8 @@ def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_ca
         finally:
             for h in handles:
                 h.remove()
-        if stateful and p0 > 0:
-            _check_continuation(model, tokens, logits[0, -S:], acts[0].dtype)
+        if stateful and p0 > 0 and (why := continuation_error(model, tokens, logits[0, -S:], acts[0].dtype)):
+            raise NoCache(why)
     if any(a is None for a in acts):
         raise RuntimeError("some hook_post hooks did not fire on the suffix run")
     return CleanSuffix(
@@ -290,37 +248,6 @@ def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_ca
         cache=pristine,
         positions=positions,
     )
-
-
-def _tolerance(ref: torch.Tensor, rtol: float, dtype: torch.dtype) -> float:
-    """``rtol`` times the largest logit of ``ref`` for a model computing in float32; in half precision
-    (``dtype``: the activations', not the logits': some models upcast their logits) 4 units of the
-    dtype's resolution instead (two bfloat16 roundings of a logit near 25 differ by 0.25, which a
-    float32 tolerance would call a broken route)."""
-    if dtype in (torch.bfloat16, torch.float16):
-        rtol = max(rtol, 4 * torch.finfo(dtype).eps)
-    return rtol * max(1.0, ref.float().abs().max().item())
-
-
-def _check_continuation(
-    model: Model, tokens: torch.Tensor, logits: torch.Tensor, dtype: torch.dtype, rtol: float = 1e-4
-) -> None:
-    """NoCache unless the suffix's logits, continued from the prefix's state, are the full forward's.
-
-    transformers' continuation is exact on most hybrids, but not on all: Jamba's Mamba layers start a
-    scan of more than one token from a zero state (its torch scan takes no initial state), off by 0.4-1.2
-    in logits on the tiny model. One forward per prompt, against the many rows IG runs from it.
-    """
-    S = logits.shape[0]
-    try:
-        full = model(tokens, return_type="logits", logits_to_keep=S)[0, -S:]
-    except TypeError:  # a model whose forward has no logits_to_keep
-        full = model(tokens, return_type="logits")[0, -S:]
-    if (logits.float() - full.float()).abs().max().item() > _tolerance(full, rtol, dtype):
-        raise NoCache(
-            f"transformers' continuation of {family_name(model)}'s prompt prefix ({_state_kind(model)}) over "
-            f"{'more than one token' if S > 1 else 'one token'} does not reproduce its full forward"
-        )
 
 
 def _replace_rows(z: torch.Tensor, start: int, act: torch.Tensor, hook) -> torch.Tensor:
@@ -476,36 +403,6 @@ def _batch_layout(model: Model) -> bool:
     return family_of(model).module_window is not None
 
 
-def _state_rows(cache: Any, j: int, R: int) -> Any:
-    """The prefix cache for block ``j``'s call on ``R`` rows: a shallow copy whose layer ``j`` is a fresh copy
-    of the prefix's (its keys and values, its mixer's conv and recurrent states) repeated ``R`` times, which
-    the call writes into; every other layer is the pristine prefix's, untouched."""
-    rows = copy.copy(cache)
-    rows.layers = list(cache.layers)
-    layer = copy.deepcopy(cache.layers[j])
-    layer.reorder_cache(torch.zeros(R, dtype=torch.long))
-    rows.layers[j] = layer
-    return rows
-
-
-@contextlib.contextmanager
-def _saved_states(cache: Any, j: int):
-    """Autograd keeps a copy of layer ``j``'s mixer states wherever the forward saves one for its backward.
-
-    A mixer writes its new state into the cache's tensor in place (transformers' Mamba-2 decode step:
-    ``state * dA`` saves ``state``, then ``state.copy_(...)``), which would fail the backward of a row whose
-    gradient passes through that product (Falcon-H1, a Mamba mixer in every layer)."""
-    layer = cache.layers[j]
-    states = [*getattr(layer, "conv_states", {}).values(), *getattr(layer, "recurrent_states", {}).values()]
-    ptrs = {t.untyped_storage().data_ptr() for t in states if isinstance(t, torch.Tensor)}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        return t.clone() if t.untyped_storage().data_ptr() in ptrs else t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield
-
-
 #: the keyword under which a layer reads keys and values an earlier layer stored in the same forward
 #: (Gemma 4's KV-sharing layers, num_kv_shared_layers)
 _SHARED_KV = "shared_kv_states"
@@ -617,8 +514,8 @@ def stair_logits(
             elif run.cache is None:  # no prefix: no state to continue from
                 out = model.blocks[j](x, *args, **kwargs, **{cache_arg: None})
             else:
-                rows_cache = _state_rows(run.cache, j, R)
-                with _saved_states(rows_cache, j):
+                rows_cache = state_rows(run.cache, j, R)
+                with saved_states(rows_cache, j):
                     out = model.blocks[j](x, *args, **kwargs, **{cache_arg: rows_cache})
             h = out[0] if isinstance(out, (tuple, list)) else out
             if batch:
@@ -653,7 +550,7 @@ def bridge_logits(
 def stair_supported(model: Model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     """Do direct block calls reproduce the model's own clean logits on this run?
 
-    Tolerance: :func:`_tolerance` (with a float32 tolerance in bfloat16 the fast route fell back to the
+    Tolerance: :func:`~capinterp.kernels.prefix_state.tolerance` (with a float32 tolerance in bfloat16 the fast route fell back to the
     slower prefix route on every short prompt of SmolLM2 and Gemma 3).
     """
     # rows joining at the first blocks and at the last (which reads, say, an earlier layer's shared keys)
@@ -665,7 +562,7 @@ def stair_supported(model: Model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
     except Exception:
         return False
     ref = run.logits.float()
-    tol = _tolerance(run.logits, rtol, run.acts.dtype)
+    tol = tolerance(run.logits, rtol, run.acts.dtype)
     return logits.shape[1:] == ref.shape and bool((logits.float() - ref).abs().max() <= tol)
 
 

@@ -30,7 +30,7 @@ from capinterp.core.forward import capture
 from capinterp.core.model import attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
-from capinterp.kernels.prefix import unshared_state
+from capinterp.kernels.prefix_state import unshared_state
 
 __all__ = [
     "HOOK",

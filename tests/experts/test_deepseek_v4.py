@@ -101,7 +101,7 @@ def test_fast_route_runs_on_four_residual_streams(compressed, positions):
     from capinterp.kernels import ig as _ig
     from capinterp.kernels.ig import ig_scores
     from capinterp.kernels.ig_config import IGConfig
-    from capinterp.kernels.prefix import compressed_state
+    from capinterp.kernels.prefix_state import compressed_state
 
     sliding = {} if compressed else {"layer_types": ["sliding_attention", "sliding_attention"]}
     model, *_ = load_tiny_moe("deepseek_v4", **sliding)
