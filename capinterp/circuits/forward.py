@@ -20,6 +20,12 @@ shares add up to what enters the residual stream exactly (the RMS scale is the o
 coupling left between heads of a layer, as a layer norm's scale is for every node's input).
 :func:`check_additive` verifies the decomposition on a model before anything is scored.
 
+Layer scales (Gemma 4's ``layer_scalar``, which multiplies the whole residual stream at a layer's end): a
+node of layer ``l`` reaches a reader of layer ``k`` times ``P[k] / P[l]``, ``P[l]`` the product of the scales
+before layer ``l``. Node outputs and slot inputs are kept in the stream's scale at layer 0 (an output
+divided by its layer's ``P``, a slot's input by its own, and multiplied back when it enters the model),
+so the sums, the removed edges and the slots' gradients above hold unchanged.
+
 Families differ in which bridge hooks fire; :mod:`capinterp.circuits.probe` finds out once per
 model and picks the routes: per-head outputs from ``hook_result`` or rebuilt from the output
 projection's input (z_h @ W_O[h], scaled by the family record's residual multiplier); the MLP slot
@@ -102,7 +108,8 @@ def graph_mode(model: Model, graph: Graph) -> Iterator[None]:
 
 def node_params(model: Model, graph: Graph) -> dict[str, int]:
     """Parameters each node owns: a head 1/H of its layer's attention (+ ln1 and a post-attention norm),
-    a hybrid layer's mixer its weights (+ ln1, which it shares with Falcon-H1's attention), the MLP
+    a hybrid layer's mixer its weights (+ ln1, which it shares with Falcon-H1's attention), Gemma 4's
+    per-layer-embedding node its gate, projection and norm, the MLP
     every other parameter of the block (its weights, ln2, a post-FFN norm, Granite 4.0's shared MLP);
     the nodes add up to the blocks' parameters up to the remainder of a layer's attention over its heads.
 
@@ -125,7 +132,12 @@ def node_params(model: Model, graph: Graph) -> dict[str, int]:
             out.update({f"a{l}.h{h}": sum(attn.values()) // graph.n_heads for h in range(graph.n_heads)})
         if mixer:
             out[f"x{l}"] = sum(mixer.values())
-        out[f"m{l}"] = sum(v for k, v in params(blk).items() if k not in attn and k not in mixer)
+        ple = {}
+        if graph.ple:  # Gemma 4: the gate, the projection and the norm of the per-layer embedding
+            parts = ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm")
+            ple = params(*(getattr(blk, n, None) for n in parts))
+            out[f"p{l}"] = sum(ple.values())
+        out[f"m{l}"] = sum(v for k, v in params(blk).items() if k not in attn and k not in mixer and k not in ple)
     return out
 
 
@@ -174,6 +186,7 @@ def run_graph(
     B, T = tokens.shape
     d = int(model.cfg.d_model)
     dtype = next(model.parameters()).dtype
+    P = _stream_scales(model)  # P[l]: the scale the residual entering layer l carries (Gemma 4's layer_scalar)
     outs = torch.zeros(graph.n_src, B, T, d, dtype=dtype, device=tokens.device)  # source-major: matmuls
     ref_n = None if ref is None else rearrange(ref, "b t n d -> n b t d").to(dtype).contiguous()
     slots: dict[int, torch.Tensor] = {}  # first slot column -> the slot's input tensor
@@ -211,26 +224,28 @@ def run_graph(
     def on_z(l):  # head h adds z_h @ W_O[h] (times the family's residual multiplier)
         def fn(z, hook):
             z = z.detach().reshape(B, T, H, -1)
-            outs[graph.head_src(l) : graph.head_src(l) + H] = torch.einsum("bthe,hed->hbtd", z, w_o[l].to(z.dtype))
+            heads = torch.einsum("bthe,hed->hbtd", z, w_o[l].to(z.dtype))
+            outs[graph.head_src(l) : graph.head_src(l) + H] = heads / P[l] if P[l] != 1.0 else heads
 
         return fn
 
     def on_result(l):
         def fn(x, hook):
-            x = x.detach() * fam.attn_out_multiplier if fam.attn_out_multiplier != 1.0 else x.detach()
+            scale = fam.attn_out_multiplier / P[l]
+            x = x.detach() * scale if scale != 1.0 else x.detach()
             outs[graph.head_src(l) : graph.head_src(l) + H] = rearrange(x, "b t h d -> h b t d")
 
         return fn
 
-    def on_mlp_out(l):
+    def on_out(src: int, l: int):  # a node's output as the residual stream of layer l receives it
         def fn(x, hook):
-            outs[graph.mlp_src(l)] = x.detach()
+            outs[src] = x.detach() / P[l] if P[l] != 1.0 else x.detach()
 
         return fn
 
     def on_mixer_out(l):  # what the layer's mixer adds: resid_mid - resid_pre (less its heads, Falcon-H1)
         def fn(x, hook):  # x: the residual the (sequential) MLP reads
-            out = x.detach() - pre[l].detach()
+            out = (x.detach() - pre[l].detach()) / P[l]
             if graph.has_heads(l):
                 out = out - outs[graph.head_src(l) : graph.head_src(l) + H].sum(0)
             outs[graph.mixer_src(l)] = out
@@ -246,22 +261,28 @@ def run_graph(
 
         return fn
 
-    def on_slot(cols: slice):
+    def on_slot(cols: slice, l: int):
+        # slots and node outputs live in the residual stream's own scale at layer 0: a slot of layer l
+        # reads P[l] times the sum of its upstream outputs, each taken at its own layer's scale
+        p = P[l]
+
         def fn(x, hook):
+            if p != 1.0:
+                x = x / p
             if rem is not None:
                 x = subtract(x, cols)
             if keep_slots:
                 # a fresh node: hook_mlp_in's tensor is also the residual the block adds to, and its
                 # gradient would include the skip path; the slot's own gradient must not.
-                x = x.view_as(x) if rem is not None else x.clone()
+                x = x.view_as(x) if rem is not None or p != 1.0 else x.clone()
                 slots[cols.start] = x
-            return x
+            return x * p if p != 1.0 else x
 
         return fn
 
     def on_norm_slot(l: int, cols: slice, scale: float = 1.0):  # the module's input rebuilt as ln1(slot)
         norm = _raw(model.blocks[l].ln1)
-        slot = on_slot(cols)
+        slot = on_slot(cols, l)
 
         def fn(x, hook):
             y = norm(slot(pre[l], hook))
@@ -278,9 +299,9 @@ def run_graph(
         if not graph.has_heads(l):
             pass
         elif not layer:
-            hooks += [(name, on_slot(graph.slot_index(l, kind))) for kind, name in names["attn_in"][l]]
+            hooks += [(name, on_slot(graph.slot_index(l, kind), l)) for kind, name in names["attn_in"][l]]
         elif rt.layer_attn[l] != "norm" and not mixer:
-            hooks.append((f"blocks.{l}.{rt.layer_attn[l]}", on_slot(graph.slot_index(l, "layer"))))
+            hooks.append((f"blocks.{l}.{rt.layer_attn[l]}", on_slot(graph.slot_index(l, "layer"), l)))
         else:  # Falcon-H1's attention reads ln1's output times its input multiplier
             hooks.append(
                 (f"blocks.{l}.attn.hook_in", on_norm_slot(l, graph.slot_index(l, "layer"), fam.attn_in_multiplier))
@@ -296,7 +317,7 @@ def run_graph(
             if graph.has_heads(l):
                 hooks.append((f"blocks.{l}.{mixer}.hook_in", on_norm_slot(l, cols)))
             else:
-                hooks.append((f"blocks.{l}.ln1.hook_in", on_slot(cols)))
+                hooks.append((f"blocks.{l}.ln1.hook_in", on_slot(cols, l)))
         mlp_cols = graph.slot_index(l, "mlp")
         if rt.mlp[l] == "norm":
             hooks.append((f"blocks.{l}.mlp.hook_in", on_norm_slot(l, mlp_cols)))
@@ -304,11 +325,14 @@ def run_graph(
             hook = f"blocks.{l}.{rt.mlp[l]}"
             if mixer is not None:  # the residual the MLP reads, before its edges are taken out
                 hooks.append((hook, on_mixer_out(l)))
-            hooks.append((hook, on_slot(mlp_cols)))
-        hooks.append((names["mlp_out"][l], on_mlp_out(l)))
+            hooks.append((hook, on_slot(mlp_cols, l)))
+        hooks.append((names["mlp_out"][l], on_out(graph.mlp_src(l), l)))
         if l in gains:
             hooks.append((f"blocks.{l}.ln1_post.hook_in", on_attn_post(l)))
-    hooks.append((names["final"], on_slot(slice(graph.n_slots - 1, graph.n_slots))))
+        if graph.ple:  # Gemma 4: the gate reads the residual after the MLP; the norm's output joins it
+            hooks.append((f"blocks.{l}.per_layer_input_gate.hook_in", on_slot(graph.slot_index(l, "ple"), l)))
+            hooks.append((f"blocks.{l}.post_per_layer_input_norm.hook_out", on_out(graph.ple_src(l), l)))
+    hooks.append((names["final"], on_slot(slice(graph.n_slots - 1, graph.n_slots), graph.n_layers)))
     logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
     want = sum(
         (
@@ -318,6 +342,7 @@ def run_graph(
         )
         + graph.has_mixer(l)
         + 1
+        + graph.ple
         for l in range(graph.n_layers)
     )
     if keep_slots and len(slots) != want + 1:
@@ -377,6 +402,19 @@ def check_additive(model: Model, graph: Graph, tol: float | None = None) -> floa
             f"(relative error {err:.2g}); edge attribution needs additive head/MLP contributions"
         )
     return err
+
+
+def _stream_scales(model: Model) -> list[float]:
+    """``[n_layers + 1]``: the product of the layer scales before each layer (and, last, before the final
+    norm): a node of layer ``l`` adds its output into a stream that every later layer ``k >= l`` then
+    scales by ``layer_scalar[k]`` (Gemma 4), so a reader at layer ``l2`` sees it times ``P[l2] / P[l]``.
+    All ones on every other family."""
+    from capinterp.core.layer_extras import layer_scalars
+
+    out = [1.0]
+    for s in layer_scalars(model):
+        out.append(out[-1] * s)
+    return out
 
 
 def _raw(mod: Any) -> Any:

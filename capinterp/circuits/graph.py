@@ -10,6 +10,8 @@ Nodes (Yao et al. 2024, Sec. 2), in topological order:
 * ``x{l}`` (hybrid models): the whole token mixer of a layer whose mixer is not softmax attention
   (Mamba, gated delta net, short convolution), one node read through one slot ``x{l}`` (the
   residual before the mixer's norm); its output is what the mixer adds to the residual stream;
+* ``p{l}`` (Gemma 4 E2B / E4B): a layer's per-layer embedding (PLE), after its MLP: its gate reads
+  the residual after the MLP (slot ``p{l}``, no norm), its output is ``post_per_layer_input_norm``'s;
 * ``logits``.
 
 Every node except ``logits`` writes into the residual stream and every node except ``input``
@@ -101,6 +103,7 @@ class Graph:
     granularity: str = "qkv"
     parallel: bool = False  # attention and MLP of a block read the same residual (the block's input)
     kinds: tuple[str, ...] = ()
+    ple: bool = False  # a per-layer-embedding node p{l} after each layer's MLP (Gemma 4 E2B / E4B)
     sources: tuple[str, ...] = field(init=False, repr=False)
     slots: tuple[str, ...] = field(init=False, repr=False)
     nodes: tuple[str, ...] = field(init=False, repr=False)
@@ -117,8 +120,8 @@ class Graph:
         kinds = tuple(self.kinds)
         if kinds and (len(kinds) != self.n_layers or any(k not in LAYER_KINDS for k in kinds)):
             raise ValueError(f"kinds must give one of {LAYER_KINDS} per layer ({self.n_layers}), got {kinds!r}")
-        if kinds and self.parallel:
-            raise ValueError("a hybrid graph (kinds=) with parallel attention and MLP is not defined")
+        if (kinds or self.ple) and self.parallel:
+            raise ValueError("a hybrid or per-layer-embedding graph with parallel attention and MLP is not defined")
         object.__setattr__(self, "kinds", () if all(k == "attn" for k in kinds) else kinds)
         src: list[str] = [INPUT]
         slots: list[str] = []
@@ -129,8 +132,9 @@ class Graph:
             slot_start.append(len(slots))
             src += [f"a{l}.h{h}" for h in range(self.n_heads)] if self.has_heads(l) else []
             src += [f"x{l}"] if self.has_mixer(l) else []
-            src.append(f"m{l}")
+            src += [f"m{l}"] + ([f"p{l}"] if self.ple else [])
             slots += self.attn_slots(l) + ([f"x{l}"] if self.has_mixer(l) else []) + [f"m{l}"]
+            slots += [f"p{l}"] if self.ple else []
         slots.append(LOGITS)
         object.__setattr__(self, "sources", tuple(src))
         object.__setattr__(self, "slots", tuple(slots))
@@ -146,13 +150,20 @@ class Graph:
         Block layout (parallel or sequential), head counts and, on hybrid models, each layer's
         mixer come from the family record and the blocks."""
         from capinterp.circuits.probe import splits_qkv
-        from capinterp.core.family import family_of, require_fixed_heads
-        from capinterp.core.layer_extras import require_additive_layers
+        from capinterp.core.family import UnsupportedFamily, family_of, require_fixed_heads
+        from capinterp.core.layer_extras import ple_layers, require_additive_layers
         from capinterp.core.model import layer_mixers
 
         fam = family_of(model)
         require_fixed_heads(fam, "a knowledge-circuit graph (attention heads as nodes)")
-        require_additive_layers(model, "a knowledge-circuit graph")
+        # Gemma 4's per-layer embeddings are nodes p{l}, its layer scales carried by run_graph
+        require_additive_layers(model, "a knowledge-circuit graph", served=("ple", "scaled"))
+        ple = ple_layers(model)
+        if ple and len(ple) != fam.n_layers:
+            raise UnsupportedFamily(
+                f"{fam.name} ({fam.architecture}): a knowledge-circuit graph takes a per-layer embedding in every "
+                f"layer or in none, and this model has one in layers {ple} only"
+            )
         scaled_in = fam.attn_in_multiplier != 1.0  # the bridge's split q/k/v inputs skip it (Falcon-H1)
         if granularity == "auto":
             granularity = "qkv" if splits_qkv(model) and not scaled_in else "layer"
@@ -162,7 +173,9 @@ class Graph:
                 f"norm's output times attention_in_multiplier={fam.attn_in_multiplier:g}, which the bridge's per-head "
                 "q/k/v inputs leave out; use granularity='layer' (the default here)"
             )
-        return cls(fam.n_layers, fam.n_heads, fam.n_kv_heads, granularity, fam.parallel_block, layer_mixers(model))
+        return cls(
+            fam.n_layers, fam.n_heads, fam.n_kv_heads, granularity, fam.parallel_block, layer_mixers(model), bool(ple)
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> Graph:
@@ -174,6 +187,7 @@ class Graph:
             str(d["granularity"]),
             bool(d.get("parallel", False)),
             tuple(str(k) for k in d.get("kinds", ())),
+            bool(d.get("ple", False)),
         )
 
     def to_dict(self) -> dict:
@@ -185,7 +199,8 @@ class Graph:
             "granularity": self.granularity,
             "parallel": self.parallel,
         }
-        return {**out, "kinds": list(self.kinds)} if self.kinds else out
+        out = {**out, "kinds": list(self.kinds)} if self.kinds else out
+        return {**out, "ple": True} if self.ple else out
 
     @property
     def signature(self) -> tuple:
@@ -194,7 +209,8 @@ class Graph:
         graphs keep their former signature)."""
         base: tuple = (self.n_layers, self.n_heads, self.n_kv_heads, self.granularity)
         base = base + ("parallel",) if self.parallel else base
-        return base + ("kinds",) + self.kinds if self.kinds else base
+        base = base + ("kinds",) + self.kinds if self.kinds else base
+        return base + ("ple",) if self.ple else base
 
     # ------------------------------------------------------------------ slot layout
     def kind(self, l: int) -> str:
@@ -237,7 +253,7 @@ class Graph:
         """Input slots of one layer: its attention slots and its MLP (graphs whose layers all have attention)."""
         if self.kinds:
             raise ValueError("the layers of a hybrid graph differ in their slots: use slot_index / layer_slots")
-        return len(self.attn_slots(0)) + 1
+        return len(self.attn_slots(0)) + 1 + self.ple
 
     def layer_slots(self, l: int) -> slice:
         """Every input slot of layer ``l`` (attention, mixer, MLP)."""
@@ -257,16 +273,27 @@ class Graph:
         """Source index of layer ``l``'s mixer node ``x{l}``."""
         if not self.has_mixer(l):
             raise ValueError(f"layer {l} of this graph has no mixer node (its kind: {self.kind(l)})")
-        return self._src_start[l + 1] - 2
+        return self._src_start[l + 1] - 2 - self.ple
 
     def mlp_src(self, l: int) -> int:
         """Source index of ``m{l}``."""
+        return self._src_start[l + 1] - 1 - self.ple
+
+    def ple_src(self, l: int) -> int:
+        """Source index of layer ``l``'s per-layer-embedding node ``p{l}`` (the layer's last)."""
+        if not self.ple:
+            raise ValueError("this graph has no per-layer-embedding nodes")
         return self._src_start[l + 1] - 1
 
     def slot_index(self, l: int, kind: str) -> slice:
         """Slots of layer ``l`` of one kind: ``"q"``, ``"k"``, ``"v"``, ``"head"``, ``"layer"``, ``"mixer"``
         or ``"mlp"``."""
         H, G, base, end = self.n_heads, self.n_kv_heads, self._slot_start[l], self._slot_start[l + 1]
+        if kind == "ple":
+            if not self.ple:
+                raise ValueError("this graph has no per-layer-embedding slots")
+            return slice(end - 1, end)
+        end -= self.ple
         if kind == "mlp":
             return slice(end - 1, end)
         if kind == "mixer":
@@ -291,7 +318,9 @@ class Graph:
         if j == self.n_slots - 1:
             return self.n_src
         l = bisect.bisect_right(self._slot_start, j) - 1
-        if j == self._slot_start[l + 1] - 1 and not self.parallel:  # a sequential MLP reads its layer's mixers
+        if self.ple and j == self._slot_start[l + 1] - 1:  # p{l} reads the residual after its layer's MLP
+            return self.ple_src(l)
+        if j == self._slot_start[l + 1] - 1 - self.ple and not self.parallel:  # a sequential MLP reads its mixers
             return self.mlp_src(l)
         return self._src_start[l]
 
@@ -309,7 +338,7 @@ class Graph:
     def slot_nodes(self, j: int) -> tuple[str, ...]:
         """Nodes that read through slot ``j`` (a KV group slot feeds every head of its group)."""
         name = self.slots[j]
-        if name == LOGITS or name.startswith(("m", "x")):
+        if name == LOGITS or name.startswith(("m", "x", "p")):
             return (name,)
         head, _, kind = name.partition("<")
         if "." not in head:  # "layer" granularity: a{l} feeds every head of the layer
@@ -460,7 +489,7 @@ class Circuit:
     edge's score (0 off the edges) or None; ``node_params``: parameters per node (for param_share).
     """
 
-    FORMAT_VERSION = 2  # 2: a hybrid graph's layer kinds (written only for hybrid graphs; others stay 1)
+    FORMAT_VERSION = 3  # 2: a hybrid graph's layer kinds; 3: per-layer-embedding nodes (others stay 1)
 
     def __init__(
         self,
@@ -543,7 +572,7 @@ class Circuit:
         """The circuit as a JSON-serializable dict (graph, ``[n_src, n_slots]`` mask and scores, metadata)."""
         return {
             "type": "Circuit",
-            "format_version": self.FORMAT_VERSION if self.graph.kinds else 1,
+            "format_version": 3 if self.graph.ple else 2 if self.graph.kinds else 1,
             "version": __version__,
             "graph": self.graph.to_dict(),
             "edges": [[a, b, s] for (a, b), s in self.edges.items()],

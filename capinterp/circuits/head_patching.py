@@ -107,7 +107,8 @@ def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph
     ablation = validate.choice("ablation", ablation, HEAD_ABLATIONS)
     bs = validate.positive_int("batch_size", batch_size)
     require_fixed_heads(family_of(model), "attention-head patching")
-    require_additive_layers(model, "attention-head patching")  # a graph passed in skips Graph.from_model
+    # a graph passed in skips Graph.from_model: per-layer embeddings and layer scales are served there too
+    require_additive_layers(model, "attention-head patching", served=("ple", "scaled"))
     require_attention_layers(model, "attention-head patching")
     graph = graph or Graph.from_model(model)
     return _items(model, data), ablation, bs, graph

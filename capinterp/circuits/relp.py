@@ -40,6 +40,7 @@ import torch
 from capinterp.circuits.graph import Graph
 from capinterp.circuits.head_patching import HeadRuns, qk_slots
 from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
+from capinterp.core.layer_extras import require_additive_layers
 from capinterp.core.protocol import Model
 
 __all__ = ["RELP_RULES", "head_relp", "relp_rules"]
@@ -245,6 +246,8 @@ def head_relp(
             f"{fam.name} ({fam.architecture}): RelP's propagation rules cover norms, attention and MLPs, and this "
             f"hybrid model's layers include {layer_kinds(fam)}, which no rule covers; head_atp (plain AtP) runs"
         )
+    # a per-layer embedding's gate (Gemma 4) is a product no rule covers; layer scales are linear
+    require_additive_layers(model, "RelP (its rules cover norms, attention and MLPs)", served=("scaled",))
     runs = HeadRuns(model, data, ablation, batch_size, graph)
     qk = qk_slots(runs.graph)
     total = torch.zeros(len(runs.srcs), dtype=torch.float64)

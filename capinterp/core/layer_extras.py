@@ -7,11 +7,11 @@ Gemma 4's text model (E2B / E4B) ends each layer with two more steps: per-layer 
 ``per_layer_input_gate`` reads the residual after the MLP, is multiplied by the token's per-layer
 embedding, and ``per_layer_projection`` writes the product back, after its own norm), then
 ``hidden *= layer_scalar``. Every neuron method reads the model through its hooks and its own forward,
-so these steps count there as transformers computes them. A method that splits the residual stream
-into its sublayers' outputs (the circuit graph: knowledge circuits, head patching, AtP) cannot: PLE
-is a third writer the graph has no node for, and a layer scale rescales every earlier contribution,
-so an edge would not carry its source's output. :func:`require_additive_layers` refuses those methods,
-naming the steps, before any work.
+so these steps count there as transformers computes them. The circuit graph (knowledge circuits, head
+patching, AtP) takes each per-layer embedding as a node ``p{l}`` and carries the layer scales between a
+node and its readers (:mod:`capinterp.circuits.forward`); RelP refuses PLE (no propagation rule of its
+covers the gate's product). No graph splits several residual streams: :func:`require_additive_layers`
+refuses what a method does not serve, naming the steps, before any work.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.gated_mlp import unwrap
 from capinterp.core.protocol import Model
 
-__all__ = ["layer_extras", "layer_scalars", "require_additive_layers"]
+__all__ = ["layer_extras", "layer_scalars", "ple_layers", "require_additive_layers"]
 
 
 def layer_scalars(model: Model) -> list[float]:
@@ -35,36 +35,41 @@ def layer_scalars(model: Model) -> list[float]:
     return out
 
 
-def layer_extras(model: Model) -> list[str]:
-    """The steps, in words, by which the model's layers write to or scale the residual stream beside
-    their attention (or mixer) and FFN; empty where there are none."""
-    layers = [unwrap(b) for b in model.blocks]
-    ple = [l for l, layer in enumerate(layers) if getattr(layer, "per_layer_input_gate", None) is not None]
+def ple_layers(model: Model) -> list[int]:
+    """The layers that add a per-layer embedding after their MLP (Gemma 4's PLE)."""
+    return [l for l, b in enumerate(model.blocks) if getattr(unwrap(b), "per_layer_input_gate", None) is not None]
+
+
+def layer_extras(model: Model) -> dict[str, str]:
+    """The steps by which the model's layers write to or scale the residual stream beside their attention
+    (or mixer) and FFN, by kind (``"streams"``, ``"ple"``, ``"scaled"``), in words; empty where there are none."""
+    ple = ple_layers(model)
     scaled = [l for l, s in enumerate(layer_scalars(model)) if s != 1.0]
-    found = []
+    found = {}
     streams = family_of(model).residual_streams
     if streams > 1:
-        found.append(
+        found["streams"] = (
             f"keeps {streams} residual streams between layers (hyper-connections: each sublayer reads a learned, "
             "input-dependent mix of them and writes into all of them, so no output joins the residual additively)"
         )
     if ple:
-        found.append(
+        found["ple"] = (
             f"adds per-layer embeddings after the MLP in layers {ple} (PLE: per_layer_input_gate / "
-            "per_layer_projection, a third writer to the residual stream, with no node in the graph)"
+            "per_layer_projection, a third writer to the residual stream)"
         )
     if scaled:
-        found.append(
+        found["scaled"] = (
             f"scales the residual stream at the end of layers {scaled} (layer_scalar != 1: every earlier "
-            "contribution is rescaled there, so an edge would not carry its source's output)"
+            "contribution is rescaled there)"
         )
     return found
 
 
-def require_additive_layers(model: Model, what: str) -> None:
+def require_additive_layers(model: Model, what: str, served: tuple[str, ...] = ()) -> None:
     """Refuse ``what`` (a method on the circuit graph) where a layer writes to or scales the residual
-    stream beside its attention and FFN (:func:`layer_extras`)."""
-    if found := layer_extras(model):
+    stream beside its attention and FFN (:func:`layer_extras`) in a way the method does not serve
+    (``served``: the kinds it does)."""
+    if found := [text for kind, text in layer_extras(model).items() if kind not in served]:
         fam = family_of(model)
         raise UnsupportedFamily(
             f"{fam.name} ({fam.architecture}): {what} splits the residual stream into attention, mixer and MLP "

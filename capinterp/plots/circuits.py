@@ -24,7 +24,14 @@ if TYPE_CHECKING:  # annotations only: figures read a circuit by attribute
 __all__ = ["edge_heatmap", "layout", "plot_circuit"]
 
 _POS, _NEG, _NONE = "#2166ac", "#b2182b", "#9e9e9e"
-_NODE_COLORS = {"input": "#4d4d4d", "attn": "#f4a582", "mixer": "#c2a5cf", "mlp": "#92c5de", "logits": "#4d4d4d"}
+_NODE_COLORS = {
+    "input": "#4d4d4d",
+    "attn": "#f4a582",
+    "mixer": "#c2a5cf",
+    "mlp": "#92c5de",
+    "ple": "#a6dba0",
+    "logits": "#4d4d4d",
+}
 _SLOT_DY = {"q": 0.22, "k": 0.0, "v": -0.22}
 
 
@@ -40,6 +47,8 @@ def layout(graph: Graph) -> dict[str, tuple[float, float]]:
         if graph.has_mixer(l):  # a hybrid layer's mixer: in the heads' column, below them beside heads
             pos[f"x{l}"] = (2.0 * l + 1, -(H + 1) / 2 if heads else 0.0)
         pos[f"m{l}"] = (2.0 * l + 2, 0.0)
+        if graph.ple:  # Gemma 4's per-layer embedding: after the MLP, below it
+            pos[f"p{l}"] = (2.0 * l + 2, -(H + 1) / 2)
     return pos
 
 
@@ -105,9 +114,9 @@ def plot_circuit(
         )
     )
     names = list(g.nodes) if show_all_nodes else circuit.nodes
-    kind_of = {"a": "attn", "x": "mixer", "m": "mlp"}
+    kind_of = {"a": "attn", "x": "mixer", "m": "mlp", "p": "ple"}
     kinds = [n if n in (g.input_node, g.logits_node) else kind_of[n[0]] for n in names]
-    for kind in ("input", "attn", "mixer", "mlp", "logits"):
+    for kind in ("input", "attn", "mixer", "mlp", "ple", "logits"):
         sel = [n for n, k in zip(names, kinds) if k == kind]
         if not sel:
             continue

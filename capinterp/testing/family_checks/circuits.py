@@ -77,9 +77,14 @@ def _hybrid(layer: torch.nn.Module) -> bool:
 
 
 def _final_norm(hf: Any) -> torch.nn.Module:
-    """The last norm registered outside the decoder layers (BLOOM's first is the embedding norm)."""
+    """The last norm registered outside the decoder layers (BLOOM's first is the embedding norm), but for the
+    norms of Gemma 4's per-layer embeddings (``per_layer_projection_norm``), which run before the layers."""
     inside = {id(m) for m in _layers(hf).modules()}
-    norms = [m for m in hf.modules() if "norm" in type(m).__name__.lower() and id(m) not in inside]
+    norms = [
+        m
+        for n, m in hf.named_modules()
+        if "norm" in type(m).__name__.lower() and id(m) not in inside and "per_layer" not in n
+    ]
     assert norms, "final norm not found"
     return norms[-1]
 
@@ -102,6 +107,18 @@ class _Ref:
         self.attn_mult = float(getattr(cfg, "attention_out_multiplier", None) or 1.0)  # Falcon-H1
         self.post: list[torch.nn.Module | None] = []  # a norm on the attention output (Gemma 2/3, OLMo 2)
         self.readers = [self._find_readers(l) for l in range(len(self.layers))]
+        # Gemma 4: a layer's per-layer embedding (its gate reads the residual after the MLP, its norm's output
+        # joins the residual), then layer_scalar scales the whole residual at the layer's end; P[l], the
+        # product of the scales before layer l, is what a node of layer l is multiplied by at a reader of a
+        # later layer, relative to P[its own layer]
+        self.ple = [getattr(layer, "per_layer_input_gate", None) for layer in self.layers]
+        self.P = [1.0]
+        for layer in self.layers:
+            s = getattr(layer, "layer_scalar", None)
+            self.P.append(self.P[-1] * (float(s.float().prod()) if isinstance(s, torch.Tensor) else 1.0))
+        for l, gate in enumerate(self.ple):
+            if gate is not None:  # its gate reads the residual itself, no norm
+                self.readers[l].append(("ple", gate, None, 1.0))
 
     def _find_readers(self, l: int) -> list[tuple[str, torch.nn.Module, torch.nn.Module | None, float]]:
         """``[(kind, reader, its norm, input scale)]``, kind ``"attn"``, ``"mixer"`` (hybrid layers), ``"mlp"``
@@ -200,14 +217,14 @@ class _Ref:
         return out
 
     def kinds(self, l: int) -> list[str]:
-        """The graph nodes layer ``l`` has besides its MLP: ``"attn"`` (heads), ``"mixer"``."""
+        """The graph nodes layer ``l`` has before its MLP: ``"attn"`` (heads), ``"mixer"``."""
         layer = self.layers[l]
         return (["attn"] if _out_proj(layer) is not None else []) + (["mixer"] if _mixer(layer) is not None else [])
 
     def run(self, ids: torch.Tensor, resid0: torch.Tensor | None = None, grad: bool = False) -> dict:
         """Node outputs ``[T, n_src, d]`` (input; heads, mixer and MLP per layer), logits, reader inputs
         (``slots``: ``{(layer, kind): [tensor per reader]}``, ``(-1, "logits")`` the final norm's)."""
-        rec: dict[str, Any] = {"in": {}, "out": {}, "z": {}, "o": {}, "p": {}, "x": {}, "mid": {}, "slots": {}}
+        rec: dict[str, Any] = {k: {} for k in ("in", "out", "z", "o", "p", "x", "mid", "ple_in", "ple_out", "slots")}
         hs = []
 
         def layer_pre(l):
@@ -258,6 +275,8 @@ class _Ref:
                 first = _first_tensor(a, k)
                 if norm is None and key[1] == "mlp":
                     rec["mid"].setdefault(key[0], first)
+                if key[1] == "ple":
+                    rec["ple_in"][key[0]] = first
                 if not grad:
                     return None
                 x = (first if norm is None else rec["x"][key]).clone()
@@ -281,6 +300,9 @@ class _Ref:
             post = self.post[l]
             if post is not None:
                 hs.append(post.register_forward_hook(lambda m, a, out, l=l: rec["p"].__setitem__(l, out)))
+            if self.ple[l] is not None:
+                ple_norm = cast(torch.nn.Module, layer.post_per_layer_input_norm)
+                hs.append(ple_norm.register_forward_hook(lambda m, a, out, l=l: rec["ple_out"].__setitem__(l, out)))
             for kind, reader, norm, scale in self.readers[l]:
                 if norm is not None:
                     hs.append(norm.register_forward_pre_hook(norm_pre((l, kind)), with_kwargs=True))
@@ -302,7 +324,9 @@ class _Ref:
             for h in hs:
                 h.remove()
         outs = [rec["in"][0][0]]
+        layer_of = [0]  # each node output's layer
         for l, layer in enumerate(self.layers):
+            n_before = len(outs)
             kinds = self.kinds(l)
             attn = torch.zeros_like(rec["in"][l][0])
             if "attn" in kinds:
@@ -322,12 +346,23 @@ class _Ref:
                 if "mixer" in kinds:
                     outs.append(mid - rec["in"][l][0] - attn)
                 outs.append(rec["out"][l][0] - mid)
+            elif self.ple[l] is not None:  # the MLP: the gate's input less the layer's input and attention
+                outs.append(rec["ple_in"][l][0] - rec["in"][l][0] - attn)
+                outs.append(rec["ple_out"][l][0])
             else:
                 outs.append(rec["out"][l][0] - rec["in"][l][0] - attn)
+            layer_of += [l] * (len(outs) - n_before)
         slots = dict(rec["slots"])
         if final:
             slots[-1, "logits"] = [final[0]]
-        return {"outputs": torch.stack(outs, 1), "logits": logits, "slots": slots, "final": final[0][0]}
+        return {
+            "outputs": torch.stack(outs, 1),
+            "logits": logits,
+            "slots": slots,
+            "final": final[0][0],
+            "at_final": torch.tensor([self.P[-1] / self.P[l] for l in layer_of]),  # each output's scale there
+            "layer_of": layer_of,
+        }
 
 
 @functools.lru_cache(maxsize=1)
@@ -364,6 +399,10 @@ def _columns(ref: _Ref, parallel: bool) -> tuple[list[tuple[int, str]], list[int
         cols += [(l, k) for k in kinds] + [(l, "mlp")]
         up += [n] * len(kinds) + [n if parallel else n + width]
         n += width + 1
+        if ref.ple[l] is not None:  # Gemma 4's per-layer embedding reads everything through its MLP
+            cols.append((l, "ple"))
+            up.append(n)
+            n += 1
     return cols + [(-1, "logits")], up + [n]
 
 
@@ -392,7 +431,10 @@ def _reference_scores(hf: Any, pair: Any, steps: int, parallel: bool) -> tuple[t
         grads = g / steps if grads is None else grads + g / steps
     assert grads is not None
     scores = torch.einsum("tud,rtd->ur", d_out, grads)
-    return scores, torch.tensor(up)
+    # a node of layer lu reaches a reader of layer lr scaled by the layer scales between (Gemma 4)
+    reader_layer = [len(ref.layers) if l < 0 else l for l, _ in cols]
+    scale = torch.tensor([[ref.P[lr] / ref.P[lu] for lr in reader_layer] for lu in rc["layer_of"]], dtype=torch.float64)
+    return scores * scale, torch.tensor(up)
 
 
 def _aggregate(graph: Any, scores: torch.Tensor) -> torch.Tensor:
@@ -404,6 +446,8 @@ def _aggregate(graph: Any, scores: torch.Tensor) -> torch.Tensor:
         if graph.has_mixer(l):
             cols.append(scores[:, graph.slot_index(l, "mixer").start])
         cols.append(scores[:, graph.slot_index(l, "mlp").start])
+        if graph.ple:
+            cols.append(scores[:, graph.slot_index(l, "ple").start])
     cols.append(scores[:, -1])
     return torch.stack(cols, 1).double()
 
@@ -458,7 +502,8 @@ def check_acdc(family: str) -> None:
     ids = torch.tensor([pair.clean.ids])
     with torch.no_grad():
         run = ref.run(ids)
-    resid = run["final"].double() - run["outputs"].double().sum(1)
+    at_final = run["at_final"].double()[None, :, None]  # Gemma 4's layer scales between a node and the logits
+    resid = run["final"].double() - (run["outputs"].double() * at_final).sum(1)
     drift = (resid - resid[:1]).abs().max().item()
     assert drift <= 1e-4 * run["final"].abs().max().item(), f"{family}: node outputs miss the residual by {drift:.3g}"
     first = graph.head_src(0, 1) if graph.has_heads(0) else graph.mixer_src(0) if graph.has_mixer(0) else 0
@@ -466,7 +511,7 @@ def check_acdc(family: str) -> None:
     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
     removed[cut, -1] = True
     got = match_nll(model, graph, [fact], removed)
-    drop = run["outputs"][:, cut].sum(1)
+    drop = (run["outputs"].double() * at_final)[:, cut].sum(1).to(run["outputs"].dtype)
 
     last: list[bool] = []  # the final norm's call after the last layer (NanoChat's also runs on the embeddings)
 
