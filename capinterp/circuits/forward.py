@@ -51,6 +51,7 @@ from einops import rearrange
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 from capinterp.circuits.probe import Routes, routes
 from capinterp.core.family import family_of
+from capinterp.core.layer_extras import ple_layers
 from capinterp.core.model import layer_mixers, mixer_module
 from capinterp.core.position_mean import SplitMean
 from capinterp.core.protocol import Model
@@ -173,10 +174,12 @@ def run_graph(
         ref: ``[B, T, n_src, d]`` value a removed edge's source takes instead (default 0).
         keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
     """
-    if graph.n_layers != len(model.blocks) or graph.kinds != layer_mixers(model):
+    ple = bool(ple_layers(model))
+    if graph.n_layers != len(model.blocks) or graph.kinds != layer_mixers(model) or graph.ple != ple:
         raise ValueError(
-            f"this graph's layers ({graph.n_layers}, kinds {graph.kinds or 'all attention'}) are not this model's "
-            f"({len(model.blocks)}, kinds {layer_mixers(model) or 'all attention'}): build it with Graph.from_model"
+            f"this graph's layers ({graph.n_layers}, kinds {graph.kinds or 'all attention'}, per-layer embeddings "
+            f"{graph.ple}) are not this model's ({len(model.blocks)}, kinds {layer_mixers(model) or 'all attention'}, "
+            f"per-layer embeddings {ple}): build it with Graph.from_model"
         )
     names = _hooks(model, graph)
     fam = family_of(model)

@@ -88,6 +88,8 @@ def test_circuit_graph_takes_the_per_layer_embeddings_as_nodes(tmp_path):
     assert graph.n_upstream(graph.slot_index(l, "ple").start) == graph.mlp_src(l) + 1  # through m1
     assert graph.n_upstream(graph.slot_index(l + 1, "mlp").start) == graph.mlp_src(l + 1)  # p1 feeds layer 2
     assert check_additive(model, graph) <= 1e-4
+    with pytest.raises(ValueError, match="per-layer embeddings False.*per-layer embeddings True"):
+        check_additive(model, Graph(3, graph.n_heads, graph.n_kv_heads, graph.granularity))  # a graph without p{l}
     layer = model.original_model.model.layers[l]
     own = sum(
         p.numel()
