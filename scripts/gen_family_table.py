@@ -35,7 +35,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="only report whether docs/models.md is current")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    new = replace_block(DOC.read_text(), render(matrix()))
+    table = render(matrix())  # minutes of checks first: docs/models.md is read after them, edits made meanwhile kept
+    new = replace_block(DOC.read_text(), table)
     if args.check:
         stale = new != DOC.read_text()
         print("docs/models.md family matrix is " + ("STALE: run scripts/gen_family_table.py" if stale else "current"))
