@@ -51,7 +51,7 @@ from einops import rearrange
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 from capinterp.circuits.probe import Routes, routes
 from capinterp.core.family import family_of
-from capinterp.core.layer_extras import ple_layers
+from capinterp.core.layer_extras import ple_layers, stream_scales
 from capinterp.core.model import layer_mixers, mixer_module
 from capinterp.core.position_mean import SplitMean
 from capinterp.core.protocol import Model
@@ -189,7 +189,7 @@ def run_graph(
     B, T = tokens.shape
     d = int(model.cfg.d_model)
     dtype = next(model.parameters()).dtype
-    P = _stream_scales(model)  # P[l]: the scale the residual entering layer l carries (Gemma 4's layer_scalar)
+    P = stream_scales(model)  # P[l]: the scale the residual entering layer l carries (Gemma 4's layer_scalar)
     outs = torch.zeros(graph.n_src, B, T, d, dtype=dtype, device=tokens.device)  # source-major: matmuls
     ref_n = None if ref is None else rearrange(ref, "b t n d -> n b t d").to(dtype).contiguous()
     slots: dict[int, torch.Tensor] = {}  # first slot column -> the slot's input tensor
@@ -405,19 +405,6 @@ def check_additive(model: Model, graph: Graph, tol: float | None = None) -> floa
             f"(relative error {err:.2g}); edge attribution needs additive head/MLP contributions"
         )
     return err
-
-
-def _stream_scales(model: Model) -> list[float]:
-    """``[n_layers + 1]``: the product of the layer scales before each layer (and, last, before the final
-    norm): a node of layer ``l`` adds its output into a stream that every later layer ``k >= l`` then
-    scales by ``layer_scalar[k]`` (Gemma 4), so a reader at layer ``l2`` sees it times ``P[l2] / P[l]``.
-    All ones on every other family."""
-    from capinterp.core.layer_extras import layer_scalars
-
-    out = [1.0]
-    for s in layer_scalars(model):
-        out.append(out[-1] * s)
-    return out
 
 
 def _raw(mod: Any) -> Any:

@@ -22,7 +22,7 @@ from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.gated_mlp import unwrap
 from capinterp.core.protocol import Model
 
-__all__ = ["layer_extras", "layer_scalars", "ple_layers", "require_additive_layers"]
+__all__ = ["layer_extras", "layer_scalars", "ple_layers", "require_additive_layers", "stream_scales"]
 
 
 def layer_scalars(model: Model) -> list[float]:
@@ -32,6 +32,17 @@ def layer_scalars(model: Model) -> list[float]:
     for b in model.blocks:
         s = getattr(unwrap(b), "layer_scalar", None)
         out.append(float(s.float().prod()) if isinstance(s, torch.Tensor) else 1.0)
+    return out
+
+
+def stream_scales(model: Model) -> list[float]:
+    """``[n_layers + 1]``: the product of the layer scales before each layer (and, last, before the final
+    norm): a node of layer ``l`` adds its output into a stream that every later layer ``k >= l`` then
+    scales by ``layer_scalar[k]`` (Gemma 4), so a reader at layer ``l2`` sees it times ``P[l2] / P[l]``.
+    All ones on every other family."""
+    out = [1.0]
+    for s in layer_scalars(model):
+        out.append(out[-1] * s)
     return out
 
 

@@ -89,6 +89,12 @@ class CleanSuffix:
     def n_pos(self) -> int:
         return int(self.suffix.shape[1])
 
+    @property
+    def stateful(self) -> bool:
+        """The prefix leaves a state of its own (a hybrid's mixers, compressed attention): the rows each
+        continue from a copy of it, at the explicit ``positions``."""
+        return self.positions is not None
+
 
 class _PrefixKV:
     """Stand-in for the HF cache in direct block calls: prepends the recorded prefix K/V.
@@ -481,7 +487,7 @@ def stair_logits(
     joining = dict(groups)
     cache = _PrefixKV(run.prefix_kv)
     h, R = None, 0
-    batch = _batch_layout(model) or run.positions is not None  # rows each with their own copy of a prefix state
+    batch = _batch_layout(model) or run.stateful  # rows each with their own copy of a prefix state
     shared = _shared_store()  # KV-sharing layers' keys and values, these rows
     hooks = [
         (
@@ -509,7 +515,7 @@ def stair_logits(
                 kwargs[_SHARED_KV] = _shared_rows(shared, kwargs[_SHARED_KV], R, run.n_pos, batch)
             cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
             x = rearrange(h, "1 (r s) ... -> r s ...", r=R) if batch else h
-            if run.positions is None:  # keys and values only: every row reads the one recorded prefix
+            if not run.stateful:  # keys and values only: every row reads the one recorded prefix
                 out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
             elif run.cache is None:  # no prefix: no state to continue from
                 out = model.blocks[j](x, *args, **kwargs, **{cache_arg: None})
@@ -534,7 +540,7 @@ def bridge_logits(
     cache, positions = None, {}
     if run.cache is not None:
         cache = copy.deepcopy(run.cache)  # a forward extends the cache in place: fresh copy per chunk
-        if run.positions is None:
+        if run.positions is None:  # keys and values only
             cache.batch_repeat_interleave(rows)
         else:  # every layer's keys and values and own states (a mixer's has no batch_repeat_interleave)
             cache.reorder_cache(torch.zeros(rows, dtype=torch.long))
