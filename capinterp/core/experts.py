@@ -45,6 +45,10 @@ experts normalized after the down projection, an experts module without transfor
 weights, a block that routes by more than its input and the token ids, any block whose output the
 check finds different) is refused at load with the reason.
 
+Gemma 4's MoE layers run their experts beside a dense MLP, each branch normalized before the two add:
+served here with the dense MLP as the shared expert and the branch norms in the forward
+(:mod:`capinterp.core.branch_experts`).
+
 Dense layers among MoE layers (the released DeepSeek-V2/V3, GLM-4 MoE, Ernie 4.5 MoE, AFMoE and
 Laguna checkpoints: dense layers first; Llama 4 Maverick's interleaving) are served on the same neuron
 axis by :class:`~capinterp.core.dense_layers.DenseBlock` (their neurons first, then padding that is
@@ -62,6 +66,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from capinterp.core.branch_experts import NormedBranches, branch_layer, check_logits, normed_branches, probe_logits
+from capinterp.core.branch_experts import serve as serve_branches
 from capinterp.core.dense_layers import DenseBlock, dense_block
 from capinterp.core.family import FFN_ONLY_LAYERS, MoE, UnsupportedFamily, family_of
 from capinterp.core.gated_mlp import (
@@ -76,7 +82,7 @@ from capinterp.core.gated_mlp import (
 )
 from capinterp.core.protocol import Model
 
-__all__ = ["DenseBlock", "ExpertBlock", "expert_block", "install", "is_moe", "latent_layers"]
+__all__ = ["DenseBlock", "ExpertBlock", "branched", "expert_block", "install", "is_moe", "latent_layers"]
 
 _HOOK = "hook_neurons"  # the HookPoint's own name; blocks.{l}.mlp.hook_post is its alias
 
@@ -114,6 +120,9 @@ class ExpertBlock:
     # goes through fc2 (both Linears, d_model <-> latent): a routed neuron's value vector is fc2 @ its
     # column of the expert's down projection; the router and the shared expert read x itself
     latent: tuple[Any, Any] | None = None
+    # Gemma 4: the experts run beside the dense MLP (the shared expert here), each branch normalized
+    # before the two add, the router reading the residual the MLP's norm reads (branch_experts)
+    branches: NormedBranches | None = None
 
     # ---- the experts' arithmetic, read from transformers' own flags
 
@@ -204,9 +213,12 @@ class ExpertBlock:
     def forward(self, hook: torch.nn.Module, hidden_states: Tensor, input_ids: Tensor | None = None) -> Any:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
+        # Gemma 4: the router and the experts read the residual the dense MLP's input was normalized from
+        resid3 = hidden_states if self.branches is None else self.branches.tap.take(hidden_states)
+        resid = resid3.reshape(x.shape)
         # the router's input: one row per token, or the block's own [batch, pos, d_model] (AFMoE's
         # router reads three axes), as found at load (_checked); its choices flattened to one row per token
-        r_in = hidden_states if self.router_3d else x
+        r_in = hidden_states if self.router_3d else resid
         extra_in: tuple = tuple(getattr(self.block, n) for n in self.router_args)
         if self.by_token and (input_ids is None or input_ids.numel() != x.shape[0]):
             raise ValueError(
@@ -226,6 +238,8 @@ class ExpertBlock:
         weights, index = weights.reshape(x.shape[0], -1), index.reshape(x.shape[0], -1)
         n_tok, width = x.shape[0], self.n_experts * self.d_expert
         xe = x if self.latent is None else self.latent[0](x)  # the routed experts' input
+        if self.branches is not None:  # the norms run on [batch, pos, d_model], as their hooks show it
+            xe = self.branches.pre2(resid3).reshape(x.shape)
         acts = x.new_zeros(n_tok, self.n_experts, self.d_expert)
         routed = []
         for e in index.unique().tolist():
@@ -252,7 +266,11 @@ class ExpertBlock:
             out = out.index_add(0, tok, y.to(x.dtype))
         if self.latent is not None:
             out = self.latent[1](out)
-        if self.shared is not None:
+        if self.branches is not None:  # each branch normalized, then the two added
+            assert self.shared is not None
+            dense = self.shared.down_proj(neurons[:, width:]).reshape(shape)
+            out = self.branches.post_experts(out.reshape(shape)) + self.branches.post_dense(dense)
+        elif self.shared is not None:
             out = out + self.shared.down_proj(neurons[:, width:])
         if self.out_bias is not None:  # added to the layer's output, owned by no neuron (JetMoE)
             out = out + self.out_bias
@@ -272,6 +290,14 @@ def _width(spec: ExpertBlock | DenseBlock) -> int:
 def latent_layers(model: Model) -> list[int]:
     """The layers whose routed experts work in a latent space (NemotronH's ``moe_latent_size``)."""
     return [b.layer for b in getattr(model, "capinterp_experts", None) or [] if getattr(b, "latent", None) is not None]
+
+
+def branched(model: Model, layer: int) -> bool:
+    """Whether ``layer`` runs experts beside a dense MLP, each branch normalized before the two add
+    (Gemma 4's MoE layers, :mod:`capinterp.core.branch_experts`): the layer's output is then no sum of
+    value vectors, each branch's is."""
+    blocks = getattr(model, "capinterp_experts", None) or ()
+    return layer < len(blocks) and getattr(blocks[layer], "branches", None) is not None
 
 
 def is_moe(model: Model) -> bool:
@@ -396,6 +422,8 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
             f"{where}: the bridge's block has no MLP module (a layer without an FFN); capinterp needs an FFN, "
             "experts or dense, in every layer of a mixture-of-experts model"
         )
+    if experts is None and branch_layer(model, layer):
+        return _branch_block(model, layer, moe, where, block)
     if experts is None and getattr(unwrap(model.blocks[layer]), "experts", None) is not None:
         raise UnsupportedFamily(
             f"{where}: the decoder layer runs experts beside its dense MLP ({type(block).__name__}), each output "
@@ -474,6 +502,41 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         latent=latent,
     )
     return _checked(where, spec, down)
+
+
+def _branch_block(model: Model, layer: int, moe: MoE, where: str, dense: Any) -> ExpertBlock:
+    """Gemma 4's MoE layer (:mod:`capinterp.core.branch_experts`): the decoder layer's routed experts
+    and router, its dense MLP the shared expert, each branch normalized before the two add."""
+    raw = unwrap(model.blocks[layer])
+    experts = _flagged(unwrap(raw.experts), int(model.cfg.d_model))
+    if experts is None or not is_mlp(dense):
+        raise UnsupportedFamily(
+            f"{where}: the experts beside the dense MLP ({type(unwrap(raw.experts)).__name__}, "
+            f"{type(dense).__name__}) are not stacked 3-D gated experts beside a gated MLP"
+        )
+    down = experts.down_proj
+    n_experts, d_expert = int(down.shape[0]), int(down.shape[1] if experts.is_transposed else down.shape[2])
+    if (n_experts, d_expert) != (moe.n_experts, moe.d_expert):
+        raise UnsupportedFamily(
+            f"{where}: the experts hold {n_experts} x {d_expert} neurons, the config says "
+            f"{moe.n_experts} x {moe.d_expert}"
+        )
+    router = model.blocks[layer].router
+    return ExpertBlock(
+        layer=layer,
+        block=dense,
+        router=router,
+        experts=experts,
+        shared=dense,
+        shared_gate=None,
+        n_experts=n_experts,
+        d_expert=d_expert,
+        d_shared=int(unwrap(dense.down_proj).in_features),
+        returns_scores=False,
+        router_args=_router_args(where, dense, router),
+        top_k=moe.top_k,
+        branches=normed_branches(model, layer, where),
+    )
 
 
 def _latent(where: str, block: Any) -> tuple[Any, Any] | None:
@@ -641,7 +704,11 @@ def install(model: Model) -> None:
     blocks: list[Any] = [
         experts.get(layer) or dense_block(model, layer, moe.width, moe) for layer in range(len(model.blocks))
     ]
+    branched = [b for b in blocks if getattr(b, "branches", None) is not None]
+    want = probe_logits(model) if branched else None  # transformers' own, before capinterp serves the layers
     _serve(model, fam, blocks)
+    if want is not None:
+        check_logits(model, want, f"{fam.name} ({fam.architecture}), layers {[b.layer for b in branched]}")
 
 
 def _dense_widths(model: Model) -> list[int]:
@@ -671,6 +738,8 @@ def _serve(model: Model, fam: Any, blocks: list[Any]) -> None:
         if "hook_post" in mlp.__dict__:
             object.__setattr__(mlp, "hook_post", hook)
         module_of(spec.block).forward = functools.partial(spec.forward, hook)
+        if isinstance(spec, ExpertBlock) and spec.branches is not None:
+            serve_branches(model, spec.layer, spec.branches)
         if isinstance(spec, ExpertBlock) and spec.shared_beside is not None:  # its neurons are in the block's now
             spec.shared_beside.forward = _zero_out
     model.capinterp_experts = blocks

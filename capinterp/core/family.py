@@ -206,7 +206,9 @@ def _moe(hf: Any, d_model: int) -> MoE | None:
     kinds = getattr(hf, "layers_block_type", None)  # NemotronH: experts only where a layer is "moe"
     if not n or int(n) <= 1 or (isinstance(kinds, (list, tuple)) and "mlp" in kinds and "moe" not in kinds):
         return None
-    top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", "moe_topk", default=1))
+    if getattr(hf, "enable_moe_block", None) is False:  # Gemma 4: experts configured, not built
+        return None
+    top_k = int(_get(hf, "num_experts_per_tok", "top_k", "moe_top_k", "moe_topk", "top_k_experts", default=1))
     d_expert = int(_get(hf, "moe_intermediate_size", "intermediate_size", "ffn_dim", default=4 * d_model))
     shared = _get(hf, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts", default=None)
     d_shared = _get(

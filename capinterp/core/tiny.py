@@ -19,6 +19,7 @@ import torch
 
 __all__ = [
     "TINY_FAMILIES",
+    "TINY_GEMMA4_MOE",
     "TINY_HYBRID",
     "TINY_REFUSED",
     "TINY_VARIANT_OF",
@@ -200,6 +201,23 @@ _NEMOTRON_H_MOE = dict(
 
 # Gemma 4's text model: a 4-token window on its sliding layers
 _GEMMA4 = dict(intermediate_size=96, head_dim=8, sliding_window=4)
+
+# Gemma 4's MoE layers (26B-A4B's shape: no per-layer embeddings, no KV sharing): routed experts beside
+# the dense MLP, each branch normalized before the two add (capinterp.core.branch_experts); not yet a
+# row of the family matrix (its plain-transformers references make MoE blocks dense one block at a time)
+TINY_GEMMA4_MOE: dict[str, Any] = dict(  # overrides of tiny_hf("gemma4_text")
+    num_hidden_layers=2,
+    layer_types=["sliding_attention", "full_attention"],
+    per_layer_config={},
+    num_kv_shared_layers=0,
+    use_double_wide_mlp=False,
+    hidden_size_per_layer_input=0,
+    attention_k_eq_v=True,
+    enable_moe_block=True,
+    num_experts=4,
+    top_k_experts=2,
+    moe_intermediate_size=24,
+)
 
 TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "llama": dict(intermediate_size=96),

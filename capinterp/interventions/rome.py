@@ -36,6 +36,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, check_target
+from capinterp.core.experts import branched
 from capinterp.core.family import family_of
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import model_fingerprint, neuron_hook
@@ -279,6 +280,11 @@ def rome_edit(
     search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
     _check_has_neurons(model, layer)
     check_expert(model, layer, expert)
+    if branched(model, layer) and expert is None:
+        raise ValueError(
+            f"layer {layer} normalizes its experts' sum and its dense MLP's output apart (Gemma 4), so ROME "
+            "optimises the edited branch's value: pass expert= (an expert index, or 'shared' for the dense MLP)"
+        )
     validate.nonneg_int("n_prefixes", n_prefixes)
     validate.positive_int("prefix_tokens", prefix_tokens)
     validate.finite_float("ridge", ridge, low=0.0)
@@ -296,7 +302,7 @@ def rome_edit(
     if prefixes is None:
         prefixes = sample_prefixes(model, n_prefixes, prefix_tokens, seed)
     contexts = [""] + [str(p) for p in prefixes]
-    delta, key, losses = _optimise(model, search, fact.prompt, subject, new_target, contexts)
+    delta, key, losses = _optimise(model, search, fact.prompt, subject, new_target, contexts, expert)
     if moe:
         expert = choose_expert(model, layer, key) if expert is None else expert
         columns = expert_slice(model, expert)
@@ -461,21 +467,32 @@ def _value_batch(model: Model, prompt: str, subject: str, new_target: str, conte
     )
 
 
-def _value_hook(model: Model, layer: int) -> str:
+def _value_hook(model: Model, layer: int, expert: Expert | None = None) -> str:
     """Where the layer's down projection's output is hooked: its ``out`` component, or on a
     mixture-of-experts model (its layers served by :mod:`capinterp.core.experts`' blocks, whose
-    output is the sum over their neurons' value vectors) the MLP's ``hook_out``."""
+    output is the sum over their neurons' value vectors) the MLP's ``hook_out``; on a layer whose
+    branches are normalized apart (Gemma 4: :mod:`capinterp.core.branch_experts`) the edited branch's
+    sum, the input of its norm."""
+    if branched(model, layer):
+        norm = "post_feedforward_layernorm_1" if expert == SHARED else "post_feedforward_layernorm_2"
+        return f"blocks.{layer}.{norm}.hook_in"
     if getattr(model, "capinterp_experts", None):
         return f"blocks.{layer}.mlp.hook_out"
     return f"blocks.{layer}.mlp.out.hook_out"
 
 
 def _optimise(
-    model: Model, search: _ValueSearch, prompt: str, subject: str, new_target: str, contexts: list[str]
+    model: Model,
+    search: _ValueSearch,
+    prompt: str,
+    subject: str,
+    new_target: str,
+    contexts: list[str],
+    expert: Expert | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Steps 1 and 2: ``(delta [d_model], k* [d_mlp], losses)``, ROME's key and value optimisation (Eq. 4)."""
     b = _value_batch(model, prompt, subject, new_target, contexts)
-    out_hook = _value_hook(model, search.layer)
+    out_hook = _value_hook(model, search.layer, expert)
     saved: dict[str, torch.Tensor] = {}
 
     def keep(name: str):

@@ -30,7 +30,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from capinterp.core.family import family_of
+from capinterp.core.experts import branched
+from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.forward import capture, unembed
 from capinterp.core.model import neuron_hook, neuron_shape
 from capinterp.core.offload import weights_readable
@@ -105,6 +106,12 @@ def folded_norms(model: Model) -> tuple[list[torch.Tensor | None], torch.Tensor,
     and the hook names of the scales to capture (post-FFN ones in layer order, then the final one)."""
     if not str(getattr(model.cfg, "normalization_type", "")).startswith("RMS"):
         raise ValueError(f"norms='fold' needs an RMSNorm model; this one uses {model.cfg.normalization_type!r}")
+    split = [l for l in range(len(model.blocks)) if branched(model, l)]
+    if split:
+        raise UnsupportedFamily(
+            f"norms='fold': layers {split} normalize their experts' sum and their dense MLP's output apart "
+            "before adding them (Gemma 4), which one frozen post-FFN scale per layer does not fold; use norms='raw'"
+        )
     d = model.cfg.d_model
     post = [rms_gain(b.ln2_post, d) if hasattr(b, "ln2_post") else None for b in model.blocks]
     names = [f"blocks.{l}.ln2_post.hook_scale" for l, g in enumerate(post) if g is not None] + ["ln_final.hook_scale"]

@@ -2,8 +2,8 @@
 transformers): what that row does not show on its own. Its last layer reuses layer 1's keys and values
 from the same forward (KV sharing), so IG's staircase must hand it the keys of the rows it runs; its
 KV-sharing layer's MLP is twice as wide, padded onto one neuron axis; its per-layer embeddings are nodes
-of the circuit graph and its layer scales carried there (head patching checked against transformers);
-its MoE layers (experts beside the MLP) are refused at load."""
+of the circuit graph and its layer scales carried there (head patching checked against transformers).
+Its MoE layers (experts beside the MLP): tests/families/test_gemma4_moe.py."""
 
 from __future__ import annotations
 
@@ -164,9 +164,3 @@ def test_layer_scalars_of_one_and_no_per_layer_embeddings_are_no_extras():
     """A layer scale of exactly 1 changes nothing; Gemma 3 has no such steps."""
     model = _model("gemma3_text")
     assert layer_extras(model) == {}
-
-
-def test_moe_layers_refused_at_load_naming_the_normalized_experts():
-    hf, tok = tiny_hf("gemma4_text", enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24)
-    with pytest.raises(UnsupportedFamily, match=r"^gemma4_text .*experts beside its dense MLP.*not a sum over neurons"):
-        ci.load_model(hf, tokenizer=tok)
