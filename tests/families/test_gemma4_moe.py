@@ -291,3 +291,13 @@ def test_double_wide_mlps_beside_experts_refused():
             num_kv_shared_layers=1,
             use_double_wide_mlp=True,
         )
+
+
+def test_the_circuit_graph_decomposes_with_both_branches_in_the_mlp_node():
+    """The MLP node's output (ln2_post's) is the whole FFN, its slot the input both branches read: every
+    slot is the sum of its upstream outputs, and the graph's forward keeps the logits."""
+    from capinterp.circuits.forward import check_additive
+    from capinterp.circuits.graph import Graph
+
+    model, _, _ = _models()
+    assert check_additive(model, Graph.from_model(model)) <= 1e-5
