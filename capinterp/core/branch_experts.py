@@ -18,7 +18,8 @@ and their norms (the bridge's ``router``, ``pre_feedforward_layernorm_2`` and
 bridge's ``ln2.hook_in`` (a patched MLP slot reaches both branches), and that module hands it on
 through a :class:`ResidualTap`. The decoder layer's ``enable_moe_block`` is turned off, so its own
 forward runs ``post(mlp(pre(r)))`` with ``mlp`` the whole FFN. At load the model's logits are
-compared with transformers' own forward on random tokens; any difference refuses the model.
+compared with transformers' own, layer by layer, on what transformers' forward of random tokens gives
+it; any difference refuses the model.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import Tensor
 from capinterp.core.family import UnsupportedFamily
 from capinterp.core.gated_mlp import unwrap
 
-__all__ = ["NormedBranches", "ResidualTap", "branch_layer", "check_logits", "normed_branches", "probe_logits"]
+__all__ = ["NormedBranches", "ResidualTap", "branch_layer", "check", "normed_branches", "probe", "serve"]
 
 _NORMS = ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2")
 
@@ -94,22 +95,53 @@ def serve(model: Any, layer: int, branches: NormedBranches) -> None:
     unwrap(model.blocks[layer]).enable_moe_block = False
 
 
-def probe_logits(model: Any) -> Tensor:
-    """transformers' logits on a fixed random batch (checked again after capinterp serves the layers)."""
+_PROBE = torch.randint(0, 2**62, (2, 7), generator=torch.Generator().manual_seed(0))  # token ids, mod the vocabulary
+
+
+def _forward(model: Any, layers: list[int], given: dict[int, Tensor] | None = None) -> dict[int, tuple[Tensor, Tensor]]:
+    """``{layer: (r, ffn(r))}`` from a forward of transformers' model on a fixed random batch: the residual
+    the pre-MLP norm reads and the FFN's output (the post-FFN norm's input); with ``given``, each layer's
+    pre-MLP norm reads ``given[layer]`` instead (every layer on the same input as before, nothing compounding)."""
+    seen: dict[int, list[Tensor]] = {l: [] for l in layers}
+    hooks = []
+
+    def keep(l: int, replace: bool) -> Any:
+        def hook(_m: Any, args: tuple) -> tuple | None:
+            seen[l].append(args[0].detach())
+            return (given[l], *args[1:]) if replace and given is not None else None
+
+        return hook
+
+    for l in layers:
+        hooks.append(unwrap(model.blocks[l].ln2).register_forward_pre_hook(keep(l, True)))
+        hooks.append(unwrap(model.blocks[l].ln2_post).register_forward_pre_hook(keep(l, False)))
     hf = model.original_model
-    p = next(hf.parameters())
-    ids = torch.randint(0, int(model.cfg.d_vocab), (2, 7), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        return hf(input_ids=ids.to(p.device)).logits.float()
+    ids = (_PROBE % int(model.cfg.d_vocab)).to(next(hf.parameters()).device)
+    try:
+        with torch.no_grad():
+            hf(input_ids=ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {l: (given[l] if given is not None else v[0], v[-1]) for l, v in seen.items()}
 
 
-def check_logits(model: Any, want: Tensor, where: str) -> None:
-    """Refuse where capinterp's forward of the branch layers changed transformers' logits."""
-    got = probe_logits(model)
-    eps = torch.finfo(next(model.original_model.parameters()).dtype).eps
-    err, tol = float((got - want).abs().max()), max(1e-4, 64 * eps) * max(1.0, float(want.abs().max()))
-    if not err <= tol:
-        raise UnsupportedFamily(
-            f"{where}: with the experts and the dense MLP served as one neuron axis the logits differ from "
-            f"transformers' by {err:.3g} (tolerance {tol:.3g}); the layer takes a step capinterp does not know"
-        )
+def probe(model: Any, layers: list[int]) -> dict[int, tuple[Tensor, Tensor]]:
+    """What transformers computes in ``layers`` before capinterp serves them (:func:`check`)."""
+    return _forward(model, layers)
+
+
+def check(model: Any, probed: dict[int, tuple[Tensor, Tensor]], where: str) -> None:
+    """Refuse where a served layer's FFN, run by its decoder layer on the residual transformers' forward
+    gave it, differs from transformers' (layer by layer: in bfloat16 a whole forward compounds rounding
+    into flipped routing choices)."""
+    now = _forward(model, list(probed), {l: r for l, (r, _) in probed.items()})
+    for l, (_, want) in probed.items():
+        got = now[l][1]
+        eps = torch.finfo(want.dtype).eps
+        err, tol = float((got - want).abs().max()), max(1e-4, 16 * eps) * max(1.0, float(want.abs().max()))
+        if not err <= tol:
+            raise UnsupportedFamily(
+                f"{where}: layer {l}'s FFN, served as one neuron axis of experts and dense MLP, differs from "
+                f"transformers' by {err:.3g} (tolerance {tol:.3g}); the layer takes a step capinterp does not know"
+            )

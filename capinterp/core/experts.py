@@ -66,7 +66,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from capinterp.core.branch_experts import NormedBranches, branch_layer, check_logits, normed_branches, probe_logits
+from capinterp.core.branch_experts import NormedBranches, branch_layer, normed_branches
+from capinterp.core.branch_experts import check as check_branches
+from capinterp.core.branch_experts import probe as probe_branches
 from capinterp.core.branch_experts import serve as serve_branches
 from capinterp.core.dense_layers import DenseBlock, dense_block
 from capinterp.core.family import FFN_ONLY_LAYERS, MoE, UnsupportedFamily, family_of
@@ -704,11 +706,11 @@ def install(model: Model) -> None:
     blocks: list[Any] = [
         experts.get(layer) or dense_block(model, layer, moe.width, moe) for layer in range(len(model.blocks))
     ]
-    branched = [b for b in blocks if getattr(b, "branches", None) is not None]
-    want = probe_logits(model) if branched else None  # transformers' own, before capinterp serves the layers
+    split = [b.layer for b in blocks if getattr(b, "branches", None) is not None]
+    probed = probe_branches(model, split) if split else {}  # transformers' own, before capinterp serves them
     _serve(model, fam, blocks)
-    if want is not None:
-        check_logits(model, want, f"{fam.name} ({fam.architecture}), layers {[b.layer for b in branched]}")
+    if probed:
+        check_branches(model, probed, f"{fam.name} ({fam.architecture})")
 
 
 def _dense_widths(model: Model) -> list[int]:

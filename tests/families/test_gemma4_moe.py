@@ -301,3 +301,16 @@ def test_the_circuit_graph_decomposes_with_both_branches_in_the_mlp_node():
 
     model, _, _ = _models()
     assert check_additive(model, Graph.from_model(model)) <= 1e-5
+
+
+def test_a_layer_that_still_runs_its_own_moe_branch_is_refused_at_load(monkeypatch):
+    """The load check runs each decoder layer on transformers' residual: a layer left adding its own MoE
+    branch beside capinterp's FFN (experts counted twice) is refused, never served."""
+    from capinterp.core.gated_mlp import unwrap
+
+    def tap_only(model, layer, branches):  # the residual handed on, the decoder layer's MoE branch left on
+        unwrap(model.blocks[layer].ln2).forward = branches.tap
+
+    monkeypatch.setattr("capinterp.core.experts.serve_branches", tap_only)
+    with pytest.raises(UnsupportedFamily, match=r"layer 0's FFN, served as one neuron axis .* differs"):
+        _load()
