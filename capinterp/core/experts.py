@@ -428,9 +428,9 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         return _branch_block(model, layer, moe, where, block)
     if experts is None and getattr(unwrap(model.blocks[layer]), "experts", None) is not None:
         raise UnsupportedFamily(
-            f"{where}: the decoder layer runs experts beside its dense MLP ({type(block).__name__}), each output "
-            "normalized before the two add (Gemma 4's MoE layers: post_feedforward_layernorm_1 / _2), so the "
-            "layer's output is not a sum over neurons; expert neurons are not defined"
+            f"{where}: the decoder layer runs experts beside its dense MLP ({type(block).__name__}) without "
+            "Gemma 4's enable_moe_block and branch norms (pre_feedforward_layernorm_2, post_feedforward_layernorm_1 "
+            "/ _2), the one such layout capinterp serves; expert neurons are not defined"
         )
     if experts is None or router is None:
         raise UnsupportedFamily(
@@ -446,18 +446,7 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
             "(down_proj [n_experts, ...], with is_transposed or a gated gate_up_proj); its expert neurons cannot be read"
         )
     experts, down = flagged, flagged.down_proj
-    if getattr(experts, "has_post_expert_norm", False):
-        raise UnsupportedFamily(
-            f"{where}: a norm follows each expert's down projection, so the layer's output is not a sum over "
-            "neurons; expert neurons are not defined"
-        )
-    if any(p.device.type == "meta" for p in experts.parameters()):
-        raise UnsupportedFamily(
-            f"{where}: the experts' weights are offloaded (meta device); capinterp's expert forward reads them "
-            "directly, so place the model on devices without CPU / disk offload"
-        )
-    n_experts = int(down.shape[0])
-    d_expert = int(down.shape[1] if experts.is_transposed else down.shape[2])
+    n_experts, d_expert = _expert_shape(where, experts)
     shared = unwrap(
         getattr(block, "shared_expert", None)
         or getattr(block, "shared_experts", None)
@@ -506,6 +495,23 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
     return _checked(where, spec, down)
 
 
+def _expert_shape(where: str, experts: Any) -> tuple[int, int]:
+    """``(n_experts, d_expert)`` of stacked experts (read with transformers' flags, :func:`_flagged`);
+    refused where a norm follows each expert's down projection or the weights are offloaded."""
+    if getattr(experts, "has_post_expert_norm", False):
+        raise UnsupportedFamily(
+            f"{where}: a norm follows each expert's down projection, so the layer's output is not a sum over "
+            "neurons; expert neurons are not defined"
+        )
+    if any(p.device.type == "meta" for p in experts.parameters()):
+        raise UnsupportedFamily(
+            f"{where}: the experts' weights are offloaded (meta device); capinterp's expert forward reads them "
+            "directly, so place the model on devices without CPU / disk offload"
+        )
+    down = experts.down_proj
+    return int(down.shape[0]), int(down.shape[1] if experts.is_transposed else down.shape[2])
+
+
 def _branch_block(model: Model, layer: int, moe: MoE, where: str, dense: Any) -> ExpertBlock:
     """Gemma 4's MoE layer (:mod:`capinterp.core.branch_experts`): the decoder layer's routed experts
     and router, its dense MLP the shared expert, each branch normalized before the two add."""
@@ -516,8 +522,7 @@ def _branch_block(model: Model, layer: int, moe: MoE, where: str, dense: Any) ->
             f"{where}: the experts beside the dense MLP ({type(unwrap(raw.experts)).__name__}, "
             f"{type(dense).__name__}) are not stacked 3-D gated experts beside a gated MLP"
         )
-    down = experts.down_proj
-    n_experts, d_expert = int(down.shape[0]), int(down.shape[1] if experts.is_transposed else down.shape[2])
+    n_experts, d_expert = _expert_shape(where, experts)
     if (n_experts, d_expert) != (moe.n_experts, moe.d_expert):
         raise UnsupportedFamily(
             f"{where}: the experts hold {n_experts} x {d_expert} neurons, the config says "
