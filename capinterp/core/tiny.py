@@ -19,7 +19,6 @@ import torch
 
 __all__ = [
     "TINY_FAMILIES",
-    "TINY_GEMMA4_MOE",
     "TINY_HYBRID",
     "TINY_REFUSED",
     "TINY_VARIANT_OF",
@@ -202,10 +201,26 @@ _NEMOTRON_H_MOE = dict(
 # Gemma 4's text model: a 4-token window on its sliding layers
 _GEMMA4 = dict(intermediate_size=96, head_dim=8, sliding_window=4)
 
+# Gemma 4 E2B / E4B's text model: per-layer embeddings (PLE) beside the residual stream, full-attention
+# layers with heads of their own width (the config's per-layer override) and keys equal to values
+# (attention_k_eq_v), the last layer reusing layer 1's keys and values (num_kv_shared_layers) with a
+# double-wide MLP, every layer's output scaled by its layer_scalar (drawn away from 1 by tiny_hf)
+_GEMMA4_E: dict[str, Any] = dict(
+    _GEMMA4,
+    num_hidden_layers=3,
+    layer_types=["sliding_attention", "full_attention", "full_attention"],
+    per_layer_config={"01": {"head_dim": 16}, "02": {"head_dim": 16}},
+    num_kv_shared_layers=1,
+    use_double_wide_mlp=True,
+    attention_k_eq_v=True,
+    hidden_size_per_layer_input=16,
+    vocab_size_per_layer_input=512,
+)
+
 # Gemma 4's MoE layers (26B-A4B's shape: no per-layer embeddings, no KV sharing): routed experts beside
-# the dense MLP, each branch normalized before the two add (capinterp.core.branch_experts); not yet a
-# row of the family matrix (its plain-transformers references make MoE blocks dense one block at a time)
-TINY_GEMMA4_MOE: dict[str, Any] = dict(  # overrides of tiny_hf("gemma4_text")
+# the dense MLP, each branch normalized before the two add (capinterp.core.branch_experts); the row
+# "gemma4_text_moe" of TINY_FAMILIES (overrides of the "gemma4_text" row)
+_GEMMA4_MOE: dict[str, Any] = dict(
     num_hidden_layers=2,
     layer_types=["sliding_attention", "full_attention"],
     per_layer_config={},
@@ -229,21 +244,8 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # (layer types: Gemma 2 sliding then full, Gemma 3 both sliding)
     "gemma2": dict(intermediate_size=96, head_dim=8, sliding_window=4),
     "gemma3_text": dict(intermediate_size=96, head_dim=8, sliding_window=4),
-    # Gemma 4 E2B / E4B's text model: per-layer embeddings (PLE) beside the residual stream, full-attention
-    # layers with heads of their own width (the config's per-layer override) and keys equal to values
-    # (attention_k_eq_v), the last layer reusing layer 1's keys and values (num_kv_shared_layers) with a
-    # double-wide MLP, every layer's output scaled by its layer_scalar (drawn away from 1 by tiny_hf)
-    "gemma4_text": dict(
-        _GEMMA4,
-        num_hidden_layers=3,
-        layer_types=["sliding_attention", "full_attention", "full_attention"],
-        per_layer_config={"01": {"head_dim": 16}, "02": {"head_dim": 16}},
-        num_kv_shared_layers=1,
-        use_double_wide_mlp=True,
-        attention_k_eq_v=True,
-        hidden_size_per_layer_input=16,
-        vocab_size_per_layer_input=512,
-    ),
+    "gemma4_text": _GEMMA4_E,
+    "gemma4_text_moe": {**_GEMMA4_E, **_GEMMA4_MOE},
     "olmo": dict(intermediate_size=96),
     "olmo2": dict(intermediate_size=96),
     "stablelm": dict(intermediate_size=96),
@@ -494,6 +496,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
 
 # rows of TINY_FAMILIES that are a variant of a transformers family (their model_type), not a family of their own
 TINY_VARIANT_OF: dict[str, str] = {
+    "gemma4_text_moe": "gemma4_text",
     "granitemoehybrid_dense": "granitemoehybrid",
     "nemotron_h_dense": "nemotron_h",
     "nemotron_h_latent": "nemotron_h",

@@ -280,11 +280,6 @@ def rome_edit(
     search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
     _check_has_neurons(model, layer)
     check_expert(model, layer, expert)
-    if branched(model, layer) and expert is None:
-        raise ValueError(
-            f"layer {layer} normalizes its experts' sum and its dense MLP's output apart (Gemma 4), so ROME "
-            "optimises the edited branch's value: pass expert= (an expert index, or 'shared' for the dense MLP)"
-        )
     validate.nonneg_int("n_prefixes", n_prefixes)
     validate.positive_int("prefix_tokens", prefix_tokens)
     validate.finite_float("ridge", ridge, low=0.0)

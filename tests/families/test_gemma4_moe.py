@@ -16,16 +16,16 @@ import torch
 import capinterp as ci
 from capinterp.core.example import Example
 from capinterp.core.family import UnsupportedFamily
-from capinterp.core.tiny import TINY_GEMMA4_MOE, tiny_hf
+from capinterp.core.tiny import tiny_hf
 from capinterp.kernels.completeness import CompletenessWarning
 from capinterp.units.experts import expert_neurons, expert_scores
 
-E, D, DENSE = 4, 24, 96  # experts, neurons per expert, dense MLP neurons (TINY_GEMMA4_MOE)
+E, D, DENSE = 4, 24, 96  # experts, neurons per expert, dense MLP neurons (TINY_FAMILIES["gemma4_text_moe"])
 IDS = torch.tensor([[1, 5, 9, 30, 7, 2, 11], [3, 8, 8, 40, 12, 6, 1]])
 
 
 def _load(**overrides):
-    hf, tok = tiny_hf("gemma4_text", **{**TINY_GEMMA4_MOE, **overrides})
+    hf, tok = tiny_hf("gemma4_text_moe", **overrides)
     plain = copy.deepcopy(hf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -277,10 +277,16 @@ def test_rome_edits_one_branch_and_the_fact_moves(branch, monkeypatch):
     assert all(torch.equal(p, before[n]) for n, p in model.original_model.named_parameters())
 
 
-def test_rome_without_an_expert_asks_for_one():
+def test_rome_without_an_expert_edits_the_routed_expert_that_writes_most():
+    """The default (the routed expert that writes most at the subject) optimises at the routed branch's
+    norm input, which every routed expert shares: the same edit as naming that expert."""
     model, _, _ = _models()
-    with pytest.raises(ValueError, match="pass expert="):
-        ci.rome_edit(model, Example("Rome is the capital of", " Italy"), " France", layer=1, subject="Rome")
+    kw = {**ROME_KW, "prefixes": []}
+    auto = ci.rome_edit(model, FACT, " Rome", layer=0, **kw)
+    assert isinstance(auto.expert, int) and 0 <= auto.expert < E
+    named = ci.rome_edit(model, FACT, " Rome", layer=0, expert=auto.expert, **kw)
+    for name in ("key", "delta", "left"):
+        assert torch.allclose(getattr(auto, name), getattr(named, name), atol=1e-6), name
 
 
 def test_double_wide_mlps_beside_experts_refused():

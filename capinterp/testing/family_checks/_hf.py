@@ -20,6 +20,7 @@ __all__ = [
     "UP_NAMES",
     "attn_out",
     "attn_out_of",
+    "branch_down",
     "decoder_layers",
     "hooked",
     "is_matrix",
@@ -110,9 +111,19 @@ def attn_out_of(hf: Any, layer: int) -> torch.nn.Module | None:
     return None
 
 
+def branch_down(block: torch.nn.Module) -> torch.nn.Module | None:
+    """A densified Gemma 4 MoE decoder layer's down projection (:mod:`._branch_ref`: both branches'
+    neurons in, the FFN's output out), which is no submodule of it; None on other layers."""
+    down = getattr(block, "_ref_down", None)
+    return down if isinstance(down, torch.nn.Module) else None
+
+
 def mlp_down(hf: Any, layer: int) -> torch.nn.Module:
     """The MLP's down projection of ``layer`` (its input is the neurons, its output the MLP's contribution)."""
     block = decoder_layers(hf)[layer]
+    branches = branch_down(block)
+    if branches is not None:
+        return branches
     mlp = next((getattr(block, n) for n in _MLP if hasattr(block, n)), None)
     return _one(mlp, DOWN_NAMES) if mlp is not None else _one(block, DOWN_NAMES, skip=_attn_name(block))
 

@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-from capinterp.testing.family_checks._hf import DOWN_NAMES, FFN_NAMES, SHARED_PATHS, decoder_layers, outside_shared
+from capinterp.testing.family_checks._hf import (
+    DOWN_NAMES,
+    FFN_NAMES,
+    SHARED_PATHS,
+    branch_down,
+    decoder_layers,
+    outside_shared,
+)
 
 __all__ = ["clean_down_inputs", "decoder_layers", "down_proj", "ig_reference", "layer_width", "prob"]
 
@@ -30,7 +37,11 @@ def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
     """Layer ``layer``'s FFN output projection: named like one, reading ``d_mlp`` features; where no
     such module exists (a dense layer of a model mixing dense and MoE layers, narrower than the
     experts' ``d_mlp``), the one narrower module so named outside attention and shared experts."""
-    named = [(name, m) for name, m in decoder_layers(hf)[layer].named_modules() if name.split(".")[-1] in DOWN_NAMES]
+    block = decoder_layers(hf)[layer]
+    branches = branch_down(block)
+    if branches is not None:
+        return branches
+    named = [(name, m) for name, m in block.named_modules() if name.split(".")[-1] in DOWN_NAMES]
     found = [m for _, m in outside_shared([(n, m) for n, m in named if _in_dim(m) == d_mlp])]
     if not found:
         found = [

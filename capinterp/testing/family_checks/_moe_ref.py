@@ -273,9 +273,14 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
     """
     if getattr(hf, "_ref_dense", False):
         return hf
+    from capinterp.testing.family_checks._branch_ref import is_branched, make_dense
+
     ids = torch.tensor([[1, 5, 9, 30, 7, 2]]) if ids is None else ids
     before = hf(ids).logits
     for _, block in _blocks(hf):
+        if is_branched(block):  # Gemma 4: the decoder layer itself holds the experts, beside its MLP
+            make_dense(block)
+            continue
         flag_jetmoe(block)
         object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))
         ids_in = {"input_ids": torch.zeros(1, 1, dtype=torch.long)} if _takes_ids(block) else {}

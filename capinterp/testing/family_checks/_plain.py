@@ -16,6 +16,7 @@ from capinterp.testing.family_checks._hf import (
     FUSED_NAMES,
     GATE_NAMES,
     UP_NAMES,
+    branch_down,
     is_matrix,
     outside_shared,
 )
@@ -38,6 +39,10 @@ class Mlp:
     """One layer's FFN in the plain model: ``(name, module)`` of its down, up, gate and fused projections."""
 
     def __init__(self, layer: torch.nn.Module, prefix: str):
+        branches = branch_down(layer)  # a densified Gemma 4 MoE layer (._branch_ref)
+        if branches is not None:
+            self.down, self.up, self.gate, self.fused = (f"{prefix}._ref_down", branches), None, None, None
+            return
         ffn = outside_shared(  # a densified MoE's down_proj covers its shared expert
             [
                 (name, mod)

@@ -26,6 +26,7 @@ import torch
 
 from capinterp.core.protocol import Model
 from capinterp.core.tiny import tiny_hf
+from capinterp.testing.family_checks._branch_ref import is_branched
 from capinterp.testing.family_checks._models import load_pair
 
 __all__ = ["CHECKS"]
@@ -138,10 +139,14 @@ class _Ref:
         ]
         attn = attn or [(n, None) for n in mods if n in _ATTN]
         mlp = mlp or [(n, None) for n in mods if n == "mlp"]
-        assert len(attn) == 1 and len(mlp) == 1, f"layer {l}: readers {top}"
+        if is_branched(layer):  # Gemma 4's MoE layer: the MLP, the experts (their own norm), the router (the
+            mlp.append(("router", None))  # residual itself) read one slot
+            assert len(attn) == 1 and [n for n, _ in mlp] == ["mlp", "experts", "router"], f"layer {l}: readers {top}"
+        else:
+            assert len(attn) == 1 and len(mlp) == 1, f"layer {l}: readers {top}"
         return [
             (k, mods[n], None if nm is None else mods[nm], 1.0)
-            for k, (n, nm) in zip(("attn", "mlp"), (attn[0], mlp[0]))
+            for k, (n, nm) in [("attn", attn[0])] + [("mlp", m) for m in mlp]
         ]
 
     def _norm_readers(
@@ -349,8 +354,8 @@ class _Ref:
             elif self.ple[l] is not None:  # the MLP: the gate's input less the layer's input and attention
                 outs.append(rec["ple_in"][l][0] - rec["in"][l][0] - attn)
                 outs.append(rec["ple_out"][l][0])
-            else:
-                outs.append(rec["out"][l][0] - rec["in"][l][0] - attn)
+            else:  # Gemma 4 scales the layer's output by its own layer_scalar after the residual adds
+                outs.append(rec["out"][l][0] / (self.P[l + 1] / self.P[l]) - rec["in"][l][0] - attn)
             layer_of += [l] * (len(outs) - n_before)
         slots = dict(rec["slots"])
         if final:

@@ -39,8 +39,24 @@ def _ids(tok: Any, text: str) -> torch.Tensor:
     return tok(text, return_tensors="pt")["input_ids"]
 
 
-def _run(hf: Any, down: torch.nn.Module, ids: torch.Tensor, pos: int, delta: torch.Tensor | None, keep: dict):
-    """Log-softmax logits [T, V] of one row; delta added to the down projection's output at ``pos``."""
+def _value_at(down: torch.nn.Module, shared: bool) -> torch.nn.Module:
+    """The module whose output ROME's value is: the down projection, or on a Gemma 4 MoE layer
+    (:mod:`._branch_ref`, each branch normalized) the edited branch's sum, its norm's input."""
+    sums = getattr(down, "branch_sums", None)
+    return down if sums is None else sums[1 if shared else 0]
+
+
+def _run(
+    hf: Any,
+    points: tuple[torch.nn.Module, torch.nn.Module],
+    ids: torch.Tensor,
+    pos: int,
+    delta: torch.Tensor | None,
+    keep: dict,
+):
+    """Log-softmax logits [T, V] of one row; delta added to the value (:func:`_value_at`) at ``pos``;
+    ``points`` is ``(down projection, value module)``."""
+    down, at = points
     T = ids.shape[1]
 
     def pre(mod, args):
@@ -56,7 +72,7 @@ def _run(hf: Any, down: torch.nn.Module, ids: torch.Tensor, pos: int, delta: tor
 
     handle = down.register_forward_pre_hook(pre)
     try:
-        with hooked([(down, add)]):
+        with hooked([(at, add)]):
             return hf(ids).logits[0].float().log_softmax(-1)
     finally:
         handle.remove()
@@ -101,6 +117,7 @@ def reference_edit(hf: Any, tok: Any, layer: int = LAYER, shared: bool = False) 
     """k*, delta and the left vector of the ROME update at ``layer``, all from HF hooks (and the
     edited expert's neurons on an MoE layer: the shared expert's with ``shared``)."""
     down = mlp_down(hf, layer)
+    points = (down, _value_at(down, shared))
     rows = []  # (ids, subject's last position, answer positions, gold ids)
     for c in CONTEXTS:
         p_ids, full = _ids(tok, c + PROMPT), _ids(tok, c + PROMPT + NEW)
@@ -114,11 +131,11 @@ def reference_edit(hf: Any, tok: Any, layer: int = LAYER, shared: bool = False) 
     keep: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for i, (x, pos, _, _) in enumerate(rows):
-            _run(hf, down, x, pos, None, keep)
+            _run(hf, points, x, pos, None, keep)
             keys.append(keep["key"])
             if i == 0:  # the layer's output: JetMoE's block adds its bias after the experts' sum
                 v0_norm = (keep["value"] + _block_bias(hf, layer)).norm()
-        kl_before = _run(hf, down, kl_ids, kl_pos, None, keep)[-1]
+        kl_before = _run(hf, points, kl_ids, kl_pos, None, keep)[-1]
     key = torch.stack(keys).mean(0)
     cols = _one_expert(hf, key, layer, shared)
     if cols is not None:  # the other neurons' keys are not the edited expert's
@@ -132,11 +149,11 @@ def reference_edit(hf: Any, tok: Any, layer: int = LAYER, shared: bool = False) 
     for _ in range(STEPS):
         nll = torch.stack(
             [
-                -_run(hf, down, x, pos, delta, keep)[ans, gold].sum() / len(gold) / len(rows)
+                -_run(hf, points, x, pos, delta, keep)[ans, gold].sum() / len(gold) / len(rows)
                 for x, pos, ans, gold in rows
             ]
         ).sum()
-        lp = _run(hf, down, kl_ids, kl_pos, delta, keep)[-1]
+        lp = _run(hf, points, kl_ids, kl_pos, delta, keep)[-1]
         loss = nll + KL * torch.sum(kl_before.exp() * (kl_before - lp)) + WD * delta.pow(2).sum() / v0_norm**2
         losses.append(float(nll.detach()))
         if losses[-1] < 5e-2:
