@@ -156,8 +156,30 @@ def _granite_hybrid_adapter() -> type:
     return GraniteHybridOneFFN
 
 
+def _gemma3n_text_adapter() -> type:
+    from transformer_lens.model_bridge.supported_architectures.gemma3n import Gemma3nArchitectureAdapter
+
+    class Gemma3nText(Gemma3nArchitectureAdapter):
+        """Gemma 3n's text model alone (``Gemma3nForCausalLM``): the bridge's adapter for the multimodal
+        model's text path, at the text model's module paths (no vision or audio tower, so no timm)."""
+
+        required_libraries = []  # noqa: RUF012 (the base class declares it so)
+
+        def __init__(self, cfg: Any) -> None:
+            super().__init__(cfg)
+            mapping: dict[str, Any] = dict(self.component_mapping or {})
+            for part in ("embed", "rotary_emb", "blocks", "ln_final"):
+                mapping[part].name = str(mapping[part].name).replace("model.language_model.", "model.")
+            subs = mapping["blocks"].submodules
+            subs["attn"] = subs.pop("self_attn")  # the canonical key: blocks.{l}.attn.*
+            self.component_mapping = mapping
+
+    return Gemma3nText
+
+
 #: transformers class name -> the factory of capinterp's adapter for it
 EXTRA_ARCHITECTURES = {
+    "Gemma3nForCausalLM": _gemma3n_text_adapter,
     "PhimoeForCausalLM": _phimoe_adapter,
     "HunYuanMoEV1ForCausalLM": _hunyuan_moe_adapter,
     "Dots1ForCausalLM": _dots1_adapter,

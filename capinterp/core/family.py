@@ -143,6 +143,11 @@ class Family:
     # blocks.{l}.hook_out is [batch, pos, streams, d_model]; each sublayer reads a learned, input-dependent
     # mix of them and writes into all of them, and the model's hc_head collapses them before the final norm
     residual_streams: int = 1
+    # AltUp's residual streams (Gemma 3n, config altup_num_inputs): blocks.{l}.hook_in / hook_out are
+    # [streams, batch, pos, d_model], the streams axis first; each layer predicts every stream from all of
+    # them, runs attention and the MLP on one (hook_resid_pre / hook_resid_post), and corrects all of them
+    # with learned, input-dependent coefficients; the model projects and averages them before the final norm
+    altup_streams: int = 1
 
     @property
     def neurons(self) -> tuple[int, int]:
@@ -235,8 +240,14 @@ def _hybrid_layers(hf: Any) -> tuple[str, ...]:
 _UNSERVED_WHY = {"shared_block": "layers that call one transformer block whose weights several layers share (Zamba)"}
 
 
-def _ffn_width(hf: Any, d_model: int) -> int:
+def _ffn_width(hf: Any, d_model: int, name: str) -> int:
     width = _get(hf, *_FFN_WIDTH_FIELDS)  # absent: 4 * d_model (BLOOM; MPT, whose MLP ignores expansion_ratio)
+    if isinstance(width, (list, tuple)):  # Gemma 3n: one width per layer
+        if len(set(width)) != 1:
+            raise UnsupportedFamily(
+                f"{name}: FFN widths differ across layers ({sorted(set(width))}); the neuron axis is one width"
+            )
+        width = width[0]
     width = int(width) if width is not None else 4 * d_model
     if getattr(hf, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of the config's width (a gated MLP's
         width = int(2 * width / 3)  # usual budget), times a multiplier, rounded up to a multiple
@@ -313,7 +324,7 @@ def read_family(model: Model) -> Family:
     return Family(
         name=name,
         architecture=str(arch),
-        d_mlp=moe.width if moe else _ffn_width(hf, common["d_model"]),
+        d_mlp=moe.width if moe else _ffn_width(hf, common["d_model"], name),
         fused_qkv=_fused_qkv(model, common),
         conv1d=any(type(m).__name__ == "Conv1D" for m in model.original_model.modules()),
         logit_multiplier=logit_multiplier,
@@ -330,6 +341,7 @@ def read_family(model: Model) -> Family:
         routed_heads=_routed_heads(model),
         # several residual streams where the bridge maps the model's collapse of them (DeepSeek-V4's hc_head)
         residual_streams=int(_get(hf, "hc_mult", default=1)) if hasattr(model, "hc_head") else 1,
+        altup_streams=int(_get(hf, "altup_num_inputs", default=1)),
         **common,
     )
 

@@ -13,7 +13,7 @@ import torch
 from capinterp.core.family import family_of, logit_transform
 from capinterp.core.protocol import Model
 
-__all__ = ["capture", "collapse_streams", "logits_at", "unembed"]
+__all__ = ["batch_first", "block_layout", "capture", "collapse_streams", "logits_at", "unembed"]
 
 
 class _Stop(Exception):
@@ -39,12 +39,40 @@ def capture(model: Model, tokens: torch.Tensor, hook_name: str, fwd_hooks=()) ->
 
 def collapse_streams(model: Model, h: torch.Tensor) -> torch.Tensor:
     """The last block's output as the final norm reads it: ``h`` itself (``[..., pos, d_model]``), or, on a
-    model whose residual is several streams (DeepSeek-V4's hyper-connections: ``[..., pos, n_streams,
-    d_model]``), the model's own collapse of them (``hc_head``: learned, input-dependent weights)."""
-    streams = family_of(model).residual_streams
+    model whose residual is several streams (``[..., pos, n_streams, d_model]``, :func:`batch_first`'s
+    layout), the model's own collapse of them: DeepSeek-V4's ``hc_head`` (learned, input-dependent
+    weights), Gemma 3n's AltUp (:func:`_altup_collapse`)."""
+    fam = family_of(model)
+    if fam.altup_streams > 1 and h.ndim >= 4 and h.shape[-2] == fam.altup_streams:
+        return _altup_collapse(model, h)
+    streams = fam.residual_streams
     if h.ndim <= 3 or streams <= 1 or h.shape[-2] != streams:
         return h
     return model.hc_head(h)
+
+
+def _altup_collapse(model: Model, h: torch.Tensor) -> torch.Tensor:
+    """Gemma 3n's end of the layers: stream 0, and every other stream through its
+    ``altup_unembed_projections`` rescaled to stream 0's root-mean-square, averaged."""
+    projections = next(m for n, m in model.original_model.named_modules() if n.endswith("altup_unembed_projections"))
+    first = h[..., 0, :]
+    target = first.pow(2).mean(-1, keepdim=True).sqrt()
+    parts = [first]
+    for i, proj in enumerate(projections, start=1):
+        x = proj(h[..., i, :]).to(first.dtype)
+        parts.append(x * target / x.pow(2).mean(-1, keepdim=True).clamp(min=1e-5).sqrt())
+    return torch.stack(parts).mean(0)
+
+
+def batch_first(model: Model, h: torch.Tensor) -> torch.Tensor:
+    """A block's input or output with the batch first: Gemma 3n's AltUp streams (``[streams, batch, pos,
+    d_model]``, the streams axis first) as ``[batch, pos, streams, d_model]`` (a view); ``h`` elsewhere."""
+    return h.movedim(0, 2) if family_of(model).altup_streams > 1 else h
+
+
+def block_layout(model: Model, h: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`batch_first`: what a block takes (AltUp's streams axis first again)."""
+    return h.movedim(2, 0) if family_of(model).altup_streams > 1 else h
 
 
 def unembed(model: Model, h: torch.Tensor) -> torch.Tensor:

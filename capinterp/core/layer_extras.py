@@ -1,7 +1,9 @@
 """Decoder-layer steps beside attention and the FFN that write to or rescale the residual stream.
 
 DeepSeek-V4 keeps several residual streams between layers (hyper-connections, ``Family.residual_streams``):
-each sublayer reads a learned, input-dependent mix of them and writes into all of them.
+each sublayer reads a learned, input-dependent mix of them and writes into all of them. Gemma 3n keeps
+several too (AltUp, ``Family.altup_streams``): each layer predicts every stream from all of them, runs on
+one, and corrects all of them.
 
 Gemma 4's text model (E2B / E4B) ends each layer with two more steps: per-layer embeddings (PLE:
 ``per_layer_input_gate`` reads the residual after the MLP, is multiplied by the token's per-layer
@@ -53,7 +55,8 @@ def ple_layers(model: Model) -> list[int]:
 
 def layer_extras(model: Model) -> dict[str, str]:
     """The steps by which the model's layers write to or scale the residual stream beside their attention
-    (or mixer) and FFN, by kind (``"streams"``, ``"ple"``, ``"scaled"``), in words; empty where there are none."""
+    (or mixer) and FFN, by kind (``"streams"``, ``"altup"``, ``"ple"``, ``"scaled"``), in words; empty where
+    there are none."""
     ple = ple_layers(model)
     scaled = [l for l, s in enumerate(layer_scalars(model)) if s != 1.0]
     found = {}
@@ -62,6 +65,13 @@ def layer_extras(model: Model) -> dict[str, str]:
         found["streams"] = (
             f"keeps {streams} residual streams between layers (hyper-connections: each sublayer reads a learned, "
             "input-dependent mix of them and writes into all of them, so no output joins the residual additively)"
+        )
+    altup = family_of(model).altup_streams
+    if altup > 1:
+        found["altup"] = (
+            f"keeps {altup} residual streams between layers (AltUp: each layer predicts every stream from all of "
+            "them, runs attention and the MLP on one, and corrects all of them with learned, input-dependent "
+            "coefficients, so no output joins the residual additively)"
         )
     if ple:
         found["ple"] = (

@@ -246,6 +246,20 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(intermediate_size=96, head_dim=8, sliding_window=4),
     "gemma4_text": _GEMMA4_E,
     "gemma4_text_moe": {**_GEMMA4_E, **_GEMMA4_MOE},
+    # Gemma 3n's text model (E2B / E4B; adapter: capinterp.core.adapters): AltUp's four residual streams,
+    # LAuReL beside attention, per-layer embeddings, the FFN width given per layer, activation sparsity (a
+    # Gaussian top-k of the gate) on layer 0, the last layer reusing layer 1's keys and values
+    "gemma3n_text": dict(
+        num_hidden_layers=3,
+        intermediate_size=[96, 96, 96],
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "full_attention"],
+        hidden_size_per_layer_input=8,
+        laurel_rank=4,
+        num_kv_shared_layers=1,
+        activation_sparsity_pattern=[0.95, 0.0, 0.0],
+    ),
     "olmo": dict(intermediate_size=96),
     "olmo2": dict(intermediate_size=96),
     "stablelm": dict(intermediate_size=96),

@@ -47,7 +47,7 @@ import torch
 from einops import rearrange
 from jaxtyping import Float, Int
 
-from capinterp.core.forward import collapse_streams
+from capinterp.core.forward import batch_first, block_layout, collapse_streams
 from capinterp.core.forward import unembed as _unembed
 from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
@@ -220,7 +220,7 @@ def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_ca
             if resid[j] is not None:
                 raise RuntimeError(f"block {j} ran twice in one forward; use route='prefix' or 'loop'")
             hidden, rest, kwargs = _split_call(module, args, kwargs)
-            resid[j] = hidden.detach()
+            resid[j] = batch_first(model, hidden.detach())  # [1, S, (streams,) d]
             calls[j] = (rest, kwargs)
 
         def grab(l, act, hook):
@@ -514,7 +514,8 @@ def stair_logits(
             if _SHARED_KV in kwargs:
                 kwargs[_SHARED_KV] = _shared_rows(shared, kwargs[_SHARED_KV], R, run.n_pos, batch)
             cache_arg = kwargs.pop(_CACHE_ARG, "past_key_values")
-            x = rearrange(h, "1 (r s) ... -> r s ...", r=R) if batch else h
+            assert h is not None  # block ``start`` is a joining or clean layer, which sets h
+            x = block_layout(model, rearrange(h, "1 (r s) ... -> r s ...", r=R) if batch else h)
             if not run.stateful:  # keys and values only: every row reads the one recorded prefix
                 out = model.blocks[j](x, *args, **kwargs, **{cache_arg: cache})
             elif run.cache is None:  # no prefix: no state to continue from
@@ -523,7 +524,7 @@ def stair_logits(
                 rows_cache = state_rows(run.cache, j, R)
                 with saved_states(rows_cache, j):
                     out = model.blocks[j](x, *args, **kwargs, **{cache_arg: rows_cache})
-            h = out[0] if isinstance(out, (tuple, list)) else out
+            h = batch_first(model, out[0] if isinstance(out, (tuple, list)) else out)
             if batch:
                 h = rearrange(h, "r s ... -> 1 (r s) ...")
     if h is None:  # unreachable: block ``start`` is a joining or clean layer, which sets h

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from capinterp.core.family import family_of
-from capinterp.core.forward import capture
+from capinterp.core.forward import batch_first, capture
 from capinterp.core.model import attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
@@ -61,7 +61,10 @@ _PLAIN = {"resid": "hook_out", "mlp": "mlp.hook_out", "attn": "attn.hook_out"}
 
 def trace_hook(model: Model, kind: str, layer: int) -> str:
     """The hook whose state kind ``kind`` restores at block ``layer``: TransformerLens' alias
-    (``hook_resid_post``, ``hook_mlp_out``, ``hook_attn_out``), or the module output it names."""
+    (``hook_resid_post``, ``hook_mlp_out``, ``hook_attn_out``), or the module output it names. On
+    Gemma 3n the residual is the block's output, every AltUp stream (``hook_resid_post`` is one of them)."""
+    if kind == "resid" and model is not None and family_of(model).altup_streams > 1:
+        return f"blocks.{layer}.{_PLAIN[kind]}"
     name = f"blocks.{layer}.{HOOK[kind]}"
     hooks = getattr(model, "hook_dict", None)
     return name if hooks is None or name in hooks else f"blocks.{layer}.{_PLAIN[kind]}"
@@ -314,8 +317,8 @@ class Runner:
             rows_d, ts_d = rows.to(dev), ts.to(dev)
             vals = self.clean[(k, j)][ts_d + t0]
 
-            def restore(act, hook, rows_d=rows_d, ts_d=ts_d, vals=vals):
-                act[rows_d, ts_d] = vals.to(act.dtype)
+            def restore(act, hook, rows_d=rows_d, ts_d=ts_d, vals=vals, k=k):
+                state_view(self.model, k, act)[rows_d, ts_d] = vals.to(act.dtype)
                 return act
 
             hooks.append((name, restore))
@@ -329,6 +332,12 @@ class Runner:
             kwargs["past_key_values"] = past
         logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks, **kwargs)
         return logits[:, -1].float().softmax(-1)[:, self.o].cpu()
+
+
+def state_view(model: Model, kind: str, act: Tensor) -> Tensor:
+    """A traced state with the batch first, positions second (a view): AltUp's block output
+    (``[streams, batch, pos, d]``, :func:`~capinterp.core.forward.batch_first`) for ``"resid"``."""
+    return batch_first(model, act) if kind == "resid" else act
 
 
 def _keep_last(act, hook):

@@ -72,6 +72,7 @@ from capinterp.kernels.tracing import (
     prefix_ok,
     present_layers,
     restoration_probs,
+    state_view,
     subject_std,
     subject_token_range,
     token_groups,
@@ -257,7 +258,7 @@ class CausalTrace(Localizer):
 
         def keeper(key):
             def keep(act, hook):
-                clean[key] = act[0].detach().clone()
+                clean[key] = state_view(model, key[0], act)[0].detach().clone()
 
             return keep
 

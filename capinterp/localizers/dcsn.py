@@ -112,6 +112,14 @@ def folded_norms(model: Model) -> tuple[list[torch.Tensor | None], torch.Tensor,
             f"norms='fold': layers {split} normalize their experts' sum and their dense MLP's output apart "
             "before adding them (Gemma 4), which one frozen post-FFN scale per layer does not fold; use norms='raw'"
         )
+    from capinterp.core.layer_extras import layer_extras
+
+    if streams := [text for kind, text in layer_extras(model).items() if kind in ("streams", "altup")]:
+        fam = family_of(model)
+        raise UnsupportedFamily(
+            f"norms='fold' on {fam.name} ({fam.architecture}): this model {'; '.join(streams)}, so a neuron's path "
+            "to the logits is no chain of norms whose frozen scales fold; use norms='raw'"
+        )
     d = model.cfg.d_model
     post = [rms_gain(b.ln2_post, d) if hasattr(b, "ln2_post") else None for b in model.blocks]
     names = [f"blocks.{l}.ln2_post.hook_scale" for l, g in enumerate(post) if g is not None] + ["ln_final.hook_scale"]

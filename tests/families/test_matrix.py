@@ -10,9 +10,10 @@ from capinterp.testing.family_checks.table import render
 CHECKS = all_checks()
 # attention heads routed per token (JetMoE's mixture of attention heads): no head is a fixed graph node
 ROUTED_HEADS, ROUTED_HEADS_REFUSED = {"jetmoe"}, {"eap", "eap_ig", "acdc"}
-# several residual streams (DeepSeek-V4's hyper-connections): the circuit graph's split of the residual
-# stream does not hold (Gemma 4's per-layer embeddings are graph nodes, its layer scales carried)
-LAYER_EXTRAS, LAYER_EXTRAS_REFUSED = {"deepseek_v4"}, {"eap", "eap_ig", "acdc"}
+# several residual streams (DeepSeek-V4's hyper-connections; Gemma 3n's AltUp streams, which each layer
+# predicts, runs on one of and corrects): the circuit graph's split of the residual stream does not hold
+# (Gemma 4's per-layer embeddings are graph nodes, its layer scales carried)
+LAYER_EXTRAS, LAYER_EXTRAS_REFUSED = {"deepseek_v4", "gemma3n_text"}, {"eap", "eap_ig", "acdc"}
 # latent experts (Nemotron 3 Super): a routed value vector is fc2 @ the expert's column, so edits that write
 # new d_model value vectors there refuse (ROME's check edits a routed expert; the shared one is tested apart)
 LATENT, LATENT_REFUSED = {"nemotron_h_latent"}, {"edit_knowledge", "rome_edit"}

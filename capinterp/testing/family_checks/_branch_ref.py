@@ -24,14 +24,10 @@ from typing import Any
 
 import torch
 
-from capinterp.testing.family_checks._moe_ref import ExpertsDown, _halves_gate
+from capinterp.testing.family_checks._hf import decoder_layers
+from capinterp.testing.family_checks._moe_ref import ExpertsDown, _halves_gate, is_branched
 
-__all__ = ["BranchesDown", "is_branched", "make_dense"]
-
-
-def is_branched(layer: Any) -> bool:
-    """Whether a plain transformers decoder layer runs experts beside its MLP, normalized apart (Gemma 4)."""
-    return bool(getattr(layer, "enable_moe_block", False)) and hasattr(layer, "post_feedforward_layernorm_2")
+__all__ = ["BranchesDown", "dense_branches", "is_branched", "make_dense"]
 
 
 class BranchesDown(ExpertsDown):
@@ -80,9 +76,25 @@ def _forward(mlp: Any, x: torch.Tensor) -> torch.Tensor:
     return layer._ref_down(neurons, dense_w.to(x.dtype))
 
 
+@torch.no_grad()
+def dense_branches(hf: Any, ids: torch.Tensor | None = None) -> Any:
+    """:func:`make_dense` on every branched decoder layer of ``hf`` not yet rewritten (in place; returns
+    ``hf``); ``ids`` (default: a few tokens) check that the logits stay transformers', to 1e-5."""
+    layers = [m for m in decoder_layers(hf) if is_branched(m) and getattr(m, "_ref_down", None) is None]
+    if not layers:
+        return hf
+    ids = torch.tensor([[1, 5, 9, 30, 7, 2]]) if ids is None else ids
+    before = hf(ids).logits
+    for layer in layers:
+        make_dense(layer)
+    err = (hf(ids).logits - before).abs().max().item()
+    assert err <= 1e-5 * max(1.0, before.abs().max().item()), f"the branch reference changed the logits by {err:.3g}"
+    return hf
+
+
 def make_dense(layer: Any) -> None:
     """Give a branched decoder layer (:func:`is_branched`) the reference forward, in place; the caller
-    checks the logits. Sets transformers' experts flags that :mod:`._moe_ref` reads (Gemma 4's experts
+    checks the logits (:func:`dense_branches`). Sets transformers' experts flags that :mod:`._moe_ref` reads (Gemma 4's experts
     keep ``gate_up_proj [E, 2 d, d_model]``, gate half first, and ``down_proj [E, d_model, d]``)."""
     ex = layer.experts
     for k, v in dict(is_transposed=False, has_gate=True, has_bias=False, is_concatenated=True).items():

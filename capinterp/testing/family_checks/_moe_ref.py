@@ -22,7 +22,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["ExpertsDown", "densify", "is_moe", "moe_layers", "moe_neuron_entries", "moe_neuron_rows", "split_values"]
+__all__ = [
+    "ExpertsDown",
+    "densify",
+    "is_branched",
+    "is_moe",
+    "moe_layers",
+    "moe_neuron_entries",
+    "moe_neuron_rows",
+    "split_values",
+]
 
 
 # where a block keeps its shared expert (HunYuan-MoE's shared_mlp is not named in its config)
@@ -38,6 +47,14 @@ def _sparse(m: Any) -> bool:
     experts = getattr(m, "experts", None)
     stacked = isinstance(experts, torch.nn.Module) and isinstance(getattr(experts, "down_proj", None), torch.Tensor)
     return stacked or _jetmoe(m)
+
+
+def is_branched(layer: Any) -> bool:
+    """Whether a plain transformers decoder layer runs experts beside its MLP, each branch normalized
+    (Gemma 4's MoE layers), before or after :func:`._branch_ref.dense_branches` rewrote it."""
+    if getattr(layer, "_ref_down", None) is not None:
+        return True
+    return bool(getattr(layer, "enable_moe_block", False)) and hasattr(layer, "post_feedforward_layernorm_2")
 
 
 def is_moe(hf: Any) -> bool:
@@ -265,7 +282,8 @@ def _dense_forward(block: Any, hidden: torch.Tensor, input_ids: torch.Tensor | N
 
 @torch.no_grad()
 def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
-    """Give every sparse MoE block of ``hf`` the dense reference forward (in place; returns ``hf``).
+    """Give every sparse MoE block of ``hf`` the dense reference forward (in place; returns ``hf``);
+    Gemma 4's layers of experts beside the MLP are left to :func:`._branch_ref.dense_branches`.
 
     The shared expert stays where it is (name searches skip paths through ``shared_expert`` and
     ``shared_mlp``, so ``down_proj`` is the only down projection they find); ``ids`` (default: a few tokens) check
@@ -273,13 +291,10 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
     """
     if getattr(hf, "_ref_dense", False):
         return hf
-    from capinterp.testing.family_checks._branch_ref import is_branched, make_dense
-
     ids = torch.tensor([[1, 5, 9, 30, 7, 2]]) if ids is None else ids
     before = hf(ids).logits
     for _, block in _blocks(hf):
-        if is_branched(block):  # Gemma 4: the decoder layer itself holds the experts, beside its MLP
-            make_dense(block)
+        if is_branched(block):  # Gemma 4's experts beside the MLP: ._branch_ref.dense_branches rewrites those
             continue
         flag_jetmoe(block)
         object.__setattr__(block, "_ref_input_weighted", flag_llama4(block))

@@ -55,8 +55,9 @@ def _empty_ffns(hf: Any) -> Any:
 
 
 def reference_model(hf: Any) -> Any:
-    """``hf`` (in place) as the references read it: MoE blocks made dense, a layer without an FFN given
-    one with no neurons."""
+    """``hf`` (in place) as the references read it: MoE blocks made dense (Gemma 4's experts beside the MLP
+    by :mod:`._branch_ref`), a layer without an FFN given one with no neurons."""
+    from capinterp.testing.family_checks._branch_ref import dense_branches
     from capinterp.testing.family_checks._moe_ref import densify, is_moe
 
-    return _empty_ffns(densify(hf) if is_moe(hf) else hf)
+    return _empty_ffns(densify(dense_branches(hf)) if is_moe(hf) else hf)

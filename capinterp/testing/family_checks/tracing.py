@@ -28,9 +28,12 @@ def _window(l: int, n_layers: int) -> range:
 
 def _tokens(out: torch.Tensor, T: int) -> torch.Tensor:
     """``[batch, T, d]`` view of a module output (OPT runs its MLP on ``[batch * T, d]``); a decoder
-    layer's output of several residual streams stays ``[batch, T, streams, d]`` (DeepSeek-V4)."""
+    layer's output of several residual streams is ``[batch, T, streams, d]`` (DeepSeek-V4's as it is,
+    Gemma 3n's AltUp ``[streams, batch, T, d]`` with its streams axis moved)."""
     if out.ndim == 4 and out.shape[1] == T:
         return out
+    if out.ndim == 4 and out.shape[2] == T:
+        return out.movedim(0, 2)
     return out.view(-1, T, out.shape[-1])
 
 
@@ -68,9 +71,9 @@ def _reference(hf: Any, ids: torch.Tensor, span: tuple[int, int], std: float, ki
 
         def restorer(val: torch.Tensor, t: int):
             def restore(out: torch.Tensor) -> torch.Tensor:
-                new = _tokens(out, T).clone()
-                new[:, t] = val[t].to(out.dtype)
-                return new.reshape(out.shape)
+                new = out.clone()
+                _tokens(new, T)[:, t] = val[t].to(out.dtype)  # a view: writes into new
+                return new
 
             return restore
 
