@@ -240,13 +240,12 @@ def _hybrid_layers(hf: Any) -> tuple[str, ...]:
 _UNSERVED_WHY = {"shared_block": "layers that call one transformer block whose weights several layers share (Zamba)"}
 
 
-def _ffn_width(hf: Any, d_model: int, name: str) -> int:
+def _ffn_width(hf: Any, d_model: int) -> int:
     width = _get(hf, *_FFN_WIDTH_FIELDS)  # absent: 4 * d_model (BLOOM; MPT, whose MLP ignores expansion_ratio)
     if isinstance(width, (list, tuple)):  # Gemma 3n: one width per layer
         if len(set(width)) != 1:
-            raise UnsupportedFamily(
-                f"{name}: FFN widths differ across layers ({sorted(set(width))}); the neuron axis is one width"
-            )
+            name = getattr(hf, "model_type", "this model")
+            raise UnsupportedFamily(f"{name}: FFN widths differ across layers ({sorted(set(width))}); one neuron axis")
         width = width[0]
     width = int(width) if width is not None else 4 * d_model
     if getattr(hf, "block_auto_adjust_ff_dim", False):  # LFM2: 2/3 of the config's width (a gated MLP's
@@ -324,7 +323,7 @@ def read_family(model: Model) -> Family:
     return Family(
         name=name,
         architecture=str(arch),
-        d_mlp=moe.width if moe else _ffn_width(hf, common["d_model"], name),
+        d_mlp=moe.width if moe else _ffn_width(hf, common["d_model"]),
         fused_qkv=_fused_qkv(model, common),
         conv1d=any(type(m).__name__ == "Conv1D" for m in model.original_model.modules()),
         logit_multiplier=logit_multiplier,

@@ -442,6 +442,9 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     ),
     "deepseek_v2": {**_DEEPSEEK_MOE, **_MLA},
     "deepseek_v3": {**_DEEPSEEK_MOE, **_MLA},
+    # Youtu-LLM: DeepSeek-V3's multi-head latent attention (interleaved rotary dimensions) in every layer,
+    # each with a dense gated MLP
+    "youtu": dict(_MLA, intermediate_size=96),
     # DeepSeek-V4: four residual streams (hyper-connections), compressed attention, layer 0 routed by a
     # token id -> experts table (hash routing, drawn by tiny_hf), layer 1 by its gate; SwiGLU clamped at 10
     # DeepSeek-V4: compressed sparse attention (a block of 4 keys compressed into one, an indexer picking
