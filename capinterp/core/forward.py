@@ -54,7 +54,12 @@ def collapse_streams(model: Model, h: torch.Tensor) -> torch.Tensor:
 def _altup_collapse(model: Model, h: torch.Tensor) -> torch.Tensor:
     """Gemma 3n's end of the layers: stream 0, and every other stream through its
     ``altup_unembed_projections`` rescaled to stream 0's root-mean-square, averaged."""
-    projections = next(m for n, m in model.original_model.named_modules() if n.endswith("altup_unembed_projections"))
+    projections = model.__dict__.get("capinterp_altup_unembed")  # found once per model: the fast route's hot path
+    if projections is None:
+        projections = next(
+            m for n, m in model.original_model.named_modules() if n.endswith("altup_unembed_projections")
+        )
+        model.__dict__["capinterp_altup_unembed"] = projections
     first = h[..., 0, :]
     target = first.pow(2).mean(-1, keepdim=True).sqrt()
     parts = [first]
