@@ -6,7 +6,9 @@ Selection rules (Huang et al. 2025, Eq. 8; the DCSN paper, anon. 2025, Eq. 2; do
 - ``select(sigma)``: Mask(l,i) = |s(l,i) - mean(s)| > sigma * spread(s), mean and spread taken over
   all L*d_mlp neurons (the model's real neurons only where layers differ in width: ``valid``); spread = population std (default) or variance (fidelity checks only);
   ``two_sided=False`` keeps only s - mean > sigma * spread.
-- ``top_k(k)``: the k largest scores (or |scores|); ties go to the lower flat index.
+- ``top_k(k)``: the k largest scores (``by="abs"``: |scores|); ties go to the lower flat index.
+  "Top" means the same everywhere: :meth:`NeuronScores.to_frame` ``(top=k)`` lists exactly the
+  neurons ``top_k(k)`` selects, in rank order, with the same ``by``.
 - ``threshold(t)``: s > t; ``relative=True``: s > t * max(s) and s > 0 (KN's coarse rule).
 
 Padding neurons (``valid`` False: past a narrower layer's own width) are never selected and take
@@ -99,8 +101,12 @@ class NeuronScores(NeuronTensor):
             mask &= self.scores > 0
         return self._make_set(mask, {"criterion": "threshold", "t": float(t), "relative": bool(relative), "cut": cut})
 
-    def to_frame(self, top: int | None = None, by: str = "abs") -> pd.DataFrame:
-        """Columns layer, neuron, score; with ``top``, the top-n rows by |score| (or score), best first."""
+    def to_frame(self, top: int | None = None, by: str = "score") -> pd.DataFrame:
+        """Columns layer, neuron, score; with ``top``, the rows of the neurons :meth:`top_k` ``(top, by)``
+        selects, best first: the largest scores (``by="score"``, the default, as ``top_k``) or the
+        largest |scores| (``by="abs"``); ties go to the lower flat index, as in ``top_k``."""
+        if by not in ("score", "abs"):
+            raise ValueError(f"by must be 'score' or 'abs', got {by!r}")
         n_layers, d_mlp = self.shape
         s = self.scores.flatten().numpy()
         df = pd.DataFrame(

@@ -145,7 +145,9 @@ class NeuronSet(NeuronTensor, UnitSet):
         return self.mask.sum(dim=1)
 
     def to_frame(self, scores: NeuronTensor | Float[Tensor, "n_layers d_mlp"] | None = None) -> pd.DataFrame:
-        """Columns layer, neuron (sorted), plus score when ``scores`` is given."""
+        """Columns layer, neuron, sorted by layer then neuron; with ``scores``, a score column too and
+        the rows ranked by score, largest first (ties by layer, neuron), as
+        :meth:`~capinterp.units.neuron_scores.NeuronScores.to_frame` ranks its ``top`` rows."""
         idx = self.mask.nonzero().numpy().reshape(-1, 2)
         df = pd.DataFrame({"layer": idx[:, 0], "neuron": idx[:, 1]})
         if scores is not None:
@@ -153,6 +155,7 @@ class NeuronSet(NeuronTensor, UnitSet):
             if tuple(s.shape) != self.shape:
                 raise ValueError(f"scores shape {tuple(s.shape)} does not match the set's {self.shape}")
             df["score"] = s[self.mask].float().numpy()
+            df = df.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
         return df
 
     def __repr__(self) -> str:

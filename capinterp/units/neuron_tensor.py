@@ -161,9 +161,16 @@ class NeuronTensor:
         *,
         model_shape: Any = None,
         fingerprint: str | None = None,
+        model: Any = None,
+        across_models: bool = False,
     ):
-        """Load a saved object of this class; ValueError for another type or an incompatible shape."""
-        obj = load(path)
+        """Load a saved object of this class; ValueError for another type or an incompatible shape.
+
+        ``model=m`` checks the file against that model: its shape and its fingerprint (weights and
+        config), or only its architecture with ``across_models=True`` (another checkpoint of the
+        same architecture on purpose); :meth:`check_compatible` words the error.
+        """
+        obj = load(path, model=model, across_models=across_models)
         if not isinstance(obj, cls):
             raise ValueError(
                 f"{path} holds a {type(obj).__name__}, not a {cls.__name__}; "
@@ -174,9 +181,17 @@ class NeuronTensor:
 
 
 def load(
-    path: str | os.PathLike, expected_shape: Any = None, *, model_shape: Any = None, fingerprint: str | None = None
+    path: str | os.PathLike,
+    expected_shape: Any = None,
+    *,
+    model_shape: Any = None,
+    fingerprint: str | None = None,
+    model: Any = None,
+    across_models: bool = False,
 ) -> Any:
-    """Load whichever of NeuronScores / NeuronSet is stored at ``path`` (file or folder)."""
+    """Load whichever of NeuronScores / NeuronSet is stored at ``path`` (file or folder); with
+    ``model=`` checked against that model (shape and fingerprint, or its architecture only with
+    ``across_models=True``)."""
     p = Path(path)
     header, tensors = neuron_io.read(p)
     typ, version, shape, meta = header["type"], header["format_version"], header["shape"], header["meta"]
@@ -207,4 +222,20 @@ def load(
         raise neuron_io.invalid(p, "the tensor data does not match its stored checksum (damaged bytes)")
     obj = cls(t, meta)
     obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
+    if model is not None:
+        _check_model(obj, model, across_models)
     return obj
+
+
+def _check_model(obj: NeuronTensor, model: Any, across_models: bool) -> None:
+    """ValueError when ``obj`` was made for a model other than ``model`` (see :meth:`NeuronTensor.load`)."""
+    from capinterp.core import validate
+    from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint
+    from capinterp.core.model import neuron_shape
+
+    validate.model(model)
+    name = getattr(model, "capinterp_name", None)
+    if validate.boolean("across_models", across_models):
+        obj.check_compatible(neuron_shape(model), architecture=architecture_fingerprint(model), model_name=name)
+    else:
+        obj.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)

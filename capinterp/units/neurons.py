@@ -26,10 +26,19 @@ __all__ = ["FORMAT_VERSION", "NeuronScores", "NeuronSet", "load"]
 
 
 def load(
-    path: str | os.PathLike, expected_shape: Any = None, *, model_shape: Any = None, fingerprint: str | None = None
+    path: str | os.PathLike,
+    expected_shape: Any = None,
+    *,
+    model_shape: Any = None,
+    fingerprint: str | None = None,
+    model: Any = None,
+    across_models: bool = False,
 ) -> NeuronScores | NeuronSet:
     """Load whichever of NeuronScores / NeuronSet is stored at ``path`` (file or folder); ValueError
-    for a damaged file or one made for another model shape / fingerprint."""
-    obj = _load(path, expected_shape, model_shape=model_shape, fingerprint=fingerprint)
+    for a damaged file or one made for another model shape / fingerprint (``model=m`` checks against
+    that model; ``across_models=True`` accepts another checkpoint of its architecture)."""
+    obj = _load(
+        path, expected_shape, model_shape=model_shape, fingerprint=fingerprint, model=model, across_models=across_models
+    )
     assert isinstance(obj, (NeuronScores, NeuronSet))
     return obj

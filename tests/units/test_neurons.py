@@ -108,8 +108,25 @@ def test_scores_to_frame():
     sc = NeuronScores(torch.tensor([[0.1, -0.9], [0.5, 0.0]]))
     df = sc.to_frame()
     assert list(df.columns) == ["layer", "neuron", "score"] and len(df) == 4
-    top = sc.to_frame(top=2)
-    assert list(zip(top.layer, top.neuron)) == [(0, 1), (1, 0)]
+    top = sc.to_frame(top=2)  # the largest scores, as top_k(2)
+    assert list(zip(top.layer, top.neuron)) == [(1, 0), (0, 0)]
+    assert list(zip(sc.to_frame(top=2, by="abs").layer, sc.to_frame(top=2, by="abs").neuron)) == [(0, 1), (1, 0)]
+    with pytest.raises(ValueError, match="by must be"):
+        sc.to_frame(top=2, by="signed")
+
+
+@pytest.mark.parametrize("by", ["score", "abs"])
+def test_top_means_one_thing(by):
+    """to_frame(top=k) lists exactly the neurons top_k(k) selects, with the same ranking key."""
+    g = torch.Generator().manual_seed(0)
+    sc = NeuronScores(torch.randn(4, 32, generator=g))
+    for k in (1, 5, 20):
+        frame = sc.to_frame(top=k, by=by)
+        assert set(zip(frame.layer, frame.neuron)) == set(sc.top_k(k, by=by))
+        ranked = sc.top_k(k, by=by).to_frame(sc)  # a set's frame with scores: ranked, scores shown
+        assert "score" in ranked and list(ranked.score) == sorted(ranked.score, reverse=True)
+        if by == "score":
+            assert list(zip(ranked.layer, ranked.neuron)) == list(zip(frame.layer, frame.neuron))
 
 
 # --- NeuronSet ---------------------------------------------------------------------------------
@@ -169,7 +186,7 @@ def test_set_to_frame_with_scores():
     ns = mk([(1, 2), (0, 0)])
     s = torch.arange(15, dtype=torch.float32).view(3, 5)
     df = ns.to_frame(NeuronScores(s))
-    assert df.to_dict("list") == {"layer": [0, 1], "neuron": [0, 2], "score": [0.0, 7.0]}
+    assert df.to_dict("list") == {"layer": [1, 0], "neuron": [2, 0], "score": [7.0, 0.0]}  # ranked by score
     assert list(ns.to_frame().columns) == ["layer", "neuron"]
 
 
@@ -339,3 +356,19 @@ def test_plot_delegates():
     sc, _, _ = planted()
     assert sc.plot().data[0].type == "heatmap" and sc.select().plot().data[0].type == "heatmap"
     assert isinstance(sc.to_frame(), pd.DataFrame)
+
+
+def test_load_checks_against_a_model(tmp_path):
+    """``NeuronSet.load(path, model=m)`` (documented in getting-started) checks shape and fingerprint."""
+    import capinterp as ci
+
+    a, b = ci.load_model("tiny", seed=0), ci.load_model("tiny", seed=1)
+    ns = ci.DCSN(a).fit(ci.data.arithmetic(ops="+", n=4, seed=0)).neurons_
+    path = ns.save(tmp_path / "set.capi")
+    assert NeuronSet.load(path, model=a) == ns
+    assert nmod.load(path, model=a) == ns
+    with pytest.raises(ValueError, match="across_models=True"):
+        NeuronSet.load(path, model=b)
+    assert NeuronSet.load(path, model=b, across_models=True) == ns  # same architecture, other weights
+    with pytest.raises(ValueError, match="layers"):
+        NeuronSet.load(path, model=ci.load_model("tiny", n_layers=2))
