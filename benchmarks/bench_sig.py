@@ -1,4 +1,4 @@
-"""Benchmark sequential integrated gradients (SIG, papers/004): the staircase route against the loop.
+"""Benchmark sequential integrated gradients (SIG, as used by Chen et al. 2025, arXiv 2405.14117): the staircase route against the loop.
 
     python benchmarks/bench_sig.py --model gemma3 --n 2 --steps 5 --threads 1
 

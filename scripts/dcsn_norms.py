@@ -1,4 +1,4 @@
-"""DCSN with the raw projection vs norms folded in (papers/003's cohesion and separability).
+"""DCSN with the raw projection vs norms folded in (the DCSN paper's cohesion and separability).
 
     .venv/bin/python scripts/dcsn_norms.py --model gemma3 --n 50
 

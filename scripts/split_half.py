@@ -1,4 +1,4 @@
-"""Split-half consistency of capability neurons per operator (papers/001 Table 1).
+"""Split-half consistency of capability neurons per operator (Huang et al. 2025, Table 1).
 
     .venv/bin/python scripts/split_half.py --model gemma3 --n 60 --methods cnl,dcsn --out split.csv
 

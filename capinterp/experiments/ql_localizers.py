@@ -1,4 +1,4 @@
-"""Inconsistent facts per knowledge-neuron localizer (papers/004, Chen et al. 2025, Sec. 3 and Table 1).
+"""Inconsistent facts per knowledge-neuron localizer (Chen et al. 2025, arXiv 2405.14117, Sec. 3 and Table 1).
 
 Chen et al. test the Knowledge Localization assumption with three localizers, IG (KN), SIG and
 AMIG: a fact is inconsistent (K_II) when the knowledge-neuron sets of its paraphrased queries
@@ -25,7 +25,7 @@ from capinterp.localizers.query_localization import QueryLocalization
 __all__ = ["LOCALIZERS", "PAPER", "inconsistency_table", "run"]
 
 LOCALIZERS = ("kn", "sig", "amig")
-# K_II share (%) per model, papers/004 (the intersection is reported for LLaMA3-8b only)
+# K_II share (%) per model, Chen et al. 2025, Table 1 (the intersection is reported for LLaMA3-8b only)
 PAPER = {"GPT-2": 50.4, "LLaMA2-7b": 66.7, "LLaMA3-8b": 80.9, "intersection II (LLaMA3-8b)": 77.0}
 
 

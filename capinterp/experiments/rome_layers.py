@@ -1,7 +1,7 @@
-"""Reliability of parameter layers: ROME edits at every layer (papers/001 Sec. 3.2, Fig. 2).
+"""Reliability of parameter layers: ROME edits at every layer (Huang et al. 2025, Sec. 3.2, Fig. 2).
 
 ROME (Meng et al. 2022) locates a fact in the MLP layers causal tracing marks and validates the
-location by editing there. Huang et al. (papers/001, Fig. 2) edit the same CounterFact facts at
+location by editing there. Huang et al. ("Capability Localization", arXiv 2502.20992, Fig. 2) edit the same CounterFact facts at
 every layer of GPT-J and find that layers causal tracing does *not* mark edit about as well, so a
 successful edit does not confirm the location. Here: CounterFact facts the model knows (it
 prefers the true object to the new one on the rewrite prompt), each edited alone with
@@ -175,7 +175,7 @@ def _figure(table: pd.DataFrame, traced: Sequence[int]) -> go.Figure:
     return fig
 
 
-@experiment("rome_layers", "Reliability of parameter layers: ROME edits at every layer (papers/001 3.2, Fig. 2)")
+@experiment("rome_layers", "Reliability of parameter layers: ROME edits at every layer (Huang et al. 2025, Fig. 2)")
 def run(ctx: Context) -> ExperimentResult:
     """Known CounterFact facts; ROME at every layer (quick: 1 fact, the top traced and one untraced layer); traced layers marked."""
     model = ctx.model

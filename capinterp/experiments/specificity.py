@@ -14,7 +14,7 @@ Pooled sets ("EN", "ZH") average the per-example scores of several conditions (w
 the examples used) and are masked again. Neurons are located on the examples the model
 answers right (greedy first token, :func:`~capinterp.experiments.dcsn_common.correct_scores`).
 
-NeFT (Xu et al. 2025; papers/003 Appendix C's baseline) is measured the same way beside DCSN: a
+NeFT (Xu et al. 2025; the DCSN paper's Appendix C baseline) is measured the same way beside DCSN: a
 short full fine-tune on each dataset (:class:`capinterp.NeFT`, SGD), the neurons whose weights
 turned most, as many as DCSN's set of the same key, then the same cohesion and separability
 rows (column ``method``).

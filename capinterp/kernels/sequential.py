@@ -1,4 +1,4 @@
-"""Sequential integrated gradients on FFN neurons (Enguehard 2023, Sec. 3; used by Chen et al. 2025, papers/004).
+"""Sequential integrated gradients on FFN neurons (Enguehard 2023, Sec. 3; used by Chen et al. 2025, arXiv 2405.14117).
 
 Plain IG (:mod:`capinterp.kernels.ig`) scales one layer's activations at the scored positions
 jointly. SIG scales **one token position at a time**: for layer ``l`` and each scaled position ``t``, only ``hook_post[l][t]`` (all neurons at t) moves along ``b + alpha_k (a_t - b)``

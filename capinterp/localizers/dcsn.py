@@ -167,7 +167,7 @@ def direct_gain(model: Model) -> float:
     before it joins the residual), its FFN output multiplier (Falcon-H1's down multiplier) and its
     logit multiplier (Cohere's logit_scale, Granite's 1 / logits_scaling, Falcon-H1's lm_head_multiplier). With them a DCSN score is the neuron's direct effect on the target
     logit (before a final soft-cap; Gemma 4's layer scales come on top, :func:`layer_scales`); the
-    paper's ``W_out W_U`` (ALGORITHMS.md 5.1) is silent on them, and for families without them the
+    paper's ``W_out W_U`` (its DCSN definition) is silent on them, and for families without them the
     factor is 1. On DeepSeek-V4, whose residual is four streams mixed by input-dependent weights, no
     fixed factor makes it the direct effect: the score there is the paper's static one."""
     fam = family_of(model)

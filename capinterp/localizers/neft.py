@@ -1,5 +1,5 @@
 """NeFT: the neurons a short full fine-tune moves most (Xu et al. 2025; the baseline of Appendix C of
-"Combination Generalization of Capability-Specific Neurons", papers/003).
+"Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025).
 
 Fine-tune every parameter of the model on the data for ``steps`` optimizer steps (teacher-forced
 mean NLL of the targets), then score each FFN neuron (l, i) by how far its weights turned:

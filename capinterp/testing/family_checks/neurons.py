@@ -6,7 +6,7 @@ down-projection input to 1e-4 of the layer's largest score (float64 reference; t
 is the "right" rule, alpha_k = k/m, weight 1/m, written out here). DCSN's score of neuron
 (l, i) is its direct effect on the target logit through the raw weights: activation x
 (down-projection row . unembedding column) x the family's residual multiplier x its logit
-multiplier (the spec, ALGORITHMS.md 5.1, names no multipliers; see capinterp.localizers.dcsn).
+multiplier (the DCSN paper's definition names no multipliers; see capinterp.localizers.dcsn).
 """
 
 from __future__ import annotations
