@@ -87,6 +87,9 @@ class ScoreSum:
         self.sum = torch.zeros(shape, dtype=torch.float64)
         self.done: set[int] = set()
         self.key = dict(key or {})
+        #: Tensors kept beside the sums in the checkpoint (saved and loaded with them, in the same
+        #: atomic file; not merged: their owner combines them, e.g. a dataset fit's per-example records).
+        self.extra: dict[str, torch.Tensor] = {}
 
     @property
     def count(self) -> int:
@@ -144,7 +147,8 @@ class ScoreSum:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
-            save_file({"sum": self.sum.contiguous()}, tmp, metadata=meta)
+            extra = {f"extra.{k}": v.contiguous() for k, v in self.extra.items()}
+            save_file({"sum": self.sum.contiguous(), **extra}, tmp, metadata=meta)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -171,6 +175,7 @@ class ScoreSum:
         out = cls(tuple(tensors["sum"].shape), info["key"])
         out.sum = tensors["sum"].to(torch.float64)
         out.done = set(int(i) for i in info["done"])
+        out.extra = {k[len("extra.") :]: v for k, v in tensors.items() if k.startswith("extra.")}
         if key is not None and json.loads(json.dumps(key)) != out.key:
             raise ValueError(
                 f"checkpoint {path} was made by a different computation (differs in {_key_diff(out.key, key)}); "

@@ -88,7 +88,10 @@ class IGConfig:
         batch_size: rows per forward and backward; bounds peak memory.
         tol: the adaptive rule's tolerance on each layer's error estimate.
         max_steps: the adaptive rule's node cap per layer.
-        completeness_tol: the localizers warn when a layer's completeness error exceeds it.
+        completeness_tol: None (default): no tolerance asked, the localizers report each layer's
+            completeness error (``meta_["ig_check"]``) and do not warn; a number > 0: they also
+            warn (:class:`~capinterp.kernels.completeness.CompletenessWarning`) when a layer's
+            completeness error exceeds it on some example.
     """
 
     steps: int = 20
@@ -100,7 +103,7 @@ class IGConfig:
     batch_size: int = 64
     tol: float = ADAPTIVE_TOL
     max_steps: int = ADAPTIVE_MAX_STEPS
-    completeness_tol: float = COMPLETENESS_TOL
+    completeness_tol: float | None = COMPLETENESS_TOL
 
     def __post_init__(self) -> None:
         _positive_int("steps", self.steps)
@@ -113,7 +116,13 @@ class IGConfig:
         _positive_int("batch_size", self.batch_size)
         _positive_float("tol", self.tol)
         _positive_int("max_steps", self.max_steps)
-        _positive_float("completeness_tol", self.completeness_tol)
+        tol = self.completeness_tol  # None: no tolerance asked (report only)
+        if tol is not None and (
+            isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol <= 0
+        ):
+            raise ValueError(
+                f"completeness_tol must be a finite number > 0, or None (no tolerance asked: report only), got {tol!r}"
+            )
 
     @property
     def adaptive(self) -> bool:

@@ -114,7 +114,7 @@ class AMIG(KN):
         progress: bool = True,
         tol: float = ADAPTIVE_TOL,
         max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float = COMPLETENESS_TOL,
+        completeness_tol: float | None = COMPLETENESS_TOL,
     ) -> None:
         super().__init__(
             model,

@@ -51,17 +51,21 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
         **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
             running sums are saved after every example and resumed from).
         tol: the adaptive rule's tolerance on each layer's error estimate (1e-3).
-        max_steps: the adaptive rule's node cap per layer (256; a layer that reaches it warns).
-        completeness_tol: warn (once, naming the worst layers) when a layer's completeness error
-            ``|sum IG - (F(x) - F(0))| / |F(x) - F(0)|`` exceeds it on some example (0.05).
+        max_steps: the adaptive rule's node cap per layer (256; a layer that reaches it above
+            ``tol`` warns: the accuracy asked was not reached).
+        completeness_tol: None (default): no tolerance asked; the completeness error
+            ``|sum IG - (F(x) - F(0))| / |F(x) - F(0)|`` is reported per layer (``meta_["ig_check"]``,
+            :meth:`summary`), not warned about. A number: also warn (once, naming the worst layers)
+            when a layer's completeness error exceeds it on some example.
 
     ``fit`` runs :func:`capinterp.kernels.ig.ig_scores` with the
     :class:`~capinterp.kernels.ig_config.IGConfig` these build.
 
     ``meta_["ig_check"]`` (also in ``scores_.meta`` and ``neurons_.meta``, kept by save/load) holds,
-    per layer, the completeness error's max and mean over the examples scored in this fit
-    (examples resumed from a checkpoint were scored earlier and are not in it; under ``torchrun``,
-    this rank's examples), the error estimate and the nodes; :meth:`summary` shows them.
+    per layer, the completeness error's max and mean over every example of the data (examples
+    resumed from a checkpoint too: their records are in it; under ``torchrun``, every rank's), the
+    error estimate and the nodes, with the rule (by default named as the papers' approximation)
+    and the verdict on the tolerance asked, if any; :meth:`summary` shows them.
     """
 
     chunk_examples = 1
@@ -81,7 +85,7 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
         batch_size: int | str = 64,
         tol: float = ADAPTIVE_TOL,
         max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float = COMPLETENESS_TOL,
+        completeness_tol: float | None = COMPLETENESS_TOL,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, sigma=sigma, batch_size=batch_size, **kwargs)

@@ -20,6 +20,7 @@ from capinterp.core.model import model_fingerprint, neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
+from capinterp.kernels.completeness import CompletenessLog
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
 from capinterp.localizers.base import Localizer
 from capinterp.units import metrics
@@ -60,6 +61,47 @@ def fill_greedy_targets(model: Model, examples: list[Example]) -> list[Example]:
     return out
 
 
+#: Prefix of the per-example records' tensors in a checkpoint (``ScoreSum.extra``).
+RECORDS = "records."
+
+
+def _restore_records(log: CompletenessLog, acc: ScoreSum, ckpt: str | None) -> list[int]:
+    """Append the per-example records a checkpoint kept to ``log``; their example indices, in order.
+    A checkpoint without records (written before they were kept) gives none."""
+    rec = {k[len(RECORDS) :]: v for k, v in acc.extra.items() if k.startswith(RECORDS)}
+    if "index" not in rec:
+        return []
+    index = [int(i) for i in rec.pop("index").tolist()]
+    if len(set(index)) != len(index) or set(index) != acc.done:
+        raise ValueError(
+            f"checkpoint {ckpt}: its per-example records cover other examples than its sums: "
+            "the file is damaged; delete it to start over"
+        )
+    log.extend(rec)
+    return index
+
+
+def _records(log: CompletenessLog, index: list[int]) -> dict[str, torch.Tensor]:
+    """The log's records and their example indices, as checkpoint tensors (``ScoreSum.extra``)."""
+    out = {RECORDS + k: v for k, v in log.tensors().items()}
+    out[RECORDS + "index"] = torch.tensor(index, dtype=torch.long)
+    return out
+
+
+def _gather_records(log: CompletenessLog, index: list[int]) -> None:
+    """Every rank's records into ``log`` (under torchrun), sorted by example index: the records,
+    in the order, an uninterrupted single process would hold (so its report is the same, exactly)."""
+    parts = dist.gather((list(index), log.tensors()))
+    if len(parts) > 1:
+        log.reorder([])  # emptied: every rank's records follow, in rank order
+        for _, tensors in parts:
+            log.extend(tensors)
+        index = [i for part, _ in parts for i in part]
+    if len(set(index)) != len(index):
+        raise ValueError(f"per-example records overlap on examples {sorted(index)[:5]}...")
+    log.reorder(sorted(range(len(index)), key=index.__getitem__))
+
+
 class DatasetNeuronLocalizer(Localizer):
     """Base for localizers whose score is a mean over examples of per-example neuron scores.
 
@@ -76,6 +118,10 @@ class DatasetNeuronLocalizer(Localizer):
     ``batch_size="auto"`` picks the largest batch that fits in free memory
     (:func:`capinterp.kernels.memory.auto_batch_size`); an out-of-memory error halves the batch
     (or splits the chunk) and scores the same examples again, so nothing is lost or counted twice.
+
+    Per-example records (:meth:`_example_log`; CNL: its IG completeness records) are kept in the
+    checkpoint beside the sums and gathered over ranks, sorted by example index: a resumed or
+    sharded fit reports on every example exactly as an uninterrupted single process does.
     """
 
     checkpointable = True
@@ -111,6 +157,11 @@ class DatasetNeuronLocalizer(Localizer):
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:  # pragma: no cover - abstract
         """Scores ``[len(items), n_layers, d_mlp]`` with ``self.batch_size_`` (an int) as batch size."""
         raise NotImplementedError
+
+    def _example_log(self) -> CompletenessLog | None:
+        """Per-example records that the fit keeps in its checkpoint and gathers over ranks (one row
+        added per example scored, in order); None: none (DCSN). IG localizers: their completeness log."""
+        return None
 
     def _chunk_size(self) -> int:
         """Examples scored together (one checkpoint step); DCSN: its batch size."""
@@ -177,15 +228,25 @@ class DatasetNeuronLocalizer(Localizer):
         show = self.progress and dist.is_main()
         desc = self.name if dist.world_size() == 1 else f"{self.name} (rank 0 of {dist.world_size()})"
         bar = tqdm(total=sum(len(c) for c in mine), initial=acc.count, desc=desc, disable=not show)
+        log = self._example_log()
+        rec_index = [] if log is None else _restore_records(log, acc, ckpt)
         for chunk in filter(None, todo):
+            before = 0 if log is None else log.n_examples
             scores = self._score_safely([encoded[i] for i in chunk])
             for i, row in zip(chunk, scores):
                 acc.add(i, row)
+            if log is not None:
+                if log.n_examples - before != len(chunk):
+                    raise RuntimeError(f"{self.name}: {log.n_examples - before} records for {len(chunk)} examples")
+                rec_index += chunk
+                acc.extra = _records(log, rec_index)
             if ckpt:
                 acc.save(ckpt)
             bar.update(len(chunk))
         bar.close()
         acc = acc.all_reduced()
+        if log is not None:
+            _gather_records(log, rec_index)
         self.sums_ = acc
         meta = self._set_meta(dataset=describe_data([e.example for e in encoded]), n_samples=acc.count)
         self.scores_ = NeuronScores(acc.mean(), meta=meta)

@@ -52,7 +52,7 @@ class KN(IGChecked, Localizer):
         invariance: closed-form sums on scale-invariant models, as for :class:`capinterp.CNL`.
         tol: the adaptive rule's tolerance, as for :class:`capinterp.CNL`.
         max_steps: the adaptive rule's node cap, as for :class:`capinterp.CNL`.
-        completeness_tol: warn when a layer's completeness error exceeds it, as for :class:`capinterp.CNL`.
+        completeness_tol: None (default: report only) or a tolerance to warn above, as for :class:`capinterp.CNL`.
 
     ``fit`` runs :func:`capinterp.kernels.ig.ig_scores` with the
     :class:`~capinterp.kernels.ig_config.IGConfig` these build (``positions="last_prompt"``).
@@ -81,7 +81,7 @@ class KN(IGChecked, Localizer):
         progress: bool = True,
         tol: float = ADAPTIVE_TOL,
         max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float = COMPLETENESS_TOL,
+        completeness_tol: float | None = COMPLETENESS_TOL,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         threshold = validate.probability("threshold", threshold, high_open=True)

@@ -201,17 +201,15 @@ class QueryLocalization:
             for k in mine:
                 self.localizer_.fit(groups[k])
                 done.append((k, self.localizer_.prompt_scores_.detach().float().cpu()))
-                checks.append(getattr(self.localizer_, "meta_", {}).get("ig_check", {}))
+                checks.append((k, getattr(self.localizer_, "meta_", {}).get("ig_check", {})))
                 bar.update(len(groups[k]))
         bar.close()
         scores = dist.gather_indexed(done)
         self.fit_scores(scores, names=names, facts=groups)
-        check = merge_reports(checks)
-        if check:  # IG-based localizers: per layer, over every query of this process's facts
+        check = merge_reports(dist.gather_indexed(checks))  # every rank's facts, in the one-process order
+        if check:  # IG-based localizers: per layer, over every query of every fact
             self.meta_["ig_check"] = check
-            tol = getattr(self.localizer_, "completeness_tol", None)
-            if tol is not None:
-                warn_report(check, tol, "QueryLocalization.fit")
+            warn_report(check, "QueryLocalization.fit")  # only where a tolerance was asked and missed
         return self
 
     def fit_scores(

@@ -65,7 +65,7 @@ class SIG(KN):
         progress: bool = True,
         tol: float = ADAPTIVE_TOL,
         max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float = COMPLETENESS_TOL,
+        completeness_tol: float | None = COMPLETENESS_TOL,
     ) -> None:
         self.positions = positions  # before KN's constructor checks the settings (_ig_config)
         super().__init__(

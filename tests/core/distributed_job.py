@@ -53,6 +53,9 @@ def main(out: str, ckpt: str) -> None:
         again.fit(ds)
         assert torch.equal(again.sums_.sum, loc.sums_.sum) and again.sums_.done == loc.sums_.done
         res[name] = {"sum": loc.sums_.sum, "done": sorted(loc.sums_.done), "mask": loc.neurons_.mask}
+        # IG completeness report (CNL): every rank's examples, and the same from the checkpoints alone
+        res[name]["ig_check"] = loc.meta_.get("ig_check")
+        assert again.meta_.get("ig_check") == loc.meta_.get("ig_check")
     facts = [Example(p, "", {"target_from": "greedy", "subject": s}) for p, s in SUBJECTS]
     tr = CausalTrace(model, samples=3, kinds=("mlp",), progress=False).fit(facts)
     res["trace"] = {
@@ -65,7 +68,11 @@ def main(out: str, ckpt: str) -> None:
     res["evaluate"] = {"records": ev.records, "accuracy": ev.accuracy, "mean_prob": ev.mean_prob}
     bags = [[(p, t) for p in (f"{s} is", f"{s}, we know, is", f"Everyone says {s} is")] for s, t in TARGETS]
     ql = QueryLocalization(model, localizer="kn", steps=3, progress=False).fit(bags)
-    res["ql"] = {"scores": ql.query_scores_, "consistency": ql.consistency_.to_dict("list")}
+    res["ql"] = {
+        "scores": ql.query_scores_,
+        "consistency": ql.consistency_.to_dict("list"),
+        "ig_check": ql.meta_["ig_check"],
+    }
     kc_facts = [Example(p, t, {"subject": s}) for (p, s), (_, t) in zip(SUBJECTS, TARGETS)]
     kc = KnowledgeCircuit(model, algorithm="eap-ig", steps=2, top_n=20, batch_size=2, progress=False).fit(kc_facts)
     res["kc"] = {"scores": kc.scores_, "mask": kc.circuit_.mask, "clean_loss": kc.info_["clean_loss"]}

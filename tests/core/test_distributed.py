@@ -1,7 +1,9 @@
 """A real 2-process ``torchrun`` launch (gloo, CPU, tiny model) gives the one-process results:
 CNL and DCSN float64 sums to 1e-12 with identical located sets, causal-trace grids exactly,
 per-rank checkpoints that resume with no work, evaluate's records, Query Localization's
-per-query maps and a knowledge circuit's edge scores, and the CLI writing the same scores."""
+per-query maps and a knowledge circuit's edge scores, the IG completeness reports (CNL's, also
+from the checkpoints alone, and Query Localization's) field for field, and the CLI writing the
+same scores."""
 
 import os
 import subprocess
@@ -58,6 +60,8 @@ def test_two_ranks_equal_one_process(runs):
         rel = float((a["sum"] - b["sum"]).abs().max() / a["sum"].abs().max())
         assert rel < 1e-12, (name, rel)
         assert torch.equal(a["mask"], b["mask"]) and a["mask"].any(), name
+        assert a["ig_check"] == b["ig_check"], name  # exactly: every rank's records, in index order
+    assert one["cnl"]["ig_check"]["n_examples"] == 11 and one["dcsn"]["ig_check"] is None
     ta, tb = one["trace"], two["trace"]
     assert ta["index"] == tb["index"] == [0, 1, 2, 3, 4] and ta["layers"] == tb["layers"]
     assert torch.equal(ta["grid"].nan_to_num(), tb["grid"].nan_to_num())
@@ -67,6 +71,7 @@ def test_two_ranks_equal_one_process(runs):
     qa, qb = one["ql"], two["ql"]
     assert len(qa["scores"]) == 5 and all(torch.equal(a, b) for a, b in zip(qa["scores"], qb["scores"]))
     assert qa["consistency"] == qb["consistency"]
+    assert qa["ig_check"] == qb["ig_check"] and qa["ig_check"]["n_examples"] == 15  # every fact's queries
     ka, kb = one["kc"], two["kc"]
     rel = float((ka["scores"] - kb["scores"]).abs().max() / ka["scores"].abs().max())
     assert rel < 1e-6, rel  # float64 sums over ranks, returned as float32
