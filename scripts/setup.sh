@@ -3,6 +3,9 @@
 # torch goes first: the CPU wheel of 2.13.0 is on local disk here, and installing it before
 # anything else keeps pip from pulling several GB of CUDA wheels.
 set -euo pipefail
+# Every message of the set-up (pip's and the version line) goes to stderr: stdout stays free for the
+# result of the command that follows (scripts/main.sh's one JSON document).
+exec 1>&2
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

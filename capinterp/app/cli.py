@@ -15,7 +15,14 @@ from typing import Any
 from capinterp.app.args import build_parser, check_args
 from capinterp.app.outdir import FolderInUse, hold
 
-__all__ = ["COMMANDS", "cmd_evaluate", "cmd_info", "cmd_localize", "cmd_main", "cmd_reproduce", "main"]
+#: ``capinterp --help``'s description (plain text: argparse prints it as is).
+DESCRIPTION = """\
+Locate the FFN neurons, layers and circuit edges behind a behaviour of a language model.
+Every command prints its result as one JSON document on stdout; logs and progress go to stderr.
+Start with 'capinterp main' (the README job), then 'capinterp localize --data FILE' on your own facts."""
+CKPT_HINT = "the .ckpt file in the output folder lets a rerun resume; delete it to start over"
+
+__all__ = ["COMMANDS", "DESCRIPTION", "cmd_evaluate", "cmd_info", "cmd_localize", "cmd_main", "cmd_reproduce", "main"]
 
 
 def _say(msg: str) -> None:
@@ -75,6 +82,8 @@ def cmd_info(args) -> int:
 
 
 def _data_echo(args) -> dict:
+    if getattr(args, "data", None) is not None:
+        return {"data": args.data}
     return {"ops": args.ops, "fmt": args.fmt, "lang": args.lang, "style": args.style}
 
 
@@ -88,49 +97,106 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def cmd_localize(args) -> int:
-    """``capinterp localize``: fit a neuron localizer (``unit_kind == "neuron"``) on generated arithmetic
-    (by default only the examples the model answers correctly); write its scores, neurons and heatmap
-    under ``--out`` (a checkpoint named by the computation's key too when the class is ``checkpointable``)."""
-    from capinterp.app.main_job import choose_examples
-    from capinterp.localizers import available, get
+def _localizer_kwargs(args, cls) -> dict[str, Any]:
+    """Constructor arguments from the command line: the IG options given, and causal tracing's
+    ``require_correct`` following ``--examples``."""
+    import inspect
+
+    from capinterp.app.args import ig_kwargs
+
+    kw = ig_kwargs(args, cls)
+    if "require_correct" in inspect.signature(cls).parameters:
+        kw["require_correct"] = args.examples == "correct"
+    return kw
+
+
+def _save_units(loc, name: str, out: Path, title: str, plotlyjs: str) -> dict[str, Any]:
+    """Write a fitted localizer's results under ``out`` by its unit kind; the JSON fields naming them."""
     from capinterp.plots.html import write_html
 
-    cls = get(args.method)
-    if cls.unit_kind != "neuron":
+    kind = type(loc).unit_kind
+    if kind == "neuron":
+        loc.scores_.save(out / f"{name}_scores.capi")
+        loc.neurons_.save(out / f"{name}_neurons.capi")
+        fig = loc.scores_.plot(title=title)
+        heatmap = write_html(fig, out / f"{name}_heatmap.html", plotlyjs=plotlyjs)
+        return {
+            "neurons": len(loc.neurons_),
+            "ratio": loc.neurons_.ratio,
+            "heatmap": str(heatmap),
+            "figure": str(heatmap),
+        }
+    if kind == "layer":  # causal tracing: the top layers, every layer's score, the traced grid
+        scores = [float(v) for v in loc.layer_scores_.tolist()]
+        record = {"layers": list(loc.layers_), "layer_scores": scores, "n_traced": loc.n_traced_}
+        record["n_skipped"] = loc.skipped_
+        (out / f"{name}_layers.json").write_text(json.dumps(record, indent=2))
+        heatmap = write_html(loc.plot(title=title), out / f"{name}_heatmap.html", plotlyjs=plotlyjs)
+        return {**record, "units": str(out / f"{name}_layers.json"), "heatmap": str(heatmap), "figure": str(heatmap)}
+    # edges: the knowledge circuit
+    saved = loc.circuit_.save(out / f"{name}.json")
+    figure = write_html(loc.circuit_.plot(), out / f"{name}_graph.html", plotlyjs=plotlyjs)
+    return {"edges": len(loc.units_), "ratio": loc.units_.ratio, "units": str(saved), "figure": str(figure)}
+
+
+def _need_subjects(method: str, examples: list) -> None:
+    """ValueError (before the model loads) when an example has no ``meta["subject"]``."""
+    missing = [e for e in examples if not isinstance(e.meta.get("subject"), str) or not e.meta["subject"]]
+    if missing:
         raise ValueError(
-            f"'capinterp localize' runs neuron localizers ({', '.join(available(unit_kind='neuron'))}), "
-            f"not {args.method!r} (its units are {cls.unit_kind}s)"
+            f"{method} needs each fact's subject (the entity whose tokens it corrupts): {len(missing)} of "
+            f"{len(examples)} examples have none (first: {missing[0].prompt!r}); use --data FILE with a subject "
+            "column (or --data builtin); generated arithmetic has no subject"
         )
+
+
+def cmd_localize(args) -> int:
+    """``capinterp localize``: fit a localizer on generated arithmetic or ``--data`` (by default only
+    the examples the model answers correctly); write its scores / units and a figure under
+    ``--out`` (a checkpoint named by the computation's key too when the class is ``checkpointable``)."""
+    from capinterp.app import notes
+    from capinterp.app.main_job import choose_examples
+    from capinterp.localizers import get
+
+    cls = get(args.method)
+    kwargs = _localizer_kwargs(args, cls)  # a bad option for this method is refused before loading
+    if cls.unit_kind != "neuron":  # causal tracing and circuits corrupt the subject's tokens
+        _need_subjects(cls.name, args.dataset)
     with hold(args.out) as out:
         model = _load(args)
         eval_batch = args.batch_size if isinstance(args.batch_size, int) else 16
         examples, used = choose_examples(model, args.dataset, args.examples, eval_batch)
         _say(f"localizing on {used['used']} of {used['total']} examples ({args.examples}; {used['dropped']} dropped)")
         extra: dict[str, Any] = {"checkpoint": out / f"{cls.name}-{{key}}.ckpt"} if cls.checkpointable else {}
-        loc = cls(model, batch_size=args.batch_size, **extra).fit(examples)
+        before = notes.checkpoint_counts(out) if cls.checkpointable else {}
+        loc = cls(model, batch_size=args.batch_size, **extra, **kwargs)
+        scope = notes.scope_note(cls.name, cls.scope, len(examples), getattr(loc, "share", 0.5))
+        if scope:
+            _say("note: " + scope)
+        loc.fit(examples)
         from capinterp.core import distributed as dist
 
         if not dist.is_main():  # under torchrun every rank holds the merged result; rank 0 writes it
             return 0
         name = cls.name
-        loc.scores_.save(out / f"{name}_scores.capi")
-        loc.neurons_.save(out / f"{name}_neurons.capi")
-        fig = loc.scores_.plot(title=f"{name.upper()} scores, ops {args.ops}")
-        heatmap = write_html(fig, out / f"{name}_heatmap.html", plotlyjs=args.plotlyjs)
-        result = {
-            "method": name,
-            "neurons": len(loc.neurons_),
-            "ratio": loc.neurons_.ratio,
-            "examples": used,
-            "out": str(out),
-            "heatmap": str(heatmap),
-            "checkpoint": getattr(loc, "checkpoint_path_", None),
-        }
-        check = getattr(loc, "meta_", {}).get("ig_check")
-        if check and check.get("completeness_max"):  # IG-based: per layer, max over examples
-            result["completeness_max"] = check["completeness_max"]
+        what = f"ops {args.ops}" if args.data is None else f"--data {args.data}"
+        result: dict[str, Any] = {"method": name, "unit_kind": cls.unit_kind, "data": args.data or "arithmetic"}
+        result |= _save_units(loc, name, out, f"{name.upper()} scores, {what}", args.plotlyjs)
+        result |= {"examples": used, "out": str(out), "checkpoint": getattr(loc, "checkpoint_path_", None)}
+        ckpt = notes.resume_info(before, result["checkpoint"], used["used"])
+        if ckpt:
+            result["checkpoint_info"] = ckpt
+            line = notes.resume_line(ckpt)
+            if line:
+                _say(line)
+        if scope:
+            result["note"] = scope
+        info = notes.completeness_info(getattr(loc, "meta_", {}))
+        if info:
+            result["completeness"] = info[0]
+            _say(info[1])
         _emit(result)
+        _say(f"open {result['figure']} in a browser" + (f"; {CKPT_HINT}" if ckpt else ""))
     return 0
 
 
@@ -149,7 +215,9 @@ def cmd_reproduce(args) -> int:
     from capinterp.experiments import EXPERIMENTS
 
     if args.list:
-        _emit({name: title for name, (title, _) in EXPERIMENTS.items()})
+        from capinterp.app.reproduce import listed_titles
+
+        _emit(listed_titles())
         return 0
     only = None if args.only is None else [s.strip() for s in args.only.split(",") if s.strip()]
     if only is not None:
@@ -219,7 +287,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv``; returns the exit status (2 with a one-line message on bad input
     or an output folder in use)."""
-    args = build_parser(__doc__).parse_args(argv)
+    args = build_parser(DESCRIPTION).parse_args(argv)
     try:
         if not getattr(args, "list", False):
             check_args(args)

@@ -49,11 +49,28 @@ def choose_examples(
     return kept, {"mode": mode, "total": len(ds), "used": len(kept), "dropped": len(ds) - len(kept)}
 
 
+def _random_baseline(model: Model, ds: list, neurons, seed: int, n_sets: int, batch_size: int) -> list[EvalResult]:
+    """Evaluate ``ds`` with ``n_sets`` random neuron sets of ``neurons``'s size erased (seeds ``seed``,
+    ``seed + 1``, ...): the spread a located set must be compared with."""
+    out = []
+    for k in range(n_sets):
+        with erase(model, neurons.random_like(seed=seed + k)):
+            out.append(evaluate(model, ds, batch_size=batch_size))
+    return out
+
+
 def run_main(args) -> int:
     """The README job (``capinterp main``): evaluate, localize CNL neurons (on the examples chosen by
-    ``args.examples``), write the heatmap, erase them and evaluate again; returns the exit status."""
+    ``args.examples``), write the heatmap, erase them and, as the baseline, ``args.random_seeds``
+    random sets of the same size, evaluating each; returns the exit status. stdout gets one JSON
+    document (the summary, also in ``summary.json``); every log line goes to stderr."""
+    from capinterp.app import notes
+    from capinterp.app.args import ig_kwargs
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    ig = ig_kwargs(args, CNL)  # checked before the model loads
+    n_random = int(getattr(args, "random_seeds", 1) or 1)
     t0 = time.time()
     model = load_model(args.model, device=args.device, threads=args.threads)
     widths = family_of(model).layer_widths  # layers of differing width: count the real neurons, not padding
@@ -68,7 +85,8 @@ def run_main(args) -> int:
 
     # By default localize on the examples the model gets right: the capability it actually has.
     used, counts = choose_examples(model, ds, args.examples, args.batch_size, base)
-    cnl = CNL(model, batch_size=args.batch_size * 4, checkpoint=out / "cnl-{key}.ckpt").fit(used)
+    before = notes.checkpoint_counts(out)
+    cnl = CNL(model, batch_size=args.batch_size * 4, checkpoint=out / "cnl-{key}.ckpt", **ig).fit(used)
     neurons = cnl.neurons_
     cnl.scores_.save(out / "cnl_scores.capi")
     neurons.save(out / "cnl_neurons.capi")
@@ -78,14 +96,23 @@ def run_main(args) -> int:
         f"[4/5] CNL on {counts['used']} of {counts['total']} examples ({args.examples}): {len(neurons)} neurons "
         f"({100 * neurons.ratio:.3f}% of FFN neurons) -> {heatmap}"
     )
+    ckpt = notes.resume_info(before, cnl.checkpoint_path_, counts["used"])
+    resumed = notes.resume_line(ckpt)
+    if resumed:
+        _say("      " + resumed)
+    completeness = notes.completeness_info(cnl.meta_)
+    if completeness:
+        _say("      " + completeness[1])
 
     with erase(model, neurons):
         erased = evaluate(model, ds, batch_size=args.batch_size)
-    with erase(model, neurons.random_like(seed=args.seed)):
-        random = evaluate(model, ds, batch_size=args.batch_size)
-    _say(f"[5/5] erase located: {erased}\n      erase random (same size): {random}")
+    randoms = _random_baseline(model, ds, neurons, args.seed, n_random, args.batch_size)
+    accs = [r.accuracy for r in randoms]
+    note = notes.random_baseline_note(base.accuracy, erased.accuracy, accs, len(neurons))
+    _say(f"[5/5] erase located: {erased}\n      erase random (same size, {n_random} seed(s)): accuracy {accs}")
+    _say("      " + note)
 
-    summary = {
+    summary: dict[str, Any] = {
         "model": model.capinterp_name,
         "data": data.describe(ds),
         "accuracy": base.accuracy,
@@ -94,11 +121,36 @@ def run_main(args) -> int:
         "cnl_neurons": len(neurons),
         "cnl_ratio": neurons.ratio,
         "erase_located": erased.to_dict(),
-        "erase_random": random.to_dict(),
+        "erase_random": randoms[0].to_dict(),
+        "erase_random_seeds": {
+            "seeds": [args.seed + k for k in range(n_random)],
+            "accuracy": accs,
+            "mean_prob": [r.mean_prob for r in randoms],
+            "accuracy_min": min(accs),
+            "accuracy_max": max(accs),
+        },
+        "note": note,
         "seconds": round(time.time() - t0, 1),
         "heatmap": str(heatmap),
         "checkpoint": cnl.checkpoint_path_,
+        "checkpoint_info": ckpt,
     }
+    if completeness:
+        summary["completeness"] = completeness[0]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2), flush=True)
+    _say(next_steps(heatmap, out, args.model))
     return 0
+
+
+def next_steps(heatmap: Path, out: Path, model: str | None) -> str:
+    """What to open and run after the main job (stderr)."""
+    flag = f" --model {model}" if model else ""
+    return (
+        "next:\n"
+        f"  open {heatmap} in a browser: CNL's score per neuron (layer x neuron)\n"
+        f"  {out / 'summary.json'} holds this result; the .ckpt file beside it lets a rerun resume (delete it to start over)\n"
+        f"  locate on your own facts: capinterp localize{flag} --data facts.csv --method kn "
+        "(a CSV with prompt,target[,subject] columns; --method causal_trace or knowledge_circuit need subject)\n"
+        "  or try the package's own facts: capinterp localize --data builtin --method causal_trace"
+    )

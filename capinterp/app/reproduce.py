@@ -42,8 +42,38 @@ from capinterp.core.protocol import Model
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped
 from capinterp.kernels.quadrature import IG_RULES
 from capinterp.plots.html import check_plotlyjs, include_option, write_plotlyjs
+from capinterp.plots.table import TABLE_CSS, table_html
 
-__all__ = ["report_html", "reproduce"]
+__all__ = ["PAPERS", "listed_titles", "report_html", "reproduce"]
+
+#: The papers the experiments cite, as ``reproduce --list`` names them: short citation -> title and arXiv id.
+PAPERS = {
+    "Huang et al. 2025": 'Huang et al. 2025, "Capability Localization", arXiv 2502.20992',
+    "the DCSN paper, anon. 2025": '"Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025',
+    "DCSN paper, anon. 2025": '"Combination Generalization of Capability-Specific Neurons in LLMs", anon. 2025',
+    "Chen et al. 2025": 'Chen et al. 2025, "Knowledge Localization: Mission Not Accomplished?", arXiv 2405.14117',
+}
+#: Internal paper numbers an older title may carry, as the citation they stand for.
+_NUMBERED = {"001": "Huang et al. 2025", "003": "DCSN paper, anon. 2025", "004": "Chen et al. 2025"}
+
+
+def listed_titles() -> dict[str, str]:
+    """Every experiment's title for ``reproduce --list``: each cited paper named by its title and arXiv
+    id (once per title), internal paper numbers replaced by the citation."""
+    import re
+
+    out = {}
+    for name, (title, _) in EXPERIMENTS.items():
+        title = re.sub(
+            r"papers/(\d{3})(?: Sec\.)?\s*([\d.]*)",
+            lambda m: _NUMBERED.get(m.group(1), "the paper") + (f", Sec. {m.group(2)}" if m.group(2) else ""),
+            title,
+        )
+        for short, full in PAPERS.items():
+            if full not in title:
+                title = title.replace(short, full, 1)
+        out[name] = title
+    return out
 
 
 def _config(model: Model, quick: bool, seed: int, ig_rule: str = "papers") -> dict[str, Any]:
@@ -237,7 +267,8 @@ def report_html(results: dict[str, Any], done: dict[str, ExperimentResult], plot
         "<!doctype html><html><head><meta charset='utf-8'><title>capinterp reproduction</title>",
         "<style>body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}"
         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:2px 6px}"
-        ".err{color:#b00;white-space:pre-wrap}</style></head><body>",
+        + TABLE_CSS
+        + ".err{color:#b00;white-space:pre-wrap}</style></head><body>",
         f"<h1>capinterp reproduction</h1><p>model <b>{html.escape(str(cfg['model']))}</b>, "
         f"{'quick' if cfg['quick'] else 'full'} mode, seed {cfg['seed']}, integrated gradients: "
         f"<b>{html.escape(cfg.get('ig_rule', 'papers'))}</b> "
@@ -257,7 +288,7 @@ def report_html(results: dict[str, Any], done: dict[str, ExperimentResult], plot
             parts.append(f"<p>skipped: {html.escape(e['skipped'])}</p>")
             continue
         r = done[name]
-        parts.append(r.table.to_html(index=False, float_format=lambda x: f"{x:.4g}", border=0))
+        parts.append(table_html(r.table))  # scrolls sideways when wide; headers explained
         if r.figure is not None:
             parts.append(r.figure.to_html(full_html=False, include_plotlyjs=plotly_js))
             plotly_js = False

@@ -82,7 +82,7 @@ def test_bad_input_is_a_clear_error(capsys):
     assert "unknown model" in capsys.readouterr().err
     assert main(["localize", "--model", "tiny", "--method", "nope", "--n", "2"]) == 2
     assert main(["localize", "--model", "tiny", "--method", "knowledge_circuit", "--n", "2"]) == 2
-    assert "neuron localizers" in capsys.readouterr().err
+    assert "subject" in capsys.readouterr().err  # circuits and tracing need facts with a subject (--data)
     assert main(["reproduce", "--model", "tiny", "--only", "fidelity", "--data", "/no/such/dir"]) == 2
     assert "--data '/no/such/dir' is not a folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
