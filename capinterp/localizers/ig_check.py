@@ -24,8 +24,9 @@ from capinterp.kernels.completeness import (
     COMPLETENESS_TOL,
     CompletenessLog,
     CompletenessWarning,
+    report_line,
+    rule_label,
     warn_report,
-    worst_layers,
 )
 from capinterp.kernels.ig_config import IGConfig
 
@@ -49,29 +50,13 @@ def ig_check_frame(report: dict) -> pd.DataFrame:
     if report.get("within_tol") is not None and len(df):
         df["within_tol"] = [l not in over for l in range(len(df))]
     df.index.name = "layer"
-    df.columns.name = _rule_label(report)
+    df.columns.name = rule_label(report)
     df.attrs["ig_check"] = {k: v for k, v in report.items() if k != "completeness"}
     return df
 
 
-def _rule_label(report: dict) -> str:
-    rule = report.get("rule") or "?"
-    if rule == "adaptive":
-        return f"IG rule adaptive (tol={report.get('adaptive_tol')})"
-    label = f"IG rule {rule}:{report.get('steps')}"
-    return label + (" (the papers' approximation)" if "papers'" in (report.get("approximation") or "") else "")
-
-
-def ig_check_line(report: dict) -> str:
-    """One line for a result's repr / a log: the rule, the worst layer's completeness error and the
-    verdict on the accuracy asked (e.g. ``IG rule right:20 (the papers' approximation): completeness
-    error max 0.286 at layer 9 over 40 examples, no tolerance asked``); "" without a report."""
-    if not report or not report.get("n_examples"):
-        return ""
-    worst = worst_layers(report, k=1)
-    err = f"completeness error max {worst[0][1]:.3g} at layer {worst[0][0]}" if worst else "no layer attributed"
-    verdict = {None: "no tolerance asked", True: "within the tolerance asked", False: "OVER the tolerance asked"}
-    return f"{_rule_label(report)}: {err} over {report['n_examples']} examples, {verdict[report.get('within_tol')]}"
+#: One line for a result's repr or a log (:func:`capinterp.kernels.completeness.report_line`).
+ig_check_line = report_line
 
 
 class IGChecked:

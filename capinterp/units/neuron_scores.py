@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from capinterp.core import validate
-from capinterp.units.neuron_set import NeuronSet
+from capinterp.units.neuron_set import NeuronSet, _ig_note
 from capinterp.units.neuron_tensor import NeuronTensor
 
 __all__ = ["NeuronScores"]
@@ -125,5 +125,5 @@ class NeuronScores(NeuronTensor):
         s = self.scores[self.valid]
         return (
             f"NeuronScores({self.n_layers} layers x {self.d_mlp} neurons, method={self.meta.get('method')!r}, "
-            f"min={float(s.min()):.4g}, max={float(s.max()):.4g}, mean={float(s.mean()):.4g})"
+            f"min={float(s.min()):.4g}, max={float(s.max()):.4g}, mean={float(s.mean()):.4g}{_ig_note(self.meta)})"
         )

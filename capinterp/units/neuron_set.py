@@ -25,6 +25,14 @@ from capinterp.units.neuron_tensor import NeuronTensor
 __all__ = ["NeuronSet"]
 
 
+def _ig_note(meta: dict) -> str:
+    """``; IG rule right:20 (the papers' approximation): completeness error max ...`` for IG results."""
+    from capinterp.kernels.completeness import report_line
+
+    line = report_line(meta.get("ig_check"))
+    return f"; {line}" if line else ""
+
+
 class NeuronSet(NeuronTensor, UnitSet):
     """A located set of neurons: bool mask [n_layers, d_mlp]; keys are ``(layer, index)`` tuples."""
 
@@ -164,5 +172,5 @@ class NeuronSet(NeuronTensor, UnitSet):
         shown = ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
         return (
             f"NeuronSet({n} of {self.n_layers}x{self.d_mlp} neurons ({self.ratio:.3%}), "
-            f"method={self.meta.get('method')!r}, layers=[{shown}])"
+            f"method={self.meta.get('method')!r}, layers=[{shown}]{_ig_note(self.meta)})"
         )

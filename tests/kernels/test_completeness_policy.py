@@ -41,6 +41,8 @@ def test_default_fit_reports_and_does_not_warn(tiny, make):
     line = ig_check_line(rep)
     assert line.startswith("IG rule right:20 (the papers' approximation): completeness error max ")
     assert line.endswith("no tolerance asked")
+    # the results say so in their repr too (NeuronScores, NeuronSet)
+    assert repr(loc.scores_).endswith(f"; {line})") and repr(loc.neurons_).endswith(f"; {line})")
 
 
 def test_explicit_tolerance_warns_only_when_missed(tiny):
