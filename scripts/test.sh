@@ -11,6 +11,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export CAPINTERP_THREADS=${CAPINTERP_THREADS:-1}
+# The browser test (tests/plots/test_browser.py) opens every page capinterp writes in Debian's
+# chromium; install it once (quietly) where it is missing. On CI (CI=true) a failed install stops here.
+if [ ! -x /usr/bin/chromium ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo -n"
+  if $SUDO apt-get update -qq >/dev/null && $SUDO env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq chromium >/dev/null; then echo "installed chromium (for the browser test)"
+  elif [ "${CI:-}" = true ]; then echo "could not install chromium (apt-get install chromium)" >&2; exit 1
+  else echo "chromium is not installed: the browser test will be skipped" >&2; fi
+fi
 # The evaluation data (CI clones the repository with shared/ beside it); the package never looks
 # for it by itself, so name it here for the quick reproduction and the notebooks.
 if [ -z "${CAPINTERP_DATA:-}" ] && [ -d ../shared/data ]; then export CAPINTERP_DATA="$(cd ../shared/data && pwd)"; fi

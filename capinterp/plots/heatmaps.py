@@ -33,6 +33,7 @@ from capinterp.core.family import width_mask
 __all__ = ["default_bin_size", "layer_profile", "neuron_heatmap"]
 
 _MAX_LISTED = 8
+_RING_BLOCKS = 64  # a located set in at most this many blocks is also ringed (narrow blocks are easy to miss)
 
 
 def default_bin_size(d_mlp: int, n_bins: int = 128) -> int:
@@ -68,9 +69,13 @@ def _coerce(obj: Any) -> _Neurons:
 
 
 def neuron_heatmap(
-    scores_or_set: Any, bin_size: int | None = None, title: str | None = None, abs: bool = True
+    scores_or_set: Any,
+    bin_size: int | None = None,
+    title: str | None = None,
+    abs: bool = True,
+    selected: Any = None,
 ) -> go.Figure:
-    """Binned layer x neuron heatmap.
+    """Binned layer x neuron heatmap, the located neurons marked.
 
     On a mixture-of-experts model (``meta["moe"]``, recorded by every result) dotted lines separate
     the experts, the x axis names them, blocks never straddle two, and the hover names each block's
@@ -80,7 +85,16 @@ def neuron_heatmap(
     the last block may be shorter. Hover: layer, neuron range, value, and the argmax neuron (scores)
     or the located neuron indices (sets). Where layers differ in width (``meta["layer_widths"]``:
     dense layers of a mixed dense / MoE model) the padding is not drawn (see the module's docstring).
+
+    ``selected``: the located neurons to mark on the scores (a ``NeuronSet``, a bool
+    ``[n_layers, d_mlp]`` mask, or ``(layer, index)`` pairs): each block holding any is circled, with
+    a legend entry and the neurons in its hover. A fitted localizer passed as ``scores_or_set``
+    (anything with ``scores_`` and ``neurons_``) draws its scores with its neurons marked.
     """
+    if selected is None and _has(scores_or_set, "neurons_"):
+        selected = scores_or_set.neurons_
+    if _has(scores_or_set, "scores_"):
+        scores_or_set = scores_or_set.scores_
     obj = _coerce(scores_or_set)
     n_layers, d_mlp = obj.values.shape
     b = default_bin_size(d_mlp) if bin_size is None else int(bin_size)
@@ -160,12 +174,82 @@ def neuron_heatmap(
     kind = "located neurons" if obj.is_set else ("max |score|" if abs else "score")
     moe_layers = None if widths is None else [w == d_mlp for w in widths]
     _mark_experts(fig, obj.meta.get("moe"), d_mlp, starts, moe_layers)
+    if selected is not None:
+        _mark_selected(fig, _selected_mask(selected, n_layers, d_mlp), b, starts, ends)
+    elif obj.is_set and 0 < int((z > 0).sum()) <= _RING_BLOCKS:  # a small set: a few narrow blocks, ringed
+        _mark_selected(fig, obj.values, b, starts, ends, "located")
     fig.update_layout(
         title=title or f"{obj.label}: {kind} per block of {b} neurons",
         xaxis_title=f"neuron (blocks of {b})",
         yaxis_title="layer",
     )
     return fig
+
+
+def _has(obj: Any, attr: str) -> bool:
+    """Whether ``obj`` has ``attr`` set (a localizer before ``fit`` raises or holds None)."""
+    try:
+        return getattr(obj, attr, None) is not None
+    except (AttributeError, RuntimeError, ValueError):
+        return False
+
+
+def _selected_mask(selected: Any, n_layers: int, d_mlp: int) -> torch.Tensor:
+    """``selected`` as a bool ``[n_layers, d_mlp]`` mask: a set (``.mask``), a bool tensor, or pairs."""
+    mask = getattr(selected, "mask", selected)
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        if tuple(mask.shape) != (n_layers, d_mlp):
+            raise ValueError(f"selected has shape {tuple(mask.shape)}, the scores {(n_layers, d_mlp)}")
+        return mask.cpu()
+    out = torch.zeros(n_layers, d_mlp, dtype=torch.bool)
+    for key in selected:
+        if not (isinstance(key, (tuple, list)) and len(key) == 2):
+            raise TypeError(f"selected must be a NeuronSet, a bool mask or (layer, index) pairs, got {key!r}")
+        layer, idx = int(key[0]), int(key[1])
+        if not (0 <= layer < n_layers and 0 <= idx < d_mlp):
+            raise ValueError(f"selected neuron {key!r} is outside {n_layers} layers x {d_mlp} neurons")
+        out[layer, idx] = True
+    return out
+
+
+def _mark_selected(
+    fig: go.Figure, mask: torch.Tensor, b: int, starts: np.ndarray, ends: np.ndarray, what: str = "selected"
+) -> None:
+    """A ring on every block holding selected neurons, one legend entry, the neurons in the hover."""
+    xs: list[float] = []
+    ys: list[int] = []
+    text: list[list[int]] = []
+    for layer, idx in mask.nonzero().tolist():
+        k = idx // b
+        if xs and ys[-1] == layer and xs[-1] == (starts[k] + ends[k]) / 2:
+            text[-1].append(idx)
+            continue
+        xs.append((starts[k] + ends[k]) / 2)
+        ys.append(layer)
+        text.append([idx])
+    listed = [
+        f"layer {y}: {what} neuron{'s' * (len(t) > 1)} "
+        + ", ".join(map(str, t[:_MAX_LISTED]))
+        + ", ..." * (len(t) > _MAX_LISTED)
+        for y, t in zip(ys, text)
+    ]
+    n = int(mask.sum())
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            mode="markers",
+            name=f"{what} ({n} neuron{'s' * (n != 1)})",
+            text=listed,
+            hovertemplate="%{text}<extra></extra>",
+            marker={"symbol": "circle-open", "size": 13, "color": "#e41a1c", "line": {"width": 2.5}},
+            showlegend=True,
+        )
+    )
+    fig.update_layout(legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"})
+    n_layers, d_mlp = mask.shape  # the rings must not widen the axes past the heatmap
+    fig.update_xaxes(range=[starts[0] - b / 2, ends[-1] + b / 2])
+    fig.update_yaxes(range=[-0.5, n_layers - 0.5])
 
 
 def _layer_widths(meta: dict, n_layers: int, d_mlp: int) -> list[int] | None:

@@ -5,15 +5,19 @@ its own copy and opens anywhere on its own. ``plotlyjs="directory"`` writes plot
 ``plotly.min.js`` once into the page's folder and the page loads it from there (a relative
 ``<script src="plotly.min.js">``): pages of a few kB, still no network, but the folder must be
 kept (or copied) whole.
+
+circuitsvis token views (:mod:`capinterp.plots.tokens`) print as HTML that loads their script from a
+CDN; :func:`write_view` writes the copy that inlines it, which opens offline.
 """
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUNDLE", "PLOTLYJS", "check_plotlyjs", "include_option", "write_html", "write_plotlyjs"]
+__all__ = ["BUNDLE", "PLOTLYJS", "check_plotlyjs", "include_option", "write_html", "write_plotlyjs", "write_view"]
 
 PLOTLYJS = ("embed", "directory")
 BUNDLE = "plotly.min.js"
@@ -53,4 +57,20 @@ def write_html(fig: Any, path: str | os.PathLike, *, plotlyjs: str = "embed") ->
     if option == "directory":
         write_plotlyjs(path.parent)
     fig.write_html(path, include_plotlyjs=option)
+    return path
+
+
+def write_view(view: Any, path: str | os.PathLike, *, title: str = "capinterp view") -> Path:
+    """Write a circuitsvis view (``neuron_activations_view``, ``attention_view``) to ``path`` as a
+    full HTML page with its script inlined (``view.local_src``), so it opens without a network
+    (``str(view)`` would load the script from a CDN)."""
+    body = getattr(view, "local_src", None)
+    if not isinstance(body, str):
+        raise TypeError(f"expected a circuitsvis view (with .local_src), got {type(view).__name__}")
+    path = Path(path)
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title></head><body>\n{body}\n</body></html>\n"
+    )
+    path.write_text(page, encoding="utf-8")
     return path

@@ -16,6 +16,7 @@ __all__ = ["trace_heatmap"]
 
 _COLORS = {"resid": "Purples", "mlp": "Greens", "attn": "Reds"}
 _NAMES = {"resid": "hidden state", "mlp": "MLP", "attn": "attention"}
+_AUTO_HEIGHT = 450  # plotly's default figure height
 
 
 def trace_heatmap(
@@ -78,6 +79,8 @@ def trace_heatmap(
             "ticktext": list(row_labels),
             "autorange": "reversed",
         },
-        height=max(250, 28 * n_rows + 120),
+        # A page (write_html) or notebook cell sizes the grid while the rows fit (plotly's 450 px in a
+        # notebook, the whole window on a page); only a long prompt asks for more, 28 px a row.
+        height=28 * n_rows + 120 if 28 * n_rows + 120 > _AUTO_HEIGHT else None,
     )
     return fig
