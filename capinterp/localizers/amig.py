@@ -167,6 +167,17 @@ class AMIG(KN):
             raise ValueError(f"baseline must be [{n_layers}, {d_mlp}] or [{d_mlp}], got {tuple(baseline.shape)}")
         self.baseline_ = baseline.to(torch.float32)
 
+    def _count(self, work: Any, items: list) -> None:
+        """The baseline's forward passes (when fit computes it), then IG from that baseline."""
+        from capinterp.core.tokens import encode_prompt
+        from capinterp.localizers.cost_counts import forward_work, ig_work
+
+        if self._baseline is None and getattr(self, "_baseline_key", None) != model_fingerprint(self.model):
+            texts = self.baseline_texts if self.baseline_texts is not None else local_texts(self.data_dir, n=32)
+            lengths = [min(64, len(encode_prompt(self.model, t))) for t in texts]
+            forward_work(work, "baseline", sorted(lengths), 8, logits=64)
+        ig_work(work, items, self._ig_config(), baseline=True)
+
     def _path_kwargs(self) -> dict:
         return {"baseline": self.baseline_}
 

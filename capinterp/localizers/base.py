@@ -173,6 +173,19 @@ class Localizer:
         Implementations call ``_begin_fit()`` first (before touching the model)."""
         raise NotImplementedError
 
+    def estimate(self, data: Any) -> Any:
+        """Predicted wall seconds and peak memory of ``fit(data)`` on this machine, before any work:
+        ``data`` is checked as ``fit`` checks it, the passes are counted, and a short probe times the
+        model (:mod:`capinterp.localizers.cost`; an :class:`~capinterp.localizers.cost.Estimate`)."""
+        from capinterp.localizers.cost import estimate
+
+        return estimate(self, data)
+
+    def _cost(self, data: Any) -> Any:  # pragma: no cover - abstract
+        """The :class:`~capinterp.localizers.cost.Work` ``fit(data)`` will do, counted without running
+        the model (``data`` validated as ``fit`` validates it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its cost (estimate)")
+
     def _begin_fit(self) -> None:
         """The model work a constructor must not do, at the start of ``fit``: check the model, move
         it to ``device``; subclasses extend it with what they derive from the model (DCSN's folded

@@ -219,6 +219,25 @@ class CausalTrace(Localizer):
         self._set_meta(noise_std=self.noise_std_, n_traced=self.n_traced_, n_skipped=self.skipped_)
         return self
 
+    def _cost(self, data: Iterable[Any]) -> Any:
+        """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`);
+        every fact counted as traced (``require_correct`` skips those the model gets wrong)."""
+        from capinterp.localizers.cost import Work
+        from capinterp.localizers.cost_counts import trace_work
+
+        facts = validate.examples(data, "CausalTrace.fit(data)", min_count=0)
+        if not facts:
+            raise ValueError("CausalTrace.fit needs at least one fact (got an empty list)")
+        work = Work(validate.model(self.model))
+        for i, ex in enumerate(facts):
+            item = self._prepare(i, ex)
+            T = len(item["ids"])
+            s0 = item["subject_range"][0]
+            trace_work(work, T, s0, len(self.kinds), self.samples, self.batch_size, self._prefix_ok(T))
+        if self.require_correct:
+            work.note("facts the model answers wrongly are skipped by fit (counted here as traced)")
+        return work
+
     def _prepare(self, i: int, ex: Example) -> dict[str, Any]:
         subject = ex.meta.get("subject")
         if not isinstance(subject, str) or not subject:

@@ -113,6 +113,11 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
     def _set_meta(self, **extra: Any) -> dict[str, Any]:
         return super()._set_meta(**extra, ig_check=self._ig_report())
 
+    def _count(self, work: Any, items: list, batch_size: int) -> None:
+        from capinterp.localizers.cost_counts import ig_work
+
+        ig_work(work, items, self._ig_config(batch_size))
+
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
         stats: dict = {}
         # built per chunk: an out-of-memory retry halves batch_size_

@@ -171,6 +171,26 @@ class DatasetNeuronLocalizer(Localizer):
         """Peak bytes one batch row needs (for ``batch_size="auto"``)."""
         raise NotImplementedError
 
+    def _cost(self, data: Any) -> Any:
+        """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`)."""
+        from capinterp.localizers.cost import Work
+        from capinterp.localizers.cost_counts import items_for
+
+        examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
+        work = Work(validate.model(self.model))
+        items = items_for(work, examples)
+        if not items:
+            raise ValueError(f"{type(self).__name__}.fit: no usable example in {len(examples)}")
+        bs = self.batch_size
+        if bs == "auto":
+            bs = auto_batch_size(self.model.cfg.device, self._row_bytes(items))
+        self._count(work, items, int(bs))
+        return work
+
+    def _count(self, work: Any, items: list, batch_size: int) -> None:  # pragma: no cover - abstract
+        """Add the work of scoring ``items`` with ``batch_size`` to ``work``."""
+        raise NotImplementedError
+
     def _score_safely(self, items: list[Encoded]) -> torch.Tensor:
         """:meth:`_score_chunk`, halving the batch (or splitting the chunk) on out-of-memory."""
         try:

@@ -250,5 +250,14 @@ class DCSN(DatasetNeuronLocalizer):
     def _row_bytes(self, items: list[Encoded]) -> int:
         return forward_row_bytes(self.model, max(len(it.prompt_ids) for it in items))
 
+    def _count(self, work: Any, items: list, batch_size: int) -> None:
+        """One forward per batch (unembedded at the last prompt token), then each layer's value
+        vectors projected on the batch's target columns."""
+        from capinterp.localizers.cost_counts import forward_work
+
+        forward_work(work, "forward", [len(it.prompt_ids) for it in items], batch_size)
+        sh = work.shape
+        work.flops("projections", 2.0 * sh["n_layers"] * sh["d_mlp"] * sh["d_model"] * len(items))
+
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:
         return per_sample_scores(self.model, items, self.target, self._fold)[0].cpu()

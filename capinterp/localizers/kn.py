@@ -104,6 +104,24 @@ class KN(IGChecked, Localizer):
         self._ig_add(stats)
         return scores
 
+    def _cost(self, data: Any) -> Any:
+        """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`)."""
+        from capinterp.localizers.cost import Work
+        from capinterp.localizers.cost_counts import items_for
+
+        examples = validate.examples(data, f"{type(self).__name__}.fit(data)", min_count=0)
+        if not examples:
+            raise ValueError(f"{type(self).__name__}.fit got no prompts")
+        work = Work(validate.model(self.model))
+        self._count(work, items_for(work, examples, max_target_tokens=1))
+        return work
+
+    def _count(self, work: Any, items: list) -> None:
+        """Add the kernel's rows on ``items`` to ``work`` (SIG, AMIG: their own kernel and baseline)."""
+        from capinterp.localizers.cost_counts import ig_work
+
+        ig_work(work, items, self._ig_config())
+
     def _path_kwargs(self) -> dict:
         """Extra ``ig_scores`` arguments that set the integration path (AMIG: its baseline)."""
         return {}

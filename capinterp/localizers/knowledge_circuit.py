@@ -149,6 +149,26 @@ class KnowledgeCircuit(Localizer):
             progress=self.progress,
         )
 
+    def _cost(self, data: Any) -> Any:
+        """The work of ``fit(data)``, counted before the passes (:meth:`Localizer.estimate`)."""
+        from capinterp.localizers.cost import Work
+        from capinterp.localizers.cost_counts import eap_work
+
+        facts = validate.examples(data, "KnowledgeCircuit.fit(data)", min_count=0)
+        if not facts:
+            raise ValueError("KnowledgeCircuit.fit needs at least one fact")
+        work = Work(validate.model(self.model))
+        lengths = [len(it.ids) for it in encode(self.model, facts)]
+        if self.algorithm != "acdc":
+            eap_work(work, lengths, 1 if self.algorithm == "eap" else self.steps, self.batch_size)
+            return work
+        if self.candidates is not None:
+            eap_work(work, lengths, self.steps, self.batch_size)
+        edges = self.candidates or Graph.from_model(self.model, self.granularity).n_edges
+        T = max(lengths)
+        work.add("acdc trials", rows=len(lengths), tokens=T, logits=T, calls=int(edges))
+        return work
+
     def fit(self, data: Any) -> KnowledgeCircuit:
         """Score every edge of the model's graph on the facts in ``data``, keep the circuit."""
         facts = validate.examples(data, "KnowledgeCircuit.fit(data)", min_count=0)

@@ -117,6 +117,16 @@ class NeFT(Localizer):
         if self.top_k is not None and not 1 <= self.top_k <= n:
             raise ValueError(f"top_k must be in [1, {n}], got {self.top_k}")
 
+    def _cost(self, data: Any) -> Any:
+        """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`)."""
+        from capinterp.localizers.cost import Work
+        from capinterp.localizers.cost_counts import finetune_work
+
+        examples = validate.examples(data, "NeFT.fit(data)")
+        work = Work(validate.model(self.model))
+        finetune_work(work, list(batches(encode(self.model, examples), self.batch_size)), self.steps, self.optimizer)
+        return work
+
     def fit(self, data: Any) -> NeFT:
         examples = validate.examples(data, "NeFT.fit(data)")  # the shared rules; an empty list is refused
         self._begin_fit()

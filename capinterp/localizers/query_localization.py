@@ -212,6 +212,22 @@ class QueryLocalization:
             warn_report(check, "QueryLocalization.fit")  # only where a tolerance was asked and missed
         return self
 
+    def estimate(self, data: Any) -> Any:
+        """Predicted seconds and peak memory of ``fit(data)``: the localizer's on every fact
+        (:meth:`capinterp.localizers.base.Localizer.estimate`)."""
+        from capinterp.localizers.cost import estimate
+
+        return estimate(self, data)
+
+    def _cost(self, data: Any) -> Any:
+        from capinterp.localizers.cost import Work
+
+        _, groups = as_facts(data, min_queries=self.min_queries)
+        work = Work(validate.model(self.model))
+        for g in groups:
+            work.merge(self.localizer_._cost(g))
+        return work
+
     def fit_scores(
         self,
         query_scores: Sequence[torch.Tensor],

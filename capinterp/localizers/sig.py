@@ -89,6 +89,11 @@ class SIG(KN):
     def _ig_config(self) -> IGConfig:
         return sequential.check_config(self._ig_settings(self.positions, self.batch_size))
 
+    def _count(self, work: Any, items: list) -> None:
+        from capinterp.localizers.cost_counts import sig_work
+
+        sig_work(work, items, self._ig_config(), self.positions)
+
     def _prompt_scores(self, item, config: IGConfig) -> torch.Tensor:
         stats: dict = {}
         scores = sequential.sig_scores(self.model, item, config, stats=stats)

@@ -1,0 +1,382 @@
+"""What a fit will cost, before it runs: ``localizer.estimate(data)``.
+
+Every localizer counts the work its ``fit`` will do (a :class:`Work`: forward and backward
+passes, each with its rows, tokens, blocks run and unembedded positions, from the data's token
+lengths, the model's shape and the hyper-parameters) without touching the model; a short
+measured probe on the real model (:func:`probe`: a few timed forward and forward + backward
+passes, cached per model, thread count, device and dtype) turns the counted FLOPs and block
+calls into seconds. Peak memory is the model's weights plus the largest working set the fit
+holds at once (activations kept for the backward, logits, caches), from the tensor sizes.
+
+The FLOP count of one token through one block is the matrix products' (attention projections,
+attention scores against the context, the MLP: 2 FLOPs per multiply-add); the unembedding costs
+``2 d_model d_vocab`` per unembedded position. The probe fits three numbers: forward FLOP/s,
+the seconds of a block call beyond its FLOPs (Python and kernel launch overhead, which
+dominates on tiny models), and how much slower a backward is than its forward.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from capinterp.core.model import neuron_hook
+from capinterp.core.protocol import Model
+from capinterp.kernels.ig import frozen_params
+
+__all__ = ["Estimate", "Probe", "Work", "block_flops", "describe", "estimate", "probe", "weight_bytes"]
+
+
+# --------------------------------------------------------------------------------- model shape
+def _shape(model: Model) -> dict[str, int]:
+    cfg = model.cfg
+    n_heads = int(getattr(cfg, "n_heads", 1) or 1)
+    d_model = int(cfg.d_model)
+    d_head = int(getattr(cfg, "d_head", 0) or d_model // n_heads)
+    return {
+        "n_layers": int(cfg.n_layers),
+        "d_model": d_model,
+        "d_mlp": int(cfg.d_mlp),
+        "d_vocab": int(cfg.d_vocab),
+        "n_heads": n_heads,
+        "d_head": d_head,
+        "n_kv": int(getattr(cfg, "n_key_value_heads", None) or n_heads),
+        "gated": 3 if getattr(cfg, "gated_mlp", False) else 2,
+    }
+
+
+def block_flops(shape: dict[str, int], context: float) -> float:
+    """FLOPs of one token through one block that attends to ``context`` tokens."""
+    qo = 2 * shape["n_heads"] * shape["d_head"]
+    kv = 2 * shape["n_kv"] * shape["d_head"]
+    proj = 2 * shape["d_model"] * (qo + kv)
+    scores = 4 * context * shape["n_heads"] * shape["d_head"]
+    mlp = 2 * shape["d_model"] * shape["d_mlp"] * shape["gated"]
+    return float(proj + scores + mlp)
+
+
+def unembed_flops(shape: dict[str, int]) -> float:
+    return 2.0 * shape["d_model"] * shape["d_vocab"]
+
+
+def _elem(model: Model) -> int:
+    return torch.finfo(next(model.parameters()).dtype).bits // 8
+
+
+def weight_bytes(model: Model) -> int:
+    return int(sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+# -------------------------------------------------------------------------------------- work
+@dataclass
+class Work:
+    """The passes a fit will run, counted before it runs.
+
+    Each :meth:`add` is ``calls`` passes of ``rows`` rows x ``tokens`` tokens through ``blocks``
+    blocks (attending to ``context`` tokens), unembedding ``logits`` positions per row; ``grad``:
+    with a backward to the activations, ``"params"``: to every parameter (a fine-tune).
+    ``part`` names the line of the breakdown it counts towards.
+    """
+
+    model: Model
+    fwd_flops: dict[str, float] = field(default_factory=dict)
+    bwd_flops: dict[str, float] = field(default_factory=dict)
+    block_calls: dict[str, float] = field(default_factory=dict)
+    head_calls: dict[str, float] = field(default_factory=dict)
+    direct_calls: dict[str, float] = field(default_factory=dict)
+    grad_share: dict[str, float] = field(default_factory=dict)
+    moved_bytes: dict[str, float] = field(default_factory=dict)
+    passes: int = 0
+    rows: int = 0
+    working_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.shape = _shape(self.model)
+        self.elem = _elem(self.model)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def add(
+        self,
+        part: str,
+        *,
+        rows: int,
+        tokens: float,
+        blocks: float | None = None,
+        logits: float = 1,
+        context: float | None = None,
+        calls: int = 1,
+        grad: bool | str = False,
+        count_rows: bool = False,
+        call_blocks: float | None = None,
+        direct: bool = False,
+    ) -> None:
+        sh = self.shape
+        blocks = sh["n_layers"] if blocks is None else blocks
+        context = tokens if context is None else context
+        per = rows * tokens * blocks * block_flops(sh, context) + rows * logits * unembed_flops(sh)
+        flops = calls * per
+        self.fwd_flops[part] = self.fwd_flops.get(part, 0.0) + flops
+        # a backward calls every block (and reads its weights) once more
+        times = 1 + (2 if grad == "params" else 1 if grad else 0)
+        n_calls = calls * (blocks if call_blocks is None else call_blocks) * times
+        calls_of = self.direct_calls if direct else self.block_calls
+        calls_of[part] = calls_of.get(part, 0.0) + n_calls
+        self.head_calls[part] = self.head_calls.get(part, 0.0) + calls * times
+        if grad:
+            factor = 2.0 if grad == "params" else 1.0  # gradients of the weights too: about twice the work
+            self.bwd_flops[part] = self.bwd_flops.get(part, 0.0) + factor * flops
+        self.passes += int(calls)
+        if count_rows:
+            self.rows += int(calls * rows)
+
+    def flops(self, part: str, n: float) -> None:
+        """``n`` FLOPs outside the model's passes (e.g. DCSN's projections through the unembedding)."""
+        self.fwd_flops[part] = self.fwd_flops.get(part, 0.0) + float(n)
+
+    def memory(self, nbytes: float) -> None:
+        """The fit holds ``nbytes`` beyond the weights at some point: the peak is the largest such."""
+        self.working_bytes = max(self.working_bytes, int(nbytes))
+
+    def traffic(self, part: str, nbytes: float) -> None:
+        """Memory-bound work not tied to passes (an optimizer step over every parameter): bytes moved."""
+        self.moved_bytes[part] = self.moved_bytes.get(part, 0.0) + float(nbytes)
+
+    def merge(self, other: Work) -> None:
+        for mine, theirs in (
+            (self.fwd_flops, other.fwd_flops),
+            (self.bwd_flops, other.bwd_flops),
+            (self.block_calls, other.block_calls),
+            (self.head_calls, other.head_calls),
+            (self.direct_calls, other.direct_calls),
+            (self.moved_bytes, other.moved_bytes),
+        ):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0.0) + v
+        self.passes += other.passes
+        self.rows += other.rows
+        self.working_bytes = max(self.working_bytes, other.working_bytes)
+        self.notes += [n for n in other.notes if n not in self.notes]
+
+
+# ------------------------------------------------------------------------------------- probe
+@dataclass(frozen=True)
+class Probe:
+    """The model's measured speed: forward FLOP/s, seconds per block call beyond the FLOPs, and
+    backward time relative to its forward (same FLOPs)."""
+
+    flops_per_s: float
+    block_call_seconds: float
+    direct_call_seconds: float
+    head_call_seconds: float
+    backward_ratio: float
+    bytes_per_s: float
+    seconds: float
+    device: str
+    dtype: str
+    threads: int
+
+
+_PROBES: weakref.WeakKeyDictionary[Any, dict[tuple, Probe]] = weakref.WeakKeyDictionary()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device, repeat: int = 1) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _stair_seconds(model: Model, seq: torch.Tensor, device: torch.device) -> float | None:
+    """Seconds of one row through every block by direct block calls (the IG kernels' staircase,
+    :func:`capinterp.kernels.prefix.stair_logits`) at the last of ``seq``'s tokens; None where
+    the model cannot take it."""
+    from capinterp.kernels import prefix
+
+    try:
+        with torch.no_grad():
+            run = prefix.clean_suffix(model, seq, len(seq) - 1)
+            z = run.acts[0][None].clone()
+            prefix.stair_logits(model, run, [(0, z)])  # warm-up
+            return _timed(lambda: prefix.stair_logits(model, run, [(0, z)]), device)
+    except Exception:  # no KV cache, an architecture the staircase does not serve: bridge numbers
+        return None
+
+
+def _matmul_rate(d_model: int, d_mlp: int, device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of the model's typical product: 16 rows through a ``d_model x d_mlp`` weight."""
+    a = torch.randn(16, d_model, device=device, dtype=dtype)
+    w = torch.randn(d_model, d_mlp, device=device, dtype=dtype)
+    n = max(1, int(2e8 // (2 * 16 * d_model * d_mlp)))  # about 0.2 GFLOP
+
+    def run() -> None:
+        for _ in range(n):
+            a @ w
+
+    run()
+    return 2.0 * 16 * d_model * d_mlp * n / max(_timed(run, device, repeat=2), 1e-9)
+
+
+def probe(model: Model) -> Probe:
+    """Time a few tiny passes on ``model`` where it is (its device and dtype), once per model,
+    thread count, device and dtype in this process. Leaves the model, its parameters'
+    ``requires_grad`` and its hooks as they were; about a second on Gemma 3 270M on one CPU thread."""
+    device = torch.device(model.cfg.device)
+    dtype = next(model.parameters()).dtype
+    key = (torch.get_num_threads(), str(device), str(dtype))
+    cached = _PROBES.get(model, {}).get(key)
+    if cached is not None:
+        return cached
+    sh = _shape(model)
+    L = sh["n_layers"]
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(sh["d_vocab"], 1000)
+    small = torch.randint(1, vocab, (1, 1), generator=gen).to(device)
+    big = torch.randint(1, vocab, (1, 4), generator=gen).to(device)
+
+    def flops(t: torch.Tensor) -> float:
+        b, n = t.shape
+        return b * n * L * block_flops(sh, n / 2) + b * n * unembed_flops(sh)
+
+    def fwd(t: torch.Tensor) -> None:
+        with torch.no_grad():
+            model.run_with_hooks(t, fwd_hooks=[])
+
+    def fwd_bwd(t: torch.Tensor) -> None:
+        def leaf(act, hook):
+            return act.detach().requires_grad_(True)
+
+        with frozen_params(model), torch.enable_grad():
+            logits = model.run_with_hooks(t, fwd_hooks=[(neuron_hook(0), leaf)])
+            logits.float().logsumexp(-1).sum().backward()
+
+    t0 = time.perf_counter()
+    buf = torch.zeros(2, 1 << 22, device=device, dtype=torch.float32)
+    t_copy = _timed(lambda: buf[0].add_(buf[1]), device, repeat=3)  # 3 x 16 MB moved
+    bandwidth = 3 * 4 * (1 << 22) / max(t_copy, 1e-9)
+    fwd(small)  # warm-up: first-call allocations
+    t_small = _timed(lambda: fwd(small), device)
+    t_big = _timed(lambda: fwd(big), device)
+    t_both = _timed(lambda: fwd_bwd(big), device)
+    t_stair = _stair_seconds(model, big[0], device)
+    seconds = time.perf_counter() - t0
+    # every pass reads each weight it uses once, whatever its rows: a per-call cost (memory bound
+    # for a few rows), the unembedding's weights apart from the blocks'
+    head_bytes = sh["d_model"] * sh["d_vocab"] * _elem(model)
+    block_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "blocks." in n) / L
+    f_small, f_big = flops(small), flops(big)
+    rate = _matmul_rate(sh["d_model"], sh["d_mlp"], device, dtype)
+    head_call = head_bytes / bandwidth
+    py = max(t_small - f_small / rate - head_call - L * block_bytes / bandwidth, 0.0) / (L + 1)
+    block_call = py + block_bytes / bandwidth
+    per_pass = L * block_call + head_call + py
+    direct = block_call
+    if t_stair is not None:  # the IG kernels' direct block calls skip the bridge's hooks
+        direct_py = max(t_stair - f_small / rate - head_call - L * block_bytes / bandwidth, 0.0) / (L + 1)
+        direct = min(direct_py, py) + block_bytes / bandwidth
+    ratio = (t_both - t_big - per_pass) / max(f_big / rate, 1e-9)
+    result = Probe(
+        flops_per_s=float(rate),
+        block_call_seconds=float(block_call),
+        direct_call_seconds=float(direct),
+        head_call_seconds=float(head_call + py),
+        backward_ratio=float(min(max(ratio, 0.5), 6.0)),
+        bytes_per_s=float(bandwidth),
+        seconds=seconds,
+        device=str(device),
+        dtype=str(dtype).replace("torch.", ""),
+        threads=torch.get_num_threads(),
+    )
+    _PROBES.setdefault(model, {})[key] = result
+    return result
+
+
+# ---------------------------------------------------------------------------------- estimate
+def describe(nbytes: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted cost of one ``fit``: wall ``seconds`` and ``peak_bytes`` (weights + working set)
+    on this machine, the forward(+backward) ``passes`` counted, the IG / restoration ``rows``,
+    the ``probe_seconds`` spent measuring, and seconds per part of the fit (``breakdown``)."""
+
+    method: str
+    seconds: float
+    peak_bytes: int
+    working_bytes: int
+    passes: int
+    rows: int
+    probe_seconds: float
+    breakdown: dict[str, float]
+    device: str
+    threads: int
+    notes: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {_secs(v)}" for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1]))
+        text = (
+            f"{self.method}: about {_secs(self.seconds)}, peak memory about {describe(self.peak_bytes)} "
+            f"({describe(self.working_bytes)} beyond the weights); {self.passes} passes"
+            + (f", {self.rows} rows" if self.rows else "")
+            + f" [{parts}] on {self.device}, {self.threads} thread(s); probe {self.probe_seconds:.2f} s"
+        )
+        return text + "".join(f"; {n}" for n in self.notes)
+
+
+def _secs(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 120:
+        return f"{s / 60:.1f} min"
+    return f"{s:.3g} s"
+
+
+def estimate(loc: Any, data: Any) -> Estimate:
+    """``loc._cost(data)`` (validates ``data`` like ``fit``, counts the work, touches no model),
+    then the probe, then seconds = FLOPs / rate + block calls x call overhead."""
+    work: Work = loc._cost(data)
+    pr = probe(loc.model)
+    breakdown: dict[str, float] = {}
+    for part in set(work.fwd_flops) | set(work.moved_bytes):
+        compute = (work.fwd_flops.get(part, 0.0) + pr.backward_ratio * work.bwd_flops.get(part, 0.0)) / pr.flops_per_s
+        calls = (
+            work.block_calls.get(part, 0.0) * pr.block_call_seconds
+            + work.direct_calls.get(part, 0.0) * pr.direct_call_seconds
+            + work.head_calls.get(part, 0.0) * pr.head_call_seconds
+        )
+        breakdown[part] = compute + calls + work.moved_bytes.get(part, 0.0) / pr.bytes_per_s
+    return Estimate(
+        method=getattr(loc, "name", type(loc).__name__.lower()),
+        seconds=float(sum(breakdown.values())),
+        peak_bytes=weight_bytes(loc.model) + work.working_bytes,
+        working_bytes=work.working_bytes,
+        passes=work.passes,
+        rows=work.rows,
+        probe_seconds=pr.seconds,
+        breakdown=breakdown,
+        device=pr.device,
+        threads=pr.threads,
+        notes=tuple(work.notes),
+    )
