@@ -156,7 +156,7 @@ def cmd_localize(args) -> int:
     ``--out`` (a checkpoint named by the computation's key too when the class is ``checkpointable``)."""
     from capinterp.app import notes
     from capinterp.app.main_job import choose_examples
-    from capinterp.localizers import get
+    from capinterp.localizers import cost, get
 
     cls = get(args.method)
     kwargs = _localizer_kwargs(args, cls)  # a bad option for this method is refused before loading
@@ -173,6 +173,7 @@ def cmd_localize(args) -> int:
         scope = notes.scope_note(cls.name, cls.scope, len(examples), getattr(loc, "share", 0.5))
         if scope:
             _say("note: " + scope)
+        _say(cost.estimate_line(loc, examples))
         loc.fit(examples)
         from capinterp.core import distributed as dist
 

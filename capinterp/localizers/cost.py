@@ -29,7 +29,7 @@ from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.kernels.ig import frozen_params
 
-__all__ = ["Estimate", "Probe", "Work", "block_flops", "describe", "estimate", "probe", "weight_bytes"]
+__all__ = ["Estimate", "Probe", "Work", "block_flops", "describe", "estimate", "estimate_line", "probe", "weight_bytes"]
 
 
 # --------------------------------------------------------------------------------- model shape
@@ -380,3 +380,12 @@ def estimate(loc: Any, data: Any) -> Estimate:
         threads=pr.threads,
         notes=tuple(work.notes),
     )
+
+
+def estimate_line(loc: Any, data: Any) -> str:
+    """``"estimate: ..."`` for a progress message before a long fit (the CLI's); a model or data the
+    cost model cannot count gives a line saying so instead of an error (``fit`` will report it)."""
+    try:
+        return f"estimate: {loc.estimate(data)}"
+    except Exception as err:  # never block the run: fit validates and raises with its own message
+        return f"estimate: not available ({type(err).__name__}: {err})"
