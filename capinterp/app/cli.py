@@ -118,7 +118,7 @@ def _save_units(loc, name: str, out: Path, title: str, plotlyjs: str) -> dict[st
     if kind == "neuron":
         loc.scores_.save(out / f"{name}_scores.capi")
         loc.neurons_.save(out / f"{name}_neurons.capi")
-        fig = loc.scores_.plot(title=title)
+        fig = loc.scores_.plot(title=title, selected=loc.neurons_)
         heatmap = write_html(fig, out / f"{name}_heatmap.html", plotlyjs=plotlyjs)
         return {
             "neurons": len(loc.neurons_),

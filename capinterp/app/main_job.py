@@ -91,7 +91,8 @@ def run_main(args) -> int:
     cnl.scores_.save(out / "cnl_scores.capi")
     neurons.save(out / "cnl_neurons.capi")
     title = f"CNL scores, ops {args.ops!r}, {model.capinterp_name} ({len(neurons)} neurons at sigma={cnl.sigma:g})"
-    heatmap = write_html(cnl.scores_.plot(title=title), out / "cnl_heatmap.html", plotlyjs=args.plotlyjs)
+    fig = cnl.scores_.plot(title=title, selected=neurons)  # the located neurons ringed
+    heatmap = write_html(fig, out / "cnl_heatmap.html", plotlyjs=args.plotlyjs)
     _say(
         f"[4/5] CNL on {counts['used']} of {counts['total']} examples ({args.examples}): {len(neurons)} neurons "
         f"({100 * neurons.ratio:.3f}% of FFN neurons) -> {heatmap}"
