@@ -109,7 +109,12 @@ def run_main(args) -> int:
         erased = evaluate(model, ds, batch_size=args.batch_size)
     randoms = _random_baseline(model, ds, neurons, args.seed, n_random, args.batch_size)
     accs = [r.accuracy for r in randoms]
-    note = notes.random_baseline_note(base.accuracy, erased.accuracy, accs, len(neurons))
+    note = notes.random_baseline_note(
+        (base.accuracy, base.mean_prob),
+        (erased.accuracy, erased.mean_prob),
+        [(r.accuracy, r.mean_prob) for r in randoms],
+        len(neurons),
+    )
     _say(f"[5/5] erase located: {erased}\n      erase random (same size, {n_random} seed(s)): accuracy {accs}")
     _say("      " + note)
 
@@ -153,5 +158,6 @@ def next_steps(heatmap: Path, out: Path, model: str | None) -> str:
         f"  {out / 'summary.json'} holds this result; the .ckpt file beside it lets a rerun resume (delete it to start over)\n"
         f"  locate on your own facts: capinterp localize{flag} --data facts.csv --method kn "
         "(a CSV with prompt,target[,subject] columns; --method causal_trace or knowledge_circuit need subject)\n"
-        "  or try the package's own facts: capinterp localize --data builtin --method causal_trace"
+        f"  or the package's own facts: capinterp localize{flag} --data builtin --n 3 --method causal_trace "
+        "(causal tracing is the slowest method: start with a few facts)"
     )

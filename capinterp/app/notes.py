@@ -114,18 +114,28 @@ def scope_note(method: str, scope: str, n: int, share: float = 0.5) -> str | Non
     )
 
 
-def random_baseline_note(base_acc: float, located: float, random_accs: list[float], n_neurons: int) -> str:
-    """How to read erasing located vs random neurons, in words (numbers from the run itself)."""
-    lo, hi = min(random_accs), max(random_accs)
-    spread = f"{lo:.3f}" if lo == hi else f"{lo:.3f} to {hi:.3f}"
-    seeds = "one random set" if len(random_accs) == 1 else f"{len(random_accs)} random sets"
+def random_baseline_note(
+    base: tuple[float, float], located: tuple[float, float], randoms: list[tuple[float, float]], n_neurons: int
+) -> str:
+    """How to read erasing located vs random neurons, in words, from the run's own ``(accuracy, mean
+    target probability)`` pairs: unedited, located erased, and each random set erased."""
+    accs = [a for a, _ in randoms]
+    probs = [p for _, p in randoms]
+
+    def span(values: list[float]) -> str:
+        lo, hi = min(values), max(values)
+        return f"{lo:.3f}" if lo == hi else f"{lo:.3f} to {hi:.3f}"
+
+    sets = "one random set" if len(randoms) == 1 else f"{len(randoms)} random sets"
     text = (
-        f"erasing the {n_neurons} located neurons changed accuracy {base_acc:.3f} -> {located:.3f}; "
-        f"erasing {n_neurons} random neurons ({seeds}) gave {spread}."
+        f"erasing the {n_neurons} located neurons changed accuracy {base[0]:.3f} -> {located[0]:.3f} "
+        f"(mean p(target) {base[1]:.3f} -> {located[1]:.3f}); erasing {n_neurons} random neurons ({sets}) "
+        f"gave accuracy {span(accs)} (mean p(target) {span(probs)})."
     )
-    if hi > base_acc:
+    if max(accs) > base[0]:
         text += (
             " Erasing random neurons raised accuracy: random FFN neurons are not neutral (zeroing them "
-            "shifts the model's output), so the comparison that matters is located vs random, not vs the unedited model."
+            "shifts the model's output either way), so the comparison that matters is located vs random, "
+            "not vs the unedited model."
         )
     return text
