@@ -32,3 +32,19 @@ def plant(model, examples, neurons=PLANTED, gain: float = 3.0, write: float = 0.
         getattr(mlp, "in").original_component.weight[idx] = gain * direction
         mlp.out.original_component.weight[:, idx] = write * u / u.norm()
     return target
+
+
+#: Neurons that end a planted answer (see :func:`plant_answer`).
+ENDERS = [(1, 60), (2, 70), (3, 80)]
+
+
+@torch.no_grad()
+def plant_answer(model, examples, neurons=PLANTED, enders=ENDERS):
+    """Plant ``neurons`` to write the shared target after each prompt, and ``enders`` to write "."
+    after the target, so greedy decoding says the whole answer and stops ("7." rather than "77":
+    a continuation that goes on with the same digit is another number, judged wrong)."""
+    from capinterp.core.example import Example
+
+    target = plant(model, examples, neurons)
+    plant(model, [Example(e.prompt + e.target, ".") for e in examples], enders)
+    return target

@@ -11,6 +11,14 @@ tokenizer would attach to the target's first word (:func:`absorbed_whitespace`: 
 ``" Paris"`` tokenizes cleanly but feeds the model a lone space no real text has), and an empty
 or whitespace-only target (:func:`capinterp.core.example.check_target`).
 ``on_mismatch="skip"`` drops boundary problems instead (and counts them).
+
+*The target's token* is the first token that carries the answer, everywhere (IG objectives,
+DCSN's projection, ``evaluate``'s ``prob``, faithfulness metrics, tracing, the editors): whitespace
+that the tokenizer keeps as tokens of its own at the start of the target (SmolLM2 splits ``" 7"``
+into ``" "`` and ``"7"``) is context, moved to the end of ``prompt_ids``, so ``" 1"``, ``" 7"`` and
+``" 10"`` are scored by ``"1"``, ``"7"`` and ``"1"``, not by a shared lone space. A target whose
+first character the tokenizer splits into byte fragments (an emoji on a byte-level BPE: its first
+fragment is shared by many characters) is a :class:`TokenizationError`: no single token names it.
 :func:`subject_span` is the one rule for where a subject string sits among a prompt's tokens
 (causal tracing, ROME, attention scaling): it must start and end on token boundaries.
 
@@ -27,7 +35,7 @@ from typing import Any
 import torch
 
 from capinterp.core import validate
-from capinterp.core.example import Example, TokenizationError, check_target
+from capinterp.core.example import Example, TokenizationError, check_target, glued_words
 from capinterp.core.protocol import Model
 
 __all__ = [
@@ -53,6 +61,9 @@ class Encoded:
     prompt_ids: list[int]
     target_ids: list[int]
     example: Example
+    #: Whitespace-only tokens at the start of the target, moved to the end of ``prompt_ids`` (context:
+    #: the first target token is the first one that carries the answer; see the module docstring).
+    context_ws: int = 0
 
     @property
     def ids(self) -> list[int]:
@@ -149,9 +160,10 @@ def encode(
     """Tokenize examples with targets in context; validate everything before returning.
 
     Raises :class:`TokenizationError` for an empty or whitespace-only target (also a bare
-    prompt's, not yet filled with the greedy token), a prompt/target boundary merge or a prompt
-    ending in whitespace the target would absorb (:func:`absorbed_whitespace`; both skipped with
-    ``on_mismatch="skip"``), or a sequence longer than the context ``n_ctx``
+    prompt's, not yet filled with the greedy token), a target glued onto the prompt's last word
+    (:func:`capinterp.core.example.glued_words`), a prompt/target boundary merge or a prompt
+    ending in whitespace the target would absorb (:func:`absorbed_whitespace`; these three skipped
+    with ``on_mismatch="skip"``), a first answer character split into byte fragments, or a sequence longer than the context ``n_ctx``
     (taken from the model when a model is passed). ``prepend_bos=None`` follows the
     tokenizer's own default (see :func:`_bos`). ``max_target_tokens`` truncates targets
     (e.g. 1 to score only the first answer token). ``bare="skip"`` leaves out bare prompts (whose
@@ -167,6 +179,8 @@ def encode(
     bos = model_bos(model_or_tokenizer) if prepend_bos is None else ([int(tok.bos_token_id)] if prepend_bos else [])
     out: list[Encoded] = []
     for i, ex in enumerate(examples):
+        if on_mismatch == "skip" and glued_words(ex.prompt, ex.target) and ex.meta.get("target_from") != "greedy":
+            continue  # a glued target is a boundary problem too
         check_target(ex, i)
         if not ex.target and bare == "skip":
             n = len(bos) + len(_ids(tok, ex.prompt))
@@ -202,13 +216,41 @@ def encode(
                 "on_mismatch='skip'."
             )
         t = full[len(p) :]
+        lead = _leading_whitespace(tok, t)
+        _check_whole_first_char(tok, t[lead:], ex, i)
+        p, t = p + t[:lead], t[lead:]
         if max_target_tokens is not None:
             t = t[:max_target_tokens]
-        enc = Encoded(bos + p, t, ex)
+        enc = Encoded(bos + p, t, ex, lead)
         if n_ctx is not None and len(enc.ids) > n_ctx:
             raise TokenizationError(f"example {i} has {len(enc.ids)} tokens; the model's context is {n_ctx}")
         out.append(enc)
     return out
+
+
+def _leading_whitespace(tokenizer: Any, target_ids: Sequence[int]) -> int:
+    """How many of the target's first tokens decode to whitespace only (at least one token stays)."""
+    n = 0
+    while n < len(target_ids) - 1 and not tokenizer.decode([target_ids[n]]).strip():
+        n += 1
+    return n
+
+
+def _check_whole_first_char(tokenizer: Any, ids: Sequence[int], ex: Example, index: int) -> None:
+    """TokenizationError when the answer's first token is a fragment of a character (byte-level BPE)."""
+    first = tokenizer.decode([ids[0]])
+    if "\ufffd" not in first or "\ufffd" in ex.target:
+        return
+    n = 1
+    while n < len(ids) and tokenizer.decode(list(ids[:n])).endswith("\ufffd"):
+        n += 1
+    char = ex.target.strip()[:1]
+    raise TokenizationError(
+        f"example {index}: the target {ex.target!r} starts with {char!r}, which the tokenizer splits into "
+        f"byte fragments {_shown(tokenizer, ids[:n])}; its first fragment is shared by other characters, "
+        "so no single token names the answer. Start the target with a character the tokenizer keeps whole "
+        "(e.g. a word before the emoji), or leave this example out."
+    )
 
 
 def subject_span(

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from fractions import Fraction
 
-from capinterp.core.example import Example
+from capinterp.core.example import Example, glued_words
 
 __all__ = ["evaluate", "is_correct", "join_expression", "parse_answer", "value_of"]
 
@@ -60,14 +60,22 @@ def is_correct(example: Example, text: str) -> bool:
     """Whether the continuation ``text`` answers ``example`` correctly.
 
     Arithmetic examples (``meta["fmt"]`` set) compare parsed, normalized answers; other
-    examples compare the start of the stripped continuation with the stripped target.
+    examples need the stripped continuation to start with the stripped target as whole words:
+    ``" Paris."`` answers ``" Paris"``, but ``" Paris"`` does not answer ``" P"`` and ``"12"`` does
+    not answer ``"1"`` (the character after the target must not continue its last word). A target
+    filled with the model's greedy next token (``meta["target_from"] == "greedy"``) is one token,
+    which may start a longer word: there the continuation need only start with it.
     """
     fmt = example.meta.get("fmt")
     if fmt is not None:
         pred = parse_answer(fmt, text)
         return pred is not None and pred == parse_answer(fmt, example.target)
-    gold = example.target.strip()
-    return bool(gold) and text.strip().startswith(gold)
+    gold, said = example.target.strip(), text.strip()
+    if not gold or not said.startswith(gold):
+        return False
+    if example.meta.get("target_from") == "greedy":  # the model's own next token: a prefix by design
+        return True
+    return not glued_words(gold, said[len(gold) :])  # the next character would continue the word
 
 
 def evaluate(expression: str, strict: bool = True) -> Fraction:

@@ -136,13 +136,15 @@ def cut_targets(model: Model, examples: Sequence[Example], max_tokens: int) -> l
 
     out = []
     for e in examples:
-        ids = encode(model, [e])[0].target_ids
-        if len(ids) <= max_tokens:
+        enc = encode(model, [e])[0]
+        ids = enc.prompt_ids[len(enc.prompt_ids) - enc.context_ws :] + enc.target_ids  # with its leading whitespace
+        if len(ids) <= max_tokens + enc.context_ws:
             out.append(e)
             continue
-        cut = Example(e.prompt, model.tokenizer.decode(ids[:max_tokens]), {**e.meta, "target_full": e.target})
+        cut_ids = ids[: max_tokens + enc.context_ws]
+        cut = Example(e.prompt, model.tokenizer.decode(cut_ids), {**e.meta, "target_full": e.target})
         try:
-            ok = encode(model, [cut])[0].target_ids == ids[:max_tokens]
+            ok = encode(model, [cut])[0].target_ids == cut_ids[enc.context_ws :]
         except TokenizationError:
             ok = False
         out.append(cut if ok else e)

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from capinterp.core import distributed as dist
 from capinterp.core import validate
+from capinterp.core.example import Example
 from capinterp.core.forward import logits_at
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, encode, pad_id, pad_right
@@ -25,12 +26,21 @@ __all__ = ["EvalResult", "evaluate", "greedy_continuations"]
 
 @dataclass
 class EvalResult:
-    """``accuracy`` and ``mean_prob`` (of the target's first token) over ``n`` examples."""
+    """``accuracy`` and ``mean_prob`` (of the target's token: the first that carries the answer,
+    :mod:`capinterp.core.tokens`) over ``n`` examples; ``examples`` in the order of ``records``."""
 
     accuracy: float
     mean_prob: float
     n: int
     records: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    examples: list[Example] = field(default_factory=list, repr=False)
+
+    def correct(self) -> list[Example]:
+        """The examples the model answered correctly, in dataset order: the data to localize a
+        capability on (``ci.CNL(model).fit(ci.evaluate(model, ds).correct())``)."""
+        if len(self.examples) != len(self.records):
+            raise ValueError("this EvalResult holds no examples (it was built by hand); evaluate() fills them")
+        return [ex for ex, r in zip(self.examples, self.records) if r["correct"]]
 
     @property
     def frame(self) -> pd.DataFrame:
@@ -80,11 +90,16 @@ def evaluate(
     max_new_tokens: int | None = None,
     progress: bool | None = None,
 ) -> EvalResult:
-    """Greedy accuracy and mean probability of the target's first token.
+    """Greedy accuracy and mean probability of the target's token.
 
-    ``max_new_tokens`` defaults to the longest target (in tokens) in each batch plus one, so
-    a number that goes on ("12" for target "1") is caught. Answers are parsed per format
-    (:func:`capinterp.data.parsing.is_correct`): DG integers, MQ letters, TF Yes/No.
+    The target's token is the first one that carries the answer (whitespace the tokenizer keeps as
+    a token of its own, SmolLM2's lone space before a digit, is context: :mod:`capinterp.core.tokens`),
+    and ``correct`` is judged on the greedy continuation of the same context, so both are about the
+    same tokens; each record names the scored token (``token``). ``max_new_tokens`` defaults to the
+    longest target (in tokens) in each batch plus one, so a number or word that goes on ("12" for
+    target "1", "Paris" for target "P") is caught. Answers are parsed per format
+    (:func:`capinterp.data.parsing.is_correct`): DG integers, MQ letters, TF Yes/No; other targets
+    must match the continuation's start as whole words.
     """
     from capinterp.data.parsing import is_correct
 
@@ -113,9 +128,10 @@ def evaluate(
                         "generated": text,
                         "correct": bool(is_correct(e.example, text)),
                         "prob": float(pr[e.target_ids[0]]),
+                        "token": model.tokenizer.decode([e.target_ids[0]]),
                     },
                 )
             )
     records = dist.gather_indexed(mine)
     frame = pd.DataFrame(records)
-    return EvalResult(float(frame["correct"].mean()), float(frame["prob"].mean()), len(records), records)
+    return EvalResult(float(frame["correct"].mean()), float(frame["prob"].mean()), len(records), records, examples)

@@ -21,7 +21,7 @@ def test_boundary_merge_is_an_error_or_skipped(tiny):
     bad = Example("The Eiffel Tower is in the city of ", "Paris")  # trailing space merges with the word
     with pytest.raises(TokenizationError, match="ends in whitespace"):
         encode(tiny, [bad])
-    merge = Example("Th", "e")  # a merge without whitespace: "The" is one token
+    merge = Example("计", "算")  # a merge without whitespace in an unspaced script: "计算" shares a byte token
     with pytest.raises(TokenizationError, match="does not tokenize"):
         encode(tiny, [merge])
     assert encode(tiny, [bad, Example("3+4=", "7")], on_mismatch="skip")[0].example.target == "7"
@@ -43,8 +43,8 @@ def test_collate_right_pads(tiny):
 
 
 def test_as_examples_accepts_pairs_dicts_strings():
-    ex = as_examples([("a", "b"), {"prompt": "c", "target": "d", "k": 1}, "e"])
-    assert [(x.prompt, x.target) for x in ex] == [("a", "b"), ("c", "d"), ("e", "")]
+    ex = as_examples([("a", " b"), {"prompt": "c", "target": " d", "k": 1}, "e"])
+    assert [(x.prompt, x.target) for x in ex] == [("a", " b"), ("c", " d"), ("e", "")]
     assert ex[1].meta == {"k": 1}
     with pytest.raises(TypeError, match="item 0"):
         as_examples([3])

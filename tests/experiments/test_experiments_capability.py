@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from planting import PLANTED, plant
+from planting import PLANTED, plant_answer
 
 import capinterp as ci
 from capinterp.core.tokens import encode
@@ -32,7 +32,7 @@ FAST = {"cnl": {"steps": 2}}
 @pytest.fixture(scope="module")
 def planted():
     m = ci.load_model("tiny")
-    plant(m, SEVENS)
+    plant_answer(m, SEVENS)
     return m
 
 
@@ -200,11 +200,13 @@ def test_solved_first_orders_and_counts(planted):
 
 def test_cut_targets_keeps_the_first_tokens(tiny):
     long = [Example("def f(x):", "\n    return x + 1"), Example("1+1=", "2")]
-    cut = cd.cut_targets(tiny, long, 7)  # "\n", 4 spaces, "r", "e" on the tiny tokenizer
+    # "\n" and 4 spaces are context (whitespace-only tokens); the answer tokens are "r", "e", "t", ...
+    cut = cd.cut_targets(tiny, long, 3)
     ids = encode(tiny, long)[0].target_ids
-    assert encode(tiny, cut)[0].target_ids == ids[:7] and len(ids) > 7
+    assert encode(tiny, cut)[0].target_ids == ids[:3] and len(ids) > 3
+    assert cut[0].target == "\n    ret"
     assert cut[0].meta["target_full"] == long[0].target and cut[1] == long[1]
-    assert cd.cut_targets(tiny, long, 3) == long  # "\n   " would be a whitespace-only target
+    assert cd.cut_targets(tiny, long, 99) == long
 
 
 def test_prepare_is_memoized_and_held_out(tiny):

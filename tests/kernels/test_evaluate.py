@@ -25,11 +25,14 @@ def test_evaluate_on_planted_model_and_batch_size_invariance():
     m = ci.load_model("tiny")
     r0 = ci.evaluate(m, ex)
     plant(m, ex)
-    r1 = ci.evaluate(m, ex, batch_size=1)
-    r2 = ci.evaluate(m, ex, batch_size=3)
+    # the planted model writes "7" after every prompt, so its two-token continuation is "77", which
+    # does not answer "7" (whole answers); one new token is its answer
+    assert ci.evaluate(m, ex).accuracy == 0
+    r1 = ci.evaluate(m, ex, batch_size=1, max_new_tokens=1)
+    r2 = ci.evaluate(m, ex, batch_size=3, max_new_tokens=1)
     assert r0.accuracy == 0 and r1.accuracy == 1.0
     assert r1.mean_prob == pytest.approx(r2.mean_prob, rel=1e-5)
-    assert list(r1.frame.columns) == ["prompt_tail", "target", "generated", "correct", "prob"]
+    assert list(r1.frame.columns) == ["prompt_tail", "target", "generated", "correct", "prob", "token"]
     assert r1["accuracy"] == 1.0 and "accuracy 1.000" in str(r1)
 
 
