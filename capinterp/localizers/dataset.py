@@ -61,6 +61,10 @@ def fill_greedy_targets(model: Model, examples: list[Example]) -> list[Example]:
     return out
 
 
+#: Hyper-parameters that change no number the checkpoint holds (the verdict on a tolerance is
+#: judged again from the records): left out of its key, so a rerun that only asks for a tolerance
+#: resumes instead of starting over.
+NOT_IN_KEY = ("completeness_tol",)
 #: Prefix of the per-example records' tensors in a checkpoint (``ScoreSum.extra``).
 RECORDS = "records."
 
@@ -223,7 +227,7 @@ class DatasetNeuronLocalizer(Localizer):
         shape = neuron_shape(self.model)
         key = {
             "method": self.name,
-            "params": self.hyper_params(),
+            "params": {k: v for k, v in self.hyper_params().items() if k not in NOT_IN_KEY},
             "model": model_fingerprint(self.model),
             "data": dataset_fingerprint(e.example for e in encoded),
         }

@@ -120,6 +120,18 @@ def test_resumed_fit_has_the_uninterrupted_report(tiny, tmp_path, monkeypatch):
     assert loaded == json.loads(json.dumps(full.meta_["ig_check"]))
 
 
+def test_asking_for_a_tolerance_afterwards_resumes_and_judges_the_records(tiny, tmp_path):
+    ck = tmp_path / "cnl-{key}.ckpt"
+    first = ci.CNL(tiny, steps=4, progress=False, checkpoint=ck).fit(DATA[:2])
+    strict = ci.CNL(tiny, steps=4, completeness_tol=1e-9, progress=False, checkpoint=ck)
+    strict._score_chunk = lambda items: pytest.fail("asking for a tolerance scored an example again")
+    with pytest.warns(CompletenessWarning, match="completeness_tol=1e-09"):
+        strict.fit(DATA[:2])
+    assert strict.checkpoint_path_ == first.checkpoint_path_
+    a, b = first.meta_["ig_check"], strict.meta_["ig_check"]
+    assert a["completeness_max"] == b["completeness_max"] and (a["within_tol"], b["within_tol"]) == (None, False)
+
+
 def test_checkpoint_records_must_match_its_sums(tiny, tmp_path):
     ck = tmp_path / "cnl.ckpt"
     ci.CNL(tiny, steps=4, progress=False, checkpoint=ck).fit(DATA[:2])
