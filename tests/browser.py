@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
@@ -69,12 +70,24 @@ class Page:
         return (self.pixels.min(axis=-1) < threshold).any(axis=1)
 
 
-def _run(binary: str, args: list[str], profile: str, timeout: float) -> subprocess.CompletedProcess:
+def _run(binary: str, args: list[str], profile: str, timeout: float, tries: int = 2) -> subprocess.CompletedProcess:
+    """Chromium on ``args``; a run that hangs (it happens on a loaded machine) is killed with its
+    child processes and tried again, up to ``tries`` times."""
     cmd = [binary, *FLAGS, f"--user-data-dir={profile}", f"--window-size={SIZE[0]},{SIZE[1]}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    for attempt in range(tries):
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the browser and its renderers only
+            proc.communicate()
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
-def open_page(page: str | os.PathLike, screenshot: str | os.PathLike, *, timeout: float = 60.0) -> Page:
+def open_page(page: str | os.PathLike, screenshot: str | os.PathLike, *, timeout: float = 90.0) -> Page:
     """Screenshot ``page`` (a local HTML file) at 1400 x 1000 into ``screenshot`` and dump its DOM (one run)."""
     binary = chromium()
     if binary is None:

@@ -14,11 +14,14 @@ def faithfulness_curve(table: pd.DataFrame, title: str | None = None) -> go.Figu
     x = table["fraction"]
     fig = go.Figure()
     if "random_faithfulness_p05" in table:
-        fig.add_trace(go.Scatter(x=x, y=table["random_faithfulness_p95"], line={"width": 0}, showlegend=False))
+        fig.add_trace(
+            go.Scatter(x=x, y=table["random_faithfulness_p95"], mode="lines", line={"width": 0}, showlegend=False)
+        )
         fig.add_trace(
             go.Scatter(
                 x=x,
                 y=table["random_faithfulness_p05"],
+                mode="lines",
                 fill="tonexty",
                 line={"width": 0},
                 fillcolor="rgba(128,128,128,0.3)",

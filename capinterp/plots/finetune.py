@@ -28,5 +28,6 @@ def finetune_figure(table: pd.DataFrame, title: str = "Neuron-level fine-tuning:
                 row=1,
                 col=col,
             )
-    fig.update_layout(barmode="group", title=title, height=380, width=max(480, 340 * len(metrics)))
+    # sized by its page or notebook cell (a fixed size left most of a written page blank)
+    fig.update_layout(barmode="group", title=title)
     return fig

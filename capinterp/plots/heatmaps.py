@@ -248,7 +248,9 @@ def _mark_selected(
     )
     fig.update_layout(legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.02, "yanchor": "bottom"})
     n_layers, d_mlp = mask.shape  # the rings must not widen the axes past the heatmap
-    fig.update_xaxes(range=[starts[0] - b / 2, ends[-1] + b / 2])
+    c = (starts + ends) / 2  # plotly's cell edges lie halfway between the block centres
+    half = [(c[1] - c[0]) / 2, (c[-1] - c[-2]) / 2] if len(c) > 1 else [b / 2, b / 2]
+    fig.update_xaxes(range=[float(c[0] - half[0]), float(c[-1] + half[1])])
     fig.update_yaxes(range=[-0.5, n_layers - 0.5])
 
 
