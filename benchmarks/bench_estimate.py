@@ -54,8 +54,9 @@ def data_for(name: str, model, args):
     known = facts_known_by(model, builtin_facts())
     if name in ("cnl", "dcsn", "neft"):
         return ci.data.arithmetic("+", n=args.n, seed=0)
-    if name == "query_localization":
-        return [known[0:2], known[2:4]]
+    if name == "query_localization":  # one fact, two queries (the prompt and a prefixed paraphrase)
+        k = known[0]
+        return [[k, ci.Example("In short, " + k.prompt, k.target)]]
     if name in ("kn", "amig"):
         return known[: args.facts]
     if name == "sig":

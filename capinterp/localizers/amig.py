@@ -172,7 +172,8 @@ class AMIG(KN):
         from capinterp.core.tokens import encode_prompt
         from capinterp.localizers.cost_counts import forward_work, ig_work
 
-        if self._baseline is None and getattr(self, "_baseline_key", None) != model_fingerprint(self.model):
+        key = getattr(self, "_baseline_key", None)  # None: no baseline yet (no fingerprint needed to know)
+        if self._baseline is None and (key is None or key != model_fingerprint(self.model)):
             texts = self.baseline_texts if self.baseline_texts is not None else local_texts(self.data_dir, n=32)
             lengths = [min(64, len(encode_prompt(self.model, t))) for t in texts]
             forward_work(work, "baseline", sorted(lengths), 8, logits=64)

@@ -12,7 +12,13 @@ The FLOP count of one token through one block is the matrix products' (attention
 attention scores against the context, the MLP: 2 FLOPs per multiply-add); the unembedding costs
 ``2 d_model d_vocab`` per unembedded position. The probe fits three numbers: forward FLOP/s,
 the seconds of a block call beyond its FLOPs (Python and kernel launch overhead, which
-dominates on tiny models), and how much slower a backward is than its forward.
+dominates on tiny models), and how much slower a backward is than its forward. Those alone
+under-predict real fits 2-3x (a matrix product's FLOP/s is not the kernels' at their real
+shapes), so the probe then times the model's own passes of each kind (a batched forward, a
+batched forward + backward, one small IG kernel call) and scales every pass of that kind by
+measured / predicted. Fits that fingerprint the weights (dataset fits, AMIG) pay a first digest
+of every parameter (an int64 copy of the largest one) unless the model has it cached: counted
+at its measured rate.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -29,7 +35,18 @@ from capinterp.core.model import neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.kernels.ig import frozen_params
 
-__all__ = ["Estimate", "Probe", "Work", "block_flops", "describe", "estimate", "estimate_line", "probe", "weight_bytes"]
+__all__ = [
+    "Estimate",
+    "Probe",
+    "Work",
+    "block_flops",
+    "describe",
+    "estimate",
+    "estimate_line",
+    "fingerprint_work",
+    "probe",
+    "weight_bytes",
+]
 
 
 # --------------------------------------------------------------------------------- model shape
@@ -84,13 +101,15 @@ class Work:
     """
 
     model: Model
-    fwd_flops: dict[str, float] = field(default_factory=dict)
-    bwd_flops: dict[str, float] = field(default_factory=dict)
-    block_calls: dict[str, float] = field(default_factory=dict)
-    head_calls: dict[str, float] = field(default_factory=dict)
-    direct_calls: dict[str, float] = field(default_factory=dict)
-    grad_share: dict[str, float] = field(default_factory=dict)
-    moved_bytes: dict[str, float] = field(default_factory=dict)
+    # keyed by (part, kind); kind: "forward" (no-grad passes), "backward" (passes with a backward
+    # through the bridge), "direct" (the IG kernels' direct block calls with a backward), "extra"
+    # (products outside the passes), "bytes" (memory traffic): each kind has its measured scale
+    fwd_flops: dict[tuple[str, str], float] = field(default_factory=dict)
+    bwd_flops: dict[tuple[str, str], float] = field(default_factory=dict)
+    block_calls: dict[tuple[str, str], float] = field(default_factory=dict)
+    head_calls: dict[tuple[str, str], float] = field(default_factory=dict)
+    direct_calls: dict[tuple[str, str], float] = field(default_factory=dict)
+    moved_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
     passes: int = 0
     rows: int = 0
     working_bytes: int = 0
@@ -124,31 +143,35 @@ class Work:
         context = tokens if context is None else context
         per = rows * tokens * blocks * block_flops(sh, context) + rows * logits * unembed_flops(sh)
         flops = calls * per
-        self.fwd_flops[part] = self.fwd_flops.get(part, 0.0) + flops
+        key = (part, "direct" if direct and grad else "backward" if grad else "forward")
+        self.fwd_flops[key] = self.fwd_flops.get(key, 0.0) + flops
         # a backward calls every block (and reads its weights) once more
         times = 1 + (2 if grad == "params" else 1 if grad else 0)
         n_calls = calls * (blocks if call_blocks is None else call_blocks) * times
         calls_of = self.direct_calls if direct else self.block_calls
-        calls_of[part] = calls_of.get(part, 0.0) + n_calls
-        self.head_calls[part] = self.head_calls.get(part, 0.0) + calls * times
+        calls_of[key] = calls_of.get(key, 0.0) + n_calls
+        self.head_calls[key] = self.head_calls.get(key, 0.0) + calls * times
         if grad:
             factor = 2.0 if grad == "params" else 1.0  # gradients of the weights too: about twice the work
-            self.bwd_flops[part] = self.bwd_flops.get(part, 0.0) + factor * flops
+            self.bwd_flops[key] = self.bwd_flops.get(key, 0.0) + factor * flops
         self.passes += int(calls)
         if count_rows:
             self.rows += int(calls * rows)
 
     def flops(self, part: str, n: float) -> None:
         """``n`` FLOPs outside the model's passes (e.g. DCSN's projections through the unembedding)."""
-        self.fwd_flops[part] = self.fwd_flops.get(part, 0.0) + float(n)
+        key = (part, "extra")
+        self.fwd_flops[key] = self.fwd_flops.get(key, 0.0) + float(n)
 
     def memory(self, nbytes: float) -> None:
         """The fit holds ``nbytes`` beyond the weights at some point: the peak is the largest such."""
         self.working_bytes = max(self.working_bytes, int(nbytes))
 
-    def traffic(self, part: str, nbytes: float) -> None:
-        """Memory-bound work not tied to passes (an optimizer step over every parameter): bytes moved."""
-        self.moved_bytes[part] = self.moved_bytes.get(part, 0.0) + float(nbytes)
+    def traffic(self, part: str, nbytes: float, kind: str = "bytes") -> None:
+        """Memory-bound work not tied to passes (an optimizer step over every parameter): bytes moved
+        (``kind="digest"``: bytes hashed by the weights fingerprint, at its measured rate)."""
+        key = (part, kind)
+        self.moved_bytes[key] = self.moved_bytes.get(key, 0.0) + float(nbytes)
 
     def merge(self, other: Work) -> None:
         for mine, theirs in (
@@ -170,8 +193,10 @@ class Work:
 # ------------------------------------------------------------------------------------- probe
 @dataclass(frozen=True)
 class Probe:
-    """The model's measured speed: forward FLOP/s, seconds per block call beyond the FLOPs, and
-    backward time relative to its forward (same FLOPs)."""
+    """The model's measured speed: forward FLOP/s, seconds per block call beyond the FLOPs,
+    backward time relative to its forward (same FLOPs), and per kind of pass (``"forward"``,
+    ``"backward"``, ``"direct"``) the ratio of the model's own measured pass of that kind to what
+    the first numbers predict for it (``scales``, applied to every pass of that kind)."""
 
     flops_per_s: float
     block_call_seconds: float
@@ -179,7 +204,9 @@ class Probe:
     head_call_seconds: float
     backward_ratio: float
     bytes_per_s: float
+    digest_seconds_per_byte: float
     seconds: float
+    scales: dict[str, float]
     device: str
     dtype: str
     threads: int
@@ -234,6 +261,103 @@ def _matmul_rate(d_model: int, d_mlp: int, device: torch.device, dtype: torch.dt
     return 2.0 * 16 * d_model * d_mlp * n / max(_timed(run, device, repeat=2), 1e-9)
 
 
+def _predict(work: Work, pr: Probe) -> dict[str, float]:
+    """Seconds per part of ``work`` under ``pr`` (each kind of pass scaled by ``pr.scales``)."""
+    out: dict[str, float] = {}
+    for key in set(work.fwd_flops) | set(work.moved_bytes):
+        part, kind = key
+        compute = (work.fwd_flops.get(key, 0.0) + pr.backward_ratio * work.bwd_flops.get(key, 0.0)) / pr.flops_per_s
+        calls = (
+            work.block_calls.get(key, 0.0) * pr.block_call_seconds
+            + work.direct_calls.get(key, 0.0) * pr.direct_call_seconds
+            + work.head_calls.get(key, 0.0) * pr.head_call_seconds
+        )
+        moved = work.moved_bytes.get(key, 0.0)
+        per_byte = pr.digest_seconds_per_byte if kind == "digest" else 1.0 / pr.bytes_per_s
+        secs = (compute + calls) * pr.scales.get(kind, 1.0) + moved * per_byte
+        out[part] = out.get(part, 0.0) + secs
+    return out
+
+
+def _digest_rate(model: Model, device: torch.device) -> float:
+    """Seconds per weight byte of the weights fingerprint (:func:`capinterp.core.fingerprint.weights_digest`,
+    which a dataset fit keys its checkpoint with), timed on the largest block parameter."""
+    from capinterp.core.fingerprint import _tensor_sums
+
+    params = [p for n, p in model.named_parameters() if "blocks." in n] or list(model.parameters())
+    p = max(params, key=lambda q: q.numel())
+    secs = _timed(lambda: _tensor_sums(p), device, repeat=2)
+    return secs / max(p.numel() * p.element_size(), 1)
+
+
+def fingerprint_work(work: Work) -> None:
+    """The first fingerprint of the model's weights (cached on the model until a weight changes):
+    every parameter's raw bits summed as int64, so the largest parameter is copied at 8 bytes an
+    element. Nothing when the digest is already cached."""
+    from capinterp.core.fingerprint import _CACHE, _params, _state
+
+    model = work.model
+    cached = getattr(model, _CACHE, None)
+    params = _params(model)
+    if cached is not None and cached[0] == _state(params):
+        return
+    work.traffic("weights fingerprint", sum(p.numel() * p.element_size() for _, p in params), kind="digest")
+    work.memory(max(p.numel() for _, p in params) * 8)
+    work.note("includes the first fingerprint of the weights (cached for later fits)")
+
+
+# the calibration passes: real text, the shapes the kernels run (a batch of short rows)
+_CAL_PROMPT, _CAL_TARGET = "The capital of France is the city of", " Paris"
+
+
+def _calibrate(model: Model, first: Probe, device: torch.device) -> dict[str, float]:
+    """Per kind of pass, measured seconds of one of the model's own passes of that kind over the
+    seconds ``first`` predicts for it: a batched no-grad forward (``"forward"``), a batched
+    forward + backward (``"backward"``) and one small IG kernel call on the fast route
+    (``"direct"``, the rows KN, CNL, AMIG and SIG run). A kind whose pass fails keeps scale 1."""
+    from capinterp.core.example import Example
+    from capinterp.core.forward import capture
+    from capinterp.core.tokens import encode
+    from capinterp.kernels import ig as ig_kernel
+    from capinterp.kernels.ig_config import IGConfig
+    from capinterp.localizers.cost_counts import forward_work, ig_work
+
+    scales: dict[str, float] = {}
+
+    def scale(kind: str, fn, count) -> None:
+        try:  # no warm-up: the probe's passes above ran these code paths already
+            measured = _timed(fn, device)
+        except Exception:  # an architecture a calibration pass does not serve: the FLOP model alone
+            return
+        work = Work(model)
+        count(work)
+        predicted = sum(_predict(work, first).values())
+        scales[kind] = float(min(max(measured / max(predicted, 1e-9), 0.25), 16.0))
+
+    items = list(encode(model, [Example(_CAL_PROMPT, _CAL_TARGET)]))
+    ids = torch.tensor([items[0].prompt_ids] * 4, device=device)
+    T = ids.shape[1]
+
+    def fwd() -> None:
+        with torch.no_grad():
+            capture(model, ids, "ln_final.hook_in")
+
+    scale("forward", fwd, lambda w: forward_work(w, "x", [T] * 4, 4, logits=0))
+
+    def fwd_bwd() -> None:
+        def leaf(act, hook):
+            return act.detach().requires_grad_(True)
+
+        with frozen_params(model), torch.enable_grad():
+            logits = model.run_with_hooks(ids[:1], fwd_hooks=[(neuron_hook(0), leaf)])
+            logits[:, -1].float().logsumexp(-1).sum().backward()
+
+    scale("backward", fwd_bwd, lambda w: w.add("x", rows=1, tokens=T, logits=T, grad=True))
+    config = IGConfig(steps=1, batch_size=32, invariance="off", completeness_tol=None)
+    scale("direct", lambda: ig_kernel.ig_scores(model, items[0], config), lambda w: ig_work(w, items, config))
+    return scales
+
+
 def probe(model: Model) -> Probe:
     """Time a few tiny passes on ``model`` where it is (its device and dtype), once per model,
     thread count, device and dtype in this process. Leaves the model, its parameters'
@@ -276,7 +400,6 @@ def probe(model: Model) -> Probe:
     t_big = _timed(lambda: fwd(big), device)
     t_both = _timed(lambda: fwd_bwd(big), device)
     t_stair = _stair_seconds(model, big[0], device)
-    seconds = time.perf_counter() - t0
     # every pass reads each weight it uses once, whatever its rows: a per-call cost (memory bound
     # for a few rows), the unembedding's weights apart from the blocks'
     head_bytes = sh["d_model"] * sh["d_vocab"] * _elem(model)
@@ -292,18 +415,22 @@ def probe(model: Model) -> Probe:
         direct_py = max(t_stair - f_small / rate - head_call - L * block_bytes / bandwidth, 0.0) / (L + 1)
         direct = min(direct_py, py) + block_bytes / bandwidth
     ratio = (t_both - t_big - per_pass) / max(f_big / rate, 1e-9)
-    result = Probe(
+    first = Probe(
         flops_per_s=float(rate),
         block_call_seconds=float(block_call),
         direct_call_seconds=float(direct),
         head_call_seconds=float(head_call + py),
         backward_ratio=float(min(max(ratio, 0.5), 6.0)),
         bytes_per_s=float(bandwidth),
-        seconds=seconds,
+        digest_seconds_per_byte=_digest_rate(model, device),
+        seconds=0.0,
         device=str(device),
         dtype=str(dtype).replace("torch.", ""),
         threads=torch.get_num_threads(),
+        scales={},
     )
+    scales = _calibrate(model, first, device)
+    result = replace(first, seconds=time.perf_counter() - t0, scales=scales)
     _PROBES.setdefault(model, {})[key] = result
     return result
 
@@ -353,20 +480,23 @@ def _secs(s: float) -> str:
     return f"{s:.3g} s"
 
 
+def _fingerprints(loc: Any) -> bool:
+    """Whether ``loc.fit`` fingerprints the model's weights (dataset fits key their checkpoint with
+    it; AMIG keys its baseline with it; QueryLocalization: its localizer's)."""
+    from capinterp.localizers.dataset import DatasetNeuronLocalizer
+
+    inner = getattr(loc, "localizer_", loc)
+    return isinstance(inner, DatasetNeuronLocalizer) or getattr(inner, "name", "") == "amig"
+
+
 def estimate(loc: Any, data: Any) -> Estimate:
     """``loc._cost(data)`` (validates ``data`` like ``fit``, counts the work, touches no model),
     then the probe, then seconds = FLOPs / rate + block calls x call overhead."""
     work: Work = loc._cost(data)
+    if _fingerprints(loc):
+        fingerprint_work(work)
     pr = probe(loc.model)
-    breakdown: dict[str, float] = {}
-    for part in set(work.fwd_flops) | set(work.moved_bytes):
-        compute = (work.fwd_flops.get(part, 0.0) + pr.backward_ratio * work.bwd_flops.get(part, 0.0)) / pr.flops_per_s
-        calls = (
-            work.block_calls.get(part, 0.0) * pr.block_call_seconds
-            + work.direct_calls.get(part, 0.0) * pr.direct_call_seconds
-            + work.head_calls.get(part, 0.0) * pr.head_call_seconds
-        )
-        breakdown[part] = compute + calls + work.moved_bytes.get(part, 0.0) / pr.bytes_per_s
+    breakdown = _predict(work, pr)
     return Estimate(
         method=getattr(loc, "name", type(loc).__name__.lower()),
         seconds=float(sum(breakdown.values())),

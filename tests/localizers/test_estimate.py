@@ -113,3 +113,26 @@ def test_predicted_time_within_a_generous_factor(tiny):
         loc.fit(data)
         measured = time.perf_counter() - t
         assert est.seconds / 5 < measured < est.seconds * 5, (loc.name, est.seconds, measured)
+
+
+def test_first_weights_fingerprint_is_counted_once(tiny):
+    """A dataset fit fingerprints the weights (an int64 copy of the largest parameter) the first
+    time only: the estimate counts that set-up until the digest is cached on the model."""
+    from capinterp.core.fingerprint import refresh_fingerprint, weights_digest
+
+    data = ci.data.arithmetic("+", n=2, seed=0)
+    dcsn = get("dcsn")(tiny, progress=False)
+    refresh_fingerprint(tiny)
+    first = dcsn.estimate(data)
+    largest = max(p.numel() for p in tiny.parameters())
+    assert first.breakdown.get("weights fingerprint", 0) > 0
+    assert first.working_bytes >= 8 * largest
+    weights_digest(tiny)
+    again = dcsn.estimate(data)
+    assert "weights fingerprint" not in again.breakdown and again.seconds < first.seconds
+
+
+def test_probe_calibrates_each_kind_of_pass_on_the_model(tiny):
+    pr = probe(tiny)
+    assert set(pr.scales) == {"forward", "backward", "direct"}
+    assert all(0 < s < math.inf for s in pr.scales.values())
