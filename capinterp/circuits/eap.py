@@ -113,7 +113,7 @@ def make_pairs(model: Model, facts: Any, corrupt: str | Callable = "auto", *, se
             for k in others[:_MAX_TRIES]:
                 cp = ex.prompt.replace(subject, subjects[k], 1)
                 try:
-                    c = encode(model, [Example(cp, items[k].example.target)])[0]
+                    c = encode(model, [Example(cp, items[k].example.target, items[k].example.meta)])[0]
                 except TokenizationError:
                     continue
                 if len(c.prompt_ids) != len(enc.prompt_ids):
@@ -137,7 +137,9 @@ def _custom(model: Model, enc: Encoded, out: Any, i: int) -> Pair:
         prompt, target = out, ""
     else:
         prompt, target = out
-    c = encode(model, [Example(prompt, target or enc.example.target)])[0]
+    c = encode(
+        model, [Example(prompt, target, {}) if target else Example(prompt, enc.example.target, enc.example.meta)]
+    )[0]
     if len(c.prompt_ids) != len(enc.prompt_ids):
         raise TokenizationError(
             f"fact {i}: the corrupted prompt {prompt!r} has {len(c.prompt_ids)} tokens, the clean one "

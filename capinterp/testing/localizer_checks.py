@@ -25,7 +25,7 @@ from capinterp.circuits.graph import Circuit
 from capinterp.core.example import Example
 from capinterp.core.model import load_model
 from capinterp.core.protocol import Model
-from capinterp.core.tokens import TokenizationError, encode
+from capinterp.core.tokens import TokenizationError, encode, encode_prompt
 from capinterp.localizers.base import CAPABILITY_VALUES, Localizer, get
 from capinterp.units.base import UnitSet
 from capinterp.units.neurons import NeuronScores, NeuronSet
@@ -71,10 +71,10 @@ def check_facts(model: Model, n: int = 3) -> list[Example]:
     """Up to ``n`` facts (with ``meta["subject"]``) whose target is ``model``'s greedy next token."""
     out = []
     for prompt, subject in _PROMPTS:
-        ids = encode(model, [Example(prompt, " x")])[0].prompt_ids
+        ids = encode_prompt(model, prompt)
         with torch.no_grad():
             o = int(model(torch.tensor([ids], device=model.cfg.device))[0, -1].argmax())
-        ex = Example(prompt, model.tokenizer.decode([o]), {"subject": subject})
+        ex = Example(prompt, model.tokenizer.decode([o]), {"subject": subject, "target_from": "greedy"})
         try:
             if encode(model, [ex], max_target_tokens=1)[0].target_ids[0] == o:
                 out.append(ex)

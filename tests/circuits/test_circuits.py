@@ -89,7 +89,7 @@ def _greedy_facts(model, prompts=PROMPTS, n: int = 3):
     out = []
     for ex in prompts:
         t = int(model(_prompt(model, ex.prompt))[0, -1].argmax())
-        fact = Example(ex.prompt, model.tokenizer.decode([t]), dict(ex.meta))
+        fact = Example(ex.prompt, model.tokenizer.decode([t]), {**ex.meta, "target_from": "greedy"})
         try:
             if encode(model, [fact])[0].target_ids == [t]:
                 out.append(fact)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import capinterp as ci
 from capinterp.core import validate
-from capinterp.core.example import Example, as_examples
+from capinterp.core.example import Example, as_examples, glued_words
 from capinterp.core.model import model_meta
 from capinterp.core.tokens import TokenizationError
 from capinterp.units import metrics
@@ -110,14 +110,15 @@ item = st.one_of(
 def test_as_examples_contract(data):
     try:
         out = as_examples(data)
-    except TokenizationError as err:  # an explicit empty or blank target
-        assert "empty target" in str(err)
+    except TokenizationError as err:  # an explicit empty or blank target, or one glued onto the prompt's last word
+        assert "empty target" in str(err) or "glues onto the prompt's last word" in str(err)
     except (ValueError, TypeError) as err:
         assert "item" in str(err) or "expected" in str(err) or "wrap it" in str(err)
     else:
         assert isinstance(data, list) and len(out) == len(data)
         assert all(isinstance(e, Example) and e.prompt and isinstance(e.target, str) for e in out)
         assert all(e.target.strip() or e.wants_greedy for e in out)  # blank only for a bare prompt
+        assert not any(glued_words(e.prompt, e.target) for e in out)  # never two words glued into one
 
 
 # ----------------------------------------------------------------------------- the localizers
@@ -176,7 +177,7 @@ def test_fit_refuses_bad_data_before_work(tiny, forwards, name, data):
     assert forwards.n == before
 
 
-prompt = st.text(alphabet="0123456789+=ab ", min_size=1, max_size=6)
+prompt = st.text(alphabet="0123456789+=ab ", min_size=1, max_size=6).filter(lambda p: p[-1] in "+= ")
 
 
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -46,7 +46,10 @@ def _greedy_examples(model, examples):
     """Copies of ``examples`` whose target is the model's greedy first token (first-token right)."""
     _, logits = last_token_activations(model, encode(model, examples))
     tokens = logits.argmax(-1).tolist()
-    return [Example(e.prompt, model.tokenizer.decode([t]), e.meta) for e, t in zip(examples, tokens)]
+    return [
+        Example(e.prompt, model.tokenizer.decode([t]), {**e.meta, "target_from": "greedy"})
+        for e, t in zip(examples, tokens)
+    ]
 
 
 # --- dcsn_common ---------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def facts(model):
     out = []
     for prompt, subject in PROMPTS:
         o = _greedy(model, prompt)
-        ex = Example(prompt, model.tokenizer.decode([o]), {"subject": subject})
+        ex = Example(prompt, model.tokenizer.decode([o]), {"subject": subject, "target_from": "greedy"})
         try:
             enc = encode(model, [ex], max_target_tokens=1)[0]
         except TokenizationError:
@@ -308,7 +308,7 @@ def test_native_model_without_kv_cache_falls_back(facts):
     """TL-native models return no HF cache: the full-sequence path runs and agrees with itself."""
     m = load_model("tiny-native", threads=1)
     prompt, subject = PROMPTS[1]
-    ex = Example(prompt, m.tokenizer.decode([_greedy(m, prompt)]), {"subject": subject})
+    ex = Example(prompt, m.tokenizer.decode([_greedy(m, prompt)]), {"subject": subject, "target_from": "greedy"})
     kw = dict(samples=2, window=1, top_k=1, progress=False, require_correct=False)
     a = CausalTrace(m, **kw).fit([ex])
     b = CausalTrace(m, reuse_prefix=False, **kw).fit([ex])
