@@ -197,6 +197,11 @@ def finetune_work(work: Work, chunks: Sequence[Sequence[Any]], steps: int, optim
     """A full fine-tune (NeFT): ``steps`` forward + backward passes to every weight over the cycled
     chunks, unembedding the answer positions, and one optimizer step over every parameter each."""
     wb = weight_bytes(work.model)
+    sh = work.shape
+    # fit keeps a copy of every weight (restored at the end), the gradients (and Adam's two
+    # moments), and every neuron's weights in float64 before and after (its per-neuron change)
+    neurons = 2 * sh["n_layers"] * sh["gated"] * sh["d_model"] * sh["d_mlp"] * 8
+    held = wb * (2 if optimizer == "sgd" else 4) + neurons
     for step in range(steps):
         chunk = chunks[step % len(chunks)]
         T = max(len(it.ids) for it in chunk)
@@ -204,5 +209,5 @@ def finetune_work(work: Work, chunks: Sequence[Sequence[Any]], steps: int, optim
         work.add("fine-tune steps", rows=len(chunk), tokens=T, logits=n_ans / len(chunk), grad="params")
         # zero_grad(set_to_none) then backward writes the gradients; the step reads weights + grads
         work.traffic("optimizer steps", wb * (4 if optimizer == "sgd" else 8))
-        work.memory(ig_row_bytes(work.model, T, n_ans) * len(chunk) + wb * (1 if optimizer == "sgd" else 3))
+        work.memory(ig_row_bytes(work.model, T, n_ans) * len(chunk) + held)
     work.traffic("weights saved and restored", wb * 4)

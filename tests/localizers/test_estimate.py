@@ -136,3 +136,11 @@ def test_probe_calibrates_each_kind_of_pass_on_the_model(tiny):
     pr = probe(tiny)
     assert set(pr.scales) == {"forward", "backward", "direct"}
     assert all(0 < s < math.inf for s in pr.scales.values())
+
+
+@pytest.mark.parametrize("optimizer, copies", [("sgd", 2), ("adam", 4)])
+def test_neft_memory_counts_the_saved_weights_and_gradients(optimizer, copies, tiny):
+    """NeFT's fit keeps a copy of every weight to restore, the gradients (and Adam's moments)."""
+    data = ci.data.arithmetic("+", n=2, seed=0)
+    est = get("neft")(tiny, progress=False, steps=2, optimizer=optimizer).estimate(data)
+    assert est.working_bytes > copies * weight_bytes(tiny)
