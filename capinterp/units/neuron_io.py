@@ -1,12 +1,22 @@
-"""The ``.capi`` file format of neuron results (format 2): writing, reading and checking one file or folder.
+"""The ``.capi`` file format of neuron results (format 3): writing, reading and checking one file or folder.
 
 One safetensors file with one tensor, ``"scores"`` (float32) or ``"mask"`` (uint8), and metadata
-``{"capinterp": JSON {type, format_version, shape, checksum, meta}}``; a folder path (existing, or
-ending in "/") gets ``tensors.safetensors`` + ``meta.json``. ``checksum`` is the SHA-256 of the
-tensor's bytes: a load verifies it, so flipped bytes are an error, not different scores (format 1
-files, without it, still load). Saving never replaces by accident: an existing file must be a
-capinterp file of the same type, an existing folder empty or a saved folder of the same type,
-unless ``overwrite=True``.
+``{"capinterp": JSON {type, format_version, shape, checksum, header_checksum, meta}}``; a folder
+path (existing, or ending in "/") gets ``tensors.safetensors`` + ``meta.json``. ``checksum`` is the
+SHA-256 of the tensor's bytes and ``header_checksum`` the SHA-256 of the rest of the header in
+canonical JSON (:func:`capinterp.units.saved.digest`), so it covers the payload checksum too. A load
+verifies every checksum the file has, whatever its ``format_version`` says: an edited fingerprint,
+method, model name or parameter, or a flipped tensor byte, is an error, not a different result.
+
+Older files: format 2 (tensor checksum, no header checksum) still loads with its tensor checksum
+verified; its header cannot be checked, and a load without ``model_fingerprint`` marks the result
+as of unknown identity (:data:`capinterp.units.saved.IDENTITY_UNKNOWN`). Format 1 files have no
+checksum at all and load as they are. Re-saving a loaded result (``obj.save(path, overwrite=True)``)
+writes format 3. A format 3 file without both checksums is refused as damaged.
+
+Saving never replaces by accident: an existing file must be a capinterp file of the same type, an
+existing folder empty or a saved folder of the same type, unless ``overwrite=True``; every file is
+written atomically (:func:`capinterp.units.saved.save_bytes`).
 
 This module knows bytes and headers only; :mod:`capinterp.units.neuron_tensor` turns them into objects.
 """
@@ -15,18 +25,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from torch import Tensor
+
+from capinterp.core.atomic import write_atomic
+from capinterp.units.saved import digest, save_bytes
 
 __all__ = ["FORMAT_VERSION", "Header", "check_target", "checksum", "read", "write"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 2: tensor checksum; 3: header checksum over the whole header
 TENSOR_FILE, META_FILE = "tensors.safetensors", "meta.json"
 
 Header = dict[str, Any]
@@ -50,21 +62,14 @@ def checksum(t: Tensor) -> str:
     return hashlib.sha256(t.cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
-def _atomic_save(tensors: dict[str, Tensor], p: Path, blob: str) -> None:
-    tmp = p.with_name(p.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"capinterp": blob})
-    os.replace(tmp, p)
-
-
 def stored_type(p: Path) -> str | None:
     """The type recorded in a saved capinterp file / folder, None when it is not one."""
+    from capinterp.units.saved import stored_type as file_type
+
+    if not p.is_dir():
+        return file_type(p)
     try:
-        if p.is_dir():
-            blob: str | None = (p / META_FILE).read_text()
-        else:
-            with safe_open(str(p), framework="pt") as f:
-                blob = (f.metadata() or {}).get("capinterp")
-        return str(json.loads(blob)["type"]) if blob else None
+        return str(json.loads((p / META_FILE).read_text())["type"])
     except Exception:
         return None
 
@@ -99,21 +104,25 @@ def check_target(p: Path, as_folder: bool, mine: str) -> None:
             )
 
 
-def write(p: Path, as_folder: bool, name: str, stored: Tensor, header: Header) -> Path:
-    """Write one tensor ``name`` and its header (``checksum`` and ``format_version`` added) atomically."""
-    header = {**header, "format_version": FORMAT_VERSION, "checksum": checksum(stored)}
-    blob = json.dumps(header, default=_json_default, sort_keys=True)
-    tensors = {name: stored}
+def write(p: Path, as_folder: bool, name: str, stored: Tensor, header: Header, *, overwrite: bool = False) -> Path:
+    """Write one tensor ``name`` and its header (``format_version`` and both checksums added) atomically;
+    ValueError (before writing) for a target that is not a saved ``header["type"]``, unless ``overwrite``."""
+    mine = str(header["type"])
+    if as_folder and p.is_symlink():
+        raise ValueError(f"{p} is a link to a folder; save to the folder itself ({p.resolve()}) or to a file path")
+    if as_folder and not overwrite:
+        check_target(p, True, mine)
+    plain = json.loads(
+        json.dumps({**header, "format_version": FORMAT_VERSION, "checksum": checksum(stored)}, default=_json_default)
+    )
+    blob = json.dumps({**plain, "header_checksum": digest(plain)}, sort_keys=True)
+    data = safetensors_bytes({name: stored}, metadata={"capinterp": blob})
     if as_folder:
         p.mkdir(parents=True, exist_ok=True)
-        _atomic_save(tensors, p / TENSOR_FILE, blob)
-        tmp = p / (META_FILE + ".tmp")
-        tmp.write_text(blob)
-        os.replace(tmp, p / META_FILE)
-    else:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_save(tensors, p, blob)
-    return p
+        write_atomic(p / TENSOR_FILE, data)
+        write_atomic(p / META_FILE, blob)
+        return p
+    return save_bytes(p, data, mine, overwrite=overwrite)
 
 
 def _read_safetensors(p: Path) -> tuple[str | None, dict[str, Tensor]]:
@@ -142,10 +151,24 @@ def read(p: Path) -> tuple[Header, dict[str, Tensor]]:
         if blob is None:
             raise invalid(p, "a safetensors file without 'capinterp' metadata")
     try:
-        header = json.loads(blob)  # type: ignore[arg-type]
-        header = {k: header[k] for k in ("type", "format_version", "shape", "meta")} | (
-            {"checksum": header["checksum"]} if "checksum" in header else {}
-        )
+        full = json.loads(blob)  # type: ignore[arg-type]
+        header = {k: full[k] for k in ("type", "format_version", "shape", "meta")}
     except (ValueError, KeyError, TypeError) as e:
         raise invalid(p, f"bad metadata ({type(e).__name__}: {e})") from e
-    return header, tensors
+    return _checked_header(p, full, header), tensors
+
+
+def _checked_header(p: Path, full: dict[str, Any], header: Header) -> Header:
+    """``header`` with ``checksum`` when recorded, after verifying the header checksum (when present,
+    and required from format 3 on)."""
+    recorded = full.pop("header_checksum", None)
+    version = full.get("format_version")
+    if isinstance(version, int) and 3 <= version <= FORMAT_VERSION and (recorded is None or "checksum" not in full):
+        raise invalid(p, f"format {version} file without its checksums (edited or damaged metadata)")
+    if recorded is not None and recorded != digest(full):
+        raise invalid(
+            p,
+            "its metadata does not match its header checksum: a field (model, fingerprint, method, "
+            "parameters, shape, ...) was edited or damaged; locate it again, or restore the original file",
+        )
+    return header | ({"checksum": full["checksum"]} if "checksum" in full else {})

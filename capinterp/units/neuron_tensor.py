@@ -17,6 +17,7 @@ from capinterp._version import __version__
 from capinterp.core.family import width_mask
 from capinterp.plots.heatmaps import neuron_heatmap
 from capinterp.units import neuron_io
+from capinterp.units.saved import IDENTITY_UNKNOWN, check_identity
 
 __all__ = ["MODEL_KEYS", "NeuronTensor", "load"]
 
@@ -27,6 +28,7 @@ MODEL_KEYS = (
     "n_params",
     "params_per_neuron",
     "layer_widths",
+    IDENTITY_UNKNOWN,  # loaded from a file without model identity: kept by derived sets, so they stay unchecked
 )
 
 
@@ -107,29 +109,17 @@ class NeuronTensor:
     ) -> None:
         """ValueError if made for a model of another (n_layers, d_mlp) or, when both are known,
         another fingerprint (weights + config, :func:`capinterp.core.fingerprint.model_fingerprint`)
-        or another ``architecture`` fingerprint. ``model_shape`` may also be a model with
-        ``cfg.n_layers``/``cfg.d_mlp``; ``model_name`` only words the message."""
+        or another ``architecture`` fingerprint; also when ``fingerprint`` is given and this was
+        loaded from a file that records no model identity (:func:`capinterp.units.saved.check_identity`).
+        ``model_shape`` may also be a model with ``cfg.n_layers``/``cfg.d_mlp``; ``model_name`` only
+        words the message."""
         name = type(self).__name__
         if model_shape is not None and (shape := _shape_of(model_shape)) != self.shape:
             raise ValueError(
                 f"{name} was made for a model with {self.n_layers} layers x {self.d_mlp} "
                 f"neurons; this model has {shape[0]} x {shape[1]}"
             )
-        for key, theirs, what in (
-            ("model_fingerprint", fingerprint, "weights or config"),
-            ("architecture_fingerprint", architecture, "architecture"),
-        ):
-            mine = self.meta.get(key)
-            if theirs is not None and mine is not None and str(theirs) != str(mine):
-                hint = (
-                    "; if this model is another checkpoint of the same architecture on purpose, pass across_models=True"
-                    if key == "model_fingerprint"
-                    else ""
-                )
-                raise ValueError(
-                    f"{name} was made for model {self.meta.get('model')!r} ({key} {mine!r}); this "
-                    f"model {model_name!r} has {key} {theirs!r}: their {what} differ{hint}"
-                )
+        check_identity(self.meta, name, fingerprint=fingerprint, architecture=architecture, model_name=model_name)
 
     def plot(self, **kwargs: Any):
         """Binned layer x neuron heatmap: max |score| or located count per block (:func:`capinterp.plots.neuron_heatmap`)."""
@@ -140,18 +130,18 @@ class NeuronTensor:
         """Write a ``.capi`` safetensors file, or a folder when ``path`` is a folder / ends in "/".
 
         Refuses (ValueError) to replace anything but a capinterp file / folder of the same type,
-        or a non-empty folder of other files, unless ``overwrite=True``. Writes are atomic.
+        or a non-empty folder of other files, unless ``overwrite=True``. Writes are atomic, and a
+        link at ``path`` is replaced by the file, never followed. The file's checksums cover the
+        tensor and the whole header (:mod:`capinterp.units.neuron_io`).
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
         p = Path(path)
         as_folder = str(path).endswith(("/", os.sep)) or p.is_dir()
-        if not overwrite:
-            neuron_io.check_target(p, as_folder, type(self).__name__)
         data = self._data()
         stored = (data.to(torch.uint8) if data.dtype == torch.bool else data).contiguous()
         header = {"type": type(self).__name__, "shape": list(self.shape), "meta": self.meta}
-        return neuron_io.write(p, as_folder, self._tensor_name, stored, header)
+        return neuron_io.write(p, as_folder, self._tensor_name, stored, header, overwrite=overwrite)
 
     @classmethod
     def load(
@@ -218,8 +208,12 @@ def load(
         raise neuron_io.invalid(p, f"tensor {cls._tensor_name!r} has dtype {t.dtype}")
     if list(t.shape) != list(shape):
         raise ValueError(f"{p}: shape in metadata {tuple(shape)} does not match the stored tensor {tuple(t.shape)}")
-    if version >= 2 and header.get("checksum") != neuron_io.checksum(t):
+    if version >= 2 and "checksum" not in header:
+        raise neuron_io.invalid(p, f"format {version} file without its tensor checksum")
+    if "checksum" in header and header["checksum"] != neuron_io.checksum(t):  # whatever format_version says
         raise neuron_io.invalid(p, "the tensor data does not match its stored checksum (damaged bytes)")
+    if meta.get("model_fingerprint") is None:  # no identity: refused where a model's is required
+        meta = {**meta, IDENTITY_UNKNOWN: str(p)}
     obj = cls(t, meta)
     obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
     if model is not None:

@@ -185,7 +185,7 @@ def _rewrite_header(p, **changes):
         {"format_version": 0},
         {"format_version": True},
         {"format_version": "2"},
-        {"format_version": 3},
+        {"format_version": 4},  # newer than this capinterp reads
         {"meta": [1, 2]},
         {"shape": [3, True]},
         {"shape": "3x4"},
