@@ -63,6 +63,7 @@ from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.units.base import KeySet
+from capinterp.units.saved import IDENTITY_UNKNOWN, check_identity, digest, save_bytes
 
 __all__ = ["GRANULARITIES", "LAYER_KINDS", "Circuit", "EdgeSet", "Graph", "prune_dead", "select_edges"]
 
@@ -489,7 +490,9 @@ class Circuit:
     edge's score (0 off the edges) or None; ``node_params``: parameters per node (for param_share).
     """
 
-    FORMAT_VERSION = 3  # 2: a hybrid graph's layer kinds; 3: per-layer-embedding nodes (others stay 1)
+    #: 2: a hybrid graph's layer kinds; 3: per-layer-embedding nodes (to_dict keeps the lowest that describes
+    #: the graph); 4: a saved file, with a checksum over its whole content (:meth:`save`)
+    FORMAT_VERSION = 4
 
     def __init__(
         self,
@@ -583,27 +586,82 @@ class Circuit:
 
     @classmethod
     def from_dict(cls, d: dict) -> Circuit:
-        """The circuit described by :meth:`to_dict`'s output; ValueError for another type."""
-        if d.get("type") != "Circuit":
-            raise ValueError(f"not a saved Circuit (type {d.get('type')!r})")
-        if int(d.get("format_version", 0)) > cls.FORMAT_VERSION:
-            raise ValueError(f"Circuit format_version {d['format_version']} is newer than {cls.FORMAT_VERSION}")
-        g = Graph.from_dict(d["graph"])
-        mask = g.mask_of((a, b) for a, b, _ in d["edges"])
-        scores = None
-        if d.get("scores") is not None:
-            scores = torch.zeros(g.n_src, g.n_slots)
-            scores[g.edge_mask] = torch.tensor(d["scores"], dtype=torch.float32)
-        return cls(g, mask, scores, d.get("meta"), d.get("node_params"))
+        """The circuit described by :meth:`to_dict`'s output (or a saved file's content, whose checksum
+        is verified when present); ValueError for another type, an edited or a damaged one."""
+        if not isinstance(d, dict) or d.get("type") != "Circuit":
+            raise ValueError(f"not a saved Circuit (type {d.get('type') if isinstance(d, dict) else d!r:.40})")
+        d = dict(d)
+        recorded, version = d.pop("checksum", None), d.get("format_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"Circuit format_version must be a whole number, got {version!r:.40}")
+        if version > cls.FORMAT_VERSION:
+            raise ValueError(f"Circuit format_version {version} is newer than {cls.FORMAT_VERSION}")
+        if version >= 4 and recorded is None:
+            raise ValueError(f"a format {version} Circuit without its checksum (edited or damaged)")
+        if recorded is not None and recorded != digest(d):
+            raise ValueError(
+                "the circuit's content does not match its checksum: its edges, scores, graph or metadata "
+                "(model, fingerprint, method, ...) were edited or damaged; locate it again, or restore the original file"
+            )
+        try:
+            g = Graph.from_dict(d["graph"])
+            mask = g.mask_of((a, b) for a, b, _ in d["edges"])
+            scores = None
+            if d.get("scores") is not None:
+                scores = torch.zeros(g.n_src, g.n_slots)
+                scores[g.edge_mask] = torch.tensor(d["scores"], dtype=torch.float32)
+            meta, node_params = d.get("meta"), d.get("node_params")
+            if not isinstance(meta, (dict, type(None))) or not isinstance(node_params, (dict, type(None))):
+                raise TypeError("meta and node_params must be JSON objects")
+            return cls(g, mask, scores, meta, node_params)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+            plain = type(e) is KeyError and " " not in str(e.args[0] if e.args else "")
+            what = f"no such field, node or slot: {e}" if plain else str(e.args[0] if type(e) is KeyError else e)
+            raise ValueError(f"a damaged Circuit: its structure does not fit its graph ({what})") from e
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the circuit to ``path`` as JSON; returns the path."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-        return p
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write the circuit to ``path`` as JSON (format 4: with a checksum over its whole content);
+        returns the path. Atomic (temporary file, then rename; a link at ``path`` is replaced, never
+        followed); ValueError if ``path`` holds anything but a saved Circuit, unless ``overwrite=True``."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+        d = {**self.to_dict(), "format_version": self.FORMAT_VERSION}
+        d = json.loads(json.dumps(d, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+        return save_bytes(path, json.dumps({**d, "checksum": digest(d)}), "Circuit", overwrite=overwrite)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Circuit:
-        """Read a circuit written by :meth:`save`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def load(cls, path: str | os.PathLike, *, model: Model | None = None, across_models: bool = False) -> Circuit:
+        """Read a circuit written by :meth:`save`, verifying its checksum (files of formats 1-3, written
+        before it, have none and load unverified). A circuit without ``meta["model_fingerprint"]``
+        is marked ``identity_unknown`` (refused by :meth:`check_model` unless ``across_models=True``).
+        ``model=`` checks it against that model (:meth:`check_model`)."""
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"no saved Circuit at {p}")
+        try:
+            d = json.loads(p.read_bytes())
+            c = cls.from_dict(d)
+        except ValueError as e:  # json's decode errors are ValueErrors too
+            raise ValueError(f"{p} is not a valid saved Circuit: {e}") from e
+        if c.meta.get("model_fingerprint") is None:
+            c.meta[IDENTITY_UNKNOWN] = str(p)
+        if model is not None:
+            c.check_model(model, across_models=across_models)
+        return c
+
+    def check_model(self, model: Model, *, across_models: bool = False) -> None:
+        """ValueError unless this circuit can run on ``model``: the same graph, and (when both are known)
+        the same model fingerprint (weights and config), or with ``across_models=True`` (another
+        checkpoint of the architecture on purpose) the same architecture. A circuit loaded from a file
+        without model identity is refused unless ``across_models=True``."""
+        from capinterp.core.model import architecture_fingerprint, model_fingerprint
+
+        validate.model(model)
+        theirs = Graph.from_model(model, self.graph.granularity).signature
+        if theirs != self.graph.signature:
+            raise ValueError(f"the circuit's graph {self.graph.signature} is not this model's graph {theirs}")
+        name = getattr(model, "capinterp_name", None)
+        if validate.boolean("across_models", across_models):
+            check_identity(self.meta, "Circuit", architecture=architecture_fingerprint(model), model_name=name)
+        else:
+            check_identity(self.meta, "Circuit", fingerprint=model_fingerprint(model), model_name=name)

@@ -46,6 +46,7 @@ def hit_at_k(
     batch_size: int = 16,
     full: bool = False,
     threads: int | None = None,
+    across_models: bool = False,
 ) -> dict[str, float]:
     """Circuit-only Hit@k: the share of facts whose first target token ranks in the top k.
 
@@ -54,7 +55,13 @@ def hit_at_k(
     made as for EAP with ``corrupt`` / ``noise`` / ``seed``: the EAP-IG library's convention).
     Returns ``{"hit@1": ..., "hit@10": ..., "n": N}``; ``full=True`` adds the unablated model's
     ``"full_hit@k"``.
+
+    The circuit is checked against the model first (:meth:`Circuit.check_model`: its graph, and its
+    model fingerprint; ``across_models=True`` accepts another checkpoint of the architecture).
     """
+    if not isinstance(circuit, Circuit):
+        raise TypeError(f"circuit must be a Circuit, got {type(circuit).__name__}")
+    circuit.check_model(model, across_models=across_models)
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
     set_threads(threads)

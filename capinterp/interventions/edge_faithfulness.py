@@ -65,7 +65,9 @@ def edge_ranking(model: Model, units: Any, by: str) -> tuple[Graph, torch.Tensor
             )
     else:
         graph = units.graph
-        if graph.signature != Graph.from_model(model, graph.granularity).signature:
+        if isinstance(units, Circuit):  # its graph and its model identity (saved results: issue 51)
+            units.check_model(model)
+        elif graph.signature != Graph.from_model(model, graph.granularity).signature:
             raise ValueError(f"the circuit's graph ({graph.signature}) is not this model's graph")
         scores = None if isinstance(units, EdgeSet) or units.scores is None else units.scores.double()
         if scores is None:  # a set without scores: its own edges, in graph order
