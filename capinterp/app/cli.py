@@ -4,6 +4,7 @@ stderr); the options and their checks are in :mod:`capinterp.app.args`."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -22,7 +23,43 @@ Every command prints its result as one JSON document on stdout; logs and progres
 Start with 'capinterp main' (the README job), then 'capinterp localize --data FILE' on your own facts."""
 CKPT_HINT = "the .ckpt file in the output folder lets a rerun resume; delete it to start over"
 
-__all__ = ["COMMANDS", "DESCRIPTION", "cmd_evaluate", "cmd_info", "cmd_localize", "cmd_main", "cmd_reproduce", "main"]
+__all__ = [
+    "COMMANDS",
+    "DESCRIPTION",
+    "OS_HINTS",
+    "cmd_evaluate",
+    "cmd_info",
+    "cmd_localize",
+    "cmd_main",
+    "cmd_reproduce",
+    "main",
+    "os_error_line",
+]
+
+
+#: What to do after an OSError, by its errno (the one-line error's end).
+OS_HINTS = {
+    errno.ENOSPC: "free some space or choose another --out, then rerun: no partial file was left, and "
+    "finished work resumes",
+    errno.EDQUOT: "the disk quota is used up; free some space or choose another --out, then rerun",
+    errno.EROFS: "the file system is read-only; choose another --out",
+    errno.EACCES: "check the permissions, or choose another --out",
+    errno.EPERM: "check the permissions, or choose another --out",
+    errno.ENAMETOOLONG: "choose a shorter --out or file name",
+}
+
+
+def os_error_line(err: OSError) -> str:
+    """An OSError as one line: the path, the cause (its errno name) and what to do."""
+    if err.errno is None or not err.strerror:
+        return " ".join(str(err).split())
+    where = os.fsdecode(err.filename) if err.filename is not None else ""
+    if err.filename2 is not None:
+        where += f" -> {os.fsdecode(err.filename2)}"
+    cause = f"{err.strerror} ({errno.errorcode.get(err.errno, err.errno)})"
+    hint = OS_HINTS.get(err.errno)
+    line = (f"{where}: " if where else "") + cause + (f"; {hint}" if hint else "")
+    return " ".join(line.split())
 
 
 def _say(msg: str) -> None:
@@ -112,6 +149,7 @@ def _localizer_kwargs(args, cls) -> dict[str, Any]:
 
 def _save_units(loc, name: str, out: Path, title: str, plotlyjs: str) -> dict[str, Any]:
     """Write a fitted localizer's results under ``out`` by its unit kind; the JSON fields naming them."""
+    from capinterp.core.atomic import write_atomic
     from capinterp.plots.html import write_html
 
     kind = type(loc).unit_kind
@@ -130,7 +168,7 @@ def _save_units(loc, name: str, out: Path, title: str, plotlyjs: str) -> dict[st
         scores = [float(v) for v in loc.layer_scores_.tolist()]
         record = {"layers": list(loc.layers_), "layer_scores": scores, "n_traced": loc.n_traced_}
         record["n_skipped"] = loc.skipped_
-        (out / f"{name}_layers.json").write_text(json.dumps(record, indent=2))
+        write_atomic(out / f"{name}_layers.json", json.dumps(record, indent=2))
         heatmap = write_html(loc.plot(title=title), out / f"{name}_heatmap.html", plotlyjs=plotlyjs)
         return {**record, "units": str(out / f"{name}_layers.json"), "heatmap": str(heatmap), "figure": str(heatmap)}
     # edges: the knowledge circuit
@@ -287,7 +325,8 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv``; returns the exit status (2 with a one-line message on bad input
-    or an output folder in use)."""
+    or an output folder in use; 2 with a one-line error naming the path and the cause on an OSError:
+    a full disk, a refused permission, a name too long)."""
     args = build_parser(DESCRIPTION).parse_args(argv)
     try:
         if not getattr(args, "list", False):
@@ -295,6 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(COMMANDS[args.command](args) or 0)
     except (ValueError, TypeError, FileNotFoundError, FolderInUse) as err:
         print(f"capinterp: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk, a refused permission: outputs are atomic, nothing half-written
+        print(f"capinterp: error: {os_error_line(err)}", file=sys.stderr)
         return 2
     finally:
         from capinterp.core import distributed as dist

@@ -11,6 +11,7 @@ from typing import Any
 
 from capinterp import data
 from capinterp.app.args import data_kwargs
+from capinterp.core.atomic import write_atomic
 from capinterp.core.family import family_of
 from capinterp.core.model import load_model
 from capinterp.core.protocol import Model
@@ -143,7 +144,7 @@ def run_main(args) -> int:
     }
     if completeness:
         summary["completeness"] = completeness[0]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2), flush=True)
     _say(next_steps(heatmap, out, args.model))
     return 0

@@ -9,8 +9,14 @@ Layout of ``DIR``::
     report.html              tables and interactive figures, self-contained (plotly.js inlined once;
                              with plotlyjs="directory" loaded from plotly.min.js beside it)
 
-Resuming: an experiment whose folder is complete is loaded, not rerun; one interrupted midway
-restarts, but its localizer fits resume from ``cache/``. A finished experiment's folder holds a
+Resuming: an experiment whose folder is complete is loaded, not rerun (with the seconds it took,
+kept in its folder's ``timing.json``); one interrupted midway restarts, but its localizer fits
+resume from ``cache/``. Every file of ``DIR`` is written atomically (a temporary file, then a
+rename: :func:`capinterp.core.atomic.write_atomic`), so a full disk or a kill never leaves a half
+``run.json``, ``results.json`` or ``report.html``, and a symbolic link in their place is replaced,
+not followed. An OSError while saving (a full disk) stops the run (the experiment's partial folder
+removed); a ``run.json`` left empty or damaged by an older version is rewritten when
+``results.json`` (or an empty folder) shows the settings agree. A finished experiment's folder holds a
 ``CHECKSUM`` (SHA-256 of its files): a folder whose files no longer match (edited, truncated,
 deleted) is reported and rerun, never loaded as done. An experiment that raises is recorded
 (error and traceback in results.json and the report) and the others still run; one that cannot
@@ -24,12 +30,12 @@ circuits and Query Localization inside shard their work over the ranks,
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import html
 import json
 import os
 import shutil
-import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -37,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from capinterp.core import distributed as dist
+from capinterp.core.atomic import write_atomic
 from capinterp.core.model import model_fingerprint, model_meta
 from capinterp.core.protocol import Model
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped
@@ -86,24 +93,48 @@ def _config(model: Model, quick: bool, seed: int, ig_rule: str = "papers") -> di
     }
 
 
-def _check_run(out: Path, config: dict[str, Any]) -> None:
+def _damaged_run(out: Path, path: Path, why: str, config: dict[str, Any], log: Any) -> dict[str, Any]:
+    """The settings a folder with an empty or unreadable ``run.json`` holds: ``results.json``'s
+    config when it has one, ``config`` when the folder holds no result yet; else ValueError."""
+    try:
+        recorded = json.loads((out / "results.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = None
+    if isinstance(recorded, dict):
+        log(f"      {path} was {why}; results.json records the run's settings: using them")
+        return recorded
+    if not any((out / "experiments").glob("*")):
+        log(f"      {path} was {why} (a write cut short?); the folder holds no result yet: rewriting it")
+        return config
+    raise ValueError(
+        f"{path} is {why} and results.json does not record the settings of the results in {out}; "
+        "rerun with --fresh to start over there, or use another --out"
+    )
+
+
+def _check_run(out: Path, config: dict[str, Any], log: Any = print) -> None:
     path = out / "run.json"
     if path.exists():
         try:
             old = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is corrupted ({err}); remove it or use another --out") from None
+            if not isinstance(old, dict):
+                raise ValueError(f"a JSON {type(old).__name__}, not an object")
+        except ValueError as err:  # JSONDecodeError included: empty, truncated or edited
+            why = "empty" if path.stat().st_size == 0 else f"damaged ({err})"
+            old = _damaged_run(out, path, why, config, log)
         if old != config:
             diff = {k: (old.get(k), v) for k, v in config.items() if old.get(k) != v}
             raise ValueError(f"{out} holds a run with other settings {diff} (old, new); use another --out or --fresh")
     dist.barrier()  # every rank has read the old run.json before rank 0 rewrites it
     if dist.is_main():
         out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(config, indent=2))
+        write_atomic(path, json.dumps(config, indent=2))
     dist.barrier()
 
 
 _CHECKSUM = "CHECKSUM"
+#: In a finished experiment's folder: the seconds it took, so a resumed run reports them.
+_TIMING = "timing.json"
 
 
 def _digest(d: Path) -> str:
@@ -120,6 +151,47 @@ def _done(folder: Path, name: str) -> bool:
     d = folder / name
     need = [d / "info.json", d / "table.csv", d / _CHECKSUM]
     return all(p.is_file() for p in need) and (d / _CHECKSUM).read_text().strip() == _digest(d)
+
+
+def _seconds(d: Path, prior: dict[str, Any]) -> float | None:
+    """The seconds a finished experiment took: from its folder, else from the old results.json."""
+    try:
+        return float(json.loads((d / _TIMING).read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return prior.get("seconds")
+
+
+#: OSErrors that are the output disk's, whatever file they name: they stop the run.
+_DISK_FAULTS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+#: OSErrors that stop the run when they name a file under the output folder.
+_WRITE_FAULTS = {errno.EACCES, errno.EPERM, errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR}
+
+
+def _output_fault(err: BaseException, out: Path) -> bool:
+    """Whether ``err`` is a fault of writing the output (a full disk, or a refused write of a file
+    under ``out``) rather than an experiment's own failure: such an error stops the run (exit 2 in the CLI)."""
+    if not isinstance(err, OSError):
+        return False
+    if err.errno in _DISK_FAULTS:
+        return True
+    if err.errno not in _WRITE_FAULTS or not err.filename:
+        return False
+    try:
+        return Path(os.fsdecode(err.filename)).absolute().is_relative_to(out.absolute())
+    except (TypeError, ValueError):
+        return False
+
+
+def _save(res: ExperimentResult, folder: Path, seconds: float) -> None:
+    """Write a finished experiment's folder: its files, its timing, then its checksum (last: a folder
+    without one is unfinished). An OSError (a full disk) removes the partial folder and propagates."""
+    try:
+        d = res.save(folder)
+        write_atomic(d / _TIMING, json.dumps({"seconds": seconds}))
+        write_atomic(d / _CHECKSUM, _digest(d))
+    except OSError:
+        shutil.rmtree(folder / res.name, ignore_errors=True)
+        raise
 
 
 def _load_done(folder: Path, name: str, log: Any) -> ExperimentResult | None:
@@ -176,7 +248,7 @@ def reproduce(
         _clear(out)
     dist.barrier()
     config = _config(model, quick, seed, ig_rule)
-    _check_run(out, config)
+    _check_run(out, config, log)
     folder = out / "experiments"
     ctx = Context(
         model, quick=quick, seed=seed, workdir=out / "cache", batch_size=batch_size, progress=progress, ig_rule=ig_rule
@@ -190,24 +262,26 @@ def reproduce(
         loaded = _load_done(folder, name, log)
         if loaded is not None:
             done[name] = loaded
-            entry = {"seconds": prior.get(name, {}).get("seconds"), "resumed": True}
+            entry = {"seconds": _seconds(folder / name, prior.get(name, {})), "resumed": True}
             log(f"[{i}/{len(names)}] {name}: already done, loaded")
         else:
             log(f"[{i}/{len(names)}] {name}: {title} ...")
             t0 = time.time()
             try:
                 res = run(ctx)
+                seconds = round(time.time() - t0, 1)
                 if dist.is_main():
-                    d = res.save(folder)
-                    (d / _CHECKSUM).write_text(_digest(d))
+                    _save(res, folder, seconds)
                 dist.barrier()
                 done[name] = res
-                entry = {"seconds": round(time.time() - t0, 1)}
+                entry = {"seconds": seconds}
                 log(f"      {name} done in {entry['seconds']} s")
             except ExperimentSkipped as err:  # cannot run on this model (e.g. it knows no fact): said, not failed
                 entry = {"seconds": round(time.time() - t0, 1), "skipped": str(err)}
                 log(f"      {name} SKIPPED: {err}")
             except Exception as err:
+                if _output_fault(err, out):  # a full disk or an unwritable --out: no experiment's failure
+                    raise
                 entry = {
                     "seconds": round(time.time() - t0, 1),
                     "error": f"{type(err).__name__}: {err}",
@@ -250,13 +324,10 @@ def _read_results(out: Path) -> dict[str, Any]:
 
 
 def _write(out: Path, results: dict[str, Any], done: dict[str, ExperimentResult], plotlyjs: str = "embed") -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".results.json.", suffix=".tmp", dir=out)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(results, indent=2, default=str))
-    os.replace(tmp, out / "results.json")
+    write_atomic(out / "results.json", json.dumps(results, indent=2, default=str))
     if plotlyjs == "directory":
         write_plotlyjs(out)
-    (out / "report.html").write_text(report_html(results, done, plotlyjs))
+    write_atomic(out / "report.html", report_html(results, done, plotlyjs))
 
 
 def report_html(results: dict[str, Any], done: dict[str, ExperimentResult], plotlyjs: str = "embed") -> str:

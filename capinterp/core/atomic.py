@@ -95,9 +95,11 @@ def atomic_path(path: str | os.PathLike, *, overwrite_ok: OverwriteRule = True) 
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it 0600; a saved file gets the usual mode
         _allow(p, overwrite_ok)  # something may have appeared meanwhile
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(err, OSError) and err.errno and err.filename is None:  # a full disk: name the file
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(p)) from err
         raise
     _fsync_dir(p.parent)
 

@@ -144,7 +144,7 @@ class ScoreSum:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"capinterp_scoresum": json.dumps({"done": sorted(self.done), "key": self.key})}
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=path.parent)  # short: any legal name works
         os.close(fd)
         try:
             extra = {f"extra.{k}": v.contiguous() for k, v in self.extra.items()}

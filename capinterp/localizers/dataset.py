@@ -17,6 +17,7 @@ from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
 from capinterp.core.model import model_fingerprint, neuron_shape
+from capinterp.core.pathlimits import check_path
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
@@ -153,6 +154,8 @@ class DatasetNeuronLocalizer(Localizer):
             raise TypeError(f"checkpoint must be a path (str or Path) or None, got {type(checkpoint).__name__}")
         self.spread = spread
         self.checkpoint = None if checkpoint is None else str(checkpoint)
+        if self.checkpoint is not None:  # a name the file system refuses: an error now, not after an example
+            check_path(str(keyed_path(self.checkpoint, {})), "checkpoint")
 
     # -- subclass API ---------------------------------------------------------------
     def _encode(self, examples: list[Example]) -> list[Encoded]:
@@ -239,6 +242,8 @@ class DatasetNeuronLocalizer(Localizer):
         )
         self.oom_retries_ = 0
         ckpt = dist.rank_path(keyed_path(self.checkpoint, key))
+        if ckpt:  # with torchrun's rank suffix
+            check_path(ckpt, "checkpoint")
         self.checkpoint_path_ = ckpt
         acc = ScoreSum.resume(ckpt, shape, key)
         stray = sorted(i for i in acc.done if not 0 <= i < len(encoded))

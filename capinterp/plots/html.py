@@ -8,6 +8,11 @@ kept (or copied) whole.
 
 circuitsvis token views (:mod:`capinterp.plots.tokens`) print as HTML that loads their script from a
 CDN; :func:`write_view` writes the copy that inlines it, which opens offline.
+
+Every page is written by :func:`capinterp.core.atomic.write_atomic`: a temporary file in the same
+folder, then a rename over the destination. An interrupted or failed write (a full disk) never leaves a half page, and
+a symbolic link at the destination is replaced by the page, never followed (the file it points to
+stays untouched).
 """
 
 from __future__ import annotations
@@ -17,7 +22,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUNDLE", "PLOTLYJS", "check_plotlyjs", "include_option", "write_html", "write_plotlyjs", "write_view"]
+from capinterp.core.atomic import write_atomic
+
+__all__ = [
+    "BUNDLE",
+    "PLOTLYJS",
+    "check_plotlyjs",
+    "include_option",
+    "write_html",
+    "write_plotlyjs",
+    "write_view",
+]
 
 PLOTLYJS = ("embed", "directory")
 BUNDLE = "plotly.min.js"
@@ -37,10 +52,8 @@ def write_plotlyjs(folder: str | os.PathLike) -> Path:
 
     path = Path(folder) / BUNDLE
     js = get_plotlyjs().encode()
-    if not (path.is_file() and path.stat().st_size == len(js)):
-        tmp = path.with_name(f".{BUNDLE}.{os.getpid()}.tmp")
-        tmp.write_bytes(js)
-        os.replace(tmp, path)
+    if not (path.is_file() and not path.is_symlink() and path.stat().st_size == len(js)):
+        write_atomic(path, js)
     return path
 
 
@@ -51,13 +64,13 @@ def include_option(plotlyjs: str) -> Any:
 
 def write_html(fig: Any, path: str | os.PathLike, *, plotlyjs: str = "embed") -> Path:
     """Write plotly figure ``fig`` to ``path`` as a full HTML page; ``plotlyjs="directory"`` also
-    writes the shared ``plotly.min.js`` beside it (see the module docstring)."""
+    writes the shared ``plotly.min.js`` beside it (see the module docstring). Atomic
+    (:func:`capinterp.core.atomic.write_atomic`)."""
     path = Path(path)
     option = include_option(plotlyjs)
     if option == "directory":
         write_plotlyjs(path.parent)
-    fig.write_html(path, include_plotlyjs=option)
-    return path
+    return write_atomic(path, fig.to_html(include_plotlyjs=option, full_html=True))
 
 
 def write_view(view: Any, path: str | os.PathLike, *, title: str = "capinterp view") -> Path:
@@ -72,5 +85,4 @@ def write_view(view: Any, path: str | os.PathLike, *, title: str = "capinterp vi
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title></head><body>\n{body}\n</body></html>\n"
     )
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_atomic(path, page)

@@ -118,9 +118,11 @@ def test_mismatched_folder_and_unknown_names(tiny, tmp_path, toy_experiments):
     reproduce(tiny, tmp_path, quick=False, only=["toy_ok"], fresh=True, log=lambda m: None)
     with pytest.raises(ValueError, match="unknown experiment"):
         reproduce(tiny, tmp_path, only=["nope"], log=lambda m: None)
-    (tmp_path / "run.json").write_text("{not json")
-    with pytest.raises(ValueError, match="corrupted"):
-        reproduce(tiny, tmp_path, only=["toy_ok"], log=lambda m: None)
+    (tmp_path / "run.json").write_text("{not json")  # damaged: results.json's settings stand in
+    with pytest.raises(ValueError, match="other settings"):
+        reproduce(tiny, tmp_path, quick=True, only=["toy_ok"], log=lambda m: None)
+    reproduce(tiny, tmp_path, only=["toy_ok"], log=lambda m: None)  # the same settings: rewritten
+    assert json.loads((tmp_path / "run.json").read_text())["quick"] is False
 
 
 def test_cli(tmp_path, toy_experiments, capsys):
