@@ -23,6 +23,7 @@ from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
 from capinterp.kernels.completeness import CompletenessLog
 from capinterp.kernels.memory import auto_batch_size, is_oom, release
+from capinterp.kernels.rank_resume import resume as resume_ranks
 from capinterp.localizers.base import Localizer
 from capinterp.units import metrics
 from capinterp.units.neurons import NeuronScores
@@ -245,18 +246,20 @@ class DatasetNeuronLocalizer(Localizer):
         if ckpt:  # with torchrun's rank suffix
             check_path(ckpt, "checkpoint")
         self.checkpoint_path_ = ckpt
-        acc = ScoreSum.resume(ckpt, shape, key)
-        stray = sorted(i for i in acc.done if not 0 <= i < len(encoded))
+        # this rank's sums, and the examples done on any rank, also by a run with another number
+        # of processes (rank 0 adopts its files: a rerun never silently starts from scratch)
+        acc, done = resume_ranks(keyed_path(self.checkpoint, key), shape, key)
+        stray = sorted(i for i in done if not 0 <= i < len(encoded))
         if stray:
             raise ValueError(
                 f"checkpoint {ckpt} marks examples {stray[:5]} as done, but the data has "
                 f"{len(encoded)} examples: the file is damaged; delete it to start over"
             )
         mine = dist.shard(list(batches(list(range(len(encoded))), self._chunk_size())))
-        todo = [[i for i in chunk if i not in acc.done] for chunk in mine]
+        todo = [[i for i in chunk if i not in done] for chunk in mine]
         show = self.progress and dist.is_main()
         desc = self.name if dist.world_size() == 1 else f"{self.name} (rank 0 of {dist.world_size()})"
-        bar = tqdm(total=sum(len(c) for c in mine), initial=acc.count, desc=desc, disable=not show)
+        bar = tqdm(total=sum(map(len, todo)) + acc.count, initial=acc.count, desc=desc, disable=not show)
         log = self._example_log()
         rec_index = [] if log is None else _restore_records(log, acc, ckpt)
         for chunk in filter(None, todo):
