@@ -13,7 +13,9 @@ Sources accepted by :func:`load_model`:
 * a TransformerLens-supported name already in the local Hugging Face cache (never downloads).
 
 The packaged GGUF weights are dequantized to float32 once and cached in
-``$CAPINTERP_CACHE`` (default ``~/.cache/capinterp``), so later loads take a few seconds.
+``$CAPINTERP_CACHE`` (default ``~/.cache/capinterp``), so later loads take a few seconds. Every
+load checks the cache against the checksums written with it (:mod:`capinterp.core.cache_integrity`)
+and rebuilds a damaged one from the packaged GGUF (:func:`check_cache` checks every byte).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +34,7 @@ from typing import Any
 
 import torch
 
+from capinterp.core import cache_integrity as integrity
 from capinterp.core.embedding_norm import final_norm_order
 from capinterp.core.embedding_norm import install as install_embedding_norm
 from capinterp.core.family import UnsupportedFamily, check_supported, family_of, layer_kinds, read_family
@@ -49,6 +54,7 @@ __all__ = [
     "architecture_fingerprint",
     "attention_layers",
     "cache_dir",
+    "check_cache",
     "check_logit_path",
     "check_neuron_hooks",
     "load_model",
@@ -125,6 +131,7 @@ def load_model(
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
     offload_folder: str | os.PathLike | None = None,
+    verify: str | None = None,
     **tiny_kwargs: Any,
 ):
     """Load a model as a ``TransformerBridge`` (eval mode, gradients off for parameters' users).
@@ -143,12 +150,17 @@ def load_model(
             circuits) and DCSN (which reads its weights through accelerate's hook) work; editing does not.
         threads: torch intra-op threads (``None`` keeps the current setting or ``$CAPINTERP_THREADS``).
         cache: folder for dequantized packaged weights (see :func:`cache_dir`).
+        verify: how a packaged model's cache is checked against the checksums written with it before
+            it is loaded: ``"quick"`` (sizes, headers, small files whole, sampled blocks of the weights;
+            the default, or ``$CAPINTERP_CACHE_VERIFY``) or ``"full"`` (every byte). A damaged cache is
+            rebuilt from the packaged GGUF, with one line on stderr saying what was wrong.
         tiny_kwargs: sizes for ``"tiny"`` models (``n_layers``, ``d_model``, ``d_mlp``, ``seed``, ...).
     """
     set_threads(threads)
     dev = resolve_device(device)  # every argument is checked before anything is loaded or moved
     dtype = resolve_dtype(dtype)
     placed = _check_placement(device, device_map, max_memory, name, offload_folder)
+    mode = integrity.resolve_mode(verify)
     if name is None or (isinstance(name, str) and name.lower() in _ALIASES):
         name = _ALIASES[(name or "default").lower()]
     if tiny_kwargs and name not in ("tiny", "tiny-native"):
@@ -165,7 +177,7 @@ def load_model(
                 )
             placed = {"device_map": hf.hf_device_map}
     elif name in _PACKAGED:
-        hf, tok = _load_packaged(name, cache, dtype, placed)
+        hf, tok = _load_packaged(name, cache, dtype, placed, mode)
         label = name
     elif name == "tiny":
         from capinterp.core.tiny import tiny_llama_hf
@@ -334,45 +346,157 @@ def _gguf_path(name: str, cache: Path) -> Path:
         ) from err
 
 
-def _load_packaged(name: str, cache: str | os.PathLike | None, dtype: torch.dtype | None, placed: dict | None = None):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _cache_folder(name: str, root: Path) -> Path:
+    return root / "models" / f"{name}-{_PACKAGED[name]['version']}-fp32"
 
-    root = cache_dir(cache)
-    info = _PACKAGED[name]
-    folder = root / "models" / f"{name}-{info['version']}-fp32"
-    if not (folder / "COMPLETE").exists():
-        import gguf  # noqa: F401  (transformers' GGUF reader: fail here, before any file is written)
-        from filelock import FileLock
 
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        # several processes (torchrun ranks, parallel jobs) on a fresh cache: one converts, the rest wait
-        with FileLock(str(folder) + ".lock"):
-            if not (folder / "COMPLETE").exists():
-                path = _gguf_path(name, root)
-                tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-                hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-                _save_dequantized(hf, tok, folder, info["architecture"])
+def _load_packaged(
+    name: str,
+    cache: str | os.PathLike | None,
+    dtype: torch.dtype | None,
+    placed: dict | None = None,
+    verify: str | None = None,
+):
+    folder, _ = _ensure_cache(name, cache_dir(cache), integrity.resolve_mode(verify))
     return _load_local(folder, dtype, placed)
 
 
+def check_cache(name: Any = None, *, cache: str | os.PathLike | None = None, verify: str = "full") -> dict[str, Any]:
+    """Check packaged model ``name``'s cache against the checksums written with it (``verify="full"``:
+    every byte; ``"quick"``: what every load checks), building it when absent and rebuilding it when
+    damaged (one line on stderr says what was wrong). Returns ``{"model", "folder", "verify",
+    "status"`` (``"ok"``, ``"built"``, ``"rebuilt"`` or ``"adopted"``: checksums recorded for a cache
+    written before they were kept) ``, "files", "bytes", "seconds"}``; :class:`CacheDamaged` naming
+    the command that rebuilds it when it cannot be rebuilt here."""
+    mode = integrity.resolve_mode(verify)
+    key = _ALIASES.get(name.lower(), name) if isinstance(name, str) else DEFAULT_MODEL if name is None else name
+    if key not in _PACKAGED:
+        raise ValueError(f"{name!r} is not a packaged model: only {sorted(_PACKAGED)} have a cache to check")
+    t = time.perf_counter()
+    folder, status = _ensure_cache(key, cache_dir(cache), mode)
+    files = json.loads((folder / integrity.MARKER).read_text())["files"]
+    return {
+        "model": key,
+        "folder": str(folder),
+        "verify": mode,
+        "status": status,
+        "files": len(files),
+        "bytes": sum(int(f["size"]) for f in files.values()),
+        "seconds": round(time.perf_counter() - t, 3),
+    }
+
+
+_ABSENT = "absent"
+
+
+def _cache_state(folder: Path, mode: str) -> str | None:
+    if not (folder / integrity.MARKER).exists():
+        return _ABSENT
+    return integrity.check(folder, mode)
+
+
+def _ensure_cache(name: str, root: Path, mode: str) -> tuple[Path, str]:
+    """``name``'s cache folder, checked (``mode``), built when absent and rebuilt when damaged; and
+    what was done (``"ok"``, ``"built"``, ``"rebuilt"``, ``"adopted"``)."""
+    folder = _cache_folder(name, root)
+    lock = str(folder) + ".lock"
+    integrity.sweep(folder, lock)  # temporary folders of a killed conversion, when nobody converts
+    first = _cache_state(folder, mode)
+    if first is None:
+        return folder, "ok"
+    if first == _ABSENT:
+        import gguf  # noqa: F401  (transformers' GGUF reader: fail here, before any file is written)
+    from filelock import FileLock
+
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # several processes (torchrun ranks, parallel jobs) on a fresh cache: one converts, the rest wait
+        with FileLock(lock):
+            integrity.sweep(folder)  # the lock is ours: every temporary folder beside it is an orphan
+            state = _cache_state(folder, mode)
+            if state == integrity.LEGACY:
+                state = _adopt(folder)
+                if state is None:
+                    return folder, "adopted"
+            if state is None:
+                return folder, "ok"  # another process built or rebuilt it while this one waited
+            if state != _ABSENT:
+                _say(f"capinterp: the model cache {folder} is damaged ({state}); rebuilding it from the packaged GGUF")
+            _convert(name, root, folder)
+            return folder, "built" if state == _ABSENT else "rebuilt"
+    except (OSError, ImportError) as err:
+        if first == _ABSENT:
+            raise
+        cmd = f"CAPINTERP_CACHE={shlex.quote(str(root))} capinterp info --model {name} --verify"
+        raise integrity.CacheDamaged(
+            f"the model cache {folder} is damaged ({first}) and could not be rebuilt here "
+            f"({type(err).__name__}: {err}); rebuild it with: {cmd}"
+        ) from err
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _adopt(folder: Path) -> str | None:
+    """Record the checksums of a cache written before they were kept, once its files pass the checks
+    that need none (safetensors headers, JSON files parse); else what is wrong with it."""
+    for path in sorted(folder.glob("*.safetensors")):
+        if problem := integrity.structure_problem(path):
+            return problem
+    if not (folder / "config.json").exists():
+        return "config.json is missing"
+    for path in sorted(folder.glob("*.json")):
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            return f"{path.name} is unreadable ({type(err).__name__})"
+    try:
+        saved = json.loads((folder / integrity.MARKER).read_text()).get("saved")
+    except (OSError, ValueError, AttributeError):
+        saved = None
+    _say(f"capinterp: recording checksums of the model cache {folder} (written before checksums were kept)")
+    integrity.write_manifest(folder, saved)
+    return None
+
+
+def _dequantize(name: str, root: Path):
+    """``(hf_model, tokenizer)`` of packaged model ``name``, dequantized to float32 from its GGUF."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _gguf_path(name, root)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return hf, tok
+
+
+def _convert(name: str, root: Path, folder: Path) -> None:
+    hf, tok = _dequantize(name, root)
+    _save_dequantized(hf, tok, folder, _PACKAGED[name]["architecture"])
+
+
 def _save_dequantized(hf, tok, folder: Path, architecture: str) -> None:
-    """Write the dequantized model atomically (a temp folder renamed into place)."""
+    """Write the dequantized model atomically (a temp folder renamed into place), its marker with every
+    file's checksums written last."""
     hf.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained until these are gone
     if hasattr(hf.config, "quantization_config"):
         del hf.config.quantization_config
     hf.config.architectures = [architecture]
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=folder.parent))
+    old = folder.with_name(f"{folder.name}.tmp-old-{os.getpid()}")
     try:
         hf.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / "COMPLETE").write_text(json.dumps({"saved": time.time()}))
-        if folder.exists():
-            shutil.rmtree(folder)
+        integrity.write_manifest(tmp)
+        if folder.exists():  # a damaged cache: moved aside, so the folder is missing for one rename only
+            shutil.rmtree(old, ignore_errors=True)
+            folder.rename(old)
         tmp.rename(folder)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in (tmp, old):
+            if leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _load_local(folder: Path, dtype: torch.dtype | None, placed: dict | None = None):
