@@ -27,7 +27,7 @@ __all__ = ["NeuronSet"]
 
 def _ig_note(meta: dict) -> str:
     """``; IG rule right:20 (the papers' approximation): completeness error max ...`` for IG results."""
-    from capinterp.kernels.completeness import report_line
+    from capinterp.units.ig_report import report_line
 
     line = report_line(meta.get("ig_check"))
     return f"; {line}" if line else ""

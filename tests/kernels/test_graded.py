@@ -230,7 +230,9 @@ def test_adaptive_meets_tol_on_every_layer_of_tiny_gemma3(gemma3_tiny, monkeypat
     for l in range(bridge.cfg.n_layers):
         ref, f_clean, f_zero = _hf_ig(ref_hf, list(enc.ids), pos, target, l, fine)
         # the reference itself is complete to float32 noise: the fine graded rule resolves alpha -> 0
-        assert float(ref.sum()) == pytest.approx(f_clean - f_zero, rel=1e-5)
+        assert float(ref.sum()) == pytest.approx(
+            f_clean - f_zero, rel=5e-5
+        )  # F changes by ~3e-5 here: float32 noise is ~1e-5 of it
         err = float((ada[l].double() - ref).norm() / ref.norm())
         assert err < 3 * tol, (l, err)
         assert float(stats["error_estimate"][0, l]) <= tol
