@@ -12,16 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from jaxtyping import Float
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_bytes
 from torch import Tensor
 
 from capinterp.core import distributed as dist
+from capinterp.core.atomic import write_atomic
 from capinterp.core.example import Example
 
 __all__ = ["ScoreSum", "dataset_fingerprint"]
@@ -139,20 +140,14 @@ class ScoreSum:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike) -> None:
-        """Atomic write (a temp file of its own in the same folder, then a rename): an interruption
-        never leaves a half file, and concurrent writers never share a temp name."""
+        """Atomic write (:func:`capinterp.core.atomic.write_atomic`: a temp file of its own in the same
+        folder, then a rename): an interruption never leaves a half file, concurrent writers never
+        share a temp name, and a full disk is an OSError naming ``path``."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"capinterp_scoresum": json.dumps({"done": sorted(self.done), "key": self.key})}
-        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=path.parent)  # short: any legal name works
-        os.close(fd)
-        try:
-            extra = {f"extra.{k}": v.contiguous() for k, v in self.extra.items()}
-            save_file({"sum": self.sum.contiguous(), **extra}, tmp, metadata=meta)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        extra = {f"extra.{k}": v.contiguous() for k, v in self.extra.items()}
+        write_atomic(path, save_bytes({"sum": self.sum.contiguous(), **extra}, metadata=meta))
 
     @classmethod
     def load(cls, path: str | os.PathLike, key: dict | None = None) -> ScoreSum:

@@ -116,11 +116,12 @@ def full_disk(monkeypatch):
 
 
 def _one_error_line(err: str) -> str:
-    """The command's error: exactly one line of stderr starts with 'capinterp: error:', no traceback."""
+    """The command's error: one line of stderr from 'capinterp: error:' on, no traceback."""
     assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("capinterp: error:")]
-    assert len(lines) == 1, err
-    return lines[0]
+    assert err.count("capinterp: error:") == 1, err
+    line = "capinterp: error:" + err.split("capinterp: error:")[1].split("\n")[0]  # after any progress bar
+    assert "\r" not in line
+    return line
 
 
 def _no_temp_files(folder: Path) -> None:
@@ -168,6 +169,18 @@ def test_full_disk_while_writing_the_heatmap_is_one_line_and_leaves_no_partial_p
     assert main([*LOCALIZE, "--out", str(out)]) == 0
     assert "resumed from checkpoint" in capsys.readouterr().err
     assert (out / "dcsn_heatmap.html").stat().st_size > 1_000_000
+
+
+def test_full_disk_while_saving_a_checkpoint_is_one_line(tmp_path, capsys, full_disk):
+    """A checkpoint written natively (safetensors) raised SafetensorError, a raw traceback."""
+    out = tmp_path / "o"
+    disk = full_disk(out, free=0)  # the owner file is written, then the disk is full
+    assert main([*LOCALIZE, "--out", str(out)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert ".ckpt" in line and str(out) in line and "ENOSPC" in line
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".capinterp")] == []
+    disk["free"] = 10**9
+    assert main([*LOCALIZE, "--out", str(out)]) == 0
 
 
 def test_full_disk_on_run_json_leaves_nothing_that_blocks_the_rerun(tmp_path, capsys, full_disk, toy_experiment):
