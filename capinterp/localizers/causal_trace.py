@@ -222,8 +222,8 @@ class CausalTrace(Localizer):
     def _cost(self, data: Iterable[Any]) -> Any:
         """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`);
         every fact counted as traced (``require_correct`` skips those the model gets wrong)."""
-        from capinterp.localizers.cost import Work
         from capinterp.localizers.cost_counts import trace_work
+        from capinterp.localizers.cost_work import Work
 
         facts = validate.examples(data, "CausalTrace.fit(data)", min_count=0)
         if not facts:

@@ -20,7 +20,7 @@ from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.invariant import N_NODES, scale_invariant, substitute_nodes
 from capinterp.kernels.memory import forward_row_bytes, ig_row_bytes
 from capinterp.kernels.quadrature import quadrature
-from capinterp.localizers.cost import Work, weight_bytes
+from capinterp.localizers.cost_work import Work, weight_bytes
 
 __all__ = [
     "eap_work",

@@ -130,6 +130,9 @@ class DatasetNeuronLocalizer(Localizer):
     sharded fit reports on every example exactly as an uninterrupted single process does.
     """
 
+    #: Its fit fingerprints the model's weights (the checkpoint key): :mod:`capinterp.localizers.cost` counts it.
+    fingerprints_weights = True
+
     checkpointable = True
     chunk_examples: int = 8
 
@@ -181,8 +184,8 @@ class DatasetNeuronLocalizer(Localizer):
 
     def _cost(self, data: Any) -> Any:
         """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`)."""
-        from capinterp.localizers.cost import Work
         from capinterp.localizers.cost_counts import items_for
+        from capinterp.localizers.cost_work import Work
 
         examples = validate.examples(data, f"{type(self).__name__}.fit(data)")
         work = Work(validate.model(self.model))

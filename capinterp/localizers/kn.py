@@ -106,8 +106,8 @@ class KN(IGChecked, Localizer):
 
     def _cost(self, data: Any) -> Any:
         """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`)."""
-        from capinterp.localizers.cost import Work
         from capinterp.localizers.cost_counts import items_for
+        from capinterp.localizers.cost_work import Work
 
         examples = validate.examples(data, f"{type(self).__name__}.fit(data)", min_count=0)
         if not examples:

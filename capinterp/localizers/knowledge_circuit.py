@@ -151,8 +151,8 @@ class KnowledgeCircuit(Localizer):
 
     def _cost(self, data: Any) -> Any:
         """The work of ``fit(data)``, counted before the passes (:meth:`Localizer.estimate`)."""
-        from capinterp.localizers.cost import Work
         from capinterp.localizers.cost_counts import eap_work
+        from capinterp.localizers.cost_work import Work
 
         facts = validate.examples(data, "KnowledgeCircuit.fit(data)", min_count=0)
         if not facts:

@@ -119,8 +119,8 @@ class NeFT(Localizer):
 
     def _cost(self, data: Any) -> Any:
         """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`)."""
-        from capinterp.localizers.cost import Work
         from capinterp.localizers.cost_counts import finetune_work
+        from capinterp.localizers.cost_work import Work
 
         examples = validate.examples(data, "NeFT.fit(data)")
         work = Work(validate.model(self.model))

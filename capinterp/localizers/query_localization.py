@@ -220,7 +220,7 @@ class QueryLocalization:
         return estimate(self, data)
 
     def _cost(self, data: Any) -> Any:
-        from capinterp.localizers.cost import Work
+        from capinterp.localizers.cost_work import Work
 
         _, groups = as_facts(data, min_queries=self.min_queries)
         work = Work(validate.model(self.model))

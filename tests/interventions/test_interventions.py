@@ -1,6 +1,6 @@
 import pytest
 import torch
-from planting import PLANTED, plant
+from planting import PLANTED, plant_answer
 
 import capinterp as ci
 from capinterp.data import Example
@@ -53,7 +53,7 @@ def test_scale_multiplies(tiny):
 
 def test_erasing_planted_neurons_removes_capability():
     m = ci.load_model("tiny")
-    plant(m, EXAMPLES)
+    plant_answer(m, EXAMPLES)
     base = ci.evaluate(m, EXAMPLES)
     with ci.erase(m, _set(m, PLANTED)):
         erased = ci.evaluate(m, EXAMPLES)
