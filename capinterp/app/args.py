@@ -255,6 +255,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
     p = command("info", "model facts: layers, d_mlp, hook names")
     _common(p)
+    p.add_argument(
+        "--verify",
+        nargs="?",
+        const="full",
+        choices=["quick", "full"],
+        help="first check a packaged model's cache against the checksums written with it (full: every byte, "
+        "the default; quick: what every load checks) and rebuild it from the packaged GGUF if damaged",
+    )
     p = command("evaluate", "accuracy and target probability on generated arithmetic or --data")
     _common(p)
     data_option(p)

@@ -85,8 +85,14 @@ def _emit(result: dict) -> None:
 
 def cmd_info(args) -> int:
     """``capinterp info``: the model's metadata and neuron hooks, as JSON on stdout (a table on stderr)."""
-    from capinterp.core.model import model_meta, neuron_hook, valid_neurons
+    from capinterp.core.model import check_cache, model_meta, neuron_hook, valid_neurons
 
+    cache = check_cache(args.model, verify=args.verify) if getattr(args, "verify", None) else None
+    if cache:
+        _say(
+            f"cache {cache['status']}: {cache['verify']} check of {cache['files']} files "
+            f"({cache['bytes'] / 1e9:.2f} GB) in {cache['seconds']:.2f} s ({cache['folder']})"
+        )
     model = _load(args)
     meta = model_meta(model)
     cfg = model.cfg
@@ -105,6 +111,7 @@ def cmd_info(args) -> int:
         "params_per_neuron": meta["params_per_neuron"],
         "neuron_hooks": [neuron_hook(layer) for layer in range(cfg.n_layers)],
         **({"layer_widths": meta["layer_widths"]} if "layer_widths" in meta else {}),
+        **({"cache": cache} if cache else {}),
     }
     _say(
         f"model        {info['model']}  (fingerprint {info['model_fingerprint']})\n"

@@ -55,8 +55,9 @@ _BLOCK = 1 << 22
 _MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
 
 
-class CacheDamaged(RuntimeError):
-    """A damaged model cache that could not be rebuilt; the message names the rebuild command."""
+class CacheDamaged(OSError):
+    """A damaged model cache that could not be rebuilt; the message names the rebuild command (an
+    OSError: the command line prints it as one line, exit status 2)."""
 
 
 def resolve_mode(verify: str | None) -> str:

@@ -245,3 +245,21 @@ def test_an_orphaned_temporary_folder_is_deleted_and_a_live_ones_is_not(cache, r
     _load(cache)  # the converter died: its folder is an orphan now
     assert not orphan.exists() and folder.exists()
     assert not rebuilds
+
+
+def test_info_verify_checks_every_byte_and_rebuilds(cache, monkeypatch, capsys, rebuilds):
+    from capinterp.app.cli import main
+
+    outside, _ = _outside_and_inside_samples(monkeypatch, cache)  # a flip the quick check cannot see
+    _flip_exponent_bit(_weights(cache), outside)
+    monkeypatch.setenv("CAPINTERP_CACHE", str(cache))
+    assert main(["info", "--model", NAME, "--verify"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["cache"]["status"] == "rebuilt" and rebuilds == [NAME]
+    assert [line for line in err.splitlines() if "damaged" in line][0].startswith("capinterp: the model cache")
+    assert "cache rebuilt: full check of 5 files" in err
+    monkeypatch.setattr(cm, "_dequantize", lambda name, root: (_ for _ in ()).throw(FileNotFoundError("no GGUF")))
+    _flip_exponent_bit(_weights(cache), outside)
+    assert main(["info", "--model", NAME, "--verify", "full"]) == 2  # refused in one line, with the command
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("capinterp: error: the model cache") and err.endswith(f"--model {NAME} --verify")
