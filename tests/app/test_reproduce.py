@@ -53,8 +53,11 @@ def _scores(model) -> NeuronScores:
     CALLS.append("fit")
     import torch
 
-    g = torch.Generator().manual_seed(0)
-    return NeuronScores(torch.rand(model.cfg.n_layers, model.cfg.d_mlp, generator=g))
+    from capinterp.core.fingerprint import model_fingerprint
+
+    g = torch.Generator().manual_seed(0)  # scores carry their model's identity, as every fit's do
+    meta = {"model_fingerprint": model_fingerprint(model)}
+    return NeuronScores(torch.rand(model.cfg.n_layers, model.cfg.d_mlp, generator=g), meta)
 
 
 def test_runs_resumes_and_reports(tiny, tmp_path, toy_experiments):
