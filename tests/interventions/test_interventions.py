@@ -1,6 +1,6 @@
 import pytest
 import torch
-from planting import PLANTED, plant_answer
+from planting import PLANTED, plant
 
 import capinterp as ci
 from capinterp.data import Example
@@ -53,13 +53,14 @@ def test_scale_multiplies(tiny):
 
 def test_erasing_planted_neurons_removes_capability():
     m = ci.load_model("tiny")
-    plant_answer(m, EXAMPLES)
-    base = ci.evaluate(m, EXAMPLES)
+    plant(m, EXAMPLES)
+    one = {"max_new_tokens": 1}  # the planted model's answer is its next token (it then says "7" again)
+    base = ci.evaluate(m, EXAMPLES, **one)
     with ci.erase(m, _set(m, PLANTED)):
-        erased = ci.evaluate(m, EXAMPLES)
+        erased = ci.evaluate(m, EXAMPLES, **one)
     rand = _set(m, PLANTED).random_like(seed=0)
     with ci.erase(m, rand):
-        control = ci.evaluate(m, EXAMPLES)
+        control = ci.evaluate(m, EXAMPLES, **one)
     assert base.accuracy == 1.0 and erased.accuracy == 0.0 and control.accuracy == 1.0
     assert erased.mean_prob < 0.1 * base.mean_prob
 
