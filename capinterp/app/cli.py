@@ -333,7 +333,10 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv``; returns the exit status (2 with a one-line message on bad input
     or an output folder in use; 2 with a one-line error naming the path and the cause on an OSError:
-    a full disk, a refused permission, a name too long)."""
+    a full disk, a refused permission, a name too long; 1 with one line when a torchrun peer rank
+    hung or died, :class:`~capinterp.core.distributed.RankFailure`)."""
+    from capinterp.core.distributed import RankFailure
+
     args = build_parser(DESCRIPTION).parse_args(argv)
     try:
         if not getattr(args, "list", False):
@@ -345,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # a full disk, a refused permission: outputs are atomic, nothing half-written
         print(f"capinterp: error: {os_error_line(err)}", file=sys.stderr)
         return 2
+    except RankFailure as err:  # under torchrun: a peer rank hung or died; the message says what to do
+        print(f"capinterp: error: {err}", file=sys.stderr)
+        return 1
     finally:
         from capinterp.core import distributed as dist
 

@@ -315,3 +315,17 @@ def test_seconds_of_an_experiment_finished_before_a_kill_are_kept(tmp_path, caps
     assert main([*REPRODUCE, "--out", str(out)]) == 0
     again = json.loads(capsys.readouterr().out)["experiments"]["toy_faults"]
     assert again["status"] == "loaded" and again["seconds"] == first and first is not None
+
+
+def test_a_failed_torchrun_peer_is_one_line_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Issue 51 item 9: a RankFailure (a peer rank hung or died) reached the user as a traceback."""
+    from capinterp.app import cli
+    from capinterp.core.distributed import RankFailure
+
+    def hung(args):
+        raise RankFailure("rank 0 of 2: collective #3 (all_gather_object) failed: rank 1 did not answer within 3 s")
+
+    monkeypatch.setitem(cli.COMMANDS, "localize", hung)
+    assert main([*LOCALIZE, "--out", str(tmp_path / "out")]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "rank 1 did not answer" in line
