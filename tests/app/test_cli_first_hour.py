@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import capinterp.core.model as core_model
-from capinterp.app import main_job
 from capinterp.app.cli import DESCRIPTION, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,17 +20,6 @@ FACTS = (
     "The capital of Germany is,Berlin,Germany\n"
     "Michael Jordan plays the sport of,basketball,Michael Jordan\n"
 )
-
-
-@pytest.fixture
-def no_load(monkeypatch):
-    """Loading a model is an error: a command that fails under it failed before loading."""
-
-    def boom(*a, **k):
-        raise AssertionError("the model was loaded before the arguments were checked")
-
-    monkeypatch.setattr(core_model, "load_model", boom)
-    monkeypatch.setattr(main_job, "load_model", boom)
 
 
 @pytest.fixture
