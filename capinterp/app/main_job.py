@@ -17,6 +17,7 @@ from capinterp.core.model import load_model
 from capinterp.core.protocol import Model
 from capinterp.interventions.hooks import erase
 from capinterp.kernels.evaluate import EvalResult, evaluate
+from capinterp.localizers import cost
 from capinterp.localizers.cnl import CNL
 from capinterp.plots.html import write_html
 
@@ -87,7 +88,9 @@ def run_main(args) -> int:
     # By default localize on the examples the model gets right: the capability it actually has.
     used, counts = choose_examples(model, ds, args.examples, args.batch_size, base)
     before = notes.checkpoint_counts(out)
-    cnl = CNL(model, batch_size=args.batch_size * 4, checkpoint=out / "cnl-{key}.ckpt", **ig).fit(used)
+    cnl = CNL(model, batch_size=args.batch_size * 4, checkpoint=out / "cnl-{key}.ckpt", **ig)
+    _say(f"      CNL {cost.estimate_line(cnl, used)}")  # before the long part: seconds and memory
+    cnl.fit(used)
     neurons = cnl.neurons_
     cnl.scores_.save(out / "cnl_scores.capi")
     neurons.save(out / "cnl_neurons.capi")
