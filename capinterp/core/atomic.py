@@ -23,9 +23,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["NAME_MAX", "OverwriteRule", "atomic_path", "check_name", "write_atomic"]
+from capinterp.core.pathlimits import name_max
 
-NAME_MAX = 255  # bytes in one file name where the file system does not say
+__all__ = ["OverwriteRule", "atomic_path", "check_name", "write_atomic"]
+
 _PREFIX, _SUFFIX = ".capi-", ".tmp"
 
 #: What may be replaced at the target: True (anything but a folder), False (nothing), or a check
@@ -36,13 +37,6 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
-def _name_max(folder: Path) -> int:
-    try:
-        return int(os.pathconf(folder, "PC_NAME_MAX"))
-    except (OSError, ValueError, AttributeError):
-        return NAME_MAX
-
-
 def check_name(path: str | os.PathLike) -> Path:
     """``path`` as a Path; ValueError (before any work) when its file name is longer than its folder's
     file system allows, or empty."""
@@ -50,7 +44,7 @@ def check_name(path: str | os.PathLike) -> Path:
     if not p.name:
         raise ValueError(f"{str(path)!r} names no file")
     folder = p.parent if p.parent.is_dir() else Path(".")
-    limit = _name_max(folder)
+    limit = name_max(folder)
     if (n := len(os.fsencode(p.name))) > limit:
         raise ValueError(f"file name {p.name[:40]!r}... is {n} bytes long; this file system allows {limit}")
     return p

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["check_path", "name_max", "path_max"]
+__all__ = ["NAME_MAX", "check_path", "name_max", "path_max"]
+
+NAME_MAX = 255  # bytes in one file name where the file system does not say
 
 
 def _conf(folder: Path, name: str, default: int) -> int:
@@ -22,7 +24,7 @@ def _conf(folder: Path, name: str, default: int) -> int:
 
 def name_max(folder: str | os.PathLike) -> int:
     """The longest file name (bytes) the file system of ``folder`` takes (255 when it cannot say)."""
-    return _conf(Path(folder), "PC_NAME_MAX", 255)
+    return _conf(Path(folder), "PC_NAME_MAX", NAME_MAX)
 
 
 def path_max(folder: str | os.PathLike) -> int:
