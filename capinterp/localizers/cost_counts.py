@@ -105,21 +105,38 @@ def ig_work(work: Work, items: Sequence[Any], config: IGConfig, *, baseline: boo
         share = at_one and config.route == "fast"
         rows = [0] if share else []  # the shared clean row runs every block
         rows += [l if config.route == "fast" else 0 for l in range(L) for _ in range(nodes - int(share))]
-        for c0 in range(0, len(rows), bs):
-            chunk = rows[c0 : c0 + bs]
-            work.add(
-                "ig rows",
-                rows=len(chunk),
-                tokens=n_pos,
-                blocks=sum(L - l for l in chunk) / len(chunk),
-                call_blocks=L - min(chunk),
-                direct=config.route == "fast",
-                logits=n_pos,
-                context=T,
-                grad=True,
-                count_rows=True,
-            )
+        _layer_rows(work, "ig rows", rows, bs, tokens=n_pos, context=T, direct=config.route == "fast", logits=n_pos)
         work.memory(ig_row_bytes(model, n_pos, n_pos) * min(bs, len(rows)) + 2 * _kv_bytes(work, T))
+
+
+def _layer_rows(
+    work: Work,
+    part: str,
+    rows: Sequence[int],
+    batch_size: int,
+    *,
+    tokens: float,
+    context: float,
+    direct: bool,
+    logits: float = 1,
+) -> None:
+    """Gradient rows, ``batch_size`` per call, each running the blocks from its layer ``rows[i]`` up
+    (the IG kernels' batches: a call runs from its lowest row's layer)."""
+    L = work.shape["n_layers"]
+    for c0 in range(0, len(rows), batch_size):
+        chunk = rows[c0 : c0 + batch_size]
+        work.add(
+            part,
+            rows=len(chunk),
+            tokens=tokens,
+            blocks=sum(L - l for l in chunk) / len(chunk),
+            call_blocks=L - min(chunk),
+            direct=direct,
+            logits=logits,
+            context=context,
+            grad=True,
+            count_rows=True,
+        )
 
 
 def sig_work(work: Work, items: Sequence[Any], config: IGConfig, positions: str) -> None:
@@ -137,19 +154,7 @@ def sig_work(work: Work, items: Sequence[Any], config: IGConfig, positions: str)
             S = last - t + 1 if config.route == "fast" else last + 1
             work.add("clean runs", rows=1, tokens=last + 1)
             rows = [l if config.route == "fast" else 0 for l in range(L) for _ in range(nodes)]
-            for c0 in range(0, len(rows), bs):
-                chunk = rows[c0 : c0 + bs]
-                work.add(
-                    "sig rows",
-                    rows=len(chunk),
-                    tokens=S,
-                    blocks=sum(L - l for l in chunk) / len(chunk),
-                    call_blocks=L - min(chunk),
-                    direct=config.route == "fast",
-                    context=last + 1,
-                    grad=True,
-                    count_rows=True,
-                )
+            _layer_rows(work, "sig rows", rows, bs, tokens=S, context=last + 1, direct=config.route == "fast")
             work.memory(ig_row_bytes(model, S, 1) * min(bs, len(rows)) + 2 * _kv_bytes(work, last + 1))
 
 
