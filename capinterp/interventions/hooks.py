@@ -19,7 +19,7 @@ import torch
 
 from capinterp.core import validate
 from capinterp.core.family import family_of
-from capinterp.core.model import architecture_fingerprint, model_fingerprint, neuron_hook, neuron_shape, valid_neurons
+from capinterp.core.model import neuron_hook, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronSet
@@ -36,11 +36,7 @@ def check_neurons(model: Model, neurons: NeuronSet, across_models: bool = False)
     validate.model(model)
     if not isinstance(neurons, NeuronSet):
         raise TypeError(f"neurons must be a NeuronSet, got {type(neurons).__name__}")
-    name = getattr(model, "capinterp_name", None)
-    if validate.boolean("across_models", across_models):
-        neurons.check_compatible(neuron_shape(model), architecture=architecture_fingerprint(model), model_name=name)
-    else:
-        neurons.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)
+    neurons.check_model(model, across_models=across_models)
     check_no_padding(model, neurons)
 
 

@@ -121,6 +121,21 @@ class NeuronTensor:
             )
         check_identity(self.meta, name, fingerprint=fingerprint, architecture=architecture, model_name=model_name)
 
+    def check_model(self, model: Any, *, across_models: bool = False) -> None:
+        """ValueError when this was made for a model other than ``model``: another shape, or another
+        fingerprint (weights and config), or with ``across_models=True`` (another checkpoint of the
+        same architecture on purpose) another architecture; :meth:`check_compatible` words it."""
+        from capinterp.core import validate
+        from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint
+        from capinterp.core.model import neuron_shape
+
+        validate.model(model)
+        name = getattr(model, "capinterp_name", None)
+        if validate.boolean("across_models", across_models):
+            self.check_compatible(neuron_shape(model), architecture=architecture_fingerprint(model), model_name=name)
+        else:
+            self.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)
+
     def plot(self, **kwargs: Any):
         """Binned layer x neuron heatmap: max |score| or located count per block (:func:`capinterp.plots.neuron_heatmap`)."""
         return neuron_heatmap(self, **kwargs)
@@ -217,19 +232,5 @@ def load(
     obj = cls(t, meta)
     obj.check_compatible(expected_shape if expected_shape is not None else model_shape, fingerprint)
     if model is not None:
-        _check_model(obj, model, across_models)
+        obj.check_model(model, across_models=across_models)
     return obj
-
-
-def _check_model(obj: NeuronTensor, model: Any, across_models: bool) -> None:
-    """ValueError when ``obj`` was made for a model other than ``model`` (see :meth:`NeuronTensor.load`)."""
-    from capinterp.core import validate
-    from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint
-    from capinterp.core.model import neuron_shape
-
-    validate.model(model)
-    name = getattr(model, "capinterp_name", None)
-    if validate.boolean("across_models", across_models):
-        obj.check_compatible(neuron_shape(model), architecture=architecture_fingerprint(model), model_name=name)
-    else:
-        obj.check_compatible(neuron_shape(model), model_fingerprint(model), model_name=name)
