@@ -54,7 +54,7 @@ import torch
 from capinterp.core import validate
 from capinterp.core.family import family_of
 from capinterp.core.forward import logits_at
-from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape, valid_neurons
+from capinterp.core.model import neuron_hook, neuron_shape, valid_neurons
 from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
@@ -150,13 +150,12 @@ def _ranking(model: Model, units: Any, by: str = "score") -> tuple[str, torch.Te
     if isinstance(units, Localizer):  # a fitted localizer: its neuron scores where it has them, else its units
         scores = getattr(units, "scores_", None)
         units = scores if isinstance(scores, NeuronScores) else getattr(units, "units_", units)
-    L, d = neuron_shape(model)
-    name = getattr(model, "capinterp_name", None)
+    L = neuron_shape(model)[0]
     if isinstance(units, NeuronScores):
-        units.check_compatible((L, d), model_fingerprint(model), model_name=name)
+        units.check_model(model)
         return "neuron", _order(units.scores.flatten()[_real_neurons(model)], by), None
     if isinstance(units, NeuronSet):
-        units.check_compatible((L, d), model_fingerprint(model), model_name=name)
+        units.check_model(model)
         real = _real_neurons(model)
         if int(units.mask.flatten()[real].sum()) != len(units):
             raise ValueError("the NeuronSet holds padding neurons of this model (past a dense layer's own width)")
