@@ -18,9 +18,9 @@ import resource
 import sys
 import time
 
+from capinterp.arch.model import load_model
 from capinterp.circuits import Graph, make_pairs, score_edges
 from capinterp.core.example import Example
-from capinterp.core.model import load_model
 
 FACTS = [
     Example("The Eiffel Tower is located in the city of", " Paris", {"subject": "The Eiffel Tower"}),

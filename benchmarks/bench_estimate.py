@@ -88,7 +88,7 @@ def main() -> None:
 
     import torch
 
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
     from capinterp.localizers import available
     from capinterp.localizers.cost import probe
 

@@ -6,7 +6,7 @@
 On a hybrid (Mamba, linear-attention, short-convolution layers) and on DeepSeek-V4 (compressed
 attention) the fast route continues every row from a copy of the prompt prefix's cache (recurrent
 and convolution states, compressed blocks, keys and values) and runs only the scaled positions
-through the layers from the row's own up; the loop route runs every row over the whole sequence. Tiny random models of each family (``capinterp.core.tiny.tiny_hf``, widened with
+through the layers from the row's own up; the loop route runs every row over the whole sequence. Tiny random models of each family (``capinterp.arch.tiny.tiny_hf``, widened with
 ``--width`` / deepened with ``--layers`` where given), the few-shot arithmetic prompts of
 ``bench_ig.py`` (about 30 tokens), steps 20, all layers, KN's position (the last prompt token). Both
 routes run in one process, interleaved prompt by prompt; printed per family: seconds per prompt of
@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench_ig import make_prompts
 
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.model import load_model
-from capinterp.core.tiny import TINY_FAMILIES, tiny_hf
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.model import load_model
+from capinterp.arch.tiny import TINY_FAMILIES, tiny_hf
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
 from capinterp.kernels.ig_config import IGConfig

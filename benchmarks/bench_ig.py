@@ -39,8 +39,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from capinterp.arch.model import load_model, neuron_hook
 from capinterp.core.example import Example
-from capinterp.core.model import load_model, neuron_hook
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import grad_x_act, ig_scores
 from capinterp.kernels.ig_config import IGConfig

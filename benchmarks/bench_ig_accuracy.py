@@ -41,7 +41,7 @@ time of each (issue 30):
 ``--shape LAYERS`` (comma-separated) prints instead, per layer on the first prompt, the integrand's
 shape along the path: F(alpha a) and ``a . dF/da(alpha a)`` (summed over neurons) for alpha from 1
 down to 1e-4 and 0, and ``alpha_c = sqrt(eps / ms(W_out a))`` (meaningful only with a post-FFN norm); ``--models tiny_hf:gemma3_text``
-takes a tiny random model of that family (:func:`capinterp.core.tiny.tiny_hf`).
+takes a tiny random model of that family (:func:`capinterp.arch.tiny.tiny_hf`).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def load(name: str):
     import capinterp as ci
 
     if name.startswith("tiny_hf:"):
-        from capinterp.core.tiny import tiny_hf
+        from capinterp.arch.tiny import tiny_hf
 
         hf, tok = tiny_hf(name.split(":", 1)[1])
         return ci.load_model(hf, tokenizer=tok)
@@ -205,7 +205,7 @@ def load(name: str):
 def run_shape(name: str, args) -> None:
     """F(alpha a) and a . dF/da(alpha a) along the path, per layer, on the first prompt."""
     import capinterp as ci
-    from capinterp.core.model import neuron_hook
+    from capinterp.arch.model import neuron_hook
     from capinterp.core.tokens import encode
 
     model = load(name)

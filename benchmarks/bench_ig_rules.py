@@ -18,7 +18,7 @@ import time
 import torch
 from bench_ig import make_prompts, objective_at, rss_mb
 
-from capinterp.core.model import load_model
+from capinterp.arch.model import load_model
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
 from capinterp.kernels.ig_config import IGConfig

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_ig import make_prompts
 
-from capinterp.core.model import load_model
+from capinterp.arch.model import load_model
 from capinterp.core.tokens import encode
 from capinterp.kernels import ig
 from capinterp.kernels.ig import ig_scores
@@ -70,7 +70,7 @@ def profile(model, enc, batch_size: int) -> int:
     for (file, _, name), (_, _, _, ct, _) in stats.items():
         for label, (f, n) in {
             "total (ig_scores)": ("kernels/ig.py", "ig_scores"),
-            "unembedding, forward": ("core/forward.py", "unembed"),
+            "unembedding, forward": ("arch/forward.py", "unembed"),
             "backward (autograd.grad)": ("autograd/__init__.py", "grad"),
             "clean prefix + suffix run": ("kernels/prefix.py", "clean_suffix"),
             "fast route's self-check": ("kernels/prefix.py", "stair_supported"),

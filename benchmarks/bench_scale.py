@@ -108,8 +108,8 @@ def ig_cost(c: dict, seq: int, steps: int, n_pos: int = 1, batch_rows: int = 64,
 def build(cfg_name: str, device: str, dtype: torch.dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from capinterp.core.model import load_model
-    from capinterp.core.tiny import tiny_tokenizer
+    from capinterp.arch.model import load_model
+    from capinterp.arch.tiny import tiny_tokenizer
 
     cfg = LlamaConfig(**PRESETS[cfg_name], max_position_embeddings=4096)
     torch.manual_seed(0)

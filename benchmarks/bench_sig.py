@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     args = ap.parse_args()
 
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
     from capinterp.core.tokens import encode
     from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases
     from capinterp.kernels.sequential import DEFAULT, sig_scores

@@ -41,7 +41,7 @@ def peak_rss_mb() -> float:
 def run_mode(args) -> dict:
     import torch
 
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
     from capinterp.data.facts import builtin_facts, facts_known_by
     from capinterp.localizers.causal_trace import CausalTrace
 

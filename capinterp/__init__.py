@@ -12,9 +12,9 @@ ft = ci.finetune(model, ds, neurons=cnl.neurons_, arms=("located", "random"))   
 from capinterp import circuits, data, experiments, interventions, kernels, localizers, plots, units
 from capinterp._version import __version__
 from capinterp.app.reproduce import reproduce
+from capinterp.arch.family import Family, UnsupportedFamily, family_of
+from capinterp.arch.model import DEFAULT_MODEL, load_model, model_meta
 from capinterp.core.example import Example
-from capinterp.core.family import Family, UnsupportedFamily, family_of
-from capinterp.core.model import DEFAULT_MODEL, load_model, model_meta
 from capinterp.core.protocol import Model
 from capinterp.core.settings import set_threads
 from capinterp.interventions import (

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="cache folder for fitted scores")
     args = ap.parse_args(argv)
     from capinterp import localizers
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     known = set(localizers.available()) | {"query_localization"}
     facts_m = tuple(m for m in args.facts.split(",") if m)

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 import capinterp as ci
-from capinterp.core.model import model_fingerprint
+from capinterp.arch.model import model_fingerprint
 from capinterp.data.facts import facts_known_by, load_jsonl, load_known_facts, load_pararel_bags
 from capinterp.interventions.attention_scaling import attention_scaling, knowledge_synapses
 from capinterp.interventions.editing import edit_table

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--share", type=float, default=0.05, help="share of neurons ablated (smallest |KN score|)")
     args = ap.parse_args(argv)
     from capinterp import KN
-    from capinterp.core.model import load_model, neuron_hook, neuron_shape
+    from capinterp.arch.model import load_model, neuron_hook, neuron_shape
     from capinterp.core.position_mean import SplitMean
     from capinterp.core.tokens import encode
     from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases

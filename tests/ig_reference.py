@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from capinterp.core.model import neuron_hook
+from capinterp.arch.model import neuron_hook
 from capinterp.core.tokens import Encoded
 
 

@@ -9,7 +9,7 @@ import warnings
 import torch
 
 import capinterp as ci
-from capinterp.core.tiny import tiny_hf
+from capinterp.arch.tiny import tiny_hf
 from capinterp.testing.family_checks._moe_ref import flag_jetmoe
 
 #: every MoE family of the matrix whose experts are stacked 3-D weights (all of them today)

@@ -15,7 +15,8 @@ PKG = Path(__file__).resolve().parents[1] / "capinterp"
 # Lowest first. A module may import its own layer or any lower one.
 LAYERS = [
     "_version",
-    "core",
+    "core",  # the model-agnostic basics
+    "arch",  # the architecture layer: family record, loading, adapters, experts, weights
     "data",
     "plots",  # figures read their inputs by attribute: below every result type, which draws through it
     "units",  # located units (UnitSet / KeySet / NeuronSet), NeuronScores, set metrics: one layer

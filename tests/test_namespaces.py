@@ -17,6 +17,7 @@ PUBLIC = [
     "capinterp.app",
     "capinterp.circuits",
     "capinterp.core",
+    "capinterp.arch",
     "capinterp.data",
     "capinterp.experiments",
     "capinterp.interventions",

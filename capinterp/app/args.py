@@ -51,7 +51,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def model_names() -> list[str]:
     """Every model name ``--model`` loads without a path: the packaged models, then the tiny test models."""
-    from capinterp.core.model import _PACKAGED  # the registry of packaged models
+    from capinterp.arch.model import _PACKAGED  # the registry of packaged models
 
     return [*sorted(_PACKAGED), "tiny", "tiny-native"]
 

@@ -67,7 +67,7 @@ def _say(msg: str) -> None:
 
 
 def _load(args):
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     t = time.time()
     model = load_model(args.model, device=args.device, threads=args.threads)
@@ -85,7 +85,7 @@ def _emit(result: dict) -> None:
 
 def cmd_info(args) -> int:
     """``capinterp info``: the model's metadata and neuron hooks, as JSON on stdout (a table on stderr)."""
-    from capinterp.core.model import check_cache, model_meta, neuron_hook, valid_neurons
+    from capinterp.arch.model import check_cache, model_meta, neuron_hook, valid_neurons
 
     cache = check_cache(args.model, verify=args.verify) if getattr(args, "verify", None) else None
     if cache:

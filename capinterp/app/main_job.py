@@ -11,9 +11,9 @@ from typing import Any
 
 from capinterp import data
 from capinterp.app.args import data_kwargs
+from capinterp.arch.family import family_of
+from capinterp.arch.model import load_model
 from capinterp.core.atomic import write_atomic
-from capinterp.core.family import family_of
-from capinterp.core.model import load_model
 from capinterp.core.protocol import Model
 from capinterp.interventions.hooks import erase
 from capinterp.kernels.evaluate import EvalResult, evaluate

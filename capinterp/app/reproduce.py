@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from capinterp.arch.model import model_fingerprint, model_meta
 from capinterp.core import distributed as dist
 from capinterp.core.atomic import write_atomic
-from capinterp.core.model import model_fingerprint, model_meta
 from capinterp.core.protocol import Model
 from capinterp.experiments import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped
 from capinterp.kernels.quadrature import IG_RULES

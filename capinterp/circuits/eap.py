@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.forward import capture
 from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core import distributed as dist
 from capinterp.core.example import Example, as_examples
-from capinterp.core.forward import capture
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, TokenizationError, batches, encode, pad_id, pad_right
 from capinterp.kernels.quadrature import check_rule, quadrature

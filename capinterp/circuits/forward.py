@@ -48,11 +48,11 @@ from typing import Any
 import torch
 from einops import rearrange
 
+from capinterp.arch.family import family_of
+from capinterp.arch.layer_extras import ple_layers, stream_scales
+from capinterp.arch.model import layer_mixers, mixer_module
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
 from capinterp.circuits.probe import Routes, routes
-from capinterp.core.family import family_of
-from capinterp.core.layer_extras import ple_layers, stream_scales
-from capinterp.core.model import layer_mixers, mixer_module
 from capinterp.core.position_mean import SplitMean
 from capinterp.core.protocol import Model
 

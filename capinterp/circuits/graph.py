@@ -150,10 +150,10 @@ class Graph:
         attention exposes per-head q/k/v inputs, else one attention slot per layer (``"layer"``).
         Block layout (parallel or sequential), head counts and, on hybrid models, each layer's
         mixer come from the family record and the blocks."""
+        from capinterp.arch.family import UnsupportedFamily, family_of, require_fixed_heads
+        from capinterp.arch.layer_extras import ple_layers, require_additive_layers
+        from capinterp.arch.model import layer_mixers
         from capinterp.circuits.probe import splits_qkv
-        from capinterp.core.family import UnsupportedFamily, family_of, require_fixed_heads
-        from capinterp.core.layer_extras import ple_layers, require_additive_layers
-        from capinterp.core.model import layer_mixers
 
         fam = family_of(model)
         require_fixed_heads(fam, "a knowledge-circuit graph (attention heads as nodes)")
@@ -654,7 +654,7 @@ class Circuit:
         the same model fingerprint (weights and config), or with ``across_models=True`` (another
         checkpoint of the architecture on purpose) the same architecture. A circuit loaded from a file
         without model identity is refused unless ``across_models=True``."""
-        from capinterp.core.model import architecture_fingerprint, model_fingerprint
+        from capinterp.arch.model import architecture_fingerprint, model_fingerprint
 
         validate.model(model)
         theirs = Graph.from_model(model, self.graph.granularity).signature

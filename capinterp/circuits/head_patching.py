@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from capinterp.arch.family import family_of, require_fixed_heads
+from capinterp.arch.layer_extras import require_additive_layers
+from capinterp.arch.model import attention_layers, require_attention_layers
+from capinterp.arch.pattern_writes import require_pattern_writes
 from capinterp.circuits.forward import GraphRun, graph_mode, mean_outputs, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core import validate
-from capinterp.core.family import family_of, require_fixed_heads
-from capinterp.core.layer_extras import require_additive_layers
-from capinterp.core.model import attention_layers, require_attention_layers
-from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
@@ -260,7 +260,7 @@ def head_atp_qk(
     first order. Costs one forward up to the later layer per (head, later layer): for small models
     and checks, not sweeps.
     Needs q/k/v input slots (granularity ``"qkv"``), and a pattern hook on the output's path
-    (:func:`~capinterp.core.pattern_writes.require_pattern_writes`: refused where the bridge's hook only observes).
+    (:func:`~capinterp.arch.pattern_writes.require_pattern_writes`: refused where the bridge's hook only observes).
     """
     # its correction is the pattern's gradient: 0 where the hooked pattern is not on the output's path
     require_pattern_writes(model, attention_layers(model)[1:], "AtP*'s QK fix")

@@ -127,7 +127,7 @@ def _every_block(model: Model, name: str, layers: list[int] | None = None) -> bo
 
 def splits_qkv(model: Model) -> bool:
     """Whether every block with attention fires per-head q/k/v input hooks (granularity ``"qkv"`` is possible)."""
-    from capinterp.core.model import attention_layers
+    from capinterp.arch.model import attention_layers
 
     return all(_every_block(model, f"hook_{k}_input", attention_layers(model)) for k in "qkv")
 
@@ -149,8 +149,8 @@ class Routes:
 
 def routes(model: Model, parallel: bool) -> Routes:
     """The routes this model's hooks allow (see the module docstring); NotImplementedError if none."""
-    from capinterp.core.family import family_of
-    from capinterp.core.model import attention_layers
+    from capinterp.arch.family import family_of
+    from capinterp.arch.model import attention_layers
 
     fam = family_of(model)
     att = attention_layers(model)

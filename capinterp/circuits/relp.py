@@ -22,7 +22,7 @@ normalizations are the transformers modules the bridge's normalization component
 ``*Norm`` module, e.g. QK norms and sub-norms), each checked at entry against the formula above; the
 MLP's ``hook_pre`` / ``hook_pre_linear`` / ``hook_post`` hook points give the pre-activation, the
 linear factor and the product; ``attn.hook_pattern`` the pattern. A model without them is refused
-with :class:`~capinterp.core.family.UnsupportedFamily` naming what is missing.
+with :class:`~capinterp.arch.family.UnsupportedFamily` naming what is missing.
 
 :func:`head_relp` is :func:`~capinterp.circuits.head_patching.head_atp` under these rules.
 """
@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from capinterp.arch.family import UnsupportedFamily, family_of, layer_kinds
+from capinterp.arch.layer_extras import require_additive_layers
 from capinterp.circuits.graph import Graph
 from capinterp.circuits.head_patching import HeadRuns, qk_slots
-from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
-from capinterp.core.layer_extras import require_additive_layers
 from capinterp.core.protocol import Model
 
 __all__ = ["RELP_RULES", "head_relp", "relp_rules"]

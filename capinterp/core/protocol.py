@@ -2,7 +2,7 @@
 
 capinterp works through what TransformerLens' bridge offers (hook points, ``run_with_hooks``,
 its config, tokenizer and blocks), plus the per-model record of architecture facts that
-:func:`capinterp.core.model.load_model` attaches (:func:`capinterp.core.family.family_of`).
+:func:`capinterp.arch.model.load_model` attaches (:func:`capinterp.arch.family.family_of`).
 The protocol names the members capinterp relies on everywhere; everything else on the bridge
 (its blocks, norms, unembedding, the wrapped transformers model) is reached by attribute and
 typed ``Any`` through ``__getattr__``.

@@ -172,7 +172,7 @@ def device(name: str, value: Any) -> Any:
 
 
 def model(value: Any, name: str = "model") -> Any:
-    """A loaded model (a ``TransformerBridge`` from :func:`capinterp.core.model.load_model`):
+    """A loaded model (a ``TransformerBridge`` from :func:`capinterp.arch.model.load_model`):
     anything without ``cfg.n_layers`` / ``cfg.d_mlp`` and hooks is a TypeError naming what it got."""
     cfg = getattr(value, "cfg", None)
     if cfg is None or not hasattr(cfg, "n_layers") or not hasattr(cfg, "d_mlp") or not hasattr(value, "hooks"):

@@ -67,7 +67,7 @@ def facts_known_by(
     ``return_predictions=True`` also returns the predicted first token id of every kept-or-not
     encoded fact, in input order.
     """
-    from capinterp.core.forward import logits_at
+    from capinterp.arch.forward import logits_at
     from capinterp.core.tokens import batches, collate, encode, pad_id
 
     facts = list(facts)

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
+from capinterp.arch.model import model_fingerprint
 from capinterp.core import distributed as dist
-from capinterp.core.model import model_fingerprint
 from capinterp.core.protocol import Model
 from capinterp.data.paraphrases import NoKnownFacts
 from capinterp.units.neurons import NeuronScores, NeuronSet

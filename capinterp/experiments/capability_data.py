@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from capinterp.arch.model import model_fingerprint
 from capinterp.core.example import Example, as_examples
-from capinterp.core.model import model_fingerprint
 from capinterp.core.protocol import Model
 from capinterp.experiments.scoring import TASK_METRICS, greedy_correct, target_scores
 from capinterp.localizers.dataset import fill_greedy_targets
@@ -283,7 +283,7 @@ def default_localize(model: Model) -> Localize:
 
 def on_device(model: Model, device: Any) -> Any:
     """Move ``model`` to ``device`` when one is given (the localizers' convention); return it."""
-    from capinterp.core.model import move_model
+    from capinterp.arch.model import move_model
 
     move_model(model, device)
     return model

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.model import model_meta
 from capinterp.core.example import Example
-from capinterp.core.model import model_meta
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, encode
 from capinterp.data import arithmetic

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from capinterp.arch.model import valid_neurons
 from capinterp.core.example import Example
-from capinterp.core.model import valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.data import arithmetic
 from capinterp.experiments.base import Context, ExperimentResult, experiment
@@ -66,7 +66,7 @@ PAPER = {  # Table 4, LLaMA-2-7B, DG rows, percent
 def activation_mask(scores: torch.Tensor, sigma: float = 6.0, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Per-sample Eq. 2 mask of ``[b, n_layers, d_mlp]`` scores: |C - mean| > sigma * std (population).
 
-    ``valid`` (bool ``[n_layers, d_mlp]``, :func:`capinterp.core.model.valid_neurons`): the model's
+    ``valid`` (bool ``[n_layers, d_mlp]``, :func:`capinterp.arch.model.valid_neurons`): the model's
     real neurons; mean and std are then taken over them only and padding is never active."""
     flat = scores.double().flatten(1)
     if valid is None or bool(valid.all()):

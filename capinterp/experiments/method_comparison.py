@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from capinterp.arch.forward import logits_at
 from capinterp.core.example import Example
-from capinterp.core.forward import logits_at
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases

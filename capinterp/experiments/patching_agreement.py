@@ -30,10 +30,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.model import attention_layers, neuron_shape, valid_neurons
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.circuits.relp import head_relp
-from capinterp.core.family import UnsupportedFamily, family_of
-from capinterp.core.model import attention_layers, neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.edge_agreement import edge_rows, edge_table

@@ -35,8 +35,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
+from capinterp.arch.forward import logits_at
 from capinterp.core.example import Example
-from capinterp.core.forward import logits_at
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.data.paraphrases import builtin_paraphrases, known_paraphrases

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from capinterp.arch.forward import capture, unembed
 from capinterp.core.example import Example
-from capinterp.core.forward import capture, unembed
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.data.parsing import is_correct, parse_answer

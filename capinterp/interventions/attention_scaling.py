@@ -30,11 +30,11 @@ from typing import Any
 import pandas as pd
 import torch
 
+from capinterp.arch.family import UnsupportedFamily, family_of, layer_kinds
+from capinterp.arch.model import neuron_hook, require_attention_layers
+from capinterp.arch.pattern_writes import require_pattern_writes
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
-from capinterp.core.model import neuron_hook, require_attention_layers
-from capinterp.core.pattern_writes import require_pattern_writes
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos
 from capinterp.interventions.edit_eval import next_token_probs

@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.arch.forward import logits_at
 from capinterp.core.example import Example
-from capinterp.core.forward import logits_at
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 

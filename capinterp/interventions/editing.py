@@ -3,7 +3,7 @@
 A neuron (l, i)'s *value vector* v is what it writes into the residual stream: row i of
 ``W_out[l]`` (``[d_mlp, d_model]``; input i of the HF down projection, a column of an ``nn.Linear``,
 a row of GPT-2's ``Conv1D``; on a mixture-of-experts layer, its expert's down-projection entry:
-:func:`capinterp.core.weights.down_projection`). Two edits:
+:func:`capinterp.arch.weights.down_projection`). Two edits:
 
 - ``mode="erase"``:  v <- 0;
 - ``mode="update"``: v <- v + s * (-lambda1 * e(y_old) + lambda2 * e(y_new)), with
@@ -37,16 +37,16 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from capinterp.arch.experts import latent_layers
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.model import neuron_hook
+from capinterp.arch.weights import down_projection, value_weight
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
-from capinterp.core.experts import latent_layers
-from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.fingerprint import restoring
-from capinterp.core.model import neuron_hook
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, encode
-from capinterp.core.weights import down_projection, value_weight
 from capinterp.interventions.edit_eval import EditBaseline, measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts

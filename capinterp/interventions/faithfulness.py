@@ -51,10 +51,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from capinterp.arch.family import family_of
+from capinterp.arch.forward import logits_at
+from capinterp.arch.model import neuron_hook, neuron_shape, valid_neurons
 from capinterp.core import validate
-from capinterp.core.family import family_of
-from capinterp.core.forward import logits_at
-from capinterp.core.model import neuron_hook, neuron_shape, valid_neurons
 from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right

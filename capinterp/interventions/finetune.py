@@ -41,11 +41,11 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from capinterp.arch.family import family_of
+from capinterp.arch.forward import capture, unembed
+from capinterp.arch.model import valid_neurons
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.family import family_of
-from capinterp.core.forward import capture, unembed
-from capinterp.core.model import valid_neurons
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.settings import resolve_device

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 
 import torch
 
+from capinterp.arch.family import family_of
+from capinterp.arch.model import neuron_hook, valid_neurons
 from capinterp.core import validate
-from capinterp.core.family import family_of
-from capinterp.core.model import neuron_hook, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronSet

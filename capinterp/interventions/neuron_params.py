@@ -6,7 +6,7 @@ there are any, and its output row ``W_out[i, :]`` (TransformerLens' ``[d_model, 
 ``[d_mlp, d_model]`` convention). ``b_out`` is shared by all neurons and owned by none.
 
 Which parameter stores each of them, and on which axis, comes from
-:func:`capinterp.core.neuron_weights.neuron_params` (read from the modules, for every family:
+:func:`capinterp.arch.neuron_weights.neuron_params` (read from the modules, for every family:
 ``nn.Linear`` ``[out, in]``, GPT-2's ``Conv1D`` ``[in, out]``, Phi-3's fused gate+up through
 the bridge's split views), so masks are built on the tensors the optimizer really updates.
 """
@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from capinterp.core.neuron_weights import neuron_params
+from capinterp.arch.neuron_weights import neuron_params
 from capinterp.core.params import count_entries
 from capinterp.core.protocol import Model
 from capinterp.units.neurons import NeuronSet
@@ -40,7 +40,7 @@ class NeuronSlice:
 def neuron_slices(model: Model) -> list[NeuronSlice]:
     """Every (layer, weight family) whose entries belong to single neurons, on real parameters.
 
-    Raises :class:`~capinterp.core.family.UnsupportedFamily` when a projection is not stored in a
+    Raises :class:`~capinterp.arch.family.UnsupportedFamily` when a projection is not stored in a
     registered parameter (its gradient could not be masked) or its neuron axis is not ``d_mlp``.
     """
     return [NeuronSlice(p.layer, p.kind, p.name, p.axis) for p in neuron_params(model)]

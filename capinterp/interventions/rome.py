@@ -34,12 +34,12 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.experts import branched
+from capinterp.arch.family import family_of
+from capinterp.arch.forward import capture, unembed
+from capinterp.arch.model import model_fingerprint, neuron_hook
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, check_target
-from capinterp.core.experts import branched
-from capinterp.core.family import family_of
-from capinterp.core.forward import capture, unembed
-from capinterp.core.model import model_fingerprint, neuron_hook
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
@@ -464,9 +464,9 @@ def _value_batch(model: Model, prompt: str, subject: str, new_target: str, conte
 
 def _value_hook(model: Model, layer: int, expert: Expert | None = None) -> str:
     """Where the layer's down projection's output is hooked: its ``out`` component, or on a
-    mixture-of-experts model (its layers served by :mod:`capinterp.core.experts`' blocks, whose
+    mixture-of-experts model (its layers served by :mod:`capinterp.arch.experts`' blocks, whose
     output is the sum over their neurons' value vectors) the MLP's ``hook_out``; on a layer whose
-    branches are normalized apart (Gemma 4: :mod:`capinterp.core.branch_experts`) the edited branch's
+    branches are normalized apart (Gemma 4: :mod:`capinterp.arch.branch_experts`) the edited branch's
     sum, the input of its norm."""
     if branched(model, layer):
         norm = "post_feedforward_layernorm_1" if expert == SHARED else "post_feedforward_layernorm_2"

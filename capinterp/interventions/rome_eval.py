@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from capinterp.arch.forward import capture, unembed
 from capinterp.core.example import Example
-from capinterp.core.forward import capture, unembed
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.interventions.rome import EditUnreachable, rome_edit

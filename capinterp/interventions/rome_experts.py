@@ -1,6 +1,6 @@
 """ROME on a mixture-of-experts layer: the rank-one update of one expert's down projection.
 
-An MoE layer's neurons are every expert's on one axis (:mod:`capinterp.core.experts`), a neuron's
+An MoE layer's neurons are every expert's on one axis (:mod:`capinterp.arch.experts`), a neuron's
 activation carrying its router weight and 0 on tokens not routed to its expert. ROME's key
 covariance over that whole axis would be ``(n_experts * d_expert)^2`` (Mixtral 8x7B: 114688^2
 entries), and the update would spread over every expert. Per-expert ROME keeps ROME's algebra on
@@ -19,7 +19,7 @@ that writes most at the subject, ``argmax_e ||W_e^T k*_e||`` over the routed exp
 subject was never routed to writes 0). ``expert="shared"`` edits the layer's shared expert instead
 (Qwen2-MoE, DeepSeek, GLM, Granite 4.0's shared MLP, ...): the same algebra on its ``d_shared``
 neurons, which every token runs (a sigmoid gate, Qwen2-MoE's, is folded into their activation).
-A :class:`~capinterp.core.dense_layers.DenseBlock` layer of a mixed model is a dense layer: no
+A :class:`~capinterp.arch.dense_layers.DenseBlock` layer of a mixed model is a dense layer: no
 expert there.
 """
 
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import torch
 
+from capinterp.arch.expert_weights import ExpertValues
+from capinterp.arch.experts import DenseBlock, ExpertBlock, latent_layers
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.weights import down_projection
 from capinterp.core import validate
-from capinterp.core.expert_weights import ExpertValues
-from capinterp.core.experts import DenseBlock, ExpertBlock, latent_layers
-from capinterp.core.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
-from capinterp.core.weights import down_projection
 
 #: ``expert=`` naming a layer's shared expert.
 SHARED = "shared"

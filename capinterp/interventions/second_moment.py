@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from capinterp.core.forward import capture
-from capinterp.core.model import cache_dir, model_fingerprint, neuron_hook
+from capinterp.arch.forward import capture
+from capinterp.arch.model import cache_dir, model_fingerprint, neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts

@@ -14,10 +14,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.arch.forward import logits_at
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.forward import logits_at
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, encode, pad_id, pad_right
 

@@ -77,7 +77,7 @@ import torch
 from einops import rearrange, repeat
 from jaxtyping import Float, Int
 
-from capinterp.core.model import neuron_hook, neuron_shape, user_hooks
+from capinterp.arch.model import neuron_hook, neuron_shape, user_hooks
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix

@@ -47,9 +47,9 @@ import torch
 from einops import rearrange
 from jaxtyping import Float, Int
 
-from capinterp.core.forward import batch_first, block_layout, collapse_streams
-from capinterp.core.forward import unembed as _unembed
-from capinterp.core.model import neuron_hook
+from capinterp.arch.forward import batch_first, block_layout, collapse_streams
+from capinterp.arch.forward import unembed as _unembed
+from capinterp.arch.model import neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.kernels.prefix_state import (
     continuation_error,
@@ -404,7 +404,7 @@ def _batch_layout(model: Model) -> bool:
     apply a window by absolute position themselves (the family record's ``module_window``), which
     the folded positions would cut. Every row then reads a per-row view of the prefix K/V. (Rows continuing
     a prefix's own state go there too, :func:`stair_logits`: in one sequence it would pass from row to row.)"""
-    from capinterp.core.family import family_of
+    from capinterp.arch.family import family_of
 
     return family_of(model).module_window is not None
 
@@ -575,7 +575,7 @@ def stair_supported(model: Model, run: CleanSuffix, rtol: float = 1e-4) -> bool:
 
 def fallback_warning(model: Model) -> str:
     """The one-time warning when IG's fast route falls back to the bridge ("prefix") route."""
-    from capinterp.core.family import family_of
+    from capinterp.arch.family import family_of
 
     return (
         f"IG on {family_of(model).name}: direct block calls did not reproduce the model's own logits, "

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.gated_mlp import unwrap
+from capinterp.arch.gated_mlp import unwrap
 from capinterp.core.protocol import Model
 
 __all__ = [
@@ -35,7 +35,7 @@ __all__ = [
 def mixer_state(model: Model) -> str | None:
     """Why a hybrid's prompt prefix is more than keys and values, or None: its mixers (Mamba, linear
     attention, short convolutions) carry a recurrent or convolution state of their own."""
-    from capinterp.core.family import family_of, layer_kinds
+    from capinterp.arch.family import family_of, layer_kinds
 
     fam = family_of(model)
     if not fam.hybrid_layers:
@@ -74,7 +74,7 @@ def state_kind(model: Model) -> str:
 
 
 def family_name(model: Model) -> str:
-    from capinterp.core.family import family_of
+    from capinterp.arch.family import family_of
 
     return family_of(model).name
 

@@ -27,8 +27,8 @@ from collections.abc import Iterable
 
 import torch
 
-from capinterp.core.forward import capture, unembed
-from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.arch.forward import capture, unembed
+from capinterp.arch.model import neuron_hook, neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import prefix as _prefix

@@ -25,9 +25,9 @@ from einops import rearrange, reduce, repeat
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from capinterp.core.family import family_of
-from capinterp.core.forward import batch_first, capture
-from capinterp.core.model import attention_layers
+from capinterp.arch.family import family_of
+from capinterp.arch.forward import batch_first, capture
+from capinterp.arch.model import attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
 from capinterp.kernels.prefix_state import unshared_state
@@ -238,7 +238,7 @@ def restoration_probs(
 
 def present_layers(model: Model, kinds: Sequence[str]) -> dict[str, list[int]]:
     """Per kind, the layers that have its state: every layer, but on a hybrid model only the attention
-    layers have an attention output (:func:`capinterp.core.model.attention_layers`): attention tracing
+    layers have an attention output (:func:`capinterp.arch.model.attention_layers`): attention tracing
     restores the attention layers in each window."""
     every = list(range(len(model.blocks)))
     return {k: attention_layers(model) if k == "attn" else every for k in kinds}
@@ -336,7 +336,7 @@ class Runner:
 
 def state_view(model: Model, kind: str, act: Tensor) -> Tensor:
     """A traced state with the batch first, positions second (a view): AltUp's block output
-    (``[streams, batch, pos, d]``, :func:`~capinterp.core.forward.batch_first`) for ``"resid"``."""
+    (``[streams, batch, pos, d]``, :func:`~capinterp.arch.forward.batch_first`) for ``"resid"``."""
     return batch_first(model, act) if kind == "resid" else act
 
 

@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from capinterp.arch.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core import validate
-from capinterp.core.model import model_fingerprint, neuron_hook, neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts

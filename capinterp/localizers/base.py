@@ -21,8 +21,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
+from capinterp.arch.model import model_meta, move_model
 from capinterp.core import validate
-from capinterp.core.model import model_meta, move_model
 from capinterp.core.protocol import Model
 
 __all__ = [

@@ -57,10 +57,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.arch.model import require_attention_layers
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example
-from capinterp.core.model import require_attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import _ids, encode, model_bos
 from capinterp.kernels.tracing import (
@@ -374,7 +374,7 @@ class CausalTrace(Localizer):
         return order[:k]
 
     def _units(self, layers: list[int]):
-        from capinterp.core.model import neuron_param_info
+        from capinterp.arch.model import neuron_param_info
         from capinterp.units.base import KeySet
 
         mlp = self.model.blocks[0].mlp

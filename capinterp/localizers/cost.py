@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.model import neuron_hook
+from capinterp.arch.model import neuron_hook
 from capinterp.core.protocol import Model
 from capinterp.kernels.ig import frozen_params
 from capinterp.localizers.cost_work import Work, _elem, _shape, block_flops, unembed_flops, weight_bytes
@@ -175,8 +175,8 @@ def _calibrate(model: Model, first: Probe, device: torch.device) -> dict[str, fl
     seconds ``first`` predicts for it: a batched no-grad forward (``"forward"``), a batched
     forward + backward (``"backward"``) and one small IG kernel call on the fast route
     (``"direct"``, the rows KN, CNL, AMIG and SIG run). A kind whose pass fails keeps scale 1."""
+    from capinterp.arch.forward import capture
     from capinterp.core.example import Example
-    from capinterp.core.forward import capture
     from capinterp.core.tokens import encode
     from capinterp.kernels import ig as ig_kernel
     from capinterp.kernels.ig_config import IGConfig

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.arch.model import model_fingerprint, neuron_shape
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples
-from capinterp.core.model import model_fingerprint, neuron_shape
 from capinterp.core.pathlimits import check_path
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, encode_prompt

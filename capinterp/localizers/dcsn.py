@@ -30,14 +30,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from capinterp.core.experts import branched
-from capinterp.core.family import UnsupportedFamily, family_of
-from capinterp.core.forward import capture, unembed
-from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.arch.experts import branched
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.forward import capture, unembed
+from capinterp.arch.model import neuron_hook, neuron_shape
+from capinterp.arch.weights import down_projection
 from capinterp.core.offload import weights_readable
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, collate, pad_id
-from capinterp.core.weights import down_projection
 from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
@@ -112,7 +112,7 @@ def folded_norms(model: Model) -> tuple[list[torch.Tensor | None], torch.Tensor,
             f"norms='fold': layers {split} normalize their experts' sum and their dense MLP's output apart "
             "before adding them (Gemma 4), which one frozen post-FFN scale per layer does not fold; use norms='raw'"
         )
-    from capinterp.core.layer_extras import layer_extras
+    from capinterp.arch.layer_extras import layer_extras
 
     if streams := [text for kind, text in layer_extras(model).items() if kind in ("streams", "altup")]:
         fam = family_of(model)
@@ -151,7 +151,7 @@ def layer_scales(model: Model) -> list[float]:
     """Per layer, the product of the scales the residual stream takes from that layer's end to the
     final norm (Gemma 4's ``layer_scalar``, which multiplies the whole residual after each layer, the
     layer's own MLP output included); 1 where the model has none."""
-    from capinterp.core.layer_extras import layer_scalars
+    from capinterp.arch.layer_extras import layer_scalars
 
     own = layer_scalars(model)
     out, acc = [0.0] * len(own), 1.0

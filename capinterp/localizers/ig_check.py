@@ -17,8 +17,8 @@ import warnings
 
 import pandas as pd
 
+from capinterp.arch.model import neuron_shape
 from capinterp.core import validate
-from capinterp.core.model import neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.kernels.completeness import (
     COMPLETENESS_TOL,

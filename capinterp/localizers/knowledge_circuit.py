@@ -30,12 +30,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from capinterp.arch.family import family_of, require_fixed_heads
 from capinterp.circuits.acdc import acdc
 from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core import validate
-from capinterp.core.family import family_of, require_fixed_heads
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.kernels.quadrature import check_rule

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.arch.family import family_of
+from capinterp.arch.forward import capture, unembed
+from capinterp.arch.model import neuron_shape, valid_neurons
 from capinterp.core import validate
-from capinterp.core.family import family_of
-from capinterp.core.forward import capture, unembed
-from capinterp.core.model import neuron_shape, valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.localizers.base import Localizer, register
@@ -40,7 +40,7 @@ def neuron_weights(model: Model, layer: int) -> torch.Tensor:
     """Every neuron's weights of ``layer`` side by side: ``[d_mlp, n_per_neuron]`` (a detached float64 copy: 1 - cos of a short fine-tune is below float32 resolution)."""
     _, d_mlp = neuron_shape(model)
     if getattr(model, "capinterp_experts", None):  # gate, up and value rows of every expert neuron
-        from capinterp.core.experts import expert_block
+        from capinterp.arch.experts import expert_block
 
         return expert_block(model, layer).neuron_rows().detach().double().clone()
     mlp = model.blocks[layer].mlp

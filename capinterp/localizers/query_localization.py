@@ -32,10 +32,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from capinterp.arch.model import model_meta, neuron_shape
 from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.example import Example, TokenizationError, as_examples
-from capinterp.core.model import model_meta, neuron_shape
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.kernels.completeness import CompletenessWarning, merge_reports, warn_report, worst_layers

@@ -28,7 +28,7 @@ import plotly.graph_objects as go
 import torch
 from einops import rearrange
 
-from capinterp.core.family import width_mask
+from capinterp.arch.family import width_mask
 
 __all__ = ["default_bin_size", "layer_profile", "neuron_heatmap"]
 

@@ -22,8 +22,8 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from capinterp.core.family import UnsupportedFamily, family_of, layer_kinds
-from capinterp.core.model import valid_neurons
+from capinterp.arch.family import UnsupportedFamily, family_of, layer_kinds
+from capinterp.arch.model import valid_neurons
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import model_bos
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.model import load_model
 from capinterp.circuits.graph import Circuit
 from capinterp.core.example import Example
-from capinterp.core.model import load_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import TokenizationError, encode, encode_prompt
 from capinterp.localizers.base import CAPABILITY_VALUES, Localizer, get

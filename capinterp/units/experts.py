@@ -1,6 +1,6 @@
 """Experts as units: ``(layer, expert)`` keys of a mixture-of-experts model.
 
-An MoE layer's neurons are flat on one axis (:mod:`capinterp.core.experts`): expert ``e``'s
+An MoE layer's neurons are flat on one axis (:mod:`capinterp.arch.experts`): expert ``e``'s
 neuron ``i`` is ``e * d_expert + i``, the shared expert's neurons come last (its key is
 ``(layer, "shared")``). :func:`expert_scores` sums neuron scores per expert, :func:`top_experts`
 keeps the best ``k`` as a :class:`~capinterp.units.base.KeySet` of kind ``"expert"``, and
@@ -21,7 +21,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from capinterp.core.family import MoE, family_of
+from capinterp.arch.family import MoE, family_of
 from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronScores, NeuronSet
@@ -40,7 +40,7 @@ __all__ = [
 
 
 def moe_of(model: Model) -> MoE:
-    """The model's :class:`~capinterp.core.family.MoE` record; a clear error on dense models."""
+    """The model's :class:`~capinterp.arch.family.MoE` record; a clear error on dense models."""
     fam = family_of(model)
     if fam.moe is None:
         raise ValueError(f"{fam.name} ({fam.architecture}) has dense FFNs: it has no experts")
@@ -49,7 +49,7 @@ def moe_of(model: Model) -> MoE:
 
 def dense_layers(model: Model) -> list[int]:
     """The layers of a mixed dense / MoE model whose FFN is dense (no experts); [] on other models."""
-    from capinterp.core.experts import DenseBlock
+    from capinterp.arch.experts import DenseBlock
 
     return [b.layer for b in getattr(model, "capinterp_experts", None) or () if isinstance(b, DenseBlock)]
 
@@ -135,7 +135,7 @@ def expert_neurons(model: Model, experts: KeySet | Iterable[tuple[int, Hashable]
         else:
             e = int(cast(int, e))
             mask[layer, e * moe.d_expert : (e + 1) * moe.d_expert] = True
-    from capinterp.core.model import model_meta
+    from capinterp.arch.model import model_meta
 
     return NeuronSet(mask, meta={**model_meta(model), "experts": sorted(map(str, keys))})
 

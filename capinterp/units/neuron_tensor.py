@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from capinterp._version import __version__
-from capinterp.core.family import width_mask
+from capinterp.arch.family import width_mask
 from capinterp.plots.heatmaps import neuron_heatmap
 from capinterp.units import neuron_io
 from capinterp.units.saved import IDENTITY_UNKNOWN, check_identity
@@ -125,9 +125,9 @@ class NeuronTensor:
         """ValueError when this was made for a model other than ``model``: another shape, or another
         fingerprint (weights and config), or with ``across_models=True`` (another checkpoint of the
         same architecture on purpose) another architecture; :meth:`check_compatible` words it."""
+        from capinterp.arch.model import neuron_shape
         from capinterp.core import validate
         from capinterp.core.fingerprint import architecture_fingerprint, model_fingerprint
-        from capinterp.core.model import neuron_shape
 
         validate.model(model)
         name = getattr(model, "capinterp_name", None)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import capinterp.core.model as core_model
+import capinterp.arch.model as core_model
 from capinterp.app.cli import DESCRIPTION, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -51,8 +51,8 @@ def test_head_outputs_from_the_output_projection_carry_the_residual_multiplier(m
     not without the multiplier."""
     import dataclasses
 
+    from capinterp.arch.family import family_of
     from capinterp.circuits import forward, probe
-    from capinterp.core.family import family_of
     from capinterp.testing.family_checks import circuits
     from capinterp.testing.family_checks._models import load_pair
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from capinterp.arch.model import load_model
 from capinterp.circuits import (
     Circuit,
     EdgeSet,
@@ -28,7 +29,6 @@ from capinterp.circuits import (
 )
 from capinterp.circuits.eap import corrupt_embeddings, pair_loss
 from capinterp.core.example import Example
-from capinterp.core.model import load_model
 from capinterp.core.tokens import TokenizationError, encode, model_bos
 from capinterp.localizers import available, get
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit

@@ -301,8 +301,8 @@ def test_qk_fix_replaces_the_linear_qk_paths_by_recomputed_patterns(model):
 def test_qk_fix_refuses_where_the_pattern_is_not_on_the_outputs_path():
     """GPT-J's bridge computes attention without its hooked pattern: the pattern's gradient is 0 there,
     so the QK fix would silently drop its correction; it is refused naming the family."""
-    from capinterp.core.family import UnsupportedFamily
-    from capinterp.core.tiny import tiny_hf
+    from capinterp.arch.family import UnsupportedFamily
+    from capinterp.arch.tiny import tiny_hf
 
     hf, tok = tiny_hf("gptj")
     with pytest.raises(UnsupportedFamily, match=r"^gptj .*hook_pattern does not reach.*QK fix"):

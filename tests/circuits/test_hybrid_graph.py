@@ -106,7 +106,7 @@ def test_the_eap_family_check_fails_when_the_mixer_node_is_wrong(monkeypatch):
 def test_circuits_run_in_bfloat16_and_find_the_float32_edges(family):
     """In bfloat16 the decomposition holds to rounding (check_additive's 16-bit tolerance; it refused
     every bfloat16 model before, at 6e-3): EAP there keeps float32's top edges."""
-    from capinterp.core.tiny import tiny_hf
+    from capinterp.arch.tiny import tiny_hf
 
     facts = [FACT, ci.Example("The Eiffel Tower is in the city of", " Paris", meta={"subject": "The Eiffel Tower"})]
     scores = []

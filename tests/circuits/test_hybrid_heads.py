@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.model import attention_layers
+from capinterp.arch.tiny import tiny_hf
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_effects
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.model import attention_layers
-from capinterp.core.tiny import tiny_hf
 from capinterp.core.tokens import encode
 from capinterp.testing.family_checks._models import load_pair
 from capinterp.testing.family_checks.circuits import _layers, _out_proj

@@ -12,9 +12,9 @@ import torch
 from torch.nn import functional as F
 
 import capinterp as ci
+from capinterp.arch.tiny import tiny_hf
 from capinterp.circuits.head_patching import head_atp
 from capinterp.circuits.relp import RELP_RULES, head_relp, relp_rules
-from capinterp.core.tiny import tiny_hf
 from capinterp.core.tokens import encode
 from capinterp.data import Example
 

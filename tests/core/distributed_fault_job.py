@@ -16,8 +16,8 @@ import sys
 
 import torch
 
+from capinterp.arch.model import load_model
 from capinterp.core import distributed as dist
-from capinterp.core.model import load_model
 from capinterp.data import arithmetic
 from capinterp.localizers.cnl import CNL
 

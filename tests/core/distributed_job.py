@@ -12,9 +12,9 @@ import sys
 
 import torch
 
+from capinterp.arch.model import load_model
 from capinterp.core import distributed as dist
 from capinterp.core.example import Example
-from capinterp.core.model import load_model
 from capinterp.data import arithmetic
 from capinterp.kernels.evaluate import evaluate
 from capinterp.localizers.causal_trace import CausalTrace

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import capinterp.arch.model as cm
 import capinterp.core.cache_integrity as integrity
-import capinterp.core.model as cm
-from capinterp.core.tiny import tiny_llama_hf
+from capinterp.arch.tiny import tiny_llama_hf
 
 NAME = "tinypack"
 

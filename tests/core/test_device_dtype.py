@@ -4,8 +4,8 @@ float32 scores close to the float32 model's (tiny model, CPU)."""
 import pytest
 import torch
 
+from capinterp.arch.model import load_model, move_model
 from capinterp.core.example import Example
-from capinterp.core.model import load_model, move_model
 from capinterp.core.settings import resolve_device, resolve_dtype
 from capinterp.data import arithmetic
 from capinterp.kernels.evaluate import evaluate

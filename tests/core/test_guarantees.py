@@ -12,8 +12,8 @@ import torch
 
 import capinterp as ci
 from capinterp.app.cli import main as cli
+from capinterp.arch.model import load_model, model_fingerprint, model_meta
 from capinterp.core.fingerprint import refresh_fingerprint, weights_digest
-from capinterp.core.model import load_model, model_fingerprint, model_meta
 from capinterp.units import metrics
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
@@ -244,7 +244,7 @@ def test_checkpoint_naming_missing_examples_is_refused(tiny, tmp_path):
     ],
 )
 def test_cli_errors_are_one_line_before_loading(argv, match, tmp_path, monkeypatch, capsys):
-    import capinterp.core.model as model_mod
+    import capinterp.arch.model as model_mod
 
     monkeypatch.setattr(model_mod, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "FILE").write_text("x")

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import capinterp as ci
+from capinterp.arch.model import model_meta
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples, glued_words
-from capinterp.core.model import model_meta
 from capinterp.core.tokens import TokenizationError
 from capinterp.units import metrics
 from capinterp.units.neurons import NeuronScores, NeuronSet, load

@@ -194,7 +194,7 @@ def test_builtin_facts():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     return load_model("tiny", threads=1)
 

@@ -9,7 +9,7 @@ import torch
 from planting import PLANTED, plant
 
 import capinterp as ci
-from capinterp.core.model import neuron_hook
+from capinterp.arch.model import neuron_hook
 from capinterp.data import Example
 from capinterp.experiments import EXPERIMENTS, Context
 from capinterp.experiments import patching_agreement as PA

@@ -8,7 +8,7 @@ import torch
 from moe_tiny import MOE_FAMILIES, load_tiny_moe, moe_block
 
 import capinterp as ci
-from capinterp.core.weights import down_projection
+from capinterp.arch.weights import down_projection
 from capinterp.data import Example
 from capinterp.interventions.neuron_params import neuron_masks, zero_neurons
 from capinterp.units.base import KeySet

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core import experts as EX
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.tiny import tiny_hf
+from capinterp.arch import experts as EX
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.tiny import tiny_hf
 from capinterp.data import Example
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -104,7 +104,7 @@ def test_erase_and_weights_reach_the_parallel_experts():
     output_linear's columns, and writing them writes the model's own weight."""
     model, plain, tok = _pair()
     ids = tok(PROMPT, return_tensors="pt")["input_ids"]
-    from capinterp.core.weights import down_projection
+    from capinterp.arch.weights import down_projection
     from capinterp.units.base import KeySet
 
     values = down_projection(model, 1).values()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core.tiny import tiny_hf
+from capinterp.arch.tiny import tiny_hf
 
 PROMPT = "The Eiffel Tower is in the city of"
 TINY = dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8)

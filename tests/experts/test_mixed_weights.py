@@ -14,11 +14,11 @@ import torch
 from moe_tiny import MIXED_DENSE, load_tiny_mixed
 
 import capinterp as ci
-from capinterp.core.experts import DenseBlock
-from capinterp.core.model import model_meta
-from capinterp.core.neuron_weights import neuron_params
+from capinterp.arch.experts import DenseBlock
+from capinterp.arch.model import model_meta
+from capinterp.arch.neuron_weights import neuron_params
+from capinterp.arch.weights import down_projection
 from capinterp.core.tokens import encode
-from capinterp.core.weights import down_projection
 from capinterp.interventions.faithfulness import _references, faithfulness
 from capinterp.interventions.neuron_params import neuron_masks
 from capinterp.localizers.neft import neuron_weights

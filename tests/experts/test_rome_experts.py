@@ -13,7 +13,7 @@ import torch
 from moe_tiny import load_tiny_mixed
 
 import capinterp as ci
-from capinterp.core.weights import down_projection
+from capinterp.arch.weights import down_projection
 from capinterp.interventions.second_moment import second_moment
 
 E, DE, D = 4, 48, 32

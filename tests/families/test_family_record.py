@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core.family import UnsupportedFamily, family_of
-from capinterp.core.forward import logits_at
-from capinterp.core.tiny import TINY_FAMILIES, TINY_REFUSED, tiny_hf
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.forward import logits_at
+from capinterp.arch.tiny import TINY_FAMILIES, TINY_REFUSED, tiny_hf
 
 MOE = tuple(f for f, kw in TINY_FAMILIES.items() if any("expert" in k and v for k, v in kw.items()))
 DENSE = tuple(f for f in TINY_FAMILIES if f not in MOE)
@@ -66,7 +66,7 @@ def test_lfm2_ffn_width_is_its_modules(size, multiplier, step, adjust):
     from transformers import Lfm2Config
     from transformers.models.lfm2.modeling_lfm2 import Lfm2MLP
 
-    from capinterp.core.family import _ffn_width
+    from capinterp.arch.family import _ffn_width
 
     cfg = Lfm2Config(
         hidden_size=64,
@@ -138,7 +138,7 @@ def test_moe_families_are_listed():
     assert {"deepseek_v2", "deepseek_v3", "glm4_moe", "granitemoe", "minimax_m2", "afmoe", "laguna", "jetmoe"} <= set(
         MOE
     )
-    assert {"phimoe", "hunyuan_v1_moe", "dots1"} <= set(MOE)  # through capinterp.core.adapters
+    assert {"phimoe", "hunyuan_v1_moe", "dots1"} <= set(MOE)  # through capinterp.arch.adapters
     assert not set(MOE) & set(TINY_REFUSED)
 
 
@@ -194,7 +194,7 @@ def test_dense_layer_wider_than_the_experts_refused_at_load(family, overrides, w
 
 def test_dense_layer_not_gated_refused():
     """A dense layer between expert layers that is no MLP (no up projection) is refused, naming the layer."""
-    from capinterp.core import dense_layers
+    from capinterp.arch import dense_layers
 
     hf, tok = tiny_hf("deepseek_v2")
     model = ci.load_model(hf, tokenizer=tok)
@@ -209,7 +209,7 @@ def test_dense_layer_not_gated_refused():
 def test_dense_layer_whose_projection_is_no_linear_refused():
     """A dense layer whose down projection is some other module (no ``in_features``, a weight of another
     layout) is refused as no MLP, naming the layer, instead of failing on a missing attribute."""
-    from capinterp.core import dense_layers
+    from capinterp.arch import dense_layers
 
     class Transposed(torch.nn.Module):  # the same map, its weight stored [in, out]
         def __init__(self, lin: torch.nn.Linear) -> None:
@@ -291,13 +291,13 @@ def test_bridge_forward_failure_refused_at_load(monkeypatch):
 def test_wrong_logit_path_refused_at_load(monkeypatch):
     """A family whose final logits need a step the record does not know is refused, not silently wrong."""
     hf, tok = tiny_hf("granite")
-    monkeypatch.setattr("capinterp.core.family._get", _forget("logits_scaling"))
+    monkeypatch.setattr("capinterp.arch.family._get", _forget("logits_scaling"))
     with pytest.raises(UnsupportedFamily, match="granite.*differ from the model's own"):
         ci.load_model(hf, tokenizer=tok)
 
 
 def _forget(field: str):
-    from capinterp.core import family
+    from capinterp.arch import family
 
     real = family._get
 
@@ -309,7 +309,7 @@ def _forget(field: str):
 
 def test_bridge_own_hooks_are_not_the_users():
     """OPT's bridge attaches hooks of its own at load; only hooks a caller adds count as attached."""
-    from capinterp.core.model import user_hooks
+    from capinterp.arch.model import user_hooks
 
     _, _, model = _load("opt")
     assert model.capinterp_own_hooks  # the adapter's own: present at load
@@ -349,11 +349,11 @@ def test_final_norm_on_the_embeddings_fires_ln_final_once():
 
 
 def test_capinterp_adapters_never_replace_the_bridges_own(monkeypatch):
-    """capinterp.core.adapters registers an adapter only for a class the bridge has none for: one it
+    """capinterp.arch.adapters registers an adapter only for a class the bridge has none for: one it
     supports keeps the bridge's adapter; registering twice is a no-op; PhiMoE loads through capinterp's."""
     from transformer_lens.factories import architecture_adapter_factory as factory
 
-    from capinterp.core import adapters
+    from capinterp.arch import adapters
 
     ours = adapters.EXTRA_ARCHITECTURES["PhimoeForCausalLM"]
     before = factory.SUPPORTED_ARCHITECTURES["LlamaForCausalLM"]
@@ -383,7 +383,7 @@ def test_layer_kinds_read_from_config(family, fields, why):
 
     from transformers import AutoConfig
 
-    from capinterp.core.family import _hybrid_layers, check_supported
+    from capinterp.arch.family import _hybrid_layers, check_supported
 
     cfg = AutoConfig.for_model(family, num_hidden_layers=len(next(iter(fields.values()), [0, 0])), **fields)
     kinds = _hybrid_layers(cfg)
@@ -408,7 +408,7 @@ def test_model_without_ffn_hook_refused_at_load_saying_so(family, fields):
     mlp_block) are refused at load, naming the family and the missing FFN hook."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from capinterp.core.tiny import tiny_tokenizer
+    from capinterp.arch.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     cfg = AutoConfig.for_model(family, vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, **fields)

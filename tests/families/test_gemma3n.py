@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.forward import batch_first, collapse_streams
+from capinterp.arch.tiny import tiny_hf
 from capinterp.core.example import Example
-from capinterp.core.family import UnsupportedFamily, family_of
-from capinterp.core.forward import batch_first, collapse_streams
-from capinterp.core.tiny import tiny_hf
 from capinterp.kernels.tracing import trace_hook
 from capinterp.testing.family_checks._models import load_pair
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.layer_extras import layer_extras
+from capinterp.arch.tiny import tiny_hf
 from capinterp.circuits.head_patching import head_effects
 from capinterp.core.example import Example
-from capinterp.core.family import UnsupportedFamily, family_of
-from capinterp.core.layer_extras import layer_extras
-from capinterp.core.tiny import tiny_hf
 from capinterp.core.tokens import encode
 from capinterp.kernels import prefix as _prefix
 from capinterp.kernels.ig import site

@@ -1,5 +1,5 @@
 """Gemma 4's MoE layers (26B-A4B): routed experts beside the dense MLP, each branch normalized before
-the two add (capinterp.core.branch_experts). Checked against the plain transformers model: logits,
+the two add (capinterp.arch.branch_experts). Checked against the plain transformers model: logits,
 every neuron (computed here by hand, every expert on every token), what erasing a branch does, that a
 patched MLP slot reaches the router and the experts; a planted expert neuron ranked first by KN, CNL
 and DCSN; ROME on one expert and on the dense MLP; refusals where a method cannot hold."""
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.tiny import tiny_hf
 from capinterp.core.example import Example
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.tiny import tiny_hf
 from capinterp.kernels.completeness import CompletenessWarning
 from capinterp.units.experts import expert_neurons, expert_scores
 
@@ -312,11 +312,11 @@ def test_the_circuit_graph_decomposes_with_both_branches_in_the_mlp_node():
 def test_a_layer_that_still_runs_its_own_moe_branch_is_refused_at_load(monkeypatch):
     """The load check runs each decoder layer on transformers' residual: a layer left adding its own MoE
     branch beside capinterp's FFN (experts counted twice) is refused, never served."""
-    from capinterp.core.gated_mlp import unwrap
+    from capinterp.arch.gated_mlp import unwrap
 
     def tap_only(model, layer, branches):  # the residual handed on, the decoder layer's MoE branch left on
         unwrap(model.blocks[layer].ln2).forward = branches.tap
 
-    monkeypatch.setattr("capinterp.core.experts.serve_branches", tap_only)
+    monkeypatch.setattr("capinterp.arch.experts.serve_branches", tap_only)
     with pytest.raises(UnsupportedFamily, match=r"layer 0's FFN, served as one neuron axis .* differs"):
         _load()

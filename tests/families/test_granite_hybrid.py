@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core.family import UnsupportedFamily, family_of
-from capinterp.core.tiny import TINY_FAMILIES, tiny_hf
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.tiny import TINY_FAMILIES, tiny_hf
 
 IDS = torch.tensor([[1, 5, 9, 30, 7, 2, 11]])
 KW = TINY_FAMILIES["granitemoehybrid"]

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core.family import FFN_ONLY_LAYERS, UnsupportedFamily
-from capinterp.core.tiny import TINY_FAMILIES, TINY_HYBRID, model_type, tiny_hf
+from capinterp.arch.family import FFN_ONLY_LAYERS, UnsupportedFamily
+from capinterp.arch.tiny import TINY_FAMILIES, TINY_HYBRID, model_type, tiny_hf
 
 FAMILIES = tuple(TINY_HYBRID)
 # the bridge runs these attention modules as transformers does, the pattern hook only observing: attention
-# scaling is refused there (capinterp.core.pattern_writes)
+# scaling is refused there (capinterp.arch.pattern_writes)
 OBSERVE_ONLY = ("olmo_hybrid", "jamba", "nemotron_h", "nemotron_h_dense", "nemotron_h_latent")
 FACTS = [
     ci.Example("The Eiffel Tower is in the city of", " Paris", meta={"subject": "The Eiffel Tower"}),
@@ -138,9 +138,9 @@ def test_head_methods_take_the_attention_layers_and_relp_refuses_naming_the_mixe
     naming the mixers; the attention view refuses a layer without attention."""
     model = _pair(family)[0]
     mixers = [k for k in _mixers(family) if k not in FFN_ONLY_LAYERS]  # NemotronH's FFN-only layers: named apart
+    from capinterp.arch.model import attention_layers
     from capinterp.circuits.head_patching import head_atp
     from capinterp.circuits.relp import head_relp
-    from capinterp.core.model import attention_layers
 
     atp = head_atp(model, FACTS)
     att = attention_layers(model)

@@ -26,8 +26,8 @@ def _fast(model, items):
 def test_gpt_neo_local_window_runs_rows_in_the_batch_past_the_window():
     """GPT-Neo's local layers window by absolute position (4 here): a prompt of 24 tokens and
     11 rows per call is far past it in the folded layout, and the scores still equal hand IG."""
+    from capinterp.arch.family import family_of
     from capinterp.core.example import Example
-    from capinterp.core.family import family_of
     from capinterp.core.tokens import encode
     from capinterp.kernels.prefix import _batch_layout
     from capinterp.testing.family_checks._models import load_pair, plain_hf

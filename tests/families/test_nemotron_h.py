@@ -1,5 +1,5 @@
 """NemotronH (one sublayer per layer: Mamba-2, attention, MLP or experts alone), served by splitting each
-layer into a mixer slot and an FFN slot (capinterp.core.one_sublayer): the mixer layers' FFN has no
+layer into a mixer slot and an FFN slot (capinterp.arch.one_sublayer): the mixer layers' FFN has no
 neurons. The family matrix checks every method against plain transformers (rows nemotron_h,
 nemotron_h_dense); this file checks the layout itself and the refusals."""
 
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.model import valid_neurons
+from capinterp.arch.tiny import TINY_FAMILIES, tiny_hf
 from capinterp.core.example import Example
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.model import valid_neurons
-from capinterp.core.tiny import TINY_FAMILIES, tiny_hf
 from capinterp.interventions.rome import rome_edit
 from capinterp.testing.family_checks._plain import plain_params
 
@@ -101,8 +101,8 @@ def test_latent_experts_value_vectors_are_fc2_of_their_columns():
     """Nemotron 3 Super's latent MoE (row nemotron_h_latent of the matrix checks every method): a routed
     neuron's value vector is fc2_latent_proj's weight times its column of the expert's down projection,
     read by hand from the transformers modules."""
-    from capinterp.core.experts import latent_layers
-    from capinterp.core.weights import down_projection
+    from capinterp.arch.experts import latent_layers
+    from capinterp.arch.weights import down_projection
 
     model, plain, _ = _pair("nemotron_h_latent")
     assert latent_layers(model) == [1]
@@ -120,7 +120,7 @@ def test_latent_value_writes_reach_only_fc2s_range():
     """A d_model row is in fc2's reach only within its range: a row outside it is refused before anything
     is written; zeroing a row, restoring it and scaling it are written (through the column that fc2 maps
     to the row), and a shared-expert row as given."""
-    from capinterp.core.weights import down_projection
+    from capinterp.arch.weights import down_projection
 
     model, _, _ = _load("nemotron_h_latent")
     proj = down_projection(model, 1)

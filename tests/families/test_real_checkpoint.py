@@ -35,7 +35,7 @@ def pair():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from capinterp import load_model
-    from capinterp.core.model import _PACKAGED, cache_dir
+    from capinterp.arch.model import _PACKAGED, cache_dir
 
     model = load_model("qwen2")
     folder = cache_dir() / "models" / f"qwen2-{_PACKAGED['qwen2']['version']}-fp32"
@@ -64,7 +64,7 @@ def test_weights_are_the_gguf_dequantized(pair):
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from capinterp.core.model import _PACKAGED, cache_dir
+    from capinterp.arch.model import _PACKAGED, cache_dir
 
     _, hf, _ = pair
     reader = GGUFReader(cache_dir() / "gguf" / _PACKAGED["qwen2"]["gguf"])
@@ -92,7 +92,7 @@ def test_logprobs_match_transformers(pair):
     near-certain token's log p (-0.004 on the code prompt) is 1 - p computed from float32 logits, so
     its plain relative error is float noise amplified (4e-8 absolute read as 1.1e-5 relative on one
     machine's kernels, 3.7e-6 on another's)."""
-    from capinterp.core.forward import logits_at
+    from capinterp.arch.forward import logits_at
 
     model, hf, tok = pair
     for text in PROMPTS:

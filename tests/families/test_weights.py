@@ -1,4 +1,4 @@
-"""capinterp.core.weights: the down projection read as [d_mlp, d_model] and written back, on every storage layout."""
+"""capinterp.arch.weights: the down projection read as [d_mlp, d_model] and written back, on every storage layout."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.tiny import tiny_hf
-from capinterp.core.weights import down_projection
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.tiny import tiny_hf
+from capinterp.arch.weights import down_projection
 from capinterp.testing.family_checks._hf import mlp_down
 
 # Conv1D [in, out] (GPT-2), nn.Linear [out, in] (Llama, GPT-J's fc_out), FalconLinear (a Linear subclass),

@@ -9,7 +9,7 @@ import torch
 from planting import PLANTED, plant
 
 import capinterp as ci
-from capinterp.core.model import neuron_hook, neuron_shape
+from capinterp.arch.model import neuron_hook, neuron_shape
 from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.interventions.faithfulness import faithfulness

@@ -8,7 +8,7 @@ import torch
 from planting import PLANTED, plant
 
 import capinterp as ci
-from capinterp.core.model import neuron_param_info
+from capinterp.arch.model import neuron_param_info
 from capinterp.data import Example
 from capinterp.interventions.finetune import ARMS, FinetuneResult, finetune
 from capinterp.interventions.neuron_params import neuron_masks, neuron_slices, zero_neurons

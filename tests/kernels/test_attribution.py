@@ -34,7 +34,7 @@ def max_rel(a: torch.Tensor, b: torch.Tensor, floor: float = 0.01) -> float:
 
 @pytest.fixture(scope="module")
 def tiny64():
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     return load_model("tiny", dtype=torch.float64)
 
@@ -289,7 +289,7 @@ def test_fallbacks_give_the_same_scores(tiny64, encs64, monkeypatch):
 
 
 def test_route_self_check_runs_once_per_model_and_precision(encs, monkeypatch):
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     calls = []
     real = _prefix.stair_supported
@@ -304,7 +304,7 @@ def test_route_self_check_runs_once_per_model_and_precision(encs, monkeypatch):
 
 
 def test_model_without_kv_cache_falls_back_to_loop():
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     native = load_model("tiny-native", dtype=torch.float64)  # TransformerLens-native: no HF cache
     enc = encode(native, [Example("12*3=", "36")])

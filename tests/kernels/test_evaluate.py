@@ -40,7 +40,7 @@ def test_evaluate_on_planted_model_and_batch_size_invariance():
 def test_logits_at_equals_full_forward(name):
     import torch
 
-    from capinterp.core.forward import logits_at
+    from capinterp.arch.forward import logits_at
 
     m = ci.load_model(name)
     ids = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])

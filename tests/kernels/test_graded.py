@@ -205,8 +205,8 @@ def _hf_ig(hf, ids: list[int], pos: int, target: int, layer: int, rule) -> tuple
 @pytest.fixture(scope="module")
 def gemma3_tiny():
     import capinterp as ci
+    from capinterp.arch.tiny import tiny_hf
     from capinterp.core.example import Example
-    from capinterp.core.tiny import tiny_hf
     from capinterp.core.tokens import encode
 
     hf, tok = tiny_hf("gemma3_text")

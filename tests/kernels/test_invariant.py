@@ -10,7 +10,7 @@ import torch
 
 import capinterp as ci
 import capinterp.kernels.ig as ig
-from capinterp.core.tiny import tiny_tokenizer
+from capinterp.arch.tiny import tiny_tokenizer
 from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.kernels.ig_config import IGConfig

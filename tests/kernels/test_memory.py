@@ -4,7 +4,7 @@ nothing is lost or counted twice, and the scores equal a run that never ran out 
 import pytest
 import torch
 
-from capinterp.core.model import load_model
+from capinterp.arch.model import load_model
 from capinterp.data import arithmetic
 from capinterp.kernels import memory
 from capinterp.localizers.cnl import CNL

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from capinterp.arch.model import load_model
 from capinterp.core.example import Example
-from capinterp.core.model import load_model
 from capinterp.core.tokens import TokenizationError, encode, model_bos
 from capinterp.localizers import get
 from capinterp.localizers.causal_trace import TOKEN_GROUPS, CausalTrace, subject_token_range

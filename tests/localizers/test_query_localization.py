@@ -253,8 +253,8 @@ def test_progress_bar_names_the_localizer_and_counts_queries(tiny, capsys):
 def test_scale_attention_refuses_where_pattern_writes_do_not_reach_the_output(family):
     """On some bridge adapters attn.hook_pattern only observes: scaling there would silently change
     nothing, so it is refused naming the family; where writes reach the output, scaling moves it."""
-    from capinterp.core.family import UnsupportedFamily
-    from capinterp.core.tiny import tiny_hf
+    from capinterp.arch.family import UnsupportedFamily
+    from capinterp.arch.tiny import tiny_hf
 
     hf, tok = tiny_hf(family)
     model = ci.load_model(hf, tokenizer=tok)

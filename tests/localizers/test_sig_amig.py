@@ -5,7 +5,7 @@ import torch
 from fact_planting import FACT_A, FACT_B, NEURONS_A, NEURONS_B, plant_facts
 
 import capinterp as ci
-from capinterp.core.model import neuron_hook
+from capinterp.arch.model import neuron_hook
 from capinterp.core.tokens import encode
 from capinterp.kernels.ig import ig_scores
 from capinterp.kernels.ig_config import IGConfig

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import capinterp as ci
+from capinterp.arch.model import load_model, model_meta
 from capinterp.circuits.graph import Circuit, Graph
 from capinterp.circuits.hit import hit_at_k
 from capinterp.core import atomic
-from capinterp.core.model import load_model, model_meta
 from capinterp.units.neurons import NeuronScores, NeuronSet, load
 
 FACTS = [("The Eiffel Tower is in", " Paris")]

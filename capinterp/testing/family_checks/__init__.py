@@ -2,11 +2,11 @@
 
 Each module of this package defines ``CHECKS: dict[str, Check]``: a method name (a column of
 the family matrix in docs/models.md) -> a function of a family name (a key of
-:data:`capinterp.core.tiny.TINY_FAMILIES`) that builds the family's tiny random model, runs
+:data:`capinterp.arch.tiny.TINY_FAMILIES`) that builds the family's tiny random model, runs
 the method through capinterp, and compares it with a reference written on the plain
 transformers model (never capinterp's own path). A check returns nothing when the method
 agrees, raises ``AssertionError`` when it does not, and lets
-:class:`~capinterp.core.family.UnsupportedFamily` through when capinterp refuses the family
+:class:`~capinterp.arch.family.UnsupportedFamily` through when capinterp refuses the family
 (the matrix then shows the reason). ``tests/families/test_matrix.py`` runs every pair;
 ``scripts/gen_family_table.py`` writes the table.
 """
@@ -17,7 +17,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 
-from capinterp.core.tiny import TINY_FAMILIES
+from capinterp.arch.tiny import TINY_FAMILIES
 
 __all__ = ["FAMILIES", "Check", "all_checks", "run_check"]
 
@@ -45,7 +45,7 @@ def run_check(method: str, family: str) -> str:
     A failing check raises (``AssertionError`` or the method's own error): a wrong number never
     becomes a table cell.
     """
-    from capinterp.core.family import UnsupportedFamily
+    from capinterp.arch.family import UnsupportedFamily
 
     try:
         all_checks()[method](family)

@@ -3,7 +3,7 @@
 A Gemma 4 MoE decoder layer computes ``N1(mlp(pre(r))) + N2(sum_e w_e(r) expert_e(pre2(r)))`` from
 the residual ``r`` after attention (transformers' ``Gemma4TextDecoderLayer``; the router reads ``r``
 itself). :func:`make_dense` gives such a layer of a plain transformers model a reference forward,
-written here independently of :mod:`capinterp.core.branch_experts`: a forward pre-hook on
+written here independently of :mod:`capinterp.arch.branch_experts`: a forward pre-hook on
 ``pre_feedforward_layernorm`` keeps ``r``; the dense MLP's forward computes *every* expert on *every*
 token from transformers' own expert weights (router weight folded in, 0 where not routed), then the
 dense MLP's neurons, and hands them to one module, :class:`BranchesDown`, which sums each branch's

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.tiny import tiny_hf
+from capinterp.arch.tiny import tiny_hf
 
 __all__ = ["PROMPTS", "load_pair", "plain_hf"]
 
@@ -16,7 +16,7 @@ PROMPTS = ("3+4=7 The Eiffel Tower is in", "Rome is the capital of")
 
 @functools.lru_cache(maxsize=2)
 def _pair(family: str) -> tuple[Any, Any, Any]:
-    from capinterp.core.model import load_model
+    from capinterp.arch.model import load_model
 
     hf, tok = tiny_hf(family)
     return hf, tok, load_model(hf, tokenizer=tok)

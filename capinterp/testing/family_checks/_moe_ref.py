@@ -10,7 +10,7 @@ So the dense references of the other checks (pre-hooks on the down projection's 
 weight as ``[d_mlp, d_model]`` value rows) apply unchanged. The dense layers of a model mixing
 dense and MoE layers keep their plain transformers MLP (their neurons are the first ones of
 capinterp's axis; :func:`moe_layers` tells the MoE layers by decoder layer index). Written here independently of
-:mod:`capinterp.core.experts` (dense over all experts, where capinterp loops over routed ones);
+:mod:`capinterp.arch.experts` (dense over all experts, where capinterp loops over routed ones);
 :func:`densify` checks that the model's logits do not change.
 """
 

@@ -4,7 +4,7 @@ A layer without an FFN has no neurons. :func:`reference_model` gives each such l
 transformers model an FFN with none (``up_proj`` ``d_model -> 0``, ``down_proj`` ``0 -> d_model``, its
 output 0), called after the layer's mixer and added to it, so the other checks' references (pre-hooks
 on each layer's down projection, its weight as value rows) see a layer of width 0 there. Written
-here independently of :mod:`capinterp.core.one_sublayer`; the logits are checked unchanged. Mixture-of-experts
+here independently of :mod:`capinterp.arch.one_sublayer`; the logits are checked unchanged. Mixture-of-experts
 models are also made dense (:func:`._moe_ref.densify`).
 """
 

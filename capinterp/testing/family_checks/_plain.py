@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.tiny import tiny_hf
+from capinterp.arch.tiny import tiny_hf
 from capinterp.testing.family_checks._hf import (
     DOWN_NAMES,
     FFN_NAMES,
@@ -27,7 +27,7 @@ __all__ = ["Mlp", "layer_widths", "mlps", "neuron_entries", "plain", "plain_para
 @functools.lru_cache(maxsize=1)
 def plain(family: str) -> Any:
     """A fresh, unwrapped transformers model of the family (same seed as the bridge's). Cached: do
-    not modify; :func:`capinterp.core.tiny.tiny_hf` gives one to modify. Mixture-of-experts
+    not modify; :func:`capinterp.arch.tiny.tiny_hf` gives one to modify. Mixture-of-experts
     models are made dense (:func:`._moe_ref.densify`)."""
     from capinterp.testing.family_checks._one_sublayer_ref import reference_model
 
@@ -86,7 +86,7 @@ def _conv1d(mod: torch.nn.Module) -> bool:
     return type(mod).__name__ == "Conv1D"  # transformers' Conv1D stores [in, out]
 
 
-# NemotronH's modules as capinterp renames them (capinterp.core.one_sublayer, documented): each layer's mixer
+# NemotronH's modules as capinterp renames them (capinterp.arch.one_sublayer, documented): each layer's mixer
 # or FFN is "mixer" in transformers, its norm "norm"; the FFN capinterp adds to a mixer layer has no entries
 _SPLIT_NAMES = re.compile(r"(\.layers\.\d+\.)(?:(mamba|self_attn|mlp)|(input_layernorm|pre_ff_layernorm))\.")
 

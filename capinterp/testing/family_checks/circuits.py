@@ -24,8 +24,8 @@ from typing import Any, cast
 
 import torch
 
+from capinterp.arch.tiny import tiny_hf
 from capinterp.core.protocol import Model
-from capinterp.core.tiny import tiny_hf
 from capinterp.testing.family_checks._branch_ref import is_branched
 from capinterp.testing.family_checks._models import load_pair
 
@@ -458,9 +458,9 @@ def _aggregate(graph: Any, scores: torch.Tensor) -> torch.Tensor:
 
 
 def _check_eap(family: str, steps: int) -> None:
+    from capinterp.arch.family import family_of
     from capinterp.circuits.eap import score_edges
     from capinterp.circuits.graph import Graph
-    from capinterp.core.family import family_of
     from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 
     _, tok, model = load_pair(family)

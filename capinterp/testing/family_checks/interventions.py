@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import torch
 
+from capinterp.arch.family import family_of
 from capinterp.core.example import Example
-from capinterp.core.family import family_of
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
 from capinterp.testing.family_checks._moe_ref import ExpertsDown, split_values
@@ -118,7 +118,7 @@ def check_erase(family: str) -> None:
 
 def _reference_step(family: str, chosen: dict[int, list[int]], tok) -> tuple[dict, dict]:
     """One masked Adam step (no weight decay) on a fresh plain model: ``(before, after)`` parameters."""
-    from capinterp.core.tiny import tiny_hf
+    from capinterp.arch.tiny import tiny_hf
 
     hf = tiny_hf(family)[0]
     hf = reference_model(hf)

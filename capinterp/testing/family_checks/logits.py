@@ -11,7 +11,7 @@ __all__ = ["CHECKS"]
 
 def check_logprobs(family: str) -> None:
     """log p(next token) at the last position, capinterp vs transformers: 1e-6 relative (float64 softmax)."""
-    from capinterp.core.forward import logits_at
+    from capinterp.arch.forward import logits_at
 
     hf, tok, model = load_pair(family)
     for text in PROMPTS:

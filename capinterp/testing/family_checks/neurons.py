@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.family import family_of
+from capinterp.arch.family import family_of
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._hf import decoder_layers
 from capinterp.testing.family_checks._hf_ig import (
@@ -196,8 +196,8 @@ def check_neft(family: str) -> None:
     exactly (compared with a copy of the transformers state dict taken before), and its scores
     and selection equal 1 - cos of each neuron's FFN weights after one SGD step taken by hand on a
     copy of the plain transformers model (:func:`._hf_ig.neuron_weight_change`), to 1e-3."""
-    from capinterp.core.model import load_model
-    from capinterp.core.tiny import tiny_hf
+    from capinterp.arch.model import load_model
+    from capinterp.arch.tiny import tiny_hf
     from capinterp.localizers.neft import NeFT
 
     hf, tok = tiny_hf(family)

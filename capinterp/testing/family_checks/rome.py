@@ -198,9 +198,9 @@ def shared_expert_layer(family: str) -> int | None:
 def check_rome_edit(family: str, expert: str | None = None) -> None:
     """k* and delta equal the HF-hook recomputation; the edited logits equal the hand-edited HF model's.
     ``expert="shared"``: the edit of the first MoE layer's shared expert (:func:`shared_expert_layer`)."""
+    from capinterp.arch.model import load_model
+    from capinterp.arch.tiny import tiny_hf
     from capinterp.core.example import Example
-    from capinterp.core.model import load_model
-    from capinterp.core.tiny import tiny_hf
     from capinterp.interventions.rome import rome_edit
     from capinterp.testing.family_checks._one_sublayer_ref import reference_model
 

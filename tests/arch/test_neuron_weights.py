@@ -1,4 +1,4 @@
-"""Where neurons' weights live (core/neuron_weights.py) and copies that keep the model's wiring (core/params.py),
+"""Where neurons' weights live (arch/neuron_weights.py) and copies that keep the model's wiring (core/params.py),
 checked against the transformers modules by their own names."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import capinterp as ci
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.neuron_weights import down_weight, neuron_params, value_rows
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.neuron_weights import down_weight, neuron_params, value_rows
+from capinterp.arch.tiny import tiny_hf
 from capinterp.core.params import copy_model, count_entries
-from capinterp.core.tiny import tiny_hf
 
 
 def _load(family: str):

@@ -7,7 +7,7 @@ Gemma 4's MoE decoder layer (26B-A4B) computes its FFN from the residual ``r`` a
 (``pre`` / ``pre2``: ``pre_feedforward_layernorm`` / ``_2``; ``N1`` / ``N2``: ``post_feedforward_layernorm_1``
 / ``_2``; the router reads ``r`` itself), then ``post_feedforward_layernorm`` and the residual add.
 capinterp serves it as one MoE layer whose neuron axis is the routed experts' neurons, router weight
-folded in (:mod:`capinterp.core.experts`), then the dense MLP's as the layer's shared expert. Each
+folded in (:mod:`capinterp.arch.experts`), then the dense MLP's as the layer's shared expert. Each
 branch's output is the sum of its neurons' value vectors; the layer's is not (the two norms come
 between): editing a value vector moves its branch's output, which the norm then rescales.
 
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.gated_mlp import unwrap
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.gated_mlp import unwrap
 
 __all__ = ["NormedBranches", "ResidualTap", "branch_layer", "check", "normed_branches", "probe", "serve"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.arch.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 
 __all__ = ["require_pattern_writes"]

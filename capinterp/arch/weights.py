@@ -12,7 +12,7 @@ nothing more: their MLP reads the same residual as the attention, but its down p
 the same kind of module.
 
 A model whose down projection cannot be found, or is not ``d_mlp`` wide along one side, is an
-:class:`~capinterp.core.family.UnsupportedFamily` naming the family and the module found.
+:class:`~capinterp.arch.family.UnsupportedFamily` naming the family and the module found.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from capinterp.core.expert_weights import ExpertValues
-from capinterp.core.experts import DenseBlock, expert_block
-from capinterp.core.family import UnsupportedFamily, family_of
+from capinterp.arch.expert_weights import ExpertValues
+from capinterp.arch.experts import DenseBlock, expert_block
+from capinterp.arch.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 
 __all__ = ["DownProjection", "down_projection", "value_weight"]
@@ -80,7 +80,7 @@ def _stored_orientation(module: Any, weight: Tensor, d_mlp: int, d_model: int) -
 
 def down_projection(model: Model, layer: int) -> DownProjection | ExpertValues:
     """Layer ``layer``'s down projection of a loaded model (bridge or TransformerLens-native); on a
-    mixture-of-experts model, all its experts' (:class:`capinterp.core.expert_weights.ExpertValues`)."""
+    mixture-of-experts model, all its experts' (:class:`capinterp.arch.expert_weights.ExpertValues`)."""
     n_layers = len(model.blocks)
     if not isinstance(layer, int) or not 0 <= layer < n_layers:
         raise ValueError(f"layer must be an int in [0, {n_layers}), got {layer!r}")
@@ -109,7 +109,7 @@ def value_weight(model: Model, layer: int) -> tuple[Tensor, int]:
     """``(weight, neuron_dim)`` of :func:`down_projection`: the stored weight and its neuron axis.
 
     Not defined on mixture-of-experts layers (their value vectors sit in several 3-D weights):
-    :class:`~capinterp.core.family.UnsupportedFamily`; use :func:`down_projection`'s write / add.
+    :class:`~capinterp.arch.family.UnsupportedFamily`; use :func:`down_projection`'s write / add.
     On a dense layer of a mixed dense / MoE model it is that layer's own down projection
     (``nn.Linear``, ``neuron_dim`` 1), whose neuron axis holds only the layer's real neurons: the
     first ``weight.shape[1]`` of the model's ``d_mlp`` (the rest of the axis is padding, without weights).

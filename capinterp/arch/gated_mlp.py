@@ -1,6 +1,6 @@
 """Gated MLPs as transformers names them (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``), plain
 ones (``up_proj``, ``down_proj``, ``act_fn``: NemotronH's ReLU-squared MLPs and shared experts), and
-views of the gated ones that name them otherwise, for :mod:`capinterp.core.experts`: LFM2-MoE's dense layers
+views of the gated ones that name them otherwise, for :mod:`capinterp.arch.experts`: LFM2-MoE's dense layers
 keep the original Llama's ``w1`` / ``w3`` / ``w2``; Granite 4.0's shared MLP fuses gate and up into one
 ``input_linear``. A view's attributes are the module's own parameters (or views of them), so reads and
 writes reach the model; :func:`module_of` gives the module behind a view."""
@@ -44,7 +44,7 @@ class LlamaNames:
     ``w2`` down, SiLU inside its forward), seen under transformers' usual ones. Its attributes are the
     module's own submodules, so reads and writes reach the model; calling it calls the module. The
     activation is taken as SiLU where the module names none: the load-time check of
-    :mod:`capinterp.core.experts` refuses the layer if the module computes anything else."""
+    :mod:`capinterp.arch.experts` refuses the layer if the module computes anything else."""
 
     def __init__(self, mlp: torch.nn.Module):
         self.module = mlp

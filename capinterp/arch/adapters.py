@@ -29,9 +29,9 @@ bridge's stays registered for everyone else):
   capinterp's adapter is the bridge's with one FFN per layer named ``mlp``: the shared MLP where
   the model has no experts (Granite 4.0 Micro: a dense model), the sparse MoE block where it has
   (capinterp's expert forward then computes experts and shared MLP as one layer, see
-  :mod:`capinterp.core.experts`); ``hook_mlp_out`` fires on the layer's scaled contribution.
+  :mod:`capinterp.arch.experts`); ``hook_mlp_out`` fires on the layer's scaled contribution.
 * ``NemotronHForCausalLM`` (NemotronH): the bridge maps each layer, one sublayer each, as one opaque
-  ``mixer``. capinterp first renames each layer's modules by kind (:mod:`capinterp.core.one_sublayer`,
+  ``mixer``. capinterp first renames each layer's modules by kind (:mod:`capinterp.arch.one_sublayer`,
   :data:`PREPARED_ARCHITECTURES`) and maps them as a hybrid's block: optional ``ln1`` / ``attn`` /
   ``mixer`` (Mamba-2) / ``ln2``, and an ``mlp`` in every layer (one with no neurons on mixer layers).
 """
@@ -213,7 +213,7 @@ def _nemotron_h_adapter() -> type:
     from transformer_lens.model_bridge.supported_architectures.nemotron_h import NemotronHArchitectureAdapter
 
     class NemotronHSplit(NemotronHArchitectureAdapter):
-        """NemotronH after :func:`capinterp.core.one_sublayer.split`: pre-norm blocks whose mixer (attention
+        """NemotronH after :func:`capinterp.arch.one_sublayer.split`: pre-norm blocks whose mixer (attention
         without positions, or Mamba-2) and FFN (an MLP, experts, or one with no neurons) are optional by layer."""
 
         def __init__(self, cfg: Any) -> None:
@@ -261,7 +261,7 @@ def _nemotron_h_adapter() -> type:
 
 
 def _split_nemotron_h(hf_model: Any) -> None:
-    from capinterp.core.one_sublayer import split
+    from capinterp.arch.one_sublayer import split
 
     split(hf_model)
 

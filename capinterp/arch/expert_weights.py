@@ -1,7 +1,7 @@
 """Where a mixture-of-experts layer's neurons keep their weights: :class:`ExpertValues`, the layer's value
 vectors as one ``[d_mlp, d_model]`` matrix (read as a copy, written back into each expert's own 3-D
 weight, a latent MoE's routed rows through fc2's range), and :func:`owned_entries`, the entries each
-neuron owns in the stacked weights. The layers themselves: :mod:`capinterp.core.experts`."""
+neuron owns in the stacked weights. The layers themselves: :mod:`capinterp.arch.experts`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from capinterp.core.dense_layers import DenseBlock
-from capinterp.core.experts import ExpertBlock
-from capinterp.core.family import UnsupportedFamily
-from capinterp.core.gated_mlp import FusedNames, input_projections, unwrap
+from capinterp.arch.dense_layers import DenseBlock
+from capinterp.arch.experts import ExpertBlock
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.gated_mlp import FusedNames, input_projections, unwrap
 
 __all__ = ["ExpertValues", "owned_entries"]
 
@@ -22,7 +22,7 @@ __all__ = ["ExpertValues", "owned_entries"]
 @dataclass(frozen=True, eq=False)
 class ExpertValues:
     """An MoE layer's down projections as one ``[n_experts * d_expert + d_shared, d_model]`` matrix of
-    value vectors (the interface of :class:`capinterp.core.weights.DownProjection`): read as a
+    value vectors (the interface of :class:`capinterp.arch.weights.DownProjection`): read as a
     copy, written back into each expert's own weight. On a dense layer of a mixed model
     (:class:`DenseBlock`) the same ``[d_mlp, d_model]`` matrix: the dense down projection's columns,
     then the padding's rows, always 0 (writing a non-zero row or delta there is a ValueError)."""

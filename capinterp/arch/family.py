@@ -6,11 +6,11 @@ and MLP read the same residual (parallel blocks), gated or plain MLP, positional
 fused QKV, the multipliers some families put on embeddings, residual branches, attention
 scores and logits, the final logit soft-cap, and mixture-of-experts FFNs. Methods ask the
 record (:func:`family_of`), never a family name; anything that rebuilds logits by hand goes
-through :func:`logit_transform` (used by :func:`capinterp.core.forward.unembed`).
+through :func:`logit_transform` (used by :func:`capinterp.arch.forward.unembed`).
 
 A model the record cannot serve is refused at load (:func:`check_supported`) with a message
 naming the family and what is missing, never partway through a run. As a last guard,
-:func:`capinterp.core.model.check_logit_path` compares capinterp's hand-built logits with the model's own forward at
+:func:`capinterp.arch.model.check_logit_path` compares capinterp's hand-built logits with the model's own forward at
 load, so a family whose logits need a step this record does not know fails loudly there.
 """
 
@@ -45,7 +45,7 @@ __all__ = [
 SERVED_MIXERS = ("linear_attention", "conv", "hybrid", "mlp", "moe")
 
 # layer kinds with an FFN and no mixer (NemotronH's "mlp" and "moe" layers: each of its layers is one
-# sublayer): capinterp.core.one_sublayer gives every layer of such a model a mixer slot and an FFN slot,
+# sublayer): capinterp.arch.one_sublayer gives every layer of such a model a mixer slot and an FFN slot,
 # the mixer layers an FFN with no neurons, so the neuron axis has one row per layer as everywhere else
 FFN_ONLY_LAYERS = ("mlp", "moe")
 
@@ -69,7 +69,7 @@ class UnsupportedFamily(NotImplementedError):
 @dataclass(frozen=True)
 class MoE:
     """A mixture-of-experts FFN: ``n_experts`` routed experts of ``d_expert`` neurons, ``top_k`` per
-    token, and ``n_shared`` shared experts of ``d_shared`` neurons in all (:mod:`capinterp.core.experts`)."""
+    token, and ``n_shared`` shared experts of ``d_shared`` neurons in all (:mod:`capinterp.arch.experts`)."""
 
     n_experts: int
     top_k: int
@@ -132,11 +132,11 @@ class Family:
     routed_heads: bool = False
     # the final norm module also normalizes the embeddings before the first layer (NanoChat): found by
     # the first forward at load, which then routes that first call around ln_final's hooks
-    # (capinterp.core.embedding_norm), so ln_final.hook_in carries only the last residual
+    # (capinterp.arch.embedding_norm), so ln_final.hook_in carries only the last residual
     embedding_norm: bool = False
     # each layer's own neurons where they differ between layers (dense layers between MoE layers:
     # DeepSeek's first_k_dense_replace); a layer's neurons are the first layer_widths[l] of the
-    # d_mlp-wide axis, the rest is padding, always 0 (set at load by capinterp.core.experts.install).
+    # d_mlp-wide axis, the rest is padding, always 0 (set at load by capinterp.arch.experts.install).
     # Empty when every layer has d_mlp neurons
     layer_widths: tuple[int, ...] = ()
     # the residual between layers is this many streams (DeepSeek-V4's hyper-connections, config hc_mult):
@@ -349,7 +349,7 @@ def check_supported(fam: Family) -> None:
     """Refuse, naming the family and what is missing, a model capinterp cannot serve correctly.
 
     Mixture-of-experts models pass here; their modules are checked when
-    :func:`capinterp.core.experts.install` serves them at load.
+    :func:`capinterp.arch.experts.install` serves them at load.
     """
     if other := [k for k in fam.hybrid_layers if k not in SERVED_MIXERS]:
         why = sorted({_UNSERVED_WHY[k] for k in other if k in _UNSERVED_WHY})

@@ -13,7 +13,7 @@ bridge wraps the model, :func:`split` gives each layer those names, by kind:
 
 The layer's forward computes exactly what transformers' does (the empty FFN adds 0; the load-time
 logits check compares them). The mixer layers then have 0 neurons on the axis (``Family.layer_widths``,
-the padding machinery of :mod:`capinterp.core.experts`): no method ranks, erases or edits a
+the padding machinery of :mod:`capinterp.arch.experts`): no method ranks, erases or edits a
 neuron there. The module names change, so the transformers model's ``state_dict`` keys do too
 (``layers.{l}.mixer.*`` becomes ``layers.{l}.mamba.*``, ``self_attn.*`` or ``mlp.*``): save a
 checkpoint from a freshly loaded transformers model, not from the one capinterp serves.

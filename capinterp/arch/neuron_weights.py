@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from capinterp.core.family import UnsupportedFamily
+from capinterp.arch.family import UnsupportedFamily
+from capinterp.arch.weights import down_projection, value_weight
 from capinterp.core.protocol import Model
-from capinterp.core.weights import down_projection, value_weight
 
 __all__ = [
     "KINDS",
@@ -53,7 +53,7 @@ class NeuronParam:
 
     On a mixture-of-experts layer a neuron's entries are spread over the experts' 3-D weights:
     ``where`` maps flat neuron indices to the index of their entries
-    (:func:`capinterp.core.expert_weights.owned_entries`) and ``axis`` is -1.
+    (:func:`capinterp.arch.expert_weights.owned_entries`) and ``axis`` is -1.
     """
 
     layer: int
@@ -108,7 +108,7 @@ def _axis(module: torch.nn.Module, p: torch.Tensor, side: str) -> int:
 def down_weight(model: Model, layer: int) -> tuple[torch.Tensor, int]:
     """The down projection's weight of ``layer`` (the model's own parameter) and its neuron axis:
     1 for ``nn.Linear`` (``[d_model, d_mlp]``), 0 for ``Conv1D`` (``[d_mlp, d_model]``)
-    (:func:`capinterp.core.weights.value_weight`)."""
+    (:func:`capinterp.arch.weights.value_weight`)."""
     return value_weight(model, layer)
 
 
@@ -148,8 +148,8 @@ def neuron_params(model: Model, layers: Any = None) -> list[NeuronParam]:
 
 
 def _expert_params(model: Model, names: dict[int, str], layers: Any) -> list[NeuronParam]:
-    from capinterp.core.expert_weights import owned_entries
-    from capinterp.core.experts import expert_block
+    from capinterp.arch.expert_weights import owned_entries
+    from capinterp.arch.experts import expert_block
 
     out: list[NeuronParam] = []
     for layer in range(int(model.cfg.n_layers)) if layers is None else layers:

@@ -1,9 +1,9 @@
-"""Dense FFN layers on a padded neuron axis (:class:`DenseBlock`), for :mod:`capinterp.core.experts`.
+"""Dense FFN layers on a padded neuron axis (:class:`DenseBlock`), for :mod:`capinterp.arch.experts`.
 
 A model whose layers differ in width puts every layer's neurons on one axis, as wide as the widest
 layer: the dense layers among a mixture-of-experts model's expert layers (DeepSeek-V2/V3, GLM-4 MoE,
 Ernie 4.5 MoE, AFMoE, Laguna: dense layers first; Llama 4 Maverick's interleaving), and NemotronH's
-layers, whose mixer layers have an FFN with no neurons (:mod:`capinterp.core.one_sublayer`). A
+layers, whose mixer layers have an FFN with no neurons (:mod:`capinterp.arch.one_sublayer`). A
 layer's real neurons come first, then padding that is always 0 and is no neuron of the model
 (``Family.layer_widths``, ``Family.valid_neurons``). Refused at load, with the reason: a dense layer
 wider than the axis, one that is not an MLP (gate_proj where gated, up_proj, down_proj, act_fn;
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from capinterp.core.family import MoE, UnsupportedFamily, family_of
-from capinterp.core.gated_mlp import input_projections, is_mlp, mlp_neurons, module_of, named_gated, unwrap
+from capinterp.arch.family import MoE, UnsupportedFamily, family_of
+from capinterp.arch.gated_mlp import input_projections, is_mlp, mlp_neurons, module_of, named_gated, unwrap
 from capinterp.core.protocol import Model
 
 __all__ = ["DenseBlock", "dense_block"]
@@ -35,7 +35,7 @@ class DenseBlock:
     The padding neurons exist only so every layer shares one axis: they are not neurons of the
     model. They have no weights (their value vectors and weight rows read as 0, and writing
     anything but 0 into them is a ValueError); random draws, selection statistics and chance
-    levels skip them (:meth:`capinterp.core.family.Family.valid_neurons`)."""
+    levels skip them (:meth:`capinterp.arch.family.Family.valid_neurons`)."""
 
     layer: int
     block: Any  # transformers MLP: gated (gate_proj, up_proj, down_proj, act_fn) or plain (no gate_proj)

@@ -3,8 +3,8 @@ import importlib.util
 import pytest
 import torch
 
-from capinterp.core.forward import logits_at
-from capinterp.core.model import (
+from capinterp.arch.forward import logits_at
+from capinterp.arch.model import (
     _PACKAGED,
     cache_dir,
     check_neuron_hooks,
@@ -59,7 +59,7 @@ def test_fingerprint_depends_on_shape():
 
 def test_fingerprint_sees_config_fields_that_change_activations():
     """Same weights, another sliding window: another model (caches such as ROME's key moment must not be shared)."""
-    from capinterp.core.tiny import tiny_hf
+    from capinterp.arch.tiny import tiny_hf
 
     def fp(**overrides):
         hf, tok = tiny_hf("mistral", **overrides)
@@ -74,8 +74,8 @@ def test_fingerprint_sees_config_fields_that_change_activations():
 def test_fingerprint_reads_the_config_as_loaded():
     """Fields transformers or the bridge set on the config at run time do not change a model's
     identity (a checkpoint written before them must still resume)."""
+    from capinterp.arch.tiny import tiny_hf
     from capinterp.core.fingerprint import refresh_fingerprint
-    from capinterp.core.tiny import tiny_hf
 
     hf, tok = tiny_hf("mistral")
     model = load_model(hf, tokenizer=tok)
@@ -128,7 +128,7 @@ PROMPTS = ["The Eiffel Tower is in the city of", "3+4=7\n5+2=7\n6+1=", "Based on
 
 
 def _bridge_vs_hf(model, name):
-    from capinterp.core.model import _load_local
+    from capinterp.arch.model import _load_local
 
     hf, tok = _load_local(cache_dir() / "models" / f"{name}-{_PACKAGED[name]['version']}-fp32", torch.float32)
     worst = 0.0
@@ -187,7 +187,7 @@ def test_two_processes_convert_a_packaged_model_once(tmp_path):
 
 @pytest.mark.slow
 def test_a_partial_gguf_from_an_interrupted_run_is_rebuilt(tmp_path):
-    from capinterp.core.model import _gguf_path
+    from capinterp.arch.model import _gguf_path
 
     target = tmp_path / "gguf" / _PACKAGED["gemma3"]["gguf"]
     target.parent.mkdir(parents=True)

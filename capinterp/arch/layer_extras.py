@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from capinterp.core.family import UnsupportedFamily, family_of
-from capinterp.core.gated_mlp import unwrap
+from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.gated_mlp import unwrap
 from capinterp.core.protocol import Model
 
 __all__ = ["layer_extras", "layer_scalars", "ple_layers", "require_additive_layers", "stream_scales"]

@@ -82,7 +82,7 @@ class _BeforeBlocks(torch.nn.Module):
 
 def install(model: Model) -> None:
     """Route the embeddings' normalization around ``ln_final``'s hooks (see the module docstring)."""
-    from capinterp.core.family import UnsupportedFamily, family_of
+    from capinterp.arch.family import UnsupportedFamily, family_of
 
     found = _owner(model)
     plain = getattr(model.ln_final, "original_component", None)

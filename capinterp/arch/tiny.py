@@ -218,7 +218,7 @@ _GEMMA4_E: dict[str, Any] = dict(
 )
 
 # Gemma 4's MoE layers (26B-A4B's shape: no per-layer embeddings, no KV sharing): routed experts beside
-# the dense MLP, each branch normalized before the two add (capinterp.core.branch_experts); the row
+# the dense MLP, each branch normalized before the two add (capinterp.arch.branch_experts); the row
 # "gemma4_text_moe" of TINY_FAMILIES (overrides of the "gemma4_text" row)
 _GEMMA4_MOE: dict[str, Any] = dict(
     num_hidden_layers=2,
@@ -246,7 +246,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(intermediate_size=96, head_dim=8, sliding_window=4),
     "gemma4_text": _GEMMA4_E,
     "gemma4_text_moe": {**_GEMMA4_E, **_GEMMA4_MOE},
-    # Gemma 3n's text model (E2B / E4B; adapter: capinterp.core.adapters): AltUp's four residual streams,
+    # Gemma 3n's text model (E2B / E4B; adapter: capinterp.arch.adapters): AltUp's four residual streams,
     # LAuReL beside attention, per-layer embeddings, the FFN width given per layer, activation sparsity (a
     # Gaussian top-k of the gate) on layer 0, the last layer reusing layer 1's keys and values
     "gemma3n_text": dict(
@@ -299,9 +299,9 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     "arcee": dict(intermediate_size=96, head_dim=8),  # ungated ReLU^2 MLP
     "jais2": dict(intermediate_size=96, head_dim=8),
     "vaultgemma": dict(intermediate_size=96, head_dim=8, sliding_window=4),  # layer 0 sliding, layer 1 full
-    # weightless norms, the final norm also on the embeddings (capinterp.core.embedding_norm), logit soft-cap 15
+    # weightless norms, the final norm also on the embeddings (capinterp.arch.embedding_norm), logit soft-cap 15
     "nanochat": dict(intermediate_size=96, head_dim=8),
-    # mixture of experts (capinterp.core.experts): every neuron of every expert on one axis per layer
+    # mixture of experts (capinterp.arch.experts): every neuron of every expert on one axis per layer
     "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2),
     # hybrids: a linear-attention layer (gated delta net), then a full-attention one
     "qwen3_next": _HYBRID,
@@ -388,9 +388,9 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # mixture of query / output-projection experts (2 of 4 per token, 2 heads each, 8 wide)
     "jetmoe": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, kv_channels=8),
     "flex_olmo": dict(intermediate_size=48, num_experts=4, num_experts_per_tok=2),
-    # HunYuan-MoE (adapter: capinterp.core.adapters): QK norm, a shared expert the config does not name
+    # HunYuan-MoE (adapter: capinterp.arch.adapters): QK norm, a shared expert the config does not name
     "hunyuan_v1_moe": dict(intermediate_size=48, num_experts=4, moe_topk=2, head_dim=8),
-    # PhiMoE (adapter: capinterp.core.adapters): LayerNorms, attention and unembedding biases as released,
+    # PhiMoE (adapter: capinterp.arch.adapters): LayerNorms, attention and unembedding biases as released,
     # sparsemixer routing inside its router
     "phimoe": dict(
         intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, attention_bias=True, lm_head_bias=True
@@ -459,7 +459,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
     ),
-    # dots.llm1 (adapter: capinterp.core.adapters): Qwen3 attention, DeepSeek-V3 routing, a dense layer 0
+    # dots.llm1 (adapter: capinterp.arch.adapters): Qwen3 attention, DeepSeek-V3 routing, a dense layer 0
     "dots1": dict(_DEEPSEEK_MOE, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
     "laguna": dict(
         moe_intermediate_size=48,
@@ -472,7 +472,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         layer_types=["sliding_attention", "full_attention"],  # all full by default, its window unused
         sliding_window=4,
     ),
-    # Granite 4.0 (adapter: capinterp.core.adapters): a Mamba-2 layer ("linear_attention" in its config's
+    # Granite 4.0 (adapter: capinterp.arch.adapters): a Mamba-2 layer ("linear_attention" in its config's
     # vocabulary), then attention with rotary positions; experts plus a shared MLP the decoder layer adds
     # beside them (fused input_linear); Granite's four multipliers away from 1
     "granitemoehybrid": dict(
@@ -496,7 +496,7 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         position_embedding_type="rope",
         **_GRANITE_MULTIPLIERS,
     ),
-    # NemotronH (adapter and layer split: capinterp.core.one_sublayer): each layer one sublayer, the four kinds
+    # NemotronH (adapter and layer split: capinterp.arch.one_sublayer): each layer one sublayer, the four kinds
     # in the config's default order: Mamba-2 mixer, experts (plain ReLU-squared experts and shared expert,
     # DeepSeek-V3's sigmoid routing), attention without positions, a plain MLP narrower than the experts' axis
     "nemotron_h": _NEMOTRON_H_MOE,
@@ -552,8 +552,8 @@ TINY_MIXED: tuple[str, ...] = tuple(
 )
 
 # the hybrid families of TINY_FAMILIES (linear-attention, Mamba or convolution layers beside softmax
-# attention, capinterp.core.family.SERVED_MIXERS): served, their methods that need attention in every layer
-# refuse (capinterp.core.family.require_attention); tests/families/test_hybrid.py checks this list
+# attention, capinterp.arch.family.SERVED_MIXERS): served, their methods that need attention in every layer
+# refuse (capinterp.arch.family.require_attention); tests/families/test_hybrid.py checks this list
 # against the configs' layer_types
 TINY_HYBRID: tuple[str, ...] = (
     "qwen3_next",

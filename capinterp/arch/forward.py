@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from capinterp.core.family import family_of, logit_transform
+from capinterp.arch.family import family_of, logit_transform
 from capinterp.core.protocol import Model
 
 __all__ = ["batch_first", "block_layout", "capture", "collapse_streams", "logits_at", "unembed"]
@@ -83,8 +83,8 @@ def block_layout(model: Model, h: torch.Tensor) -> torch.Tensor:
 def unembed(model: Model, h: torch.Tensor) -> torch.Tensor:
     """Final norm + unembedding + the family's own final steps (logit multiplier, soft-cap).
 
-    The family facts come from the model's record (:func:`capinterp.core.family.family_of`);
-    :func:`capinterp.core.family.check_logit_path` checks at load that this equals the model's
+    The family facts come from the model's record (:func:`capinterp.arch.family.family_of`);
+    :func:`capinterp.arch.family.check_logit_path` checks at load that this equals the model's
     own logits.
     """
     return logit_transform(family_of(model), model.unembed(model.ln_final(h)))

@@ -47,13 +47,13 @@ check finds different) is refused at load with the reason.
 
 Gemma 4's MoE layers run their experts beside a dense MLP, each branch normalized before the two add:
 served here with the dense MLP as the shared expert and the branch norms in the forward
-(:mod:`capinterp.core.branch_experts`).
+(:mod:`capinterp.arch.branch_experts`).
 
 Dense layers among MoE layers (the released DeepSeek-V2/V3, GLM-4 MoE, Ernie 4.5 MoE, AFMoE and
 Laguna checkpoints: dense layers first; Llama 4 Maverick's interleaving) are served on the same neuron
-axis by :class:`~capinterp.core.dense_layers.DenseBlock` (their neurons first, then padding that is
+axis by :class:`~capinterp.arch.dense_layers.DenseBlock` (their neurons first, then padding that is
 always 0), and so is a dense model whose layers differ in width (NemotronH's mixer layers have an FFN
-with no neurons, :mod:`capinterp.core.one_sublayer`).
+with no neurons, :mod:`capinterp.arch.one_sublayer`).
 """
 
 from __future__ import annotations
@@ -66,13 +66,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from capinterp.core.branch_experts import NormedBranches, branch_layer, normed_branches
-from capinterp.core.branch_experts import check as check_branches
-from capinterp.core.branch_experts import probe as probe_branches
-from capinterp.core.branch_experts import serve as serve_branches
-from capinterp.core.dense_layers import DenseBlock, dense_block
-from capinterp.core.family import FFN_ONLY_LAYERS, MoE, UnsupportedFamily, family_of
-from capinterp.core.gated_mlp import (
+from capinterp.arch.branch_experts import NormedBranches, branch_layer, normed_branches
+from capinterp.arch.branch_experts import check as check_branches
+from capinterp.arch.branch_experts import probe as probe_branches
+from capinterp.arch.branch_experts import serve as serve_branches
+from capinterp.arch.dense_layers import DenseBlock, dense_block
+from capinterp.arch.family import FFN_ONLY_LAYERS, MoE, UnsupportedFamily, family_of
+from capinterp.arch.gated_mlp import (
     FusedNames,
     fused_gated,
     input_projections,
@@ -296,7 +296,7 @@ def latent_layers(model: Model) -> list[int]:
 
 def branched(model: Model, layer: int) -> bool:
     """Whether ``layer`` runs experts beside a dense MLP, each branch normalized before the two add
-    (Gemma 4's MoE layers, :mod:`capinterp.core.branch_experts`): the layer's output is then no sum of
+    (Gemma 4's MoE layers, :mod:`capinterp.arch.branch_experts`): the layer's output is then no sum of
     value vectors, each branch's is."""
     blocks = getattr(model, "capinterp_experts", None) or ()
     return layer < len(blocks) and getattr(blocks[layer], "branches", None) is not None
@@ -513,7 +513,7 @@ def _expert_shape(where: str, experts: Any) -> tuple[int, int]:
 
 
 def _branch_block(model: Model, layer: int, moe: MoE, where: str, dense: Any) -> ExpertBlock:
-    """Gemma 4's MoE layer (:mod:`capinterp.core.branch_experts`): the decoder layer's routed experts
+    """Gemma 4's MoE layer (:mod:`capinterp.arch.branch_experts`): the decoder layer's routed experts
     and router, its dense MLP the shared expert, each branch normalized before the two add."""
     raw = unwrap(model.blocks[layer])
     experts = _flagged(unwrap(raw.experts), int(model.cfg.d_model))

@@ -6,8 +6,8 @@ route a multi-GPU map takes; integrated gradients through it equal the plain mod
 import pytest
 import torch
 
-from capinterp.core.model import load_model
-from capinterp.core.tiny import tiny_llama_hf
+from capinterp.arch.model import load_model
+from capinterp.arch.tiny import tiny_llama_hf
 from capinterp.data import arithmetic
 from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
