@@ -35,7 +35,15 @@ from capinterp.interventions import (
 )
 from capinterp.kernels.evaluate import EvalResult, evaluate
 from capinterp.kernels.ig_config import ADAPTIVE, CLOSED_FORM, GAUSS_LEGENDRE, PAPERS, IGConfig
-from capinterp.localizers import AMIG, CNL, DCSN, KN, SIG, CausalTrace, KnowledgeCircuit, NeFT, QueryLocalization
+from capinterp.localizers.amig import AMIG
+from capinterp.localizers.causal_trace import CausalTrace
+from capinterp.localizers.cnl import CNL
+from capinterp.localizers.dcsn import DCSN
+from capinterp.localizers.kn import KN
+from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+from capinterp.localizers.neft import NeFT
+from capinterp.localizers.query_localization import QueryLocalization
+from capinterp.localizers.sig import SIG
 from capinterp.units import KeySet, NeuronScores, NeuronSet, UnitSet, metrics
 
 __all__ = [
