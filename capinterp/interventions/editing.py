@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pandas as pd
@@ -47,6 +47,7 @@ from capinterp.core.fingerprint import restoring
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, encode
+from capinterp.interventions.configs import EditConfig, with_overrides
 from capinterp.interventions.edit_eval import EditBaseline, measure_edit, next_token_probs, perplexity, probe_ids
 from capinterp.interventions.hooks import check_neurons
 from capinterp.localizers.query_localization import NEURON_SELECTIONS, QueryLocalization, as_facts
@@ -56,6 +57,7 @@ __all__ = [
     "EDIT_SELECTIONS",
     "MODES",
     "EditBaseline",
+    "EditConfig",
     "KnowledgeEdit",
     "edit_knowledge",
     "edit_table",
@@ -66,7 +68,6 @@ __all__ = [
 #: The neuron selections :func:`edit_table` compares by default (``"intersection"`` is accepted too).
 EDIT_SELECTIONS = ("consistency-aware", "query", "union")
 MODES = ("erase", "update")
-DIRECTIONS = ("unembed", "embed")
 
 
 def _rows(model: Model, layer: int, idx: torch.Tensor) -> torch.Tensor:
@@ -189,17 +190,11 @@ def new_values(
     return out
 
 
-def _check_args(selection: str, mode: str, direction: str, lambdas: Sequence[float]) -> None:
+def _check_args(selection: str, mode: str) -> None:
     if selection not in NEURON_SELECTIONS:
         raise ValueError(f"unknown selection {selection!r}; choose one of {', '.join(NEURON_SELECTIONS)}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if isinstance(lambdas, (str, bytes)) or not isinstance(lambdas, Sequence) or len(lambdas) != 2:
-        raise ValueError(f"lambdas must be two finite numbers >= 0, got {lambdas!r}")
-    for i, x in enumerate(lambdas):
-        validate.finite_float(f"lambdas[{i}]", x, low=0.0)
 
 
 def _spaced(new_target: str, old_target: str) -> str:
@@ -273,6 +268,92 @@ def _fact_neurons(
     return loc.neurons(0, selection, 0 if selection == "query" else query_index)
 
 
+#: The :class:`~capinterp.interventions.configs.EditConfig` fields that set the update rule (what
+#: :func:`edit_table` takes as keyword overrides; its other keywords configure the QueryLocalization).
+_RULE_FIELDS = ("lambdas", "direction", "signed")
+
+
+def _split(config: EditConfig | None, params: dict[str, Any], names: Sequence[str], where: str):
+    """``(config with the overrides among params named in names, the other params)``."""
+    overrides = {k: params.pop(k) for k in list(params) if k in names}
+    return with_overrides(EditConfig, config, overrides, where), params
+
+
+@dataclass(frozen=True)
+class _EditPlan:
+    """What :func:`edit_knowledge` settled before any attribution: the fact's queries (encoded with
+    the old answer), the edited query, the old and new answers (and the new answer's first token per
+    query), the unrelated prompts, the neutral texts and the unedited measurements."""
+
+    queries: list[Example]
+    query_index: int
+    old: str
+    new_target: str | None
+    enc: list[Encoded]
+    new_ids: list[int] | None
+    others: list[Example]
+    texts: list[str]
+    baseline: EditBaseline
+
+
+def _check_baseline(baseline: Any) -> EditBaseline:
+    baseline = EditBaseline() if baseline is None else baseline
+    if not isinstance(baseline, EditBaseline):
+        raise TypeError(f"baseline must be an EditBaseline or None, got {type(baseline).__name__}")
+    if baseline.ppl is not None:
+        validate.finite_float("baseline.ppl", baseline.ppl, low=1.0)
+    return baseline
+
+
+def _plan_edit(
+    model: Model,
+    fact: Sequence[Any],
+    selection: str,
+    mode: str,
+    new_target: str | None,
+    query_index: Any,
+    localize: bool,
+    unrelated: Sequence[Any] | None,
+    neutral_text: str | Sequence[str] | None,
+    baseline: Any,
+) -> _EditPlan:
+    """Every check of :func:`edit_knowledge`'s data before any attribution (``localize``: the neurons
+    come from a fresh QueryLocalization, which needs two queries unless the selection is ``"query"``)."""
+    validate.model(model)
+    _no_latent(model, "edit_knowledge")  # before any localization
+    query_index = validate.integer("query_index", query_index)
+    baseline = _check_baseline(baseline)
+    queries, query_index = _the_fact(fact, query_index, 2 if localize and selection != "query" else 1)
+    old = queries[0].target
+    new_target = _new_answer(mode, new_target, old)
+    enc, new_ids = _answer_ids(model, queries, query_index, mode, new_target)
+    others = as_examples(unrelated or [])
+    texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
+    return _EditPlan(queries, query_index, old, new_target, enc, new_ids, others, texts, baseline)
+
+
+def _edit_values(
+    model: Model, plan: _EditPlan, selection: str, mode: str, neurons: NeuronSet, cfg: EditConfig
+) -> KnowledgeEdit:
+    """The :class:`KnowledgeEdit` of ``neurons``: their new value vectors by ``cfg``'s rule (signs read
+    at the edited query for a signed update)."""
+    q = plan.query_index
+    signs = None
+    if mode == "update" and cfg.signed:
+        acts = last_activations(model, plan.enc[q].prompt_ids, neurons)
+        signs = torch.where(acts < 0, -1.0, 1.0)
+    lambdas = (float(cfg.lambdas[0]), float(cfg.lambdas[1]))
+    new_id = plan.new_ids[q] if plan.new_ids else None
+    values = new_values(model, neurons, mode, plan.enc[q].target_ids[0], new_id, lambdas, cfg.direction, signs)
+    params = {
+        "query_index": q,
+        "lambdas": list(cfg.lambdas),
+        "direction": cfg.direction,
+        "signed": bool(cfg.signed) if mode == "update" else None,
+    }
+    return KnowledgeEdit(selection, mode, neurons, values, plan.old, plan.new_target, params)
+
+
 def edit_knowledge(
     model: Model,
     fact: Sequence[Any],
@@ -285,14 +366,11 @@ def edit_knowledge(
     query_index: int = 0,
     unrelated: Sequence[Any] | None = None,
     neutral_text: str | Sequence[str] | None = None,
-    lambdas: tuple[float, float] = (1.0, 8.0),
-    direction: str = "unembed",
-    signed: bool = True,
+    config: EditConfig | None = None,
     inplace: bool = False,
     evaluate: bool = True,
     baseline: EditBaseline | None = None,
-    batch_size: int = 16,
-    **ql_params: Any,
+    **params: Any,
 ) -> KnowledgeEdit:
     """Erase or update one fact through its knowledge neurons and measure the edit.
 
@@ -306,19 +384,21 @@ def edit_knowledge(
             the old answer's leading space).
         neurons: edit these neurons instead of localizing.
         ql: a fitted QueryLocalization that holds this fact (no new attribution runs). Without
-            ``neurons`` or ``ql`` one is fitted on the fact with ``ql_params``.
+            ``neurons`` or ``ql`` one is fitted on the fact with the QueryLocalization parameters
+            among ``params``.
         query_index: the edited query, ``fact[query_index]``; the others are its paraphrases.
         unrelated: prompts (Examples or strings) of unrelated facts, for locality.
         neutral_text: text(s) for the perplexity change.
-        lambdas: the update's (param1, param2): lambda_k = param_k * ||v|| / ||e||.
-        direction: ``"unembed"`` (W_U column) or ``"embed"`` (W_E row) of the answer's first token.
-        signed: flip the update of neurons whose activation at the edited query is negative.
+        config: the update rule and the measuring batch size, an
+            :class:`~capinterp.interventions.configs.EditConfig` (default ``EditConfig()``:
+            :data:`~capinterp.interventions.configs.EDIT_SIGNED`).
         inplace: keep the edit in ``model``; otherwise ``model`` ends exactly as it started.
         evaluate: measure metrics (otherwise ``metrics`` stays empty).
         baseline: the unedited model's perplexity on ``neutral_text`` and next-token probabilities,
             where already measured (:func:`edit_table` reuses them across selections and modes).
-        batch_size: prompts per forward pass when measuring.
-        ql_params: QueryLocalization / KN parameters for a fresh localization (e.g. ``steps=20``).
+        params: fields of :class:`~capinterp.interventions.configs.EditConfig` (``lambdas``,
+            ``direction``, ``signed``, ``batch_size``), applied on top of ``config``; any other
+            keyword is a QueryLocalization / KN parameter for a fresh localization (e.g. ``steps=20``).
 
     Metrics: ``reliability`` (erase: the edited query's top-1 is no longer the old answer; update:
     it is the new answer), ``generalization`` (the same over the paraphrases), ``locality`` (share of
@@ -326,63 +406,72 @@ def edit_knowledge(
     ``ppl_after``, ``delta_ppl``, ``rel_prob`` / ``gen_prob`` (erase: relative drop of p(old answer);
     update: p(new answer) after), ``n_neurons``. Every input error is raised before any attribution.
     """
-    _check_args(selection, mode, direction, lambdas)
-    validate.model(model)
-    _no_latent(model, "edit_knowledge")  # before any localization
-    query_index = validate.integer("query_index", query_index)
-    batch_size = validate.positive_int("batch_size", batch_size)
-    for flag, value in (("signed", signed), ("inplace", inplace), ("evaluate", evaluate)):
+    cfg, ql_params = _split(config, params, [f.name for f in fields(EditConfig)], "edit_knowledge")
+    _check_args(selection, mode)
+    for flag, value in (("inplace", inplace), ("evaluate", evaluate)):
         validate.boolean(flag, value)
-    baseline = EditBaseline() if baseline is None else baseline
-    if not isinstance(baseline, EditBaseline):
-        raise TypeError(f"baseline must be an EditBaseline or None, got {type(baseline).__name__}")
-    if baseline.ppl is not None:
-        validate.finite_float("baseline.ppl", baseline.ppl, low=1.0)
     if ql_params and (neurons is not None or ql is not None):
         raise ValueError(f"parameters {sorted(ql_params)} configure a new localization, but neurons or ql are given")
-    need = 2 if neurons is None and ql is None and selection != "query" else 1
-    queries, query_index = _the_fact(fact, query_index, need)
-    old = queries[0].target
-    new_target = _new_answer(mode, new_target, old)
-    enc, new_ids = _answer_ids(model, queries, query_index, mode, new_target)
-    others = as_examples(unrelated or [])
-    texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
-
-    neurons = _fact_neurons(model, queries, query_index, selection, neurons, ql, ql_params)
-    signs = None
-    if mode == "update" and signed:
-        acts = last_activations(model, enc[query_index].prompt_ids, neurons)
-        signs = torch.where(acts < 0, -1.0, 1.0)
-    values = new_values(
-        model,
-        neurons,
-        mode,
-        enc[query_index].target_ids[0],
-        new_ids[query_index] if new_ids else None,
-        (float(lambdas[0]), float(lambdas[1])),
-        direction,
-        signs,
+    localize = neurons is None and ql is None
+    plan = _plan_edit(
+        model, fact, selection, mode, new_target, query_index, localize, unrelated, neutral_text, baseline
     )
-    edit = KnowledgeEdit(
-        selection,
-        mode,
-        neurons,
-        values,
-        old,
-        new_target,
-        {
-            "query_index": query_index,
-            "lambdas": list(lambdas),
-            "direction": direction,
-            "signed": bool(signed) if mode == "update" else None,
-        },
-    )
+    neurons = _fact_neurons(model, plan.queries, plan.query_index, selection, neurons, ql, ql_params)
+    edit = _edit_values(model, plan, selection, mode, neurons, cfg)
     if evaluate:
-        measure_edit(model, edit, enc, new_ids, others, texts, batch_size, baseline)
+        measure_edit(model, edit, plan.enc, plan.new_ids, plan.others, plan.texts, cfg.batch_size, plan.baseline)
     if inplace:
         edit.apply_permanently(model)
         edit.model = model
     return edit
+
+
+def _other_facts(answers: list[str]) -> list[list[int]]:
+    """Per fact, the other facts with another answer, in cyclic order from the next one."""
+    n = len(answers)
+    order = [[(k + j) % n for j in range(1, n)] for k in range(n)]
+    return [[j for j in order[k] if answers[j].strip() != answers[k].strip()] for k in range(n)]
+
+
+def _table_ql(
+    model: Model, names: Sequence[Any], groups: list[list[Example]], ql: QueryLocalization | None, ql_params: dict
+) -> QueryLocalization:
+    """``ql`` checked to hold ``groups``, or a QueryLocalization fitted on them with ``ql_params``."""
+    if ql is None:
+        return QueryLocalization(model, **ql_params).fit(dict(zip(names, groups)))
+    if ql_params:
+        raise ValueError(f"parameters {sorted(ql_params)} configure a QueryLocalization, but ql is already fitted")
+    if len(ql.names_) != len(groups) or (
+        ql.facts_ is not None and any([q.prompt for q in f] != [q.prompt for q in g] for f, g in zip(ql.facts_, groups))
+    ):
+        raise ValueError("ql was fitted on other facts than those given")
+    return ql
+
+
+def _check_table(selections: tuple[str, ...], modes: Sequence[str], n_facts: int, new_targets, others) -> None:
+    """:func:`edit_table`'s selections, modes and new answers, checked before any localization."""
+    if not selections or not modes:
+        raise ValueError("edit_table needs at least one selection and one mode")
+    for m in selections:
+        _check_args(m, "erase")
+    for mode in modes:
+        _check_args("query", mode)
+    if new_targets is not None and len(new_targets) != n_facts:
+        raise ValueError(f"new_targets has {len(new_targets)} entries for {n_facts} facts")
+    if "update" in modes and new_targets is None and any(not o for o in others):
+        raise ValueError("mode 'update' needs new_targets, or facts with at least two different answers")
+
+
+def _table_frame(rows: list[dict[str, Any]], per_fact: bool) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
+    """Mean metrics per (mode, selection), the median perplexity change and ``n_facts``."""
+    raw = pd.DataFrame(rows)
+    cols = ["reliability", "generalization", "locality", "avg", "rel_prob", "gen_prob", "delta_ppl", "n_neurons"]
+    groups_ = raw.groupby(["mode", "selection"], sort=False)
+    table = groups_[cols].mean()
+    table["delta_ppl_median"] = groups_["delta_ppl"].median()
+    table["n_facts"] = groups_.size()
+    table = table.reset_index()
+    return (table, raw) if per_fact else table
 
 
 def edit_table(
@@ -397,11 +486,9 @@ def edit_table(
     unrelated: Sequence[Any] | None = None,
     neutral_text: str | Sequence[str] | None = None,
     query_index: int = 0,
-    lambdas: tuple[float, float] = (1.0, 8.0),
-    direction: str = "unembed",
-    signed: bool = True,
+    config: EditConfig | None = None,
     per_fact: bool = False,
-    **ql_params: Any,
+    **params: Any,
 ) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Edit every fact with every neuron selection and mode; mean metrics per (mode, selection).
 
@@ -411,7 +498,7 @@ def edit_table(
     Args:
         model: the model (left unchanged).
         facts: a list of facts (lists of paraphrased queries) or a mapping name -> fact.
-        ql: a QueryLocalization fitted on ``facts``; fitted here with ``ql_params`` if missing.
+        ql: a QueryLocalization fitted on ``facts``; fitted here with the other ``params`` if missing.
         selections: neuron sets to compare (consistency-aware, query-level, fact-union).
         modes: ``"erase"`` and / or ``"update"``.
         new_targets: one new answer per fact; default: the answer of the next fact (cyclically)
@@ -420,48 +507,27 @@ def edit_table(
         unrelated: prompts used as the unrelated set of every fact instead (e.g. other relations).
         neutral_text: text(s) for the perplexity change.
         query_index: the edited query of every fact.
-        lambdas: the update's (param1, param2).
-        direction: the answer direction of the update.
-        signed: sign-corrected update (see :func:`edit_knowledge`).
+        config: every edit's :class:`~capinterp.interventions.configs.EditConfig` (see :func:`edit_knowledge`).
         per_fact: also return the frame with one row per edit.
-        ql_params: parameters of the QueryLocalization fitted when ``ql`` is missing.
+        params: ``lambdas``, ``direction`` and ``signed`` override those of ``config``; every other
+            keyword (``batch_size`` included) is a parameter of the QueryLocalization fitted when
+            ``ql`` is missing.
     """
+    cfg, ql_params = _split(config, params, _RULE_FIELDS, "edit_table")
     selections = tuple(selections)
     names, groups = as_facts(facts, min_queries=2)
-    if not selections or not modes:
-        raise ValueError("edit_table needs at least one selection and one mode")
-    for m in selections:
-        _check_args(m, "erase", direction, lambdas)
-    for mode in modes:
-        _check_args("query", mode, direction, lambdas)
     answers = [g[0].target for g in groups]
-    if new_targets is not None and len(new_targets) != len(groups):
-        raise ValueError(f"new_targets has {len(new_targets)} entries for {len(groups)} facts")
-
-    def others(k: int) -> list[int]:
-        order = [(k + j) % len(groups) for j in range(1, len(groups))]
-        return [j for j in order if answers[j].strip() != answers[k].strip()]
-
-    if "update" in modes and new_targets is None and any(not others(k) for k in range(len(groups))):
-        raise ValueError("mode 'update' needs new_targets, or facts with at least two different answers")
-    if ql is None:
-        ql = QueryLocalization(model, **ql_params).fit(dict(zip(names, groups)))
-    elif ql_params:
-        raise ValueError(f"parameters {sorted(ql_params)} configure a QueryLocalization, but ql is already fitted")
-    elif len(ql.names_) != len(groups) or (
-        ql.facts_ is not None and any([q.prompt for q in f] != [q.prompt for q in g] for f, g in zip(ql.facts_, groups))
-    ):
-        raise ValueError("ql was fitted on other facts than those given")
+    others = _other_facts(answers)
+    _check_table(selections, modes, len(groups), new_targets, others)
+    ql = _table_ql(model, names, groups, ql, ql_params)
     fixed = as_examples(unrelated) if unrelated is not None else None
     texts = [neutral_text] if isinstance(neutral_text, str) else list(neutral_text or [])
     ppl0 = perplexity(model, texts) if texts else None
     rows = []
     for k, (name, g) in enumerate(zip(names, groups)):
-        unrel = fixed if fixed is not None else [groups[j][0] for j in others(k)[:n_unrelated]]
-        before = next_token_probs(
-            model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel)
-        )  # once per fact
-        new = new_targets[k] if new_targets is not None else answers[others(k)[0]] if others(k) else None
+        unrel = fixed if fixed is not None else [groups[j][0] for j in others[k][:n_unrelated]]
+        before = next_token_probs(model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel))
+        new = new_targets[k] if new_targets is not None else answers[others[k][0]] if others[k] else None
         for mode in modes:
             for selection in selections:
                 e = edit_knowledge(
@@ -475,16 +541,7 @@ def edit_table(
                     unrelated=unrel,
                     neutral_text=texts,
                     baseline=EditBaseline(ppl0, before),
-                    lambdas=lambdas,
-                    direction=direction,
-                    signed=signed,
+                    config=cfg,
                 )
                 rows.append({"fact": name, "mode": mode, "selection": selection, **e.metrics})
-    raw = pd.DataFrame(rows)
-    cols = ["reliability", "generalization", "locality", "avg", "rel_prob", "gen_prob", "delta_ppl", "n_neurons"]
-    groups_ = raw.groupby(["mode", "selection"], sort=False)
-    table = groups_[cols].mean()
-    table["delta_ppl_median"] = groups_["delta_ppl"].median()
-    table["n_facts"] = groups_.size()
-    table = table.reset_index()
-    return (table, raw) if per_fact else table
+    return _table_frame(rows, per_fact)

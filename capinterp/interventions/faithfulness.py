@@ -321,6 +321,19 @@ def _area(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
 
 
+@dataclass(frozen=True)
+class _Units:
+    """The ranked units of one :func:`faithfulness` call: their kind, order (best first), count, the
+    size of a given set (None for a full ranking), the edge graph (edges only) and the ``by`` used."""
+
+    kind: str
+    order: torch.Tensor
+    n_units: int
+    given: int | None
+    graph: Any
+    by: str
+
+
 def faithfulness(
     model: Model,
     units: Any,
@@ -351,6 +364,27 @@ def faithfulness(
     ``"abs"`` (any strong effect first, as for CMD-style questions); ``"auto"`` (default): ``"abs"``
     for edges (as KnowledgeCircuit selects them), ``"score"`` otherwise.
     """
+    ablation, metric, random_sets, bs, by = _check_faithfulness(model, ablation, metric, random_sets, batch_size, by)
+    ranked = _ranked_units(model, units, by)
+    sizes = _sizes(ks, ranked.n_units, ranked.given)
+    items = encode(model, validate.examples(data, need_target=True))
+    masks = _unit_masks(ranked, sizes, random_sets, seed)
+    run = dict(ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs)
+    if ranked.graph is not None:
+        vals = edge_metric(model, ranked.graph, items, masks, **run)
+    else:
+        vals = ablated_metric(model, items, _neuron_keep(model, ranked.kind, masks), **run)
+    table, cpr, cmd, rand = _curves(vals, sizes, ranked.n_units, random_sets)
+    meta = {"unit": ranked.kind, "n_units": ranked.n_units, "ablation": ablation, "metric": metric}
+    meta.update({"n_examples": len(items), "random_sets": random_sets, "seed": int(seed), "ks": sizes, "by": ranked.by})
+    full, empty = float(vals[0]), float(vals[1])
+    return Faithfulness(table, full, empty, cpr, cmd, _band(rand[:, 0]), _band(rand[:, 1]), meta)
+
+
+def _check_faithfulness(
+    model: Model, ablation: str, metric: str, random_sets: int, batch_size: int, by: str
+) -> tuple[str, str, int, int, str]:
+    """:func:`faithfulness`'s settings, checked before any forward pass."""
     validate.model(model)
     ablation = validate.choice("ablation", ablation, ABLATIONS)
     metric = validate.choice("metric", metric, FAITHFULNESS_METRICS)
@@ -358,57 +392,56 @@ def faithfulness(
     bs = validate.positive_int("batch_size", batch_size)
     if metric == "logit_diff" and ablation != "corrupt":
         raise ValueError("metric='logit_diff' needs corrupted answers: use it with ablation='corrupt'")
-    by = validate.choice("by", by, ("auto", "score", "abs"))
-    graph = None
-    if is_edge_input(units) and not _expert_score_shape(model, units):
-        kind, by = "edge", "abs" if by == "auto" else by
-        graph, order, given = edge_ranking(model, units, by)
-        n_units = graph.n_edges
-    else:
-        by = "score" if by == "auto" else by
-        kind, order, given = _ranking(model, units, by)
-        L, d = neuron_shape(model)
-        real = _real_neurons(model)
-        n_units = {"neuron": real.numel(), "layer": L}.get(kind) or len(expert_units(model))
-    sizes = _sizes(ks, n_units, given)
-    items = encode(model, validate.examples(data, need_target=True))
+    return ablation, metric, random_sets, bs, validate.choice("by", by, ("auto", "score", "abs"))
 
+
+def _ranked_units(model: Model, units: Any, by: str) -> _Units:
+    """The units ranked (``by="auto"``: ``"abs"`` for edges, ``"score"`` otherwise) and counted: the
+    graph's edges, the model's real neurons, its layers, or its experts."""
+    if is_edge_input(units) and not _expert_score_shape(model, units):
+        by = "abs" if by == "auto" else by
+        graph, order, given = edge_ranking(model, units, by)
+        return _Units("edge", order, graph.n_edges, given, graph, by)
+    by = "score" if by == "auto" else by
+    kind, order, given = _ranking(model, units, by)
+    n_units = {"neuron": _real_neurons(model).numel(), "layer": neuron_shape(model)[0]}.get(kind)
+    return _Units(kind, order, n_units or len(expert_units(model)), given, None, by)
+
+
+def _unit_masks(ranked: _Units, sizes: list[int], random_sets: int, seed: int) -> torch.Tensor:
+    """``[2 + 2 * len(sizes) * (1 + random_sets), n_units]`` bool, True = the unit runs: the full model,
+    everything ablated, then per size the located set and each random set, kept and ablated."""
+    n_units = ranked.n_units
     gen = torch.Generator().manual_seed(int(seed))
     unit_masks = [torch.ones(n_units, dtype=torch.bool), torch.zeros(n_units, dtype=torch.bool)]
     for k in sizes:
-        sets = [order[:k]] + [torch.randperm(n_units, generator=gen)[:k] for _ in range(random_sets)]
+        sets = [ranked.order[:k]] + [torch.randperm(n_units, generator=gen)[:k] for _ in range(random_sets)]
         for idx in sets:
             m = torch.zeros(n_units, dtype=torch.bool)
             m[idx] = True
             unit_masks += [m, ~m]  # kept, ablated
-    masks = torch.stack(unit_masks)
-    if graph is not None:
-        vals = edge_metric(
-            model,
-            graph,
-            items,
-            masks,
-            ablation=ablation,
-            metric=metric,
-            reference=reference,
-            corrupt=corrupt,
-            batch_size=bs,
-        )
-    else:
-        if kind == "neuron":  # padding neurons (always 0) run in every configuration
-            keep = torch.ones(masks.shape[0], L * d, dtype=torch.bool)
-            keep[:, real] = masks
-            keep = keep.view(-1, L, d)
-        elif kind == "expert":  # an expert's neurons run or are ablated together; a mixed model's dense layers run
-            cols = torch.ones(masks.shape[0], L * len(expert_keys(moe_of(model))), dtype=torch.bool)
-            cols[:, expert_units(model)] = masks
-            keep = cols.view(masks.shape[0], L, -1)[:, :, expert_columns(moe_of(model))]
-        else:
-            keep = masks[:, :, None].expand(-1, L, d)
-        vals = ablated_metric(
-            model, items, keep, ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs
-        )
+    return torch.stack(unit_masks)
 
+
+def _neuron_keep(model: Model, kind: str, masks: torch.Tensor) -> torch.Tensor:
+    """Unit masks as neuron masks ``[n_configs, n_layers, d_mlp]`` (True = the neuron runs)."""
+    L, d = neuron_shape(model)
+    if kind == "neuron":  # padding neurons (always 0) run in every configuration
+        keep = torch.ones(masks.shape[0], L * d, dtype=torch.bool)
+        keep[:, _real_neurons(model)] = masks
+        return keep.view(-1, L, d)
+    if kind == "expert":  # an expert's neurons run or are ablated together; a mixed model's dense layers run
+        cols = torch.ones(masks.shape[0], L * len(expert_keys(moe_of(model))), dtype=torch.bool)
+        cols[:, expert_units(model)] = masks
+        return cols.view(masks.shape[0], L, -1)[:, :, expert_columns(moe_of(model))]
+    return masks[:, :, None].expand(-1, L, d)
+
+
+def _curves(
+    vals: np.ndarray, sizes: list[int], n_units: int, random_sets: int
+) -> tuple[pd.DataFrame, float, float, np.ndarray]:
+    """The table of kept / ablated metrics and faithfulness per size (with the random band), the
+    located curve's CPR and CMD, and ``[random_sets, 2]``: each random curve's CPR and CMD."""
     full, empty = float(vals[0]), float(vals[1])
     span = full - empty
     norm = (lambda v: (v - empty) / span) if abs(span) > 1e-12 else (lambda v: np.full_like(v, np.nan))
@@ -428,7 +461,6 @@ def faithfulness(
         for name, arr in (("random_kept", kept_r), ("random_ablated", abl_r), ("random_faithfulness", norm(kept_r))):
             table[f"{name}_mean"] = arr.mean(-1)
             table[f"{name}_p05"], table[f"{name}_p95"] = np.quantile(arr, 0.05, -1), np.quantile(arr, 0.95, -1)
-
     x = np.concatenate([[0.0], table["fraction"].to_numpy(), [1.0]])
     x, pick = np.unique(x, return_index=True)
 
@@ -438,6 +470,4 @@ def faithfulness(
 
     cpr, cmd = areas(table["faithfulness"].to_numpy())
     rand = np.array([areas(norm(kept_r[:, r])) for r in range(random_sets)]).reshape(-1, 2)
-    meta = {"unit": kind, "n_units": n_units, "ablation": ablation, "metric": metric, "n_examples": len(items)}
-    meta.update({"random_sets": random_sets, "seed": int(seed), "ks": sizes, "by": by})
-    return Faithfulness(table, full, empty, cpr, cmd, _band(rand[:, 0]), _band(rand[:, 1]), meta)
+    return table, cpr, cmd, rand

@@ -50,13 +50,14 @@ from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.settings import resolve_device
 from capinterp.core.tokens import Encoded, batches, collate, encode, pad_id
+from capinterp.interventions.configs import FinetuneConfig, with_overrides
 from capinterp.interventions.finetune_result import FinetuneResult, finetune_figure
 from capinterp.interventions.hooks import check_neurons
 from capinterp.interventions.neuron_params import count_params, neuron_masks, zero_neurons
 from capinterp.kernels.evaluate import evaluate
 from capinterp.units.neurons import NeuronSet
 
-__all__ = ["ARMS", "FinetuneResult", "finetune", "finetune_figure", "mean_target_loss", "target_loss"]
+__all__ = ["ARMS", "FinetuneConfig", "FinetuneResult", "finetune", "finetune_figure", "mean_target_loss", "target_loss"]
 
 ARMS: tuple[str, ...] = ("located", "random", "without_located", "full")
 _START = {"located": "original", "random": "original", "full": "original", "without_located": "erased"}
@@ -88,16 +89,14 @@ def mean_target_loss(model: Model, items: Sequence[Encoded], batch_size: int = 1
 def _check_args(
     train: list[Example],
     lr: float | Mapping[str, float],
-    epochs: int,
-    batch_size: int,
     arms: Sequence[str],
     neurons: NeuronSet | None,
     inplace: bool,
 ) -> tuple[tuple[str, ...], dict[str, float]]:
+    """The arms, checked against ``neurons`` and ``inplace``, and the learning rate of each
+    (``lr``'s values are checked by :class:`~capinterp.interventions.configs.FinetuneConfig`)."""
     if not train:
         raise ValueError("finetune() got an empty training set")
-    validate.positive_int("epochs", epochs)
-    validate.positive_int("batch_size", batch_size)
     validate.boolean("inplace", inplace)
     arms = (arms,) if isinstance(arms, str) else tuple(arms)
     bad = [a for a in arms if a not in ARMS]
@@ -110,9 +109,6 @@ def _check_args(
     lrs = dict(lr) if isinstance(lr, Mapping) else dict.fromkeys(arms, lr)
     if set(lrs) != set(arms):
         raise ValueError(f"lr as a mapping needs one entry per arm {arms}, got {sorted(lrs)}")
-    for a, v in lrs.items():
-        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {v!r} (arm {a!r})")
     if inplace and len(arms) != 1:
         raise ValueError(f"inplace=True trains the caller's model, so it takes exactly one arm, got {arms!r}")
     return arms, {a: float(v) for a, v in lrs.items()}
@@ -363,18 +359,16 @@ def finetune(
     train: Sequence[Any],
     *,
     neurons: NeuronSet | None = None,
-    lr: float | Mapping[str, float] = 1e-5,
-    epochs: int = 1,
     arms: Sequence[str] = ARMS,
     eval_data: Any = None,
-    batch_size: int = 8,
+    config: FinetuneConfig | None = None,
     seed: int = 0,
     device: str | torch.device | None = None,
     inplace: bool = False,
     keep_models: bool = False,
     random_neurons: NeuronSet | None = None,
-    eval_batch_size: int = 16,
     progress: bool = True,
+    **overrides: Any,
 ) -> FinetuneResult:
     """Fine-tune each arm on ``train`` and measure it before and after.
 
@@ -383,19 +377,20 @@ def finetune(
             ``inplace=True``).
         train: Examples (or ``(prompt, target)`` pairs); loss on the target tokens only.
         neurons: the located neurons (required by every arm but ``"full"``).
-        lr: Adam learning rate (no weight decay; CNL used 1e-5), or ``{arm: lr}`` for every arm
-            (few trained parameters usually want a larger rate than full fine-tuning).
-        epochs: passes over ``train``, shuffled per epoch by ``seed``.
         arms: any of ``"located"``, ``"random"``, ``"without_located"``, ``"full"``.
         eval_data: None, a list of Examples, or ``{name: examples}``; accuracy by
             :func:`capinterp.kernels.evaluate` before and after training.
+        config: the optimisation, a :class:`~capinterp.interventions.configs.FinetuneConfig`
+            (``lr``, ``epochs``, ``batch_size``, ``eval_batch_size``; default ``FinetuneConfig()``:
+            :data:`~capinterp.interventions.configs.FINETUNE_CNL`, Adam at lr 1e-5, one epoch).
         seed: draws the random arm's neurons (``neurons.random_like(seed)``) and the batch order.
         device: where to train (default: the model's device); the copy is moved there.
         inplace: train the caller's model itself (one arm only).
         keep_models: return the trained copies in ``result.models``.
         random_neurons: the random arm's set, instead of ``neurons.random_like(seed)``.
-        eval_batch_size: batch size of the evaluations and of the before/after training loss.
         progress: a tqdm bar per arm (stderr).
+        overrides: fields of ``config`` (e.g. ``lr=1e-5, epochs=3``; ``lr`` may be ``{arm: lr}``
+            for every arm), applied on top of it.
 
     Returns:
         A :class:`FinetuneResult` (table, long-form evaluations, loss history, neuron sets).
@@ -404,30 +399,80 @@ def finetune(
         ValueError: empty training or evaluation set, ``lr <= 0``, ``epochs < 1``, an unknown or
             repeated arm, missing or empty ``neurons``, a NeuronSet made for another model
             (via :func:`capinterp.interventions.hooks.check_neurons`), ``inplace`` with several arms.
+        TypeError: a keyword that is no field of :class:`~capinterp.interventions.configs.FinetuneConfig`.
         TokenizationError: an example's target does not tokenize after its prompt.
         FloatingPointError: the training loss became NaN/inf (lower ``lr``).
     """
+    cfg = with_overrides(FinetuneConfig, config, overrides, "finetune")
+    arms, lrs, items, sets = _validated(model, train, cfg, arms, neurons, inplace, eval_data)
+    sets_neurons = _arm_neuron_sets(model, arms, neurons, random_neurons, seed)
+    dev = resolve_device(device) if device is not None else torch.device(model.cfg.device)
+    flags = {name: p.requires_grad for name, p in model.named_parameters()}
+    run = _Run(items, sets, flags, count_params(model), cfg.epochs, cfg.batch_size, seed, cfg.eval_batch_size, progress)
+    rows, evals, history, models = _run_arms(model, run, arms, lrs, neurons, sets_neurons, dev, inplace, keep_models)
+    result_config = {
+        "lr": lrs,
+        "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size,
+        "seed": seed,
+        "device": str(dev),
+        "n_train": len(items),
+        "n_params": run.n_total,
+        "arms": list(arms),
+    }
+    return FinetuneResult(
+        table=pd.DataFrame(rows),
+        evals=pd.DataFrame(evals, columns=["arm", "dataset", "stage", "accuracy", "mean_prob", "n"]),
+        history=pd.DataFrame(history, columns=["arm", "epoch", "step", "loss"]),
+        neurons=sets_neurons,
+        models=models,
+        config=result_config,
+    )
+
+
+def _validated(
+    model: Model,
+    train: Sequence[Any],
+    cfg: FinetuneConfig,
+    arms: Sequence[str],
+    neurons: NeuronSet | None,
+    inplace: bool,
+    eval_data: Any,
+) -> tuple[tuple[str, ...], dict[str, float], list[Encoded], dict[str, list[Example]]]:
+    """Every check before training: ``(arms, lr per arm, encoded training items, evaluation sets)``;
+    every set is tokenized here, so a tokenization problem surfaces before any training."""
     validate.model(model)
     train_ex = validate.examples(train, "finetune(train)", min_count=0)
-    arms, lrs = _check_args(train_ex, lr, epochs, batch_size, arms, neurons, inplace)
+    arms, lrs = _check_args(train_ex, cfg.lr, arms, neurons, inplace)
     if neurons is not None:
         check_neurons(model, neurons)
     sets = _eval_sets(eval_data)
     items = encode(model, train_ex)
     for exs in sets.values():
-        encode(model, exs)  # tokenization problems surface before any training
-    sets_neurons = _arm_neuron_sets(model, arms, neurons, random_neurons, seed)
-    dev = resolve_device(device) if device is not None else torch.device(model.cfg.device)
-    flags = {name: p.requires_grad for name, p in model.named_parameters()}
-    n_total = count_params(model)
+        encode(model, exs)
+    return arms, lrs, items, sets
+
+
+def _run_arms(
+    model: Model,
+    run: _Run,
+    arms: tuple[str, ...],
+    lrs: dict[str, float],
+    neurons: NeuronSet | None,
+    sets_neurons: dict[str, NeuronSet],
+    dev: torch.device,
+    inplace: bool,
+    keep_models: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Train and measure every arm in turn: ``(table rows, evaluations, loss history, kept models)``.
+    A finished arm's copy is reset and reused by the next arm unless it is kept."""
     counts = _neuron_counts(model, neurons)
-    run = _Run(items, sets, flags, n_total, epochs, batch_size, seed, eval_batch_size, progress)
     before: dict[str, dict[str, Any]] = {}  # measurements of each starting point, shared by the arms
     rows: list[dict[str, Any]] = []
     evals: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []
     models: dict[str, Any] = {}
-    spare = None  # a finished arm's copy, reset and reused by the next arm (unless kept)
+    spare = None
     for arm in arms:
         work = _arm_model(model, arm, spare, inplace, dev, neurons)
         row, arm_evals, arm_history = _run_arm(
@@ -441,24 +486,7 @@ def finetune(
         else:
             spare = work
         del work
-    if spare is not None and n_total > 10_000_000:  # free a big copy now (the bridge holds reference cycles)
+    if spare is not None and run.n_total > 10_000_000:  # free a big copy now (the bridge holds reference cycles)
         del spare
         gc.collect()
-    config = {
-        "lr": lrs,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "seed": seed,
-        "device": str(dev),
-        "n_train": len(items),
-        "n_params": n_total,
-        "arms": list(arms),
-    }
-    return FinetuneResult(
-        table=pd.DataFrame(rows),
-        evals=pd.DataFrame(evals, columns=["arm", "dataset", "stage", "accuracy", "mean_prob", "n"]),
-        history=pd.DataFrame(history, columns=["arm", "epoch", "step", "loss"]),
-        neurons=sets_neurons,
-        models=models,
-        config=config,
-    )
+    return rows, evals, history, models

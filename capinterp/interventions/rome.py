@@ -43,6 +43,7 @@ from capinterp.core.example import Example, TokenizationError, check_target
 from capinterp.core.params import copy_model
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode, model_bos, pad_id, pad_right, subject_span
+from capinterp.interventions.configs import RomeConfig, with_overrides
 from capinterp.interventions.editing import value_weight
 from capinterp.interventions.rome_experts import (
     SHARED,
@@ -57,7 +58,7 @@ from capinterp.interventions.rome_experts import (
 )
 from capinterp.interventions.second_moment import key_corpus, second_moment
 
-__all__ = ["EditUnreachable", "RomeEdit", "rome_edit", "subject_last_position"]
+__all__ = ["EditUnreachable", "RomeConfig", "RomeEdit", "rome_edit", "subject_last_position"]
 
 
 class EditUnreachable(ValueError):
@@ -206,25 +207,17 @@ def _fact(fact: Any, subject: str | None, new_target: str | None) -> tuple[Examp
 
 
 @dataclass(frozen=True)
-class _ValueSearch:
-    """The hyper-parameters of step 2 (the value optimisation, Eq. 4) at one layer."""
+class _Plan:
+    """What :func:`rome_edit` settled before the value search: the checked fact, its subject and new
+    target, whether the layer is an MoE layer, the edited expert's columns (when known) and C (None
+    while C waits for the expert the search chooses)."""
 
-    layer: int
-    steps: int
-    lr: float
-    kl_factor: float
-    weight_decay: float
-    clamp: float
-
-    def validated(self, n_layers: int) -> _ValueSearch:
-        """Itself, after every field is checked (ValueError / TypeError naming the argument)."""
-        validate.integer("layer", self.layer, low=0, high=n_layers - 1)
-        validate.positive_int("steps", self.steps)
-        for name, v in (("lr", self.lr), ("clamp", self.clamp)):
-            validate.finite_float(name, v, low=0.0, low_open=True)
-        for name, v in (("kl_factor", self.kl_factor), ("weight_decay", self.weight_decay)):
-            validate.finite_float(name, v, low=0.0)
-        return self
+    fact: Example
+    subject: str
+    new_target: str
+    moe: bool
+    columns: slice | None
+    C: torch.Tensor | None
 
 
 def rome_edit(
@@ -233,22 +226,16 @@ def rome_edit(
     new_target: str | None = None,
     *,
     layer: int,
+    config: RomeConfig | None = None,
     subject: str | None = None,
     texts: Sequence[str] | None = None,
     data_dir: str | os.PathLike | None = None,
     second_moment_matrix: torch.Tensor | None = None,
     prefixes: Sequence[str] | None = None,
-    n_prefixes: int = 5,
-    prefix_tokens: int = 8,
-    steps: int = 20,
-    lr: float = 0.5,
-    kl_factor: float = 0.0625,
-    weight_decay: float = 0.5,
-    clamp: float = 4.0,
-    ridge: float = 1e-3,
     seed: int = 0,
     inplace: bool = False,
     expert: Expert | None = None,
+    **overrides: Any,
 ) -> RomeEdit:
     """Compute the ROME edit that makes ``model`` continue ``fact``'s prompt with ``new_target``.
 
@@ -258,84 +245,121 @@ def rome_edit(
             from :func:`~capinterp.data.load_counterfact`) or a prompt string.
         new_target: the new answer as it follows the prompt (e.g. ``" English"``).
         layer: the edited MLP layer.
+        config: the value search's and key statistics' settings, a
+            :class:`~capinterp.interventions.configs.RomeConfig` (default ``RomeConfig()``: ROME's
+            GPT-2 XL value search, :data:`~capinterp.interventions.configs.ROME_GPT2_XL`).
         subject: the subject string inside the prompt (default ``fact.meta["subject"]``).
         texts: local texts for the key second moment C.
         data_dir: a folder of local text files for C when ``texts`` is None (default: the shared
             data folder).
         second_moment_matrix: C itself (``[d_mlp, d_mlp]``), skipping the estimate.
-        prefixes: context prefixes for k* and delta (default: ``n_prefixes`` texts of
-            ``prefix_tokens`` tokens sampled from the model); the plain prompt is always included.
-        steps: Adam steps of the value optimisation (ROME's GPT-2 XL defaults throughout).
-        lr: Adam learning rate.
-        kl_factor: weight of the KL term on "{subject} is a".
-        weight_decay: weight of ||delta||^2 / ||v0||^2.
-        clamp: ||delta|| is kept <= clamp * ||v0||.
-        ridge: C + ridge * mean(diag C) * I is inverted (a local corpus is small).
+        prefixes: context prefixes for k* and delta (default: ``config.n_prefixes`` texts of
+            ``config.prefix_tokens`` tokens sampled from the model); the plain prompt is always included.
+        seed: seeds the sampled prefixes.
+        inplace: keep the edit in ``model``.
         expert: on a mixture-of-experts layer, the expert whose down projection is edited (default:
             the routed expert that writes most at the subject's last token), or ``"shared"``: the
             layer's shared expert; None on dense layers. ``second_moment_matrix`` is then that
             expert's ``[d_expert, d_expert]`` (``[d_shared, d_shared]``).
+        overrides: fields of :class:`~capinterp.interventions.configs.RomeConfig` (``steps``, ``lr``,
+            ``kl_factor``, ``weight_decay``, ``clamp``, ``ridge``, ``n_prefixes``, ``prefix_tokens``),
+            applied on top of ``config``.
     """
+    cfg = with_overrides(RomeConfig, config, overrides, "rome_edit")
+    plan = _plan(model, fact, new_target, layer, subject, texts, data_dir, second_moment_matrix, seed, inplace, expert)
+    if prefixes is None:
+        prefixes = sample_prefixes(model, cfg.n_prefixes, cfg.prefix_tokens, seed)
+    contexts = [""] + [str(p) for p in prefixes]
+    delta, key, losses = _optimise(model, cfg, layer, plan.fact.prompt, plan.subject, plan.new_target, contexts, expert)
+    edit = _measured_edit(model, cfg, layer, plan, texts, data_dir, second_moment_matrix, expert, delta, key)
+    edit.losses = losses
+    edit.params = dict(
+        layer=layer,
+        subject=plan.subject,
+        contexts=contexts,
+        steps=cfg.steps,
+        lr=cfg.lr,
+        kl_factor=cfg.kl_factor,
+        weight_decay=cfg.weight_decay,
+        clamp=cfg.clamp,
+        ridge=cfg.ridge,
+        seed=seed,
+        expert=edit.expert,
+    )
+    if inplace:
+        edit.apply_permanently(model)
+    return edit
+
+
+def _plan(
+    model: Model,
+    fact: Any,
+    new_target: str | None,
+    layer: int,
+    subject: Any,
+    texts: Sequence[str] | None,
+    data_dir: Any,
+    matrix: torch.Tensor | None,
+    seed: int,
+    inplace: bool,
+    expert: Expert | None,
+) -> _Plan:
+    """Validate every argument (before any forward pass), then settle C where it does not wait for the
+    expert the value search chooses (on an MoE layer without ``expert``: its corpus is checked now)."""
     validate.model(model)
-    search = _ValueSearch(layer, steps, lr, kl_factor, weight_decay, clamp).validated(int(model.cfg.n_layers))
+    validate.integer("layer", layer, low=0, high=int(model.cfg.n_layers) - 1)
     _check_has_neurons(model, layer)
     check_expert(model, layer, expert)
-    validate.nonneg_int("n_prefixes", n_prefixes)
-    validate.positive_int("prefix_tokens", prefix_tokens)
-    validate.finite_float("ridge", ridge, low=0.0)
     validate.integer("seed", seed)
     validate.boolean("inplace", inplace)
     fact, subject, new_target = _checked_fact(model, fact, subject, new_target)
-    _check_matrix(model, layer, second_moment_matrix, expert)
+    _check_matrix(model, layer, matrix, expert)
     moe = expert_layer(model, layer)  # one expert's neurons: its key, its covariance, its down projection
     columns = expert_slice(model, expert) if moe and expert is not None else None
     C = None
-    if moe and expert is None:  # C waits for the chosen expert; its corpus is checked now
+    if moe and expert is None:
         key_corpus(model, texts=texts, data_dir=data_dir)
     else:
-        C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix, columns)
-    if prefixes is None:
-        prefixes = sample_prefixes(model, n_prefixes, prefix_tokens, seed)
-    contexts = [""] + [str(p) for p in prefixes]
-    delta, key, losses = _optimise(model, search, fact.prompt, subject, new_target, contexts, expert)
-    if moe:
+        C = _key_second_moment(model, layer, texts, data_dir, matrix, columns)
+    return _Plan(fact, subject, new_target, moe, columns, C)
+
+
+def _measured_edit(
+    model: Model,
+    cfg: RomeConfig,
+    layer: int,
+    plan: _Plan,
+    texts: Sequence[str] | None,
+    data_dir: Any,
+    matrix: torch.Tensor | None,
+    expert: Expert | None,
+    delta: torch.Tensor,
+    key: torch.Tensor,
+) -> RomeEdit:
+    """Step 3: the :class:`RomeEdit` of the searched ``delta`` at ``key`` (on an MoE layer: of the
+    chosen expert, its neurons' part of the key and its C), with v* = W k* + delta and the left vector."""
+    columns, C = plan.columns, plan.C
+    if plan.moe:
         expert = choose_expert(model, layer, key) if expert is None else expert
         columns = expert_slice(model, expert)
         mine = torch.zeros_like(key)
         mine[columns] = key[columns]
         key = mine
-        C = _key_second_moment(model, layer, texts, data_dir, second_moment_matrix, columns) if C is None else C
+        C = _key_second_moment(model, layer, texts, data_dir, matrix, columns) if C is None else C
     assert C is not None
-    edit = RomeEdit(
+    value = _unedited_value(model, layer, key) if expert is None else expert_value(model, layer, key, expert)
+    return RomeEdit(
         layer,
         key.cpu(),
-        (_unedited_value(model, layer, key) if expert is None else expert_value(model, layer, key, expert))
-        + delta.cpu(),
+        value + delta.cpu(),
         delta.cpu(),
-        _padded_left(model, layer, C, key, ridge, columns).cpu(),
-        fact,
-        new_target,
+        _padded_left(model, layer, C, key, cfg.ridge, columns).cpu(),
+        plan.fact,
+        plan.new_target,
         model_fingerprint(model),
-        params=dict(
-            layer=layer,
-            subject=subject,
-            contexts=contexts,
-            steps=steps,
-            lr=lr,
-            kl_factor=kl_factor,
-            weight_decay=weight_decay,
-            clamp=clamp,
-            ridge=ridge,
-            seed=seed,
-            expert=expert,
-        ),
-        losses=losses,
         model=model,
         expert=expert,
     )
-    if inplace:
-        edit.apply_permanently(model)
-    return edit
 
 
 def _check_has_neurons(model: Model, layer: int) -> None:
@@ -478,7 +502,8 @@ def _value_hook(model: Model, layer: int, expert: Expert | None = None) -> str:
 
 def _optimise(
     model: Model,
-    search: _ValueSearch,
+    cfg: RomeConfig,
+    layer: int,
     prompt: str,
     subject: str,
     new_target: str,
@@ -487,7 +512,7 @@ def _optimise(
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Steps 1 and 2: ``(delta [d_model], k* [d_mlp], losses)``, ROME's key and value optimisation (Eq. 4)."""
     b = _value_batch(model, prompt, subject, new_target, contexts)
-    out_hook = _value_hook(model, search.layer, expert)
+    out_hook = _value_hook(model, layer, expert)
     saved: dict[str, torch.Tensor] = {}
 
     def keep(name: str):
@@ -512,9 +537,9 @@ def _optimise(
         for p in params:
             p.requires_grad_(False)
         with torch.no_grad():
-            logp0 = run(None, [(neuron_hook(search.layer), keep("key")), (out_hook, keep("value"))])
+            logp0 = run(None, [(neuron_hook(layer), keep("key")), (out_hook, keep("value"))])
         key = saved["key"][: b.n_prompts].mean(0)
-        delta, losses = _descend(model, search, b, run, logp0[-1], saved["value"][0].norm())
+        delta, losses = _descend(model, cfg, b, run, logp0[-1], saved["value"][0].norm(), layer)
     finally:
         for p in params:
             p.requires_grad_(True)
@@ -535,27 +560,33 @@ def _check_reach(grad: torch.Tensor, layer: int) -> None:
 
 
 def _descend(
-    model: Model, search: _ValueSearch, b: _ValueBatch, run: Any, kl_before: torch.Tensor, v0_norm: torch.Tensor
+    model: Model,
+    cfg: RomeConfig,
+    b: _ValueBatch,
+    run: Any,
+    kl_before: torch.Tensor,
+    v0_norm: torch.Tensor,
+    layer: int,
 ) -> tuple[torch.Tensor, list[float]]:
     """Step 2's Adam loop on delta: NLL + KL + weight decay, ||delta|| clamped; stops early at NLL < 0.05."""
     delta = torch.zeros(int(model.cfg.d_model), device=model.cfg.device, requires_grad=True)
-    opt = torch.optim.Adam([delta], lr=search.lr)
+    opt = torch.optim.Adam([delta], lr=cfg.lr)
     losses: list[float] = []
-    for _ in range(search.steps):
+    for _ in range(cfg.steps):
         logp = run(delta)
         nll = -(logp[:-1].gather(1, b.gold[:, None])[:, 0] * b.weights).sum()
         kl = torch.sum(kl_before.exp() * (kl_before - logp[-1]))
-        loss = nll + search.kl_factor * kl + search.weight_decay * delta.pow(2).sum() / v0_norm**2
+        loss = nll + cfg.kl_factor * kl + cfg.weight_decay * delta.pow(2).sum() / v0_norm**2
         losses.append(float(nll.detach()))
         if losses[-1] < 5e-2:
             break
         if len(losses) == 1:
-            _check_reach(torch.autograd.grad(nll, delta, retain_graph=True)[0], search.layer)
+            _check_reach(torch.autograd.grad(nll, delta, retain_graph=True)[0], layer)
         opt.zero_grad()
         loss.backward()
         opt.step()
         with torch.no_grad():
-            cap = search.clamp * v0_norm
+            cap = cfg.clamp * v0_norm
             if delta.norm() > cap:
                 delta.mul_(cap / delta.norm())
     return delta, losses
