@@ -1,1 +1,3 @@
+"""The package version, ``capinterp.__version__``."""
+
 __version__ = "0.1.0"

@@ -1,5 +1,7 @@
 """The ``capinterp`` command line: ``info``, ``evaluate``, ``localize``, ``reproduce`` and ``main``
-(the README job). Every command prints its result as JSON on stdout (logs and progress bars go to
+(the README job).
+
+Every command prints its result as JSON on stdout (logs and progress bars go to
 stderr); the options and their checks are in :mod:`capinterp.app.args`."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Plain-language notes the command line adds to a result: IG completeness as information, whether
-a fit resumed from a checkpoint (and what the ``.ckpt`` file is), what a per-fact method did with
-many examples, and how to read a random-neuron baseline."""
+"""Plain-language notes the command line adds to a result, so that its JSON reads without the docs.
+
+IG completeness as information, whether a fit resumed from a checkpoint (and what the ``.ckpt``
+file is), what a per-fact method did with many examples, and how to read a random-neuron baseline."""
 
 from __future__ import annotations
 

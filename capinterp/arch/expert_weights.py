@@ -1,7 +1,8 @@
-"""Where a mixture-of-experts layer's neurons keep their weights: :class:`ExpertValues`, the layer's value
-vectors as one ``[d_mlp, d_model]`` matrix (read as a copy, written back into each expert's own 3-D
-weight, a latent MoE's routed rows through fc2's range), and :func:`owned_entries`, the entries each
-neuron owns in the stacked weights. The layers themselves: :mod:`capinterp.arch.experts`."""
+"""Where a mixture-of-experts layer's neurons keep their weights.
+
+:class:`ExpertValues` is the layer's value vectors as one ``[d_mlp, d_model]`` matrix (read as a
+copy, written back into each expert's own 3-D weight, a latent MoE's routed rows through fc2's
+range), and :func:`owned_entries`, the entries each neuron owns in the stacked weights. The layers themselves: :mod:`capinterp.arch.experts`."""
 
 from __future__ import annotations
 

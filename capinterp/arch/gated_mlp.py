@@ -1,4 +1,6 @@
-"""Gated MLPs as transformers names them (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``), plain
+"""FFN modules as capinterp reads them: gated, plain, and views of gated ones named otherwise.
+
+Gated MLPs as transformers names them (``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn``), plain
 ones (``up_proj``, ``down_proj``, ``act_fn``: NemotronH's ReLU-squared MLPs and shared experts), and
 views of the gated ones that name them otherwise, for :mod:`capinterp.arch.experts`: LFM2-MoE's dense layers
 keep the original Llama's ``w1`` / ``w3`` / ``w2``; Granite 4.0's shared MLP fuses gate and up into one

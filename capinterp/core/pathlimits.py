@@ -1,6 +1,7 @@
-"""Path names the file system will take, checked before any work: each name at most ``NAME_MAX``
-bytes (255 on most file systems), the whole path at most ``PATH_MAX`` bytes (4096 on Linux), and
-no NUL character. Outputs and checkpoints check their paths with :func:`check_path` so that a name
+"""Path names the file system will take, checked before any work.
+
+Each name is at most ``NAME_MAX`` bytes (255 on most file systems), the whole path at most
+``PATH_MAX`` bytes (4096 on Linux), and there is no NUL character. Outputs and checkpoints check their paths with :func:`check_path` so that a name
 the file system would refuse is a clear ValueError at the start, not an ``ENAMETOOLONG`` after
 minutes of work."""
 

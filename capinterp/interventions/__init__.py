@@ -1,6 +1,8 @@
-"""Acting on located units: erase / scale / amplify hooks, neuron-level fine-tuning, knowledge
-editing through value vectors, ROME rank-one editing, attention scaling, and faithfulness
-curves of a localization (kept / ablated top-k against random sets: CPR, CMD)."""
+"""Acting on located units: erase, scale, fine-tune, edit, and measure how faithful a localization is.
+
+Erase / scale / amplify hooks, neuron-level fine-tuning, knowledge editing through value vectors,
+ROME rank-one editing, attention scaling, and faithfulness curves of a localization (kept /
+ablated top-k against random sets: CPR, CMD)."""
 
 from capinterp.interventions.attention_scaling import attention_scaling, scale_attention
 from capinterp.interventions.editing import KnowledgeEdit, edit_knowledge, edit_table

@@ -1,7 +1,8 @@
-"""Shared machinery of dataset-level neuron localizers (CNL, DCSN): mean per-neuron scores over
-a dataset, a sigma mask, resumable checkpoints, split-half consistency, data parallel runs under
-``torchrun`` (:mod:`capinterp.core.distributed`), ``batch_size="auto"`` and out-of-memory retries
-(:mod:`capinterp.kernels.memory`)."""
+"""Shared machinery of dataset-level neuron localizers (CNL, DCSN): ``DatasetNeuronLocalizer``.
+
+Mean per-neuron scores over a dataset, a sigma mask, resumable checkpoints, split-half
+consistency, data parallel runs under ``torchrun`` (:mod:`capinterp.core.distributed`),
+``batch_size="auto"`` and out-of-memory retries (:mod:`capinterp.kernels.memory`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""What :class:`~capinterp.units.neuron_scores.NeuronScores` and :class:`~capinterp.units.neuron_set.NeuronSet`
-share: one ``[n_layers, d_mlp]`` CPU tensor over ``blocks.{l}.mlp.hook_post``, metadata, the model
+"""What neuron scores and neuron sets share: one ``[n_layers, d_mlp]`` tensor, metadata, save and load.
+
+:class:`~capinterp.units.neuron_scores.NeuronScores` and :class:`~capinterp.units.neuron_set.NeuronSet`
+share one ``[n_layers, d_mlp]`` CPU tensor over ``blocks.{l}.mlp.hook_post``, metadata, the model
 check, drawing, and ``save`` / :func:`load` (file format: :mod:`capinterp.units.neuron_io`)."""
 
 from __future__ import annotations
