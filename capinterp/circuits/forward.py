@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -174,6 +175,16 @@ def run_graph(
         ref: ``[B, T, n_src, d]`` value a removed edge's source takes instead (default 0).
         keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
     """
+    _check_layers(model, graph)
+    run = _GraphPass(model, graph, tokens, resid0=resid0, removed=removed, ref=ref, keep_slots=keep_slots)
+    logits = model.run_with_hooks(tokens, fwd_hooks=run.hooks())
+    if keep_slots and len(run.slots) != _n_slot_hooks(graph, run.names) + 1:
+        raise RuntimeError(f"only {len(run.slots)} slot hooks fired: is graph_mode on?")
+    return GraphRun(logits, rearrange(run.outs, "n b t d -> b t n d"), [run.slots[k] for k in sorted(run.slots)])
+
+
+def _check_layers(model: Model, graph: Graph) -> None:
+    """ValueError unless the graph was built for this model's layers."""
     ple = bool(ple_layers(model))
     if graph.n_layers != len(model.blocks) or graph.kinds != layer_mixers(model) or graph.ple != ple:
         raise ValueError(
@@ -181,163 +192,11 @@ def run_graph(
             f"{graph.ple}) are not this model's ({len(model.blocks)}, kinds {layer_mixers(model) or 'all attention'}, "
             f"per-layer embeddings {ple}): build it with Graph.from_model"
         )
-    names = _hooks(model, graph)
-    fam = family_of(model)
-    rt = routes(model, graph.parallel)
-    gains = _post_attn_gains(model, graph)
-    w_o = _head_out_weights(model, graph) if rt.result == "z" else {}
-    B, T = tokens.shape
-    d = int(model.cfg.d_model)
-    dtype = next(model.parameters()).dtype
-    P = stream_scales(model)  # P[l]: the scale the residual entering layer l carries (Gemma 4's layer_scalar)
-    outs = torch.zeros(graph.n_src, B, T, d, dtype=dtype, device=tokens.device)  # source-major: matmuls
-    ref_n = None if ref is None else rearrange(ref, "b t n d -> n b t d").to(dtype).contiguous()
-    slots: dict[int, torch.Tensor] = {}  # first slot column -> the slot's input tensor
-    pre: dict[int, torch.Tensor] = {}  # block inputs, where a slot is rebuilt as ln1(slot)
-    rem = None if removed is None else (removed.bool() & graph.edge_mask).to(tokens.device)
-    if rem is not None and not rem.any():
-        rem = None
-    H = graph.n_heads
 
-    def subtract(x: torch.Tensor, cols: slice) -> torch.Tensor:
-        n_up = graph.n_upstream(cols.start)
-        r = rem[..., :n_up, cols]  # type: ignore[index]  # called only when rem is not None
-        if not r.any():
-            return x
-        delta = outs[:n_up] if ref_n is None else outs[:n_up] - ref_n[:n_up]
-        if r.dim() == 3:  # one removal set per batch row
-            sub = torch.einsum("bnk,nbtd->kbtd", r.to(dtype), delta)
-        else:
-            flat = rearrange(delta, "n b t d -> n (b t d)")
-            sub = rearrange(r.T.to(dtype) @ flat, "k (b t d) -> k b t d", b=B, t=T)
-        return x - (rearrange(sub, "k b t d -> b t k d") if x.dim() == 4 else sub[0])
 
-    def on_input(x, hook):
-        x = x if resid0 is None else resid0.to(x.dtype)
-        outs[0] = x.detach()
-        pre[0] = x
-        return x
-
-    def on_pre(l):
-        def fn(x, hook):
-            pre[l] = x
-
-        return fn
-
-    def on_z(l):  # head h adds z_h @ W_O[h] (times the family's residual multiplier)
-        def fn(z, hook):
-            z = z.detach().reshape(B, T, H, -1)
-            heads = torch.einsum("bthe,hed->hbtd", z, w_o[l].to(z.dtype))
-            outs[graph.head_src(l) : graph.head_src(l) + H] = heads / P[l] if P[l] != 1.0 else heads
-
-        return fn
-
-    def on_result(l):
-        def fn(x, hook):
-            scale = fam.attn_out_multiplier / P[l]
-            x = x.detach() * scale if scale != 1.0 else x.detach()
-            outs[graph.head_src(l) : graph.head_src(l) + H] = rearrange(x, "b t h d -> h b t d")
-
-        return fn
-
-    def on_out(src: int, l: int):  # a node's output as the residual stream of layer l receives it
-        def fn(x, hook):
-            outs[src] = x.detach() / P[l] if P[l] != 1.0 else x.detach()
-
-        return fn
-
-    def on_mixer_out(l):  # what the layer's mixer adds: resid_mid - resid_pre (less its heads, Falcon-H1)
-        def fn(x, hook):  # x: the residual the (sequential) MLP reads
-            out = (x.detach() - pre[l].detach()) / P[l]
-            if graph.has_heads(l):
-                out = out - outs[graph.head_src(l) : graph.head_src(l) + H].sum(0)
-            outs[graph.mixer_src(l)] = out
-
-        return fn
-
-    def on_attn_post(l):  # RMS post-norm: head h adds gain * result_h / rms(sum of heads)
-        def fn(x, hook):
-            gain, eps = gains[l]
-            scale = torch.rsqrt(x.detach().float().pow(2).mean(-1, keepdim=True) + eps)
-            sl = slice(graph.head_src(l), graph.head_src(l) + H)
-            outs[sl] = (outs[sl].float() * (scale * gain)[None]).to(dtype)
-
-        return fn
-
-    def on_slot(cols: slice, l: int):
-        # slots and node outputs live in the residual stream's own scale at layer 0: a slot of layer l
-        # reads P[l] times the sum of its upstream outputs, each taken at its own layer's scale
-        p = P[l]
-
-        def fn(x, hook):
-            if p != 1.0:
-                x = x / p
-            if rem is not None:
-                x = subtract(x, cols)
-            if keep_slots:
-                # a fresh node: hook_mlp_in's tensor is also the residual the block adds to, and its
-                # gradient would include the skip path; the slot's own gradient must not.
-                x = x.view_as(x) if rem is not None or p != 1.0 else x.clone()
-                slots[cols.start] = x
-            return x * p if p != 1.0 else x
-
-        return fn
-
-    def on_norm_slot(l: int, cols: slice, scale: float = 1.0):  # the module's input rebuilt as ln1(slot)
-        norm = _raw(model.blocks[l].ln1)
-        slot = on_slot(cols, l)
-
-        def fn(x, hook):
-            y = norm(slot(pre[l], hook))
-            return (y * scale if scale != 1.0 else y).to(x.dtype)
-
-        return fn
-
-    hooks = [(names["input"], on_input)]
-    for l in range(graph.n_layers):
-        layer = graph.granularity == "layer"
-        mixer = mixer_module(model, l) if graph.has_mixer(l) else None
-        if l and ("norm" in (rt.mlp[l], rt.layer_attn[l] if layer else "") or mixer):
-            hooks.append((f"blocks.{l}.hook_resid_pre", on_pre(l)))
-        if not graph.has_heads(l):
-            pass
-        elif not layer:
-            hooks += [(name, on_slot(graph.slot_index(l, kind), l)) for kind, name in names["attn_in"][l]]
-        elif rt.layer_attn[l] != "norm" and not mixer:
-            hooks.append((f"blocks.{l}.{rt.layer_attn[l]}", on_slot(graph.slot_index(l, "layer"), l)))
-        else:  # Falcon-H1's attention reads ln1's output times its input multiplier
-            hooks.append(
-                (f"blocks.{l}.attn.hook_in", on_norm_slot(l, graph.slot_index(l, "layer"), fam.attn_in_multiplier))
-            )
-        if not graph.has_heads(l):
-            pass
-        elif rt.result == "result":
-            hooks.append((names["result"][l], on_result(l)))
-        else:
-            hooks.append((f"blocks.{l}.attn.o.hook_in", on_z(l)))
-        if mixer is not None:  # its slot: the residual before the mixer's norm; beside heads, ln1(slot) into it
-            cols = graph.slot_index(l, "mixer")
-            if graph.has_heads(l):
-                hooks.append((f"blocks.{l}.{mixer}.hook_in", on_norm_slot(l, cols)))
-            else:
-                hooks.append((f"blocks.{l}.ln1.hook_in", on_slot(cols, l)))
-        mlp_cols = graph.slot_index(l, "mlp")
-        if rt.mlp[l] == "norm":
-            hooks.append((f"blocks.{l}.mlp.hook_in", on_norm_slot(l, mlp_cols)))
-        else:
-            hook = f"blocks.{l}.{rt.mlp[l]}"
-            if mixer is not None:  # the residual the MLP reads, before its edges are taken out
-                hooks.append((hook, on_mixer_out(l)))
-            hooks.append((hook, on_slot(mlp_cols, l)))
-        hooks.append((names["mlp_out"][l], on_out(graph.mlp_src(l), l)))
-        if l in gains:
-            hooks.append((f"blocks.{l}.ln1_post.hook_in", on_attn_post(l)))
-        if graph.ple:  # Gemma 4: the gate reads the residual after the MLP; the norm's output joins it
-            hooks.append((f"blocks.{l}.per_layer_input_gate.hook_in", on_slot(graph.slot_index(l, "ple"), l)))
-            hooks.append((f"blocks.{l}.post_per_layer_input_norm.hook_out", on_out(graph.ple_src(l), l)))
-    hooks.append((names["final"], on_slot(slice(graph.n_slots - 1, graph.n_slots), graph.n_layers)))
-    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
-    want = sum(
+def _n_slot_hooks(graph: Graph, names: dict[str, Any]) -> int:
+    """How many slot hooks a pass fires before the final one (one per slot tensor)."""
+    return sum(
         (
             len(graph.attn_slots(l))
             if graph.granularity == "layer" or not graph.has_heads(l)
@@ -348,9 +207,184 @@ def run_graph(
         + graph.ple
         for l in range(graph.n_layers)
     )
-    if keep_slots and len(slots) != want + 1:
-        raise RuntimeError(f"only {len(slots)} slot hooks fired: is graph_mode on?")
-    return GraphRun(logits, rearrange(outs, "n b t d -> b t n d"), [slots[k] for k in sorted(slots)])
+
+
+class _GraphPass:
+    """The hooks of one :func:`run_graph` pass: one method per hook kind, all writing the node outputs
+    (``outs``, source-major ``[n_src, B, T, d]``) and the slot inputs (``slots``) of this pass."""
+
+    def __init__(
+        self,
+        model: Model,
+        graph: Graph,
+        tokens: torch.Tensor,
+        *,
+        resid0: torch.Tensor | None,
+        removed: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        keep_slots: bool,
+    ) -> None:
+        self.model, self.graph, self.resid0, self.keep_slots = model, graph, resid0, keep_slots
+        self.names = _hooks(model, graph)
+        self.fam = family_of(model)
+        self.rt = routes(model, graph.parallel)
+        self.gains = _post_attn_gains(model, graph)
+        self.w_o = _head_out_weights(model, graph) if self.rt.result == "z" else {}
+        self.B, self.T = tokens.shape
+        d = int(model.cfg.d_model)
+        self.dtype = next(model.parameters()).dtype
+        self.P = stream_scales(model)  # P[l]: the scale the residual entering layer l carries (Gemma 4's layer_scalar)
+        self.outs = torch.zeros(graph.n_src, self.B, self.T, d, dtype=self.dtype, device=tokens.device)  # matmuls
+        self.ref_n = None if ref is None else rearrange(ref, "b t n d -> n b t d").to(self.dtype).contiguous()
+        self.slots: dict[int, torch.Tensor] = {}  # first slot column -> the slot's input tensor
+        self.pre: dict[int, torch.Tensor] = {}  # block inputs, where a slot is rebuilt as ln1(slot)
+        rem = None if removed is None else (removed.bool() & graph.edge_mask).to(tokens.device)
+        self.rem = None if rem is not None and not rem.any() else rem
+        self.H = graph.n_heads
+
+    def hooks(self) -> list[tuple[str, Any]]:
+        """``(hook name, function)`` of every node output and slot, in the order they must run."""
+        graph = self.graph
+        hooks: list[tuple[str, Any]] = [(self.names["input"], self.on_input)]
+        for l in range(graph.n_layers):
+            hooks += self._layer_hooks(l)
+        final = slice(graph.n_slots - 1, graph.n_slots)
+        hooks.append((self.names["final"], partial(self.on_slot, final, graph.n_layers)))
+        return hooks
+
+    def _layer_hooks(self, l: int) -> list[tuple[str, Any]]:
+        graph, rt, names = self.graph, self.rt, self.names
+        layer = graph.granularity == "layer"
+        mixer = mixer_module(self.model, l) if graph.has_mixer(l) else None
+        hooks: list[tuple[str, Any]] = []
+        if l and ("norm" in (rt.mlp[l], rt.layer_attn[l] if layer else "") or mixer):
+            hooks.append((f"blocks.{l}.hook_resid_pre", partial(self.on_pre, l)))
+        if graph.has_heads(l):
+            hooks += self._attn_slot_hooks(l, layer, mixer)
+            if rt.result == "result":
+                hooks.append((names["result"][l], partial(self.on_result, l)))
+            else:
+                hooks.append((f"blocks.{l}.attn.o.hook_in", partial(self.on_z, l)))
+        if mixer is not None:  # its slot: the residual before the mixer's norm; beside heads, ln1(slot) into it
+            cols = graph.slot_index(l, "mixer")
+            if graph.has_heads(l):
+                hooks.append((f"blocks.{l}.{mixer}.hook_in", self._norm_slot(l, cols)))
+            else:
+                hooks.append((f"blocks.{l}.ln1.hook_in", partial(self.on_slot, cols, l)))
+        mlp_cols = graph.slot_index(l, "mlp")
+        if rt.mlp[l] == "norm":
+            hooks.append((f"blocks.{l}.mlp.hook_in", self._norm_slot(l, mlp_cols)))
+        else:
+            hook = f"blocks.{l}.{rt.mlp[l]}"
+            if mixer is not None:  # the residual the MLP reads, before its edges are taken out
+                hooks.append((hook, partial(self.on_mixer_out, l)))
+            hooks.append((hook, partial(self.on_slot, mlp_cols, l)))
+        hooks.append((names["mlp_out"][l], partial(self.on_out, graph.mlp_src(l), l)))
+        if l in self.gains:
+            hooks.append((f"blocks.{l}.ln1_post.hook_in", partial(self.on_attn_post, l)))
+        if graph.ple:  # Gemma 4: the gate reads the residual after the MLP; the norm's output joins it
+            gate = partial(self.on_slot, graph.slot_index(l, "ple"), l)
+            hooks.append((f"blocks.{l}.per_layer_input_gate.hook_in", gate))
+            hooks.append((f"blocks.{l}.post_per_layer_input_norm.hook_out", partial(self.on_out, graph.ple_src(l), l)))
+        return hooks
+
+    def _attn_slot_hooks(self, l: int, layer: bool, mixer: Any) -> list[tuple[str, Any]]:
+        """The attention's input slots of a layer with heads: per head (q/k/v or one), or one per layer."""
+        graph, rt = self.graph, self.rt
+        if not layer:
+            return [
+                (name, partial(self.on_slot, graph.slot_index(l, kind), l)) for kind, name in self.names["attn_in"][l]
+            ]
+        cols = graph.slot_index(l, "layer")
+        if rt.layer_attn[l] != "norm" and not mixer:
+            return [(f"blocks.{l}.{rt.layer_attn[l]}", partial(self.on_slot, cols, l))]
+        # Falcon-H1's attention reads ln1's output times its input multiplier
+        return [(f"blocks.{l}.attn.hook_in", self._norm_slot(l, cols, self.fam.attn_in_multiplier))]
+
+    def _norm_slot(self, l: int, cols: slice, scale: float = 1.0) -> Any:
+        """The hook rebuilding a module's input as ``ln1(slot) * scale``."""
+        return partial(self.on_norm_slot, _raw(self.model.blocks[l].ln1), l, cols, scale)
+
+    def subtract(self, x: torch.Tensor, cols: slice) -> torch.Tensor:
+        """``x`` less the removed edges' contributions into the slot ``cols``."""
+        graph, outs, ref_n = self.graph, self.outs, self.ref_n
+        n_up = graph.n_upstream(cols.start)
+        r = self.rem[..., :n_up, cols]  # type: ignore[index]  # called only when rem is not None
+        if not r.any():
+            return x
+        delta = outs[:n_up] if ref_n is None else outs[:n_up] - ref_n[:n_up]
+        if r.dim() == 3:  # one removal set per batch row
+            sub = torch.einsum("bnk,nbtd->kbtd", r.to(self.dtype), delta)
+        else:
+            flat = rearrange(delta, "n b t d -> n (b t d)")
+            sub = rearrange(r.T.to(self.dtype) @ flat, "k (b t d) -> k b t d", b=self.B, t=self.T)
+        return x - (rearrange(sub, "k b t d -> b t k d") if x.dim() == 4 else sub[0])
+
+    def on_input(self, x: torch.Tensor, hook: Any) -> torch.Tensor:
+        x = x if self.resid0 is None else self.resid0.to(x.dtype)
+        self.outs[0] = x.detach()
+        self.pre[0] = x
+        return x
+
+    def on_pre(self, l: int, x: torch.Tensor, hook: Any) -> None:
+        self.pre[l] = x
+
+    def _heads(self, l: int) -> slice:
+        return slice(self.graph.head_src(l), self.graph.head_src(l) + self.H)
+
+    def on_z(self, l: int, z: torch.Tensor, hook: Any) -> None:
+        """Head h adds ``z_h @ W_O[h]`` (times the family's residual multiplier)."""
+        z = z.detach().reshape(self.B, self.T, self.H, -1)
+        heads = torch.einsum("bthe,hed->hbtd", z, self.w_o[l].to(z.dtype))
+        P = self.P
+        self.outs[self._heads(l)] = heads / P[l] if P[l] != 1.0 else heads
+
+    def on_result(self, l: int, x: torch.Tensor, hook: Any) -> None:
+        scale = self.fam.attn_out_multiplier / self.P[l]
+        x = x.detach() * scale if scale != 1.0 else x.detach()
+        self.outs[self._heads(l)] = rearrange(x, "b t h d -> h b t d")
+
+    def on_out(self, src: int, l: int, x: torch.Tensor, hook: Any) -> None:
+        """A node's output as the residual stream of layer ``l`` receives it."""
+        P = self.P
+        self.outs[src] = x.detach() / P[l] if P[l] != 1.0 else x.detach()
+
+    def on_mixer_out(self, l: int, x: torch.Tensor, hook: Any) -> None:
+        """What the layer's mixer adds: resid_mid - resid_pre (less its heads, Falcon-H1); ``x`` is the
+        residual the (sequential) MLP reads."""
+        out = (x.detach() - self.pre[l].detach()) / self.P[l]
+        if self.graph.has_heads(l):
+            out = out - self.outs[self._heads(l)].sum(0)
+        self.outs[self.graph.mixer_src(l)] = out
+
+    def on_attn_post(self, l: int, x: torch.Tensor, hook: Any) -> None:
+        """RMS post-norm: head h adds gain * result_h / rms(sum of heads)."""
+        gain, eps = self.gains[l]
+        scale = torch.rsqrt(x.detach().float().pow(2).mean(-1, keepdim=True) + eps)
+        sl = self._heads(l)
+        self.outs[sl] = (self.outs[sl].float() * (scale * gain)[None]).to(self.dtype)
+
+    def on_slot(self, cols: slice, l: int, x: torch.Tensor, hook: Any) -> torch.Tensor:
+        """A slot's input, less its removed edges; kept for its gradient with ``keep_slots``.
+
+        Slots and node outputs live in the residual stream's own scale at layer 0: a slot of layer l
+        reads P[l] times the sum of its upstream outputs, each taken at its own layer's scale."""
+        p = self.P[l]
+        if p != 1.0:
+            x = x / p
+        if self.rem is not None:
+            x = self.subtract(x, cols)
+        if self.keep_slots:
+            # a fresh node: hook_mlp_in's tensor is also the residual the block adds to, and its
+            # gradient would include the skip path; the slot's own gradient must not.
+            x = x.view_as(x) if self.rem is not None or p != 1.0 else x.clone()
+            self.slots[cols.start] = x
+        return x * p if p != 1.0 else x
+
+    def on_norm_slot(self, norm: Any, l: int, cols: slice, scale: float, x: torch.Tensor, hook: Any) -> torch.Tensor:
+        """The module's input rebuilt as ``ln1(slot)`` (times ``scale``) from the block's input."""
+        y = norm(self.on_slot(cols, l, self.pre[l], hook))
+        return (y * scale if scale != 1.0 else y).to(x.dtype)
 
 
 @torch.no_grad()

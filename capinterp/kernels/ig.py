@@ -49,12 +49,11 @@ unconverged layers (:mod:`capinterp.kernels.adaptive`).
 Otherwise every rule costs the same per point: ``n_layers x m`` rows per example (one fewer per
 layer, plus one, with a node at alpha = 1), so the cost is linear in
 ``steps`` whatever the rule (Gauss-Legendre with 10 points = half the papers' 20 rows;
-errors per rule in ``benchmarks/bench_ig.py --rules``). Cost per example (SmolLM2, ~30-token
-prompt, m = 20, one CPU thread): "loop" does ~4 TMAC
-whatever the answer length; "fast" ~0.1 TMAC per answer token (a third of it the unembedding,
-which softmax needs in full). Float32 agreement between routes is limited by float32 itself:
-against float64 runs each route is off by up to ~1e-4 relative on scores near 1% of the max
-(~1e-3 on Gemma 3's 262k vocabulary); measured in ``benchmarks/bench_ig.py --fp64-check``.
+errors per rule in ``benchmarks/bench_ig.py --rules``). "loop" runs every row over the whole
+sequence whatever the answer length; "fast" runs the answer positions only, and the unembedding
+(which softmax needs in full) is a large share of its cost. Float32 agreement between routes is
+limited by float32 itself: measured against float64 by ``benchmarks/bench_ig.py --fp64-check``,
+see docs/results.md ("The integrated-gradients kernel").
 
 Other hooks on the model are not supported during a "fast"/"prefix" call: they would see
 suffix-only (and, for "fast", row-folded) tensors. A warning says so when any are attached.
@@ -153,8 +152,8 @@ def objective_from_logits(
     """F per row: logits [R, S, V] at the read positions, targets [S] -> [R] (float32 at least).
 
     Written with ``logsumexp``, not ``softmax``: torch's CPU softmax uses a fast approximate exp
-    whose error, summed over the vocabulary in the unembedding's backward, cost up to 1e-3
-    relative on IG scores in float32 (measured against float64 on SmolLM2).
+    whose error, summed over the vocabulary in the unembedding's backward, shows in float32 IG
+    scores against float64 (``benchmarks/bench_ig.py --fp64-check``).
     """
     lg = _upcast(logits)
     idx = repeat(targets.to(lg.device), "s -> r s 1", r=lg.shape[0])
@@ -314,112 +313,164 @@ def ig_scores(
         ``attr_l1`` (the scores' L1 norm).
     """
     check_config(config)
-    positions, objective, route, batch_size = config.positions, config.objective, config.route, config.batch_size
-    tol, max_steps = config.tol, config.max_steps
     items = _items(encoded)
     n_layers, d_mlp = neuron_shape(model)
-    device = torch.device(model.cfg.device)
     lay = _layers(layers, n_layers)
-    adaptive = config.adaptive
-    if adaptive:
+    if config.adaptive:
         alphas = weights = torch.zeros(0, dtype=torch.float64)
     else:
         alphas, weights = quadrature(config.steps, config.rule)
-    base = _baseline(baseline, n_layers, d_mlp, device)
+    rows = _Rows(model, config, _baseline(baseline, n_layers, d_mlp, torch.device(model.cfg.device)))
     out = torch.zeros(len(items), n_layers, d_mlp)
     rec = new_stats(len(items), n_layers)
-    it = enumerate(items)
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, total=len(items), desc=f"IG ({route})")
-    if route != "loop" and user_hooks(model):
+    if config.route != "loop" and user_hooks(model):
         warnings.warn(
             "hooks are attached to the model; with route='fast'/'prefix' they see suffix-only "
             "tensors (use route='loop' to run IG under other hooks)",
             RuntimeWarning,
             stacklevel=2,
         )
-    checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
-    counts = {"closed_form": 0, "integrated": 0, "rows": 0}
+    closed_ok = not config.adaptive and _closed_form_ok(model, config, rows.base, alphas)
+    capped: dict[int, float] = {}
+    # a zero baseline on a scale-invariant FFN output: the integrand is sharp at alpha = 0 (adaptive: graded rule)
+    singular = config.adaptive and rows.base is None and scale_invariant(model)
+    with frozen_params(model), torch.enable_grad():
+        for i, enc in _progress(items, progress, config.route):
+            s = site(enc, config.positions)
+            if config.adaptive:
+                ex = _adaptive_example(rows, s, lay, config, singular, capped)
+            else:
+                ex = _fixed_example(rows, s, lay, alphas, weights, closed_ok)
+            ex.record(out, rec, i, lay)
+    if capped:
+        _warn_capped(capped, config)
+    if stats is not None:
+        stats.update(rows.counts)
+        stats.update(rec)
+    return out
 
-    def rows(s: Site, sub: list[int], al: torch.Tensor, w: torch.Tensor):
+
+def _progress(items: list[Encoded], progress: bool, route: str) -> Iterable[tuple[int, Encoded]]:
+    it = enumerate(items)
+    if progress:
+        from tqdm.auto import tqdm
+
+        return tqdm(it, total=len(items), desc=f"IG ({route})")
+    return it
+
+
+def _warn_capped(capped: dict[int, float], config: IGConfig) -> None:
+    """The adaptive rule's warning: layers still above ``tol`` at ``max_steps`` (the worst five named)."""
+    named = ", ".join(f"layer {l}: {e:.3g}" for l, e in sorted(capped.items(), key=lambda le: -le[1])[:5])
+    warnings.warn(
+        f"adaptive IG reached max_steps={config.max_steps} above tol={config.tol:g} on {len(capped)} layer(s), "
+        f"error estimate {named}",
+        CompletenessWarning,
+        stacklevel=3,
+    )
+
+
+class _Rows:
+    """The gradient rows of one :func:`ig_scores` call, on its route (:func:`_ig_loop` for ``"loop"``,
+    :func:`_ig_rows` for ``"fast"`` / ``"prefix"``), with the counters its examples share."""
+
+    def __init__(self, model: Model, config: IGConfig, base: torch.Tensor | None) -> None:
+        self.model, self.base, self.route = model, base, config.route
+        self.objective, self.batch_size = config.objective, config.batch_size
+        self.checked: dict = {}  # whether direct block calls reproduce the model (checked on the first example)
+        self.counts = {"closed_form": 0, "integrated": 0, "rows": 0}
+
+    def __call__(self, s: Site, sub: list[int], al: torch.Tensor, w: torch.Tensor):
         """(acts, weighted gradient sums, F(x), F(baseline) per layer) for the layers ``sub``."""
         al, w, k0 = _with_zero_node(al, w)
-        if route == "loop":
-            counts["rows"] += len(sub) * len(al)
-            acts, gsum, fv, f_clean = _ig_loop(model, s, sub, al, w, base, objective, batch_size)
+        args = (self.model, s, sub, al, w, self.base, self.objective, self.batch_size)
+        if self.route == "loop":
+            self.counts["rows"] += len(sub) * len(al)
+            acts, gsum, fv, f_clean = _ig_loop(*args)
         else:
-            acts, gsum, fv, f_clean = _ig_rows(
-                model, s, sub, al, w, base, objective, batch_size, route, checked, counts
-            )
+            acts, gsum, fv, f_clean = _ig_rows(*args, self.route, self.checked, self.counts)
         return acts, gsum, f_clean, fv[:, k0]
 
-    def finish(acts, gsum, sub):
-        return _finish(acts, gsum, None if base is None else base[sub]).double()
+    def finish(self, acts: torch.Tensor, gsum: torch.Tensor, sub: list[int]) -> torch.Tensor:
+        """The layers' IG scores, float64."""
+        return _finish(acts, gsum, None if self.base is None else self.base[sub]).double()
 
-    closed_ok = (
-        not adaptive
-        and base is None
+
+def _closed_form_ok(model: Model, config: IGConfig, base: torch.Tensor | None, alphas: torch.Tensor) -> bool:
+    """Whether a fixed rule may be summed in closed form (:mod:`capinterp.kernels.invariant`)."""
+    return (
+        base is None
         and config.invariance == "auto"
         and len(alphas) >= 2 * N_NODES
         and bool((alphas > 0).all())
         and scale_invariant(model)
     )
-    capped: dict[int, float] = {}
-    # a zero baseline on a scale-invariant FFN output: the integrand is sharp at alpha = 0 (adaptive: graded rule)
-    singular = adaptive and base is None and scale_invariant(model)
-    with frozen_params(model), torch.enable_grad():
-        for i, enc in it:
-            s = site(enc, positions)
-            if adaptive:
 
-                def run(sub, al, w, s=s):
-                    acts, gsum, f_clean, f_base = rows(s, sub, al, w)
-                    return finish(acts, gsum, sub), f_clean, f_base
 
-                res = adaptive_ig(run, lay, config, singular_at_zero=singular)
-                ig = torch.stack([res.scores[l] for l in lay])
-                f_clean, f_base = res.f_clean, torch.tensor([res.f_base[l] for l in lay])
-                est = torch.tensor([res.error[l] for l in lay], dtype=torch.float64)
-                nodes = torch.tensor([float(res.nodes[l]) for l in lay], dtype=torch.float64)
-                for l in res.capped:
-                    capped[l] = max(capped.get(l, 0.0), res.error[l])
-                counts["integrated"] += 1
-            else:
-                closed = _closed_form(rows, s, lay, alphas, weights) if closed_ok else None
-                if closed is not None:
-                    acts, gsum, f_clean, f_base, est = closed
-                    nodes = torch.full((len(lay),), float(N_NODES), dtype=torch.float64)
-                else:
-                    acts, gsum, f_clean, f_base = rows(s, lay, alphas, weights)
-                    est = torch.full((len(lay),), math.nan, dtype=torch.float64)
-                    nodes = torch.full((len(lay),), float(len(alphas)), dtype=torch.float64)
-                counts["closed_form" if closed is not None else "integrated"] += 1
-                ig = finish(acts, gsum, lay)
-            out[i, lay] = ig.float().cpu()
-            sums = ig.sum(-1).cpu()
-            rec["f_clean"][i] = f_clean
-            rec["f_base"][i, lay] = f_base.double()
-            rec["attr_sum"][i, lay] = sums
-            rec["attr_l1"][i, lay] = ig.abs().sum(-1).cpu()
-            rec["completeness"][i, lay] = torch.tensor(
-                [completeness_error(float(a), f_clean, float(b)) for a, b in zip(sums, f_base)], dtype=torch.float64
-            )
-            rec["error_estimate"][i, lay] = est
-            rec["nodes"][i, lay] = nodes
-    if capped:
-        named = ", ".join(f"layer {l}: {e:.3g}" for l, e in sorted(capped.items(), key=lambda le: -le[1])[:5])
-        warnings.warn(
-            f"adaptive IG reached max_steps={max_steps} above tol={tol:g} on {len(capped)} layer(s), "
-            f"error estimate {named}",
-            CompletenessWarning,
-            stacklevel=2,
+@dataclass
+class _Example:
+    """One example's scores ``[n_sub, d_mlp]`` (float64) and records, per attributed layer."""
+
+    ig: torch.Tensor
+    f_clean: float
+    f_base: torch.Tensor
+    est: torch.Tensor
+    nodes: torch.Tensor
+
+    def record(self, out: torch.Tensor, rec: dict, i: int, lay: list[int]) -> None:
+        """Into row ``i`` of the scores and of the stats' records."""
+        ig = self.ig
+        out[i, lay] = ig.float().cpu()
+        sums = ig.sum(-1).cpu()
+        rec["f_clean"][i] = self.f_clean
+        rec["f_base"][i, lay] = self.f_base.double()
+        rec["attr_sum"][i, lay] = sums
+        rec["attr_l1"][i, lay] = ig.abs().sum(-1).cpu()
+        rec["completeness"][i, lay] = torch.tensor(
+            [completeness_error(float(a), self.f_clean, float(b)) for a, b in zip(sums, self.f_base)],
+            dtype=torch.float64,
         )
-    if stats is not None:
-        stats.update(counts)
-        stats.update(rec)
-    return out
+        rec["error_estimate"][i, lay] = self.est
+        rec["nodes"][i, lay] = self.nodes
+
+
+def _adaptive_example(
+    rows: _Rows, s: Site, lay: list[int], config: IGConfig, singular: bool, capped: dict[int, float]
+) -> _Example:
+    """``rule="adaptive"``: rounds of :func:`~capinterp.kernels.adaptive.adaptive_ig`; ``capped``
+    gets the largest error estimate of each layer that reached ``max_steps``."""
+
+    def run(sub, al, w):
+        acts, gsum, f_clean, f_base = rows(s, sub, al, w)
+        return rows.finish(acts, gsum, sub), f_clean, f_base
+
+    res = adaptive_ig(run, lay, config, singular_at_zero=singular)
+    for l in res.capped:
+        capped[l] = max(capped.get(l, 0.0), res.error[l])
+    rows.counts["integrated"] += 1
+    return _Example(
+        torch.stack([res.scores[l] for l in lay]),
+        res.f_clean,
+        torch.tensor([res.f_base[l] for l in lay]),
+        torch.tensor([res.error[l] for l in lay], dtype=torch.float64),
+        torch.tensor([float(res.nodes[l]) for l in lay], dtype=torch.float64),
+    )
+
+
+def _fixed_example(
+    rows: _Rows, s: Site, lay: list[int], alphas: torch.Tensor, weights: torch.Tensor, closed_ok: bool
+) -> _Example:
+    """A fixed rule: summed in closed form where allowed and its check passes, else node by node."""
+    closed = _closed_form(rows, s, lay, alphas, weights) if closed_ok else None
+    if closed is not None:
+        acts, gsum, f_clean, f_base, est = closed
+        nodes = torch.full((len(lay),), float(N_NODES), dtype=torch.float64)
+    else:
+        acts, gsum, f_clean, f_base = rows(s, lay, alphas, weights)
+        est = torch.full((len(lay),), math.nan, dtype=torch.float64)
+        nodes = torch.full((len(lay),), float(len(alphas)), dtype=torch.float64)
+    rows.counts["closed_form" if closed is not None else "integrated"] += 1
+    return _Example(rows.finish(acts, gsum, lay), f_clean, f_base, est, nodes)
 
 
 def _with_zero_node(alphas: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -16,15 +16,60 @@ edges circled; axes labelled once per layer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import plotly.graph_objects as go
-
-if TYPE_CHECKING:  # annotations only: figures read a circuit by attribute
-    from capinterp.circuits.graph import Circuit, Graph
+import torch
 
 __all__ = ["edge_heatmap", "layout", "plot_circuit"]
+
+
+class _GraphLike(Protocol):
+    """What the figures read of a :class:`capinterp.circuits.Graph`: the plots layer sits below the
+    circuits layer and imports none of its types, so a graph is read by attribute only."""
+
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def ple(self) -> bool: ...
+    @property
+    def input_node(self) -> str: ...
+    @property
+    def logits_node(self) -> str: ...
+    @property
+    def sources(self) -> Sequence[str]: ...
+    @property
+    def slots(self) -> Sequence[str]: ...
+    @property
+    def nodes(self) -> Sequence[str]: ...
+    @property
+    def edge_mask(self) -> torch.Tensor: ...
+    @property
+    def n_edges(self) -> int: ...
+    def has_heads(self, l: int) -> bool: ...
+    def has_mixer(self, l: int) -> bool: ...
+    def slot_nodes(self, j: int) -> tuple[str, ...]: ...
+
+
+class _CircuitLike(Protocol):
+    """What the figures read of a :class:`capinterp.circuits.Circuit` (by attribute, as :class:`_GraphLike`)."""
+
+    @property
+    def graph(self) -> _GraphLike: ...
+    @property
+    def mask(self) -> torch.Tensor: ...
+    @property
+    def scores(self) -> torch.Tensor | None: ...
+    @property
+    def edges(self) -> dict[tuple[str, str], float | None]: ...
+    @property
+    def nodes(self) -> list[str]: ...
+    def __len__(self) -> int: ...
+
 
 _POS, _NEG, _NONE = "#2166ac", "#b2182b", "#9e9e9e"
 _NODE_COLORS = {
@@ -38,7 +83,7 @@ _NODE_COLORS = {
 _SLOT_DY = {"q": 0.22, "k": 0.0, "v": -0.22}
 
 
-def layout(graph: Graph) -> dict[str, tuple[float, float]]:
+def layout(graph: _GraphLike) -> dict[str, tuple[float, float]]:
     """Node name -> (x, y)."""
     H = graph.n_heads
     pos = {graph.input_node: (0.0, 0.0), graph.logits_node: (2.0 * graph.n_layers + 1, 0.0)}
@@ -55,7 +100,7 @@ def layout(graph: Graph) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def _slot_point(graph: Graph, j: int, pos: dict) -> tuple[float, float]:
+def _slot_point(graph: _GraphLike, j: int, pos: dict) -> tuple[float, float]:
     nodes = graph.slot_nodes(j)
     x = pos[nodes[0]][0]
     y = float(np.mean([pos[n][1] for n in nodes]))
@@ -64,7 +109,7 @@ def _slot_point(graph: Graph, j: int, pos: dict) -> tuple[float, float]:
 
 
 def plot_circuit(
-    circuit: Circuit,
+    circuit: _CircuitLike,
     *,
     show_all_nodes: bool = False,
     max_edges: int | None = 2000,
@@ -74,73 +119,13 @@ def plot_circuit(
     """The circuit on a layered layout (see the module docstring). ``max_edges``: draw the largest only."""
     g = circuit.graph
     pos = layout(g)
-    sj = {s: j for j, s in enumerate(g.slots)}
     edges = list(circuit.edges.items())
     if max_edges is not None and len(edges) > max_edges:
         edges = sorted(edges, key=lambda kv: -abs(kv[1] or 0.0))[:max_edges]
-    top = max((abs(s) for _, s in edges if s is not None), default=0.0) or 1.0
     fig = go.Figure()
-    groups: dict[tuple[str, int], tuple[list, list]] = {}
-    mid_x, mid_y, mid_text = [], [], []
-    for (src, dst), s in edges:
-        x0, y0 = pos[src]
-        x1, y1 = _slot_point(g, sj[dst], pos)
-        colour = _NONE if s is None else (_POS if s >= 0 else _NEG)
-        cls = 2 if s is None else min(4, int(5 * abs(s) / top))
-        xs, ys = groups.setdefault((colour, cls), ([], []))
-        xs += [x0, x1, None]
-        ys += [y0, y1, None]
-        mid_x.append((x0 + x1) / 2)
-        mid_y.append((y0 + y1) / 2)
-        mid_text.append(f"{src} → {dst}" + ("" if s is None else f"<br>score {s:.4g}"))
-    for (colour, cls), (xs, ys) in sorted(groups.items(), key=lambda kv: kv[0][1]):
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                mode="lines",
-                hoverinfo="skip",
-                showlegend=False,
-                line=dict(color=colour, width=0.5 + width_max * (cls + 1) / 5),
-                opacity=0.7,
-            )
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=mid_x,
-            y=mid_y,
-            mode="markers",
-            marker=dict(size=6, opacity=0),
-            hovertext=mid_text,
-            hoverinfo="text",
-            showlegend=False,
-        )
-    )
-    _edge_legend(fig, {colour for colour, _ in groups})
-    names = list(g.nodes) if show_all_nodes else circuit.nodes
-    kind_of = {"a": "attn", "x": "mixer", "m": "mlp", "p": "ple"}
-    kinds = [n if n in (g.input_node, g.logits_node) else kind_of[n[0]] for n in names]
+    _edge_traces(fig, g, pos, edges, width_max)
+    _node_traces(fig, g, pos, list(g.nodes) if show_all_nodes else circuit.nodes)
     every = _label_stride(g.n_layers)
-    for kind in ("input", "attn", "mixer", "mlp", "ple", "logits"):
-        sel = [n for n, k in zip(names, kinds) if k == kind]
-        if not sel:
-            continue
-        fig.add_trace(
-            go.Scatter(
-                x=[pos[n][0] for n in sel],
-                y=[pos[n][1] for n in sel],
-                mode="markers+text",
-                name=kind,
-                legendgroup="nodes",
-                legendgrouptitle_text="nodes",
-                text=[_node_label(n, kind, every) for n in sel],
-                hovertext=sel,
-                textposition="top center",
-                textfont=dict(size=10),
-                hoverinfo="text",
-                marker=dict(size=14, color=_NODE_COLORS[kind], line=dict(width=1, color="#333")),
-            )
-        )
     ticks = [0] + [2 * l + 1.5 for l in range(g.n_layers)] + [2 * g.n_layers + 1]
     H = g.n_heads
     heads = [h - (H - 1) / 2 for h in range(H)]
@@ -165,6 +150,70 @@ def plot_circuit(
         legend=dict(groupclick="toggleitem", tracegroupgap=12),
     )
     return fig
+
+
+def _edge_traces(
+    fig: go.Figure, g: _GraphLike, pos: dict, edges: list[tuple[tuple[str, str], float | None]], width_max: float
+) -> None:
+    """The edges: one line trace per (colour, width class), an invisible marker at each midpoint for
+    the hover, and the legend of the colours drawn."""
+    sj = {s: j for j, s in enumerate(g.slots)}
+    top = max((abs(s) for _, s in edges if s is not None), default=0.0) or 1.0
+    groups: dict[tuple[str, int], tuple[list, list]] = {}
+    mid_x, mid_y, mid_text = [], [], []
+    for (src, dst), s in edges:
+        x0, y0 = pos[src]
+        x1, y1 = _slot_point(g, sj[dst], pos)
+        colour = _NONE if s is None else (_POS if s >= 0 else _NEG)
+        cls = 2 if s is None else min(4, int(5 * abs(s) / top))
+        xs, ys = groups.setdefault((colour, cls), ([], []))
+        xs += [x0, x1, None]
+        ys += [y0, y1, None]
+        mid_x.append((x0 + x1) / 2)
+        mid_y.append((y0 + y1) / 2)
+        mid_text.append(f"{src} → {dst}" + ("" if s is None else f"<br>score {s:.4g}"))
+    for (colour, cls), (xs, ys) in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        line = dict(color=colour, width=0.5 + width_max * (cls + 1) / 5)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False, line=line, opacity=0.7))
+    fig.add_trace(
+        go.Scatter(
+            x=mid_x,
+            y=mid_y,
+            mode="markers",
+            marker=dict(size=6, opacity=0),
+            hovertext=mid_text,
+            hoverinfo="text",
+            showlegend=False,
+        )
+    )
+    _edge_legend(fig, {colour for colour, _ in groups})
+
+
+def _node_traces(fig: go.Figure, g: _GraphLike, pos: dict, names: list[str]) -> None:
+    """One marker trace per node kind (input, heads, mixers, MLPs, per-layer embeddings, logits)."""
+    kind_of = {"a": "attn", "x": "mixer", "m": "mlp", "p": "ple"}
+    kinds = [n if n in (g.input_node, g.logits_node) else kind_of[n[0]] for n in names]
+    every = _label_stride(g.n_layers)
+    for kind in ("input", "attn", "mixer", "mlp", "ple", "logits"):
+        sel = [n for n, k in zip(names, kinds) if k == kind]
+        if not sel:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[n][0] for n in sel],
+                y=[pos[n][1] for n in sel],
+                mode="markers+text",
+                name=kind,
+                legendgroup="nodes",
+                legendgrouptitle_text="nodes",
+                text=[_node_label(n, kind, every) for n in sel],
+                hovertext=sel,
+                textposition="top center",
+                textfont=dict(size=10),
+                hoverinfo="text",
+                marker=dict(size=14, color=_NODE_COLORS[kind], line=dict(width=1, color="#333")),
+            )
+        )
 
 
 #: Pixels a plot is about wide, and what one node label needs: MLP labels are thinned to fit.
@@ -211,7 +260,7 @@ def _edge_legend(fig: go.Figure, colours: set[str]) -> None:
 
 
 def edge_heatmap(
-    circuit: Circuit, *, abs: bool = False, mark_kept: bool = True, title: str | None = None, scale: str = "symlog"
+    circuit: _CircuitLike, *, abs: bool = False, mark_kept: bool = True, title: str | None = None, scale: str = "symlog"
 ) -> go.Figure:
     """Sources x slots heatmap of every edge's score (|score| with ``abs=True``), kept edges dotted.
 

@@ -97,68 +97,16 @@ def neuron_heatmap(
         scores_or_set = scores_or_set.scores_
     obj = _coerce(scores_or_set)
     n_layers, d_mlp = obj.values.shape
-    b = default_bin_size(d_mlp) if bin_size is None else int(bin_size)
-    moe = obj.meta.get("moe")
-    if bin_size is None and moe:  # blocks never straddle two experts
-        while int(moe["d_expert"]) % b or (moe.get("d_shared") and int(moe["d_shared"]) % b):
-            b -= 1
-    if b < 1:
-        raise ValueError(f"bin_size must be >= 1, got {bin_size}")
-    n_bins = math.ceil(d_mlp / b)
-    pad = n_bins * b - d_mlp
-    starts = np.arange(n_bins) * b
-    ends = np.minimum(starts + b, d_mlp) - 1
-    widths = _layer_widths(obj.meta, n_layers, d_mlp)
-    if widths is not None:  # a block's last real neuron, per layer (< its start: a block of padding only)
-        last = np.minimum(ends[None, :], np.asarray(widths)[:, None] - 1)
-    text: list[list[str]] = []
-
-    def head(layer: int, k: int) -> str | None:
-        """The hover's start, or None for a block of padding only."""
-        end = ends[k] if widths is None else int(last[layer, k])
-        return None if end < starts[k] else f"layer {layer}, neurons {starts[k]}-{end}, "
-
-    def padding(layer: int, k: int) -> str:
-        assert widths is not None
-        return f"layer {layer}, neurons {starts[k]}-{ends[k]}: padding (layer {layer} has {widths[layer]} neurons)"
-
+    blk = _Blocks.of(obj, bin_size)
+    b, starts, ends = blk.b, blk.starts, blk.ends
     if obj.is_set:
-        blocks = rearrange(torch.nn.functional.pad(obj.values.to(torch.int64), (0, pad)), "l (k b) -> l k b", b=b)
-        z = blocks.sum(-1).numpy()
-        for layer in range(n_layers):
-            row = []
-            for k in range(n_bins):
-                hits = (starts[k] + blocks[layer, k].nonzero().flatten()).tolist()
-                listed = ", ".join(map(str, hits[:_MAX_LISTED])) + (", ..." if len(hits) > _MAX_LISTED else "")
-                h = head(layer, k)
-                row.append(
-                    padding(layer, k) if h is None else h + f"{len(hits)} located" + (f": {listed}" if hits else "")
-                )
-            text.append(row)
+        z, text = _set_cells(obj, blk)
         colorscale, zmid, cbar = "Blues", None, "located"
     else:
-        s = obj.values
-        a = s.abs() if widths is None else s.abs().masked_fill(~_valid(widths, d_mlp), -1.0)
-        mag = rearrange(torch.nn.functional.pad(a, (0, pad), value=-1.0), "l (k b) -> l k b", b=b)
-        vmax, arg = mag.max(-1)
-        arg = arg + torch.as_tensor(starts).view(1, -1)
-        signed = s.gather(1, arg)
-        z = (vmax if abs else signed).numpy()
-        for layer in range(n_layers):
-            row = []
-            for k in range(n_bins):
-                h = head(layer, k)
-                i = int(arg[layer, k])
-                if h is None:
-                    row.append(padding(layer, k))
-                elif abs:
-                    row.append(h + f"max |score| {float(vmax[layer, k]):.4g} at neuron {i}")
-                else:
-                    row.append(h + f"score {float(signed[layer, k]):.4g} at neuron {i} (max |score| in block)")
-            text.append(row)
+        z, text = _score_cells(obj, blk, abs)
         colorscale, zmid, cbar = ("Viridis", None, "max |score|") if abs else ("RdBu_r", 0.0, "score")
-    if widths is not None:  # blocks of padding only are not drawn
-        z = np.where(last < starts[None, :], np.nan, z.astype(np.float64))
+    if blk.widths is not None:  # blocks of padding only are not drawn
+        z = np.where(blk.last < starts[None, :], np.nan, z.astype(np.float64))
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -172,7 +120,7 @@ def neuron_heatmap(
         )
     )
     kind = "located neurons" if obj.is_set else ("max |score|" if abs else "score")
-    moe_layers = None if widths is None else [w == d_mlp for w in widths]
+    moe_layers = None if blk.widths is None else [w == d_mlp for w in blk.widths]
     _mark_experts(fig, obj.meta.get("moe"), d_mlp, starts, moe_layers)
     if selected is not None:
         _mark_selected(fig, _selected_mask(selected, n_layers, d_mlp), b, starts, ends)
@@ -184,6 +132,101 @@ def neuron_heatmap(
         yaxis_title="layer",
     )
     return fig
+
+
+@dataclass
+class _Blocks:
+    """The heatmap's blocks of ``b`` consecutive neurons: first and last neuron of each, and where
+    layers differ in width, each layer's last real neuron per block (``last``)."""
+
+    b: int
+    starts: np.ndarray
+    ends: np.ndarray
+    widths: list[int] | None
+    last: np.ndarray | None
+
+    @classmethod
+    def of(cls, obj: _Neurons, bin_size: int | None) -> _Blocks:
+        n_layers, d_mlp = obj.values.shape
+        b = default_bin_size(d_mlp) if bin_size is None else int(bin_size)
+        moe = obj.meta.get("moe")
+        if bin_size is None and moe:  # blocks never straddle two experts
+            while int(moe["d_expert"]) % b or (moe.get("d_shared") and int(moe["d_shared"]) % b):
+                b -= 1
+        if b < 1:
+            raise ValueError(f"bin_size must be >= 1, got {bin_size}")
+        starts = np.arange(math.ceil(d_mlp / b)) * b
+        ends = np.minimum(starts + b, d_mlp) - 1
+        widths = _layer_widths(obj.meta, n_layers, d_mlp)
+        # a block's last real neuron, per layer (< its start: a block of padding only)
+        last = None if widths is None else np.minimum(ends[None, :], np.asarray(widths)[:, None] - 1)
+        return cls(b, starts, ends, widths, last)
+
+    @property
+    def n_bins(self) -> int:
+        return len(self.starts)
+
+    def pad(self, d_mlp: int) -> int:
+        """Neurons to append so that the blocks tile the layer."""
+        return self.n_bins * self.b - d_mlp
+
+    def head(self, layer: int, k: int) -> str | None:
+        """The hover's start, or None for a block of padding only."""
+        end = self.ends[k] if self.last is None else int(self.last[layer, k])
+        return None if end < self.starts[k] else f"layer {layer}, neurons {self.starts[k]}-{end}, "
+
+    def padding(self, layer: int, k: int) -> str:
+        assert self.widths is not None
+        return (
+            f"layer {layer}, neurons {self.starts[k]}-{self.ends[k]}: padding "
+            f"(layer {layer} has {self.widths[layer]} neurons)"
+        )
+
+
+def _set_cells(obj: _Neurons, blk: _Blocks) -> tuple[np.ndarray, list[list[str]]]:
+    """A set's cells: located neurons per block, and the hover listing them."""
+    n_layers, d_mlp = obj.values.shape
+    b = blk.b
+    blocks = rearrange(
+        torch.nn.functional.pad(obj.values.to(torch.int64), (0, blk.pad(d_mlp))), "l (k b) -> l k b", b=b
+    )
+    text: list[list[str]] = []
+    for layer in range(n_layers):
+        row = []
+        for k in range(blk.n_bins):
+            hits = (blk.starts[k] + blocks[layer, k].nonzero().flatten()).tolist()
+            listed = ", ".join(map(str, hits[:_MAX_LISTED])) + (", ..." if len(hits) > _MAX_LISTED else "")
+            h = blk.head(layer, k)
+            row.append(
+                blk.padding(layer, k) if h is None else h + f"{len(hits)} located" + (f": {listed}" if hits else "")
+            )
+        text.append(row)
+    return blocks.sum(-1).numpy(), text
+
+
+def _score_cells(obj: _Neurons, blk: _Blocks, abs: bool) -> tuple[np.ndarray, list[list[str]]]:
+    """Scores' cells: each block's max |score| (or that neuron's signed score), and the hover."""
+    n_layers, d_mlp = obj.values.shape
+    s = obj.values
+    a = s.abs() if blk.widths is None else s.abs().masked_fill(~_valid(blk.widths, d_mlp), -1.0)
+    mag = rearrange(torch.nn.functional.pad(a, (0, blk.pad(d_mlp)), value=-1.0), "l (k b) -> l k b", b=blk.b)
+    vmax, arg = mag.max(-1)
+    arg = arg + torch.as_tensor(blk.starts).view(1, -1)
+    signed = s.gather(1, arg)
+    text: list[list[str]] = []
+    for layer in range(n_layers):
+        row = []
+        for k in range(blk.n_bins):
+            h = blk.head(layer, k)
+            i = int(arg[layer, k])
+            if h is None:
+                row.append(blk.padding(layer, k))
+            elif abs:
+                row.append(h + f"max |score| {float(vmax[layer, k]):.4g} at neuron {i}")
+            else:
+                row.append(h + f"score {float(signed[layer, k]):.4g} at neuron {i} (max |score| in block)")
+        text.append(row)
+    return (vmax if abs else signed).numpy(), text
 
 
 def _has(obj: Any, attr: str) -> bool:

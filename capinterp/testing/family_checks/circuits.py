@@ -229,145 +229,155 @@ class _Ref:
     def run(self, ids: torch.Tensor, resid0: torch.Tensor | None = None, grad: bool = False) -> dict:
         """Node outputs ``[T, n_src, d]`` (input; heads, mixer and MLP per layer), logits, reader inputs
         (``slots``: ``{(layer, kind): [tensor per reader]}``, ``(-1, "logits")`` the final norm's)."""
-        rec: dict[str, Any] = {k: {} for k in ("in", "out", "z", "o", "p", "x", "mid", "ple_in", "ple_out", "slots")}
-        hs = []
-
-        def layer_pre(l):
-            def fn(m, a, k):
-                x = _first_tensor(a, k)
-                if l == 0 and resid0 is not None:
-                    x = resid0
-                    if a and isinstance(a[0], torch.Tensor):
-                        a = (x,) + a[1:]
-                    else:
-                        k = {**k, "hidden_states": x}
-                rec["in"][l] = x
-                return a, k
-
-            return fn
-
-        def layer_post(l):
-            def fn(m, a, out):
-                rec["out"][l] = out[0] if isinstance(out, tuple) else out
-
-            return fn
-
-        def o_pre(l):
-            def fn(m, a):
-                rec["z"][l] = a[0]
-
-            return fn
-
-        def o_post(l):
-            def fn(m, a, out):
-                rec["o"][l] = out
-
-            return fn
-
-        busy: list[bool] = []  # a reader re-running its norm must not overwrite the norm's input
-
-        def norm_pre(key):
-            def fn(m, a, k):
-                if not busy:
-                    rec["x"][key] = _first_tensor(a, k)
-                    if key[1] == "mlp":
-                        rec["mid"].setdefault(key[0], rec["x"][key])
-
-            return fn
-
-        def reader_pre(key, norm, scale):
-            def fn(m, a, k):
-                first = _first_tensor(a, k)
-                if norm is None and key[1] == "mlp":
-                    rec["mid"].setdefault(key[0], first)
-                if key[1] == "ple":
-                    rec["ple_in"][key[0]] = first
-                if not grad:
-                    return None
-                x = (first if norm is None else rec["x"][key]).clone()
-                rec["slots"].setdefault(key, []).append(x)
-                busy.append(True)
-                new = x if norm is None else norm(x)
-                busy.pop()
-                new = new * scale if scale != 1.0 else new
-                if a and a[0] is first:
-                    return (new,) + a[1:], k
-                return a, {**k, "hidden_states": new}
-
-            return fn
-
-        for l, layer in enumerate(self.layers):
-            hs.append(layer.register_forward_pre_hook(layer_pre(l), with_kwargs=True))
-            hs.append(layer.register_forward_hook(layer_post(l)))
-            o = _out_proj(layer)
-            if o is not None:
-                hs += [o.register_forward_pre_hook(o_pre(l)), o.register_forward_hook(o_post(l))]
-            post = self.post[l]
-            if post is not None:
-                hs.append(post.register_forward_hook(lambda m, a, out, l=l: rec["p"].__setitem__(l, out)))
-            if self.ple[l] is not None:
-                ple_norm = cast(torch.nn.Module, layer.post_per_layer_input_norm)
-                hs.append(ple_norm.register_forward_hook(lambda m, a, out, l=l: rec["ple_out"].__setitem__(l, out)))
-            for kind, reader, norm, scale in self.readers[l]:
-                if norm is not None:
-                    hs.append(norm.register_forward_pre_hook(norm_pre((l, kind)), with_kwargs=True))
-                hs.append(reader.register_forward_pre_hook(reader_pre((l, kind), norm, scale), with_kwargs=True))
-        final: list[torch.Tensor] = []
-
-        def final_pre(m, a, k):
-            if len(rec["out"]) < len(self.layers):  # NanoChat's final norm also normalizes the embeddings
-                return a, k
-            x = _first_tensor(a, k)
-            x = x.clone() if grad else x
-            final.append(x)
-            return (x,) + a[1:] if a else a, k if a else {**k, "hidden_states": x}
-
-        hs.append(self.norm_f.register_forward_pre_hook(final_pre, with_kwargs=True))
+        hooks = _Recorder(self, resid0, grad)
+        hs = hooks.register()
         try:
             logits = self.hf(ids).logits
         finally:
             for h in hs:
                 h.remove()
+        rec = hooks.rec
         outs = [rec["in"][0][0]]
         layer_of = [0]  # each node output's layer
-        for l, layer in enumerate(self.layers):
-            n_before = len(outs)
-            kinds = self.kinds(l)
-            attn = torch.zeros_like(rec["in"][l][0])
-            if "attn" in kinds:
-                o = cast(torch.nn.Module, _out_proj(layer))
-                weight = cast(torch.Tensor, o.weight)
-                w = weight if type(o).__name__ != "Conv1D" else weight.T  # [d_model, H * d_head]
-                z = rec["z"][l][0]
-                heads = torch.einsum("the,dhe->htd", z.unflatten(-1, (self.H, -1)), w.unflatten(1, (self.H, -1)))
-                heads = heads * self.attn_mult
-                attn = rec["o"][l][0] * self.mult * self.attn_mult
-                if l in rec["p"]:  # a post-norm with its scale at this input: head h's share is result_h * post(o) / o
-                    heads = heads * (rec["p"][l][0] / rec["o"][l][0])
-                    attn = rec["p"][l][0]
-                outs += list(heads * self.mult)
-            if _hybrid(layer):  # the MLP reads the residual mid, after the mixer (or NemotronH's one sublayer)
-                mid = rec["mid"][l][0] if l in rec["mid"] else rec["out"][l][0]
-                if "mixer" in kinds:
-                    outs.append(mid - rec["in"][l][0] - attn)
-                outs.append(rec["out"][l][0] - mid)
-            elif self.ple[l] is not None:  # the MLP: the gate's input less the layer's input and attention
-                outs.append(rec["ple_in"][l][0] - rec["in"][l][0] - attn)
-                outs.append(rec["ple_out"][l][0])
-            else:  # Gemma 4 scales the layer's output by its own layer_scalar after the residual adds
-                outs.append(rec["out"][l][0] / (self.P[l + 1] / self.P[l]) - rec["in"][l][0] - attn)
-            layer_of += [l] * (len(outs) - n_before)
+        for l in range(len(self.layers)):
+            mine = self._layer_outputs(l, rec)
+            outs += mine
+            layer_of += [l] * len(mine)
         slots = dict(rec["slots"])
-        if final:
-            slots[-1, "logits"] = [final[0]]
+        if hooks.final:
+            slots[-1, "logits"] = [hooks.final[0]]
         return {
             "outputs": torch.stack(outs, 1),
             "logits": logits,
             "slots": slots,
-            "final": final[0][0],
+            "final": hooks.final[0][0],
             "at_final": torch.tensor([self.P[-1] / self.P[l] for l in layer_of]),  # each output's scale there
             "layer_of": layer_of,
         }
+
+    def _layer_outputs(self, l: int, rec: dict) -> list[torch.Tensor]:
+        """Layer ``l``'s node outputs ``[T, d]`` from a recorded run: its heads, its mixer, its MLP
+        (and Gemma 4's per-layer embedding)."""
+        layer = self.layers[l]
+        kinds = self.kinds(l)
+        outs: list[torch.Tensor] = []
+        attn = torch.zeros_like(rec["in"][l][0])
+        if "attn" in kinds:
+            o = cast(torch.nn.Module, _out_proj(layer))
+            weight = cast(torch.Tensor, o.weight)
+            w = weight if type(o).__name__ != "Conv1D" else weight.T  # [d_model, H * d_head]
+            z = rec["z"][l][0]
+            heads = torch.einsum("the,dhe->htd", z.unflatten(-1, (self.H, -1)), w.unflatten(1, (self.H, -1)))
+            heads = heads * self.attn_mult
+            attn = rec["o"][l][0] * self.mult * self.attn_mult
+            if l in rec["p"]:  # a post-norm with its scale at this input: head h's share is result_h * post(o) / o
+                heads = heads * (rec["p"][l][0] / rec["o"][l][0])
+                attn = rec["p"][l][0]
+            outs += list(heads * self.mult)
+        if _hybrid(layer):  # the MLP reads the residual mid, after the mixer (or NemotronH's one sublayer)
+            mid = rec["mid"][l][0] if l in rec["mid"] else rec["out"][l][0]
+            if "mixer" in kinds:
+                outs.append(mid - rec["in"][l][0] - attn)
+            outs.append(rec["out"][l][0] - mid)
+        elif self.ple[l] is not None:  # the MLP: the gate's input less the layer's input and attention
+            outs.append(rec["ple_in"][l][0] - rec["in"][l][0] - attn)
+            outs.append(rec["ple_out"][l][0])
+        else:  # Gemma 4 scales the layer's output by its own layer_scalar after the residual adds
+            outs.append(rec["out"][l][0] / (self.P[l + 1] / self.P[l]) - rec["in"][l][0] - attn)
+        return outs
+
+
+class _Recorder:
+    """The hooks of one :meth:`_Ref.run`, one method per hook kind: what each module reads and writes
+    goes into ``rec``; with ``grad`` every reader's input is a fresh clone, kept in ``rec["slots"]``."""
+
+    def __init__(self, ref: _Ref, resid0: torch.Tensor | None, grad: bool) -> None:
+        self.ref, self.resid0, self.grad = ref, resid0, grad
+        self.rec: dict[str, Any] = {
+            k: {} for k in ("in", "out", "z", "o", "p", "x", "mid", "ple_in", "ple_out", "slots")
+        }
+        self.busy: list[bool] = []  # a reader re-running its norm must not overwrite the norm's input
+        self.final: list[torch.Tensor] = []
+
+    def register(self) -> list[Any]:
+        """Register every hook on the reference model; returns the handles."""
+        ref, pre = self.ref, functools.partial
+        hs = []
+        for l, layer in enumerate(ref.layers):
+            hs.append(layer.register_forward_pre_hook(pre(self.layer_pre, l), with_kwargs=True))
+            hs.append(layer.register_forward_hook(pre(self.layer_post, l)))
+            o = _out_proj(layer)
+            if o is not None:
+                hs += [o.register_forward_pre_hook(pre(self.o_pre, l)), o.register_forward_hook(pre(self.keep, "o", l))]
+            post = ref.post[l]
+            if post is not None:
+                hs.append(post.register_forward_hook(pre(self.keep, "p", l)))
+            if ref.ple[l] is not None:
+                ple_norm = cast(torch.nn.Module, layer.post_per_layer_input_norm)
+                hs.append(ple_norm.register_forward_hook(pre(self.keep, "ple_out", l)))
+            for kind, reader, norm, scale in ref.readers[l]:
+                if norm is not None:
+                    hs.append(norm.register_forward_pre_hook(pre(self.norm_pre, (l, kind)), with_kwargs=True))
+                hook = pre(self.reader_pre, (l, kind), norm, scale)
+                hs.append(reader.register_forward_pre_hook(hook, with_kwargs=True))
+        hs.append(ref.norm_f.register_forward_pre_hook(self.final_pre, with_kwargs=True))
+        return hs
+
+    def layer_pre(self, l: int, m: Any, a: tuple, k: dict) -> tuple[tuple, dict]:
+        x = _first_tensor(a, k)
+        if l == 0 and self.resid0 is not None:
+            x = self.resid0
+            if a and isinstance(a[0], torch.Tensor):
+                a = (x,) + a[1:]
+            else:
+                k = {**k, "hidden_states": x}
+        self.rec["in"][l] = x
+        return a, k
+
+    def layer_post(self, l: int, m: Any, a: tuple, out: Any) -> None:
+        self.rec["out"][l] = out[0] if isinstance(out, tuple) else out
+
+    def o_pre(self, l: int, m: Any, a: tuple) -> None:
+        self.rec["z"][l] = a[0]
+
+    def keep(self, what: str, l: int, m: Any, a: tuple, out: Any) -> None:
+        """A module's output, as ``rec[what][l]``."""
+        self.rec[what][l] = out
+
+    def norm_pre(self, key: tuple[int, str], m: Any, a: tuple, k: dict) -> None:
+        if not self.busy:
+            self.rec["x"][key] = _first_tensor(a, k)
+            if key[1] == "mlp":
+                self.rec["mid"].setdefault(key[0], self.rec["x"][key])
+
+    def reader_pre(
+        self, key: tuple[int, str], norm: torch.nn.Module | None, scale: float, m: Any, a: tuple, k: dict
+    ) -> tuple[tuple, dict] | None:
+        rec = self.rec
+        first = cast(torch.Tensor, _first_tensor(a, k))  # every reader is called with its input tensor
+        if norm is None and key[1] == "mlp":
+            rec["mid"].setdefault(key[0], first)
+        if key[1] == "ple":
+            rec["ple_in"][key[0]] = first
+        if not self.grad:
+            return None
+        x = (first if norm is None else rec["x"][key]).clone()
+        rec["slots"].setdefault(key, []).append(x)
+        self.busy.append(True)
+        new = x if norm is None else norm(x)
+        self.busy.pop()
+        new = new * scale if scale != 1.0 else new
+        if a and a[0] is first:
+            return (new,) + a[1:], k
+        return a, {**k, "hidden_states": new}
+
+    def final_pre(self, m: Any, a: tuple, k: dict) -> tuple[tuple, dict]:
+        if len(self.rec["out"]) < len(self.ref.layers):  # NanoChat's final norm also normalizes the embeddings
+            return a, k
+        x = cast(torch.Tensor, _first_tensor(a, k))
+        x = x.clone() if self.grad else x
+        self.final.append(x)
+        return (x,) + a[1:] if a else a, k if a else {**k, "hidden_states": x}
 
 
 @functools.lru_cache(maxsize=1)
