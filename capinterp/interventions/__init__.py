@@ -5,6 +5,15 @@ ROME rank-one editing, attention scaling, and faithfulness curves of a localizat
 ablated top-k against random sets: CPR, CMD)."""
 
 from capinterp.interventions.attention_scaling import attention_scaling, scale_attention
+from capinterp.interventions.configs import (
+    EDIT_DAI,
+    EDIT_SIGNED,
+    FINETUNE_CNL,
+    ROME_GPT2_XL,
+    EditConfig,
+    FinetuneConfig,
+    RomeConfig,
+)
 from capinterp.interventions.editing import KnowledgeEdit, edit_knowledge, edit_table
 from capinterp.interventions.faithfulness import Faithfulness, faithfulness
 from capinterp.interventions.finetune import FinetuneResult, finetune
@@ -14,9 +23,16 @@ from capinterp.interventions.rome_eval import counterfact_scores, rome_counterfa
 from capinterp.interventions.second_moment import second_moment
 
 __all__ = [
+    "EDIT_DAI",
+    "EDIT_SIGNED",
+    "FINETUNE_CNL",
+    "ROME_GPT2_XL",
+    "EditConfig",
     "Faithfulness",
+    "FinetuneConfig",
     "FinetuneResult",
     "KnowledgeEdit",
+    "RomeConfig",
     "RomeEdit",
     "amplify",
     "attention_scaling",
