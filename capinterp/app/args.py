@@ -238,7 +238,7 @@ def _plotlyjs_arg(p: argparse.ArgumentParser) -> None:
         "--plotlyjs",
         default="embed",
         choices=list(PLOTLYJS),
-        help="embed plotly.js in each HTML file (default: embed, ~4.6 MB each) or write one plotly.min.js "
+        help="embed plotly.js in each HTML file (default: embed, several MB each) or write one plotly.min.js "
         "beside them (directory)",
     )
 
@@ -283,7 +283,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     _plotlyjs_arg(p)
     p = command("reproduce", "run the papers' experiments, write DIR/report.html and results.json")
     _common(p)
-    p.add_argument("--quick", action="store_true", help="small subsets (about 10 minutes on a 2-core CPU)")
+    p.add_argument("--quick", action="store_true", help="small subsets (minutes on a CPU, not hours)")
     p.add_argument("--out", default="reproduction", help="output folder; a rerun resumes there")
     p.add_argument("--only", default=None, help="comma-separated experiment names (default: all; see --list)")
     p.add_argument(

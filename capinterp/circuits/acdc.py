@@ -11,7 +11,8 @@ layer's attention slots, ...), and a slot's incoming edges from the latest sourc
 if ``delta < threshold`` it stays removed, otherwise it is restored. The trial delta is the edge's score.
 
 Cost: one forward pass over the facts per edge, so ``n_edges`` passes: 343 on the 4-layer tiny
-test model (a few seconds), about 70,000 on SmolLM2-135M (about 1-3 s each on 2 CPU cores: a day).
+test model, 70,651 on SmolLM2-135M (far too many for a CPU: the time per trial is in
+docs/results.md, "Knowledge circuits").
 Pass ``candidates`` (e.g. the top edges of EAP-IG) to visit only those; the other edges start
 removed, which is only meaningful when the candidates alone keep the behaviour: ``info`` reports
 ``match_nll_start`` and a RuntimeWarning flags a start above 1 nat.

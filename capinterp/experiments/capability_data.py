@@ -240,9 +240,8 @@ def settings(ctx: Any) -> dict[str, Any]:
 
     Quick: :data:`QUICK_CAPABILITIES`, 6 examples per half (best 12 of 16 candidates), CNL with
     4 IG steps, 12 test examples. Full: every capability, 12 per half (of 48), 6 IG steps, 32 test
-    examples. CNL's cost is proportional to steps x answer tokens (~0.42 s per step and answer
-    token on Gemma 3 270M, one CPU thread). The CNL parameters are part of the fits' cache key,
-    so all three experiments share one fit per half.
+    examples. CNL's cost is proportional to steps x answer tokens. The CNL parameters are part of
+    the fits' cache key, so all three experiments share one fit per half.
     """
     from capinterp.data.capabilities import CAPABILITIES
 

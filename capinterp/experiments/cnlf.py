@@ -11,10 +11,11 @@ The "+" block of Table 6, on generated arithmetic:
 3. measure accuracy on unseen 1-OP problems of the operator (fitting score) and on 2-OP
    problems pairing it with each other operator (generalization: "+&-", "+&*", "+&/").
 
-Differences from the paper: small models and datasets (the CPU budget: quick <= 1 min, full
-<= 10 min on Gemma 3 270M), compact few-shot prompts, learning rates of our choosing (the
-paper gives none; CNL used Adam 1e-5): 1e-4 for the neuron-level arms, 1e-5 for the
-whole-model arms (1e-4 on all of Gemma 3 270M drives its accuracy to 0), and no O-LoRA arm.
+Differences from the paper: small models and datasets (a CPU budget; the time of
+``capinterp reproduce --only cnlf`` is in docs/results.md, "Reproduction timings"), compact
+few-shot prompts, learning rates of our choosing (the paper gives none; CNL used Adam 1e-5):
+1e-4 for the neuron-level arms, 1e-5 for the whole-model arms (1e-4 on all of Gemma 3 270M
+diverges: docs/results.md, "CNLF"), and no O-LoRA arm.
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ TITLE = "Inconsistent facts per knowledge-neuron localizer (Chen et al. 2025)"
 def run(ctx: Context) -> ExperimentResult:
     """Builtin paraphrase bags the model answers; QueryLocalization with each localizer.
 
-    Quick mode: 2 facts x 2 queries, 2 steps (about 1.5 minutes on Gemma 3, 1 CPU thread); full
-    mode: up to 12 facts x 4 queries, 10 steps.
+    Quick mode: 2 facts x 2 queries, 2 steps; full mode: up to 12 facts x 4 queries, 10 steps
+    (their times on Gemma 3: docs/results.md, "Inconsistent facts per localizer").
     """
     bags = known_paraphrases(
         ctx.model, builtin_paraphrases(ctx.size(3, None)), per_fact=ctx.size(2, 4), max_facts=ctx.size(2, 12)

@@ -14,8 +14,8 @@ Every layer starts with Gauss-Legendre on 4 nodes. Two refinement schedules (:fu
   down to alpha = 0.25, 1.6e-2, 1e-3, 6e-5, 3.8e-6, 2.4e-7; each round is finer both at 0 and on
   the rest of the path.
 * ``"doubling"`` elsewhere: Gauss-Legendre on ``[0, 1]``, nodes doubled (8, 16, 32, 64, 128).
-  Where the integrand varies on the whole path (SmolLM2's layer 0 changes sign near alpha = 0.1
-  and peaks near 0.2 and below 0.01) Gauss-Legendre's exponential convergence pays more than grading.
+  Where the integrand varies on the whole path (SmolLM2's layer 0: ``benchmarks/bench_ig_accuracy.py
+  --shape``) Gauss-Legendre's exponential convergence pays more than grading.
 
 ``"auto"`` (:data:`SCHEDULE`) picks between them from the caller's ``singular_at_zero``.
 

@@ -10,8 +10,9 @@ norm's ``eps``: ``RMSNorm(alpha y) = y / sqrt(ms(y) + eps / alpha^2)``), so its 
     IG = a * sum_k w_k dF/da(alpha_k a) = (sum_k w_k / alpha_k) * a * dF/da(a),
 
 a constant times gradient x activation (the harmonic number H_m for the papers' 20-point right
-sum). The norm's ``eps`` breaks the identity at small alpha (on Gemma 3 270M by ~5 % at
-alpha = 0.05: its FFN outputs are small), but only through ``x = eps / (alpha^2 ms)``:
+sum). The norm's ``eps`` breaks the identity at small alpha (on Gemma 3 270M, whose FFN outputs
+are small, well above float32 noise: ``benchmarks/bench_invariance.py`` prints ``h(alpha)`` against
+``h(1)``, see docs/results.md), but only through ``x = eps / (alpha^2 ms)``:
 ``h(alpha) = alpha dF/da(alpha a)`` is a smooth, nearly constant function of ``1 / alpha^2``.
 So four nodes replace the m (three rows per layer plus the clean point alpha = 1, one row
 shared by all layers on the fast route): ``h`` at four nodes fixes a cubic in
@@ -20,7 +21,8 @@ quadratic through three of them gives the same sum to second order, and their di
 cubic term) must be small for the example to be accepted. Where it is not, the example is
 integrated node by node, so the scores are the rule's sum either way. Used only when the rule
 has at least twice as many nodes (below that the saving does not pay for the substitution's
-own error, ~1e-4 of the largest score: ``benchmarks/bench_invariance.py``). This is also why fixed
+own error, measured by ``benchmarks/bench_invariance.py``, see docs/results.md, "Closed-form IG on
+Gemma 3"). This is also why fixed
 quadrature rules converge so slowly on Gemma 3 with a zero baseline (docs/results.md, "Quadrature
 rules"): per neuron the integrand is ``a g(a) / alpha`` down to ``alpha_c ~ sqrt(eps / ms)``, cut
 off only by the norm's eps; the adaptive rule grades its nodes towards 0 for it
@@ -91,8 +93,9 @@ def substitute_nodes(
 def check_tolerance(dtype: torch.dtype) -> float:
     """Largest accepted ``max |high - low| / max |high|`` (the top-degree term) for ``dtype``.
 
-    The error of ``high`` is of the next order; measured on Gemma 3 270M it stays at float32's
-    noise on these sums (~1e-5; ``benchmarks/bench_invariance.py``). Half precisions: 16 units
+    The error of ``high`` is of the next order; on Gemma 3 270M the estimate stays below this
+    tolerance (``benchmarks/bench_invariance.py`` prints how many prompts the closed form took, its
+    "closed" column, see docs/results.md). Half precisions: 16 units
     of their resolution, because there the nodes' own rounding (~1e-2 relative in bfloat16)
     dominates the estimate, and the integrated sum carries the same rounding.
     """
