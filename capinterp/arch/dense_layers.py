@@ -94,16 +94,19 @@ class DenseBlock:
         w[:, neurons[real].to(w.device)] = rows[real.to(rows.device)].T.to(device=w.device, dtype=w.dtype)
 
 
-def dense_block(model: Model, layer: int, padded: int, moe: MoE | None = None) -> DenseBlock:
+def dense_block(model: Model, layer: int, padded: int, moe: MoE | None = None, label: str | None = None) -> DenseBlock:
     """Layer ``layer``'s dense FFN on a ``padded``-wide neuron axis (the experts' axis ``moe.width`` in a
     model whose other layers are MoE; the widest layer's in a dense model whose layers differ in width);
     refused where it is not an MLP (gate_proj where gated, up_proj, down_proj, act_fn), is wider than
     that axis, or computes something else than ``down(act(gate(x)) * up(x))`` (``down(act(up(x)))``
-    without a gate) on random inputs."""
-    fam = family_of(model)
+    without a gate) on random inputs. ``label``: the family, for messages (at load, before the model has
+    its record; by default the record's name and architecture)."""
+    if label is None:
+        fam = family_of(model)
+        label = f"{fam.name} ({fam.architecture})"
     mlp = getattr(model.blocks[layer], "mlp", None)
     block = named_gated(unwrap(mlp))
-    where = f"{fam.name} ({fam.architecture}), layer {layer}"
+    where = f"{label}, layer {layer}"
     if mlp is None:
         raise UnsupportedFamily(
             f"{where}: the bridge's block has no MLP module (a hybrid layer: state-space, convolution or "

@@ -71,7 +71,7 @@ from capinterp.arch.branch_experts import check as check_branches
 from capinterp.arch.branch_experts import probe as probe_branches
 from capinterp.arch.branch_experts import serve as serve_branches
 from capinterp.arch.dense_layers import DenseBlock, dense_block
-from capinterp.arch.family import FFN_ONLY_LAYERS, MoE, UnsupportedFamily, family_of
+from capinterp.arch.family import FFN_ONLY_LAYERS, Family, MoE, NeuronAxis, UnsupportedFamily, family_of
 from capinterp.arch.gated_mlp import (
     FusedNames,
     fused_gated,
@@ -411,11 +411,11 @@ def _flagged(experts: Any, d_model: int) -> Any:
 _LATENT = ("fc1_latent_proj", "fc2_latent_proj")  # NemotronH's latent MoE (Nemotron 3 Super)
 
 
-def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
-    fam = family_of(model)
+def _read_block(model: Model, layer: int, moe: MoE, label: str) -> ExpertBlock:
+    """Layer ``layer``'s experts, checked against the transformers block (``label``: the family, for messages)."""
     mlp = getattr(model.blocks[layer], "mlp", None)
     block = unwrap(mlp)
-    where = f"{fam.name} ({fam.architecture}), layer {layer}"
+    where = f"{label}, layer {layer}"
     parallel = _parallel_experts(block)
     experts = _Parallel(block) if parallel else unwrap(getattr(block, "experts", None))
     router = getattr(block, "router", None) or getattr(block, "gate", None)
@@ -468,7 +468,7 @@ def _read_block(model: Model, layer: int, moe: MoE) -> ExpertBlock:
         )
     d_shared = int(shared.down_proj.in_features) if shared is not None else 0
     # a shared expert the config does not name (Llama 4's is always there): the modules are the truth,
-    # and install records its width in the family
+    # and install returns its width in the neuron axis the family is built with
     if (n_experts, d_expert, d_shared) != (moe.n_experts, moe.d_expert, moe.d_shared if moe.n_shared else d_shared):
         raise UnsupportedFamily(
             f"{where}: the experts hold {n_experts} x {d_expert} neurons (+{d_shared} shared), the config says "
@@ -677,45 +677,50 @@ def _matched(where: str, spec: ExpertBlock, x: Tensor, by_token: dict, fixed: bo
     )
 
 
-def install(model: Model) -> None:
+def install(model: Model, fam: Family) -> NeuronAxis:
     """Serve every MoE layer of ``model`` through :class:`ExpertBlock`'s forward, its neurons at
     ``blocks.{l}.mlp.hook_post``; refused with :class:`UnsupportedFamily` where it cannot be done. A
     dense model whose layers differ in width (NemotronH's: its mixer layers' FFN has no neurons) is
     served the same way, every layer a :class:`DenseBlock` on the widest layer's axis; any other
-    model is left as it is."""
-    fam = family_of(model)
+    model is left as it is. ``fam``: the record the configs give (:func:`~capinterp.arch.family.read_family`
+    without an axis); returns the neuron axis the layers give, which the model's record is then built with."""
+    if getattr(model, "capinterp_experts", None):  # served already: the axis its record holds
+        done = family_of(model)
+        return NeuronAxis(done.d_mlp, done.moe, done.layer_widths)
+    label = f"{fam.name} ({fam.architecture})"
     moe = fam.moe
-    if getattr(model, "capinterp_experts", None):
-        return
     if moe is None:  # a dense model whose layers differ in width, served on one axis
         widths = _dense_widths(model)
         ffn_only = bool(set(fam.hybrid_layers) & set(FFN_ONLY_LAYERS))  # NemotronH: mixer layers without neurons
-        if ffn_only or len(set(widths)) > 1:
-            if not ffn_only:  # Gemma 4's double-wide MLPs in its KV-sharing layers: the widest is the axis
-                fam = replace(fam, d_mlp=max(widths))
-            _serve(model, fam, [dense_block(model, layer, fam.d_mlp) for layer in range(len(model.blocks))])
-        return
+        if not ffn_only and len(set(widths)) <= 1:
+            return NeuronAxis(fam.d_mlp)
+        # Gemma 4's double-wide MLPs in its KV-sharing layers: the widest is the axis
+        d_mlp = fam.d_mlp if ffn_only else max(widths)
+        return _serve(
+            model, d_mlp, None, [dense_block(model, layer, d_mlp, label=label) for layer in range(len(model.blocks))]
+        )
     has = [_has_experts(getattr(b, "mlp", None)) for b in model.blocks]
     experts = {
-        layer: _read_block(model, layer, moe) for layer in range(len(model.blocks)) if has[layer] or not any(has)
+        layer: _read_block(model, layer, moe, label) for layer in range(len(model.blocks)) if has[layer] or not any(has)
     }
     shared = {b.d_shared for b in experts.values()}
     if len(shared) > 1:
         raise UnsupportedFamily(
-            f"{fam.name} ({fam.architecture}): the expert layers' shared experts differ in width ({sorted(shared)}), "
+            f"{label}: the expert layers' shared experts differ in width ({sorted(shared)}), "
             "which the config does not say; capinterp needs one neuron axis for every expert layer"
         )
     if shared != {moe.d_shared}:  # a shared expert the config does not name (Llama 4)
         moe = replace(moe, n_shared=1, d_shared=shared.pop())
-        fam = replace(fam, moe=moe, d_mlp=moe.width)
     blocks: list[Any] = [
-        experts.get(layer) or dense_block(model, layer, moe.width, moe) for layer in range(len(model.blocks))
+        experts.get(layer) or dense_block(model, layer, moe.width, moe, label=label)
+        for layer in range(len(model.blocks))
     ]
     split = [b.layer for b in blocks if getattr(b, "branches", None) is not None]
     probed = probe_branches(model, split) if split else {}  # transformers' own, before capinterp serves them
-    _serve(model, fam, blocks)
+    axis = _serve(model, moe.width, moe, blocks)
     if probed:
-        check_branches(model, probed, f"{fam.name} ({fam.architecture})")
+        check_branches(model, probed, label)
+    return axis
 
 
 def _dense_widths(model: Model) -> list[int]:
@@ -729,13 +734,13 @@ def _dense_widths(model: Model) -> list[int]:
     return widths
 
 
-def _serve(model: Model, fam: Any, blocks: list[Any]) -> None:
-    """Every layer through its spec's forward, its neurons at ``blocks.{l}.mlp.hook_post``; layers
-    narrower than the axis (``fam.d_mlp``) recorded in ``fam.layer_widths``."""
+def _serve(model: Model, d_mlp: int, moe: MoE | None, blocks: list[Any]) -> NeuronAxis:
+    """Every layer through its spec's forward, its neurons at ``blocks.{l}.mlp.hook_post``; returns the
+    ``d_mlp``-wide axis, with each layer's width where some are narrower (padded)."""
     from transformer_lens.hook_points import HookPoint
 
-    if any(_width(b) < fam.d_mlp for b in blocks):  # layers whose neurons are fewer than the axis: padded
-        fam = replace(fam, layer_widths=tuple(_width(b) for b in blocks))
+    widths = tuple(_width(b) for b in blocks)
+    axis = NeuronAxis(d_mlp, moe, widths if any(w < d_mlp for w in widths) else ())
     for spec in blocks:
         mlp = model.blocks[spec.layer].mlp
         hook = HookPoint()
@@ -750,6 +755,6 @@ def _serve(model: Model, fam: Any, blocks: list[Any]) -> None:
         if isinstance(spec, ExpertBlock) and spec.shared_beside is not None:  # its neurons are in the block's now
             spec.shared_beside.forward = _zero_out
     model.capinterp_experts = blocks
-    model.capinterp_family = fam
     model.clear_hook_registry()
     model._scan_existing_hooks(model, "")
+    return axis

@@ -3,10 +3,15 @@
 Every family-specific fact lives here, read once from the transformers config (or the
 TransformerLens config of a native model) when the model loads: FFN width, whether attention
 and MLP read the same residual (parallel blocks), gated or plain MLP, positional scheme,
-fused QKV, the multipliers some families put on embeddings, residual branches, attention
+the multipliers some families put on embeddings, residual branches, attention
 scores and logits, the final logit soft-cap, and mixture-of-experts FFNs. Methods ask the
 record (:func:`family_of`), never a family name; anything that rebuilds logits by hand goes
 through :func:`logit_transform` (used by :func:`capinterp.arch.forward.unembed`).
+
+The record is built in one step (:func:`read_family`) from everything it depends on: the configs,
+and, at load, the neuron axis the layers give (:class:`NeuronAxis`, read by
+:func:`capinterp.arch.experts.install`) and the first forward's final-norm order
+(:mod:`capinterp.arch.embedding_norm`); nothing patches it afterwards.
 
 A model the record cannot serve is refused at load (:func:`check_supported`) with a message
 naming the family and what is missing, never partway through a run. As a last guard,
@@ -27,6 +32,7 @@ __all__ = [
     "FFN_ONLY_LAYERS",
     "Family",
     "MoE",
+    "NeuronAxis",
     "UnsupportedFamily",
     "check_supported",
     "family_of",
@@ -105,7 +111,6 @@ class Family:
     parallel_block: bool = False  # attention and MLP of a block read the same residual
     gated_mlp: bool = False
     positions: str = "rotary"  # TransformerLens positional_embedding_type: rotary, standard, alibi, ...
-    fused_qkv: bool = False  # one projection computes q, k and v (split per head by the bridge)
     conv1d: bool = False  # transformers Conv1D modules: weights stored [in, out]
     logit_multiplier: float = (
         1.0  # final logits = this * (ln_final(h) @ W_U); Cohere logit_scale, Granite 1/logits_scaling
@@ -114,7 +119,6 @@ class Family:
     embedding_multiplier: float = 1.0  # Granite
     residual_multiplier: float = 1.0  # Granite: every attention / MLP output is scaled before joining the residual
     ffn_multiplier: float = 1.0  # Falcon-H1: the FFN's output is this times its down projection's
-    attention_multiplier: float | None = None  # Granite: replaces 1/sqrt(d_head)
     attn_in_multiplier: float = 1.0  # Falcon-H1: the attention reads its norm's output times this
     attn_out_multiplier: float = 1.0  # Falcon-H1: the attention's output times this joins the residual
     moe: MoE | None = None
@@ -136,7 +140,7 @@ class Family:
     embedding_norm: bool = False
     # each layer's own neurons where they differ between layers (dense layers between MoE layers:
     # DeepSeek's first_k_dense_replace); a layer's neurons are the first layer_widths[l] of the
-    # d_mlp-wide axis, the rest is padding, always 0 (set at load by capinterp.arch.experts.install).
+    # d_mlp-wide axis, the rest is padding, always 0 (read at load by capinterp.arch.experts.install).
     # Empty when every layer has d_mlp neurons
     layer_widths: tuple[int, ...] = ()
     # the residual between layers is this many streams (DeepSeek-V4's hyper-connections, config hc_mult):
@@ -157,6 +161,18 @@ class Family:
     def valid_neurons(self) -> torch.Tensor:
         """Bool ``[n_layers, d_mlp]``: True at the model's real neurons, False at padding (:func:`width_mask`)."""
         return width_mask(self.layer_widths, self.neurons)
+
+
+@dataclass(frozen=True)
+class NeuronAxis:
+    """The neuron axis as a model's layers give it, where the modules say more than the config: the axis
+    width ``d_mlp`` (Gemma 4's widest MLP), the experts ``moe`` (a shared expert the config does not name,
+    Llama 4's) and each layer's own width where layers differ (``layer_widths``, :attr:`Family.layer_widths`).
+    Read at load by :func:`capinterp.arch.experts.install`; :func:`read_family` takes it."""
+
+    d_mlp: int
+    moe: MoE | None = None
+    layer_widths: tuple[int, ...] = ()
 
 
 def width_mask(layer_widths: Any, shape: tuple[int, int]) -> torch.Tensor:
@@ -270,25 +286,16 @@ def _first_attention(model: Model) -> list[torch.nn.Module]:
     return list(attn.modules()) if isinstance(attn, torch.nn.Module) else []
 
 
-def _fused_qkv(model: Model, sizes: dict[str, Any]) -> bool:
-    """Whether one projection of the first attention computes queries, keys and values together:
-    a module whose output is ``(n_heads + 2 n_kv_heads) d_head`` wide (GPT-2's ``c_attn``, NeoX's
-    ``query_key_value``, Phi-3's ``qkv_proj``, ...), read from the modules, not the family name."""
-    width = (sizes["n_heads"] + 2 * sizes["n_kv_heads"]) * sizes["d_head"]
-    for m in _first_attention(model):
-        out = getattr(m, "out_features", None) or getattr(m, "nf", None)  # nn.Linear / transformers Conv1D
-        if out == width:
-            return True
-    return False
-
-
 def _routed_heads(model: Model) -> bool:
     """Whether the first attention holds a router (a mixture of attention heads, JetMoE's), read from the modules."""
     return any(getattr(m, "router", None) is not None for m in _first_attention(model))
 
 
-def read_family(model: Model) -> Family:
-    """Build the :class:`Family` of a ``TransformerBridge`` from its configs (no forward pass)."""
+def read_family(model: Model, axis: NeuronAxis | None = None, embedding_norm: bool = False) -> Family:
+    """Build the :class:`Family` of a ``TransformerBridge`` in one step from its configs (no forward pass)
+    and what the load found beyond them: the neuron axis its layers give (``axis``, from
+    :func:`capinterp.arch.experts.install`; None: the config's) and whether its final norm also normalizes the
+    embeddings (``embedding_norm``, from the first forward, :func:`capinterp.arch.embedding_norm.final_norm_order`)."""
     tl = model.cfg
     common: dict[str, Any] = dict(
         n_layers=int(tl.n_layers),
@@ -305,7 +312,9 @@ def read_family(model: Model) -> Family:
         return Family(
             name="native",
             architecture=str(getattr(tl, "architecture", None) or "native"),
-            d_mlp=int(tl.d_mlp),
+            d_mlp=axis.d_mlp if axis else int(tl.d_mlp),
+            layer_widths=axis.layer_widths if axis else (),
+            embedding_norm=embedding_norm,
             **common,
         )
     name = str(getattr(hf, "model_type", "") or type(model.original_model).__name__)
@@ -314,27 +323,29 @@ def read_family(model: Model) -> Family:
             f"{name} ({type(model.original_model).__name__}): the TransformerBridge maps no per-layer blocks "
             "(blocks.{l}) for this model; capinterp's neurons are blocks.{l}.mlp.hook_post"
         )
-    moe = _moe(hf, common["d_model"])
+    moe = axis.moe if axis else _moe(hf, common["d_model"])
     logit_multiplier = float(_get(hf, "logit_scale", default=1.0)) * float(_get(hf, "lm_head_multiplier", default=1.0))
     scaling = _get(hf, "logits_scaling")
     if scaling is not None:
         logit_multiplier /= float(scaling)
     arch = (getattr(hf, "architectures", None) or [type(model.original_model).__name__])[0]
+    from capinterp.arch.weights import is_conv1d  # above this module in the layer (it reads the record)
+
     return Family(
         name=name,
         architecture=str(arch),
-        d_mlp=moe.width if moe else _ffn_width(hf, common["d_model"]),
-        fused_qkv=_fused_qkv(model, common),
-        conv1d=any(type(m).__name__ == "Conv1D" for m in model.original_model.modules()),
+        d_mlp=axis.d_mlp if axis else moe.width if moe else _ffn_width(hf, common["d_model"]),
+        conv1d=any(is_conv1d(m) for m in model.original_model.modules()),
         logit_multiplier=logit_multiplier,
         logit_softcap=_get(hf, "final_logit_softcapping"),
         embedding_multiplier=float(_get(hf, "embedding_multiplier", default=1.0)),
         residual_multiplier=float(_get(hf, "residual_multiplier", default=1.0)),
         ffn_multiplier=float((_get(hf, "mlp_multipliers") or [1.0, 1.0])[1]),  # Falcon-H1: [gate, down]
-        attention_multiplier=_get(hf, "attention_multiplier"),
         attn_in_multiplier=float(_get(hf, "attention_in_multiplier", default=1.0)),
         attn_out_multiplier=float(_get(hf, "attention_out_multiplier", default=1.0)),
         moe=moe,
+        layer_widths=axis.layer_widths if axis else (),
+        embedding_norm=embedding_norm,
         module_window=_module_window(hf),
         hybrid_layers=_hybrid_layers(hf),
         routed_heads=_routed_heads(model),

@@ -20,7 +20,6 @@ and rebuilds a damaged one from the packaged GGUF (:func:`check_cache` checks ev
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -276,22 +275,22 @@ def _finish(bridge, label: str, device: torch.device | None, dtype: torch.dtype 
     bridge.capinterp_name = label
     if bridge.tokenizer is not None:
         bridge.tokenizer.padding_side = "right"
-    fam = read_family(bridge)
-    check_supported(fam)  # refused here, naming the family, never partway through a run
-    bridge.capinterp_family = fam
+    config = read_family(bridge)  # what the configs say; the model's record is built below, once
+    check_supported(config)  # refused here, naming the family, never partway through a run
     hf_config_facts(bridge)  # the config as loaded, for the fingerprint (fields set later at run time do not count)
     # expert neurons at blocks.{l}.mlp.hook_post, and NemotronH's layers of differing width on one padded
-    # axis (refused here if it cannot be done; any other model is left as it is)
+    # axis (refused here if it cannot be done; any other model is left as it is): the axis the layers give
     from capinterp.arch.experts import install
 
-    install(bridge)
+    axis = install(bridge, config)
     bridge.capinterp_own_hooks = _hook_ids(bridge)  # the bridge's own (OPT, XGLM attach some): not the user's
     # the bridge guesses 4 * d_model where the config says otherwise (OPT, Falcon, XGLM); MoE: every expert's neurons
-    bridge.cfg.d_mlp = family_of(bridge).d_mlp
+    bridge.cfg.d_mlp = axis.d_mlp
     with final_norm_order(bridge) as norm_first:
         check_neuron_hooks(bridge)  # the first forward: a failing one is refused there, naming the error
-    if norm_first():  # NanoChat: ln_final also runs on the embeddings
-        bridge.capinterp_family = dataclasses.replace(family_of(bridge), embedding_norm=True)
+    # NanoChat: ln_final also runs on the embeddings
+    bridge.capinterp_family = read_family(bridge, axis, embedding_norm=norm_first())
+    if bridge.capinterp_family.embedding_norm:
         install_embedding_norm(bridge)
     check_logit_path(bridge, _probe_tokens(bridge))
     return bridge

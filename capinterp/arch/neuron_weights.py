@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from capinterp.arch.family import UnsupportedFamily
-from capinterp.arch.weights import down_projection, value_weight
+from capinterp.arch.weights import down_projection, is_conv1d, value_weight
 from capinterp.core.protocol import Model
 
 __all__ = [
@@ -90,7 +90,7 @@ def _out_axis(module: torch.nn.Module, weight: torch.Tensor) -> int:
         getattr(module, "out_features", None) == weight.shape[0] and getattr(module, "in_features", None) is not None
     ):
         return 0  # [out_features, in_features]
-    if getattr(module, "nf", None) == weight.shape[1] and getattr(module, "nx", None) == weight.shape[0]:
+    if is_conv1d(module):
         return 1  # transformers Conv1D: [nx (in), nf (out)]
     raise UnsupportedFamily(
         f"{type(module).__name__} stores a {tuple(weight.shape)} weight that is neither nn.Linear-like "

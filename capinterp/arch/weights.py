@@ -9,7 +9,9 @@ keep ``[d_mlp, d_model]``. :func:`down_projection` hides that: :meth:`DownProjec
 is always ``[d_mlp, d_model]`` (a view of the live weight), :meth:`DownProjection.write` /
 :meth:`DownProjection.add` write back in the same orientation. Parallel-block families need
 nothing more: their MLP reads the same residual as the attention, but its down projection is
-the same kind of module.
+the same kind of module. :func:`is_conv1d` and :func:`linear_layout` are the one place that knows
+``Conv1D``'s layout: everything else that reads a projection's weight (the family record, the
+neuron weights, the family checks' references) goes through them.
 
 A model whose down projection cannot be found, or is not ``d_mlp`` wide along one side, is an
 :class:`~capinterp.arch.family.UnsupportedFamily` naming the family and the module found.
@@ -29,7 +31,30 @@ from capinterp.arch.experts import DenseBlock, expert_block
 from capinterp.arch.family import UnsupportedFamily, family_of
 from capinterp.core.protocol import Model
 
-__all__ = ["DownProjection", "down_projection", "value_weight"]
+__all__ = ["DownProjection", "down_projection", "is_conv1d", "linear_layout", "value_weight"]
+
+
+def is_conv1d(module: Any) -> bool:
+    """Whether ``module`` stores its weight as transformers' ``Conv1D`` does (GPT-2's projections), read
+    from its attributes, not its class name: a 2-D weight ``[nx, nf]`` (inputs, outputs), the
+    transpose of ``nn.Linear``'s ``[out, in]``."""
+    w = getattr(module, "weight", None)
+    nf, nx = getattr(module, "nf", None), getattr(module, "nx", None)
+    return (
+        not isinstance(module, torch.nn.Linear)
+        and isinstance(w, torch.Tensor)
+        and w.dim() == 2
+        and isinstance(nf, int)
+        and tuple(w.shape) == (nx if isinstance(nx, int) else int(w.shape[0]), nf)
+    )
+
+
+def linear_layout(module: Any, weight: Tensor | None = None) -> Tensor:
+    """``module``'s 2-D weight (or ``weight``, one stored as the module stores its own) in ``nn.Linear``'s
+    layout ``[out, in]``: a transposed view where the module is a ``Conv1D`` (:func:`is_conv1d`), the
+    weight itself otherwise (no copy either way, so in-place writes reach the module)."""
+    w = module.weight if weight is None else weight
+    return w.T if is_conv1d(module) else w
 
 
 @dataclass(frozen=True)
@@ -66,7 +91,7 @@ class DownProjection:
 
 
 def _stored_orientation(module: Any, weight: Tensor, d_mlp: int, d_model: int) -> int | None:
-    if hasattr(module, "nf") and tuple(weight.shape) == (int(getattr(module, "nx", d_mlp)), int(module.nf)):
+    if is_conv1d(module):
         return 0  # transformers' Conv1D: [in, out]
     if isinstance(module, torch.nn.Linear):
         return 1  # [out, in]

@@ -44,7 +44,7 @@ def test_ffn_width_from_config(family):
     fam = family_of(model)
     want = 128 if family in ("bloom", "mpt") else 192 if family == "gemma4_text" else 96  # bloom, mpt: 4 x d_model
     assert fam.d_mlp == want == model.cfg.d_mlp
-    assert ci.core.model.neuron_shape(model) == (fam.n_layers, want)
+    assert ci.arch.model.neuron_shape(model) == (fam.n_layers, want)
     if family == "gemma4_text":
         assert fam.layer_widths == (96, 96, 192)
         assert fam.valid_neurons().sum(1).tolist() == [96, 96, 192]
@@ -415,3 +415,31 @@ def test_model_without_ffn_hook_refused_at_load_saying_so(family, fields):
     hf = AutoModelForCausalLM.from_config(cfg).eval()
     with pytest.raises(UnsupportedFamily, match=f"^{family} .*exposes no FFN neurons.*blocks.0.mlp.hook_post"):
         ci.load_model(hf, tokenizer=tok)
+
+
+@pytest.mark.parametrize(
+    ("family", "config", "loaded"),
+    [
+        ("gemma4_text", (96, ()), (192, (96, 96, 192))),  # the widest MLP is the axis, the others padded
+        ("deepseek_v2", (240, ()), (240, (96, 240))),  # a dense layer before the expert layers
+        ("llama4_text", None, None),  # a shared expert the config does not name, read from the modules
+        ("nanochat", (96, ()), (96, ())),  # the final norm also on the embeddings: found by the first forward
+    ],
+)
+def test_record_is_built_once_from_config_modules_and_first_forward(family, config, loaded):
+    """The loaded record is read_family's, in one step, from the configs plus the neuron axis the layers gave
+    (install's return) and the first forward's final-norm order; the config alone gives another axis where the
+    modules say more, and install serves the layers without touching the record."""
+    from capinterp.arch.family import NeuronAxis, read_family
+
+    _, _, model = _load(family)
+    fam = family_of(model)
+    axis = NeuronAxis(fam.d_mlp, fam.moe, fam.layer_widths)
+    assert read_family(model, axis, embedding_norm=fam.embedding_norm) == fam
+    bare = read_family(model)
+    if config is not None:
+        assert (bare.d_mlp, bare.layer_widths) == config and (fam.d_mlp, fam.layer_widths) == loaded
+    else:
+        assert bare.moe is not None and fam.moe is not None and bare.moe.d_shared == 0 < fam.moe.d_shared
+    assert fam.embedding_norm == (family == "nanochat") and not bare.embedding_norm
+    assert not {"fused_qkv", "attention_multiplier"} & set(fam.__dataclass_fields__)  # read by no one: removed
