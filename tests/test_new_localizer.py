@@ -140,7 +140,7 @@ def test_a_new_localizer_is_one_file_plus_its_docs_page(tmp_path):
     assert 'id="capinterp.localizers.toy.Toy"' in (site / "api/localizers/index.html").read_text()
     registry = (site / "localizers/index.html").read_text()
     assert re.search(
-        r"<code>toy</code></td>\s*<td><a [^>]*href=\"../../api/localizers/#capinterp.localizers.toy.Toy\"", registry
+        r'<code>toy</code></td>\s*<td><a [^>]*href="\.\./api/localizers/#capinterp\.localizers\.toy\.Toy"', registry
     )
     arch = (site / "architecture/index.html").read_text()
     assert re.search(r"<code>toy\.py</code></a></td>\s*<td>Toy: neurons by their mean absolute activation", arch)
