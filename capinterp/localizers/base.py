@@ -7,7 +7,8 @@ Every localizer accepts ``batch_size``, ``device`` (``fit`` moves the model ther
 the constructor never reads, runs or moves the model: ``fit`` starts with ``_begin_fit()``.
 
 What a localizer can do is declared as class attributes (:attr:`Localizer.unit_kind`,
-:attr:`Localizer.scope`, :attr:`Localizer.per_query`, :attr:`Localizer.checkpointable`); the
+:attr:`Localizer.scope`, :attr:`Localizer.per_query`, :attr:`Localizer.checkpointable`,
+:attr:`Localizer.fills_greedy`); the
 CLI, :class:`~capinterp.localizers.query_localization.QueryLocalization` and the experiments
 read them instead of testing class names, so a new method only touches its own file and its
 docs page (docs/extending.md).
@@ -19,11 +20,12 @@ import importlib.metadata
 import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from capinterp.arch.model import model_meta, move_model
 from capinterp.core import validate
 from capinterp.core.protocol import Model
+from capinterp.units.base import KeySet
 
 __all__ = [
     "CAPABILITY_VALUES",
@@ -46,8 +48,8 @@ L = TypeVar("L", bound=type["Localizer"])
 ENTRY_POINT_GROUP = "capinterp.localizers"
 _entry_points_loaded = False
 
-#: Values of :attr:`Localizer.unit_kind`: FFN neurons, whole layers, or circuit edges.
-UNIT_KINDS: tuple[str, ...] = ("neuron", "layer", "edge")
+#: Values of :attr:`Localizer.unit_kind`: FFN neurons, whole layers, circuit edges, or MoE experts.
+UNIT_KINDS: tuple[str, ...] = ("neuron", "layer", "edge", "expert")
 #: Values of :attr:`Localizer.scope`: one result for a whole dataset, or per fact (a bag of prompts).
 SCOPES: tuple[str, ...] = ("dataset", "fact")
 #: The values each capability attribute may take (checked by :func:`register`).
@@ -56,6 +58,7 @@ CAPABILITY_VALUES: dict[str, tuple[Any, ...]] = {
     "scope": SCOPES,
     "per_query": (True, False),
     "checkpointable": (True, False),
+    "fills_greedy": (True, False),
 }
 #: Constructor arguments that change how a fit runs, not what it computes (left out of ``meta_["params"]``).
 RUNTIME_PARAMS: tuple[str, ...] = ("batch_size", "checkpoint", "device", "progress")
@@ -142,7 +145,7 @@ class Localizer:
 
     #: Registry name, set by :func:`register`.
     name: ClassVar[str] = "localizer"
-    #: What ``units_`` holds: ``"neuron"`` (a NeuronSet), ``"layer"`` or ``"edge"`` (a KeySet).
+    #: What ``units_`` holds: ``"neuron"`` (a NeuronSet), ``"layer"``, ``"edge"`` or ``"expert"`` (a KeySet).
     unit_kind: ClassVar[str] = "neuron"
     #: ``"dataset"``: one result for all examples passed to ``fit``; ``"fact"``: the examples are
     #: paraphrases of one fact (KN's bags, causal tracing's facts).
@@ -152,10 +155,16 @@ class Localizer:
     per_query: ClassVar[bool] = False
     #: True when the constructor takes ``checkpoint=path`` and ``fit`` resumes from it.
     checkpointable: ClassVar[bool] = False
+    #: True when ``fit`` takes a bare prompt (no target) and fills its target with the model's greedy
+    #: next token (``meta["target_from"] = "greedy"``); False: ``fit`` refuses a bare prompt with the
+    #: TokenizationError ("empty target") every entry point that needs the answer raises, before any
+    #: forward pass (checked by :func:`capinterp.testing.data_checks.check_bare_prompt`).
+    fills_greedy: ClassVar[bool] = False
     #: The capability attributes, in the order the docs list them.
     CAPABILITIES: ClassVar[tuple[str, ...]] = tuple(CAPABILITY_VALUES)
     #: Hyper-parameters that keep :func:`capinterp.testing.check_localizer`'s run small and
-    #: self-contained (e.g. AMIG's baseline texts); never used otherwise.
+    #: self-contained (e.g. AMIG's baseline texts); never used otherwise. The public hook of the
+    #: contract: :func:`capinterp.testing.contract_params` builds every check's arguments from it.
     check_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, model: Model, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
@@ -218,8 +227,12 @@ class Localizer:
         return {k: v for k, v in self.get_params().items() if k not in RUNTIME_PARAMS}
 
     def _set_meta(self, **extra: Any) -> dict[str, Any]:
-        """Build ``self.meta_`` (the one metadata dict every result of this fit records) and return it."""
+        """Build ``self.meta_`` (the one metadata dict every result of this fit records) and return it;
+        a ``units_`` KeySet already set and recording nothing records it too (so it saves with the model's identity)."""
         self.meta_ = {"method": self.name, "params": self.hyper_params(), **model_meta(self.model), **extra}
+        units = getattr(self, "units_", None)
+        if isinstance(units, KeySet) and not units.meta:  # layers, experts: the set records the fit too
+            cast(Any, self).units_ = units.with_meta(self.meta_)  # units_'s type is the subclass's
         return self.meta_
 
     def _check_fitted(self, attr: str = "units_") -> None:

@@ -117,6 +117,7 @@ class CausalTrace(Localizer):
     """
 
     unit_kind = "layer"
+    fills_greedy = True  # a bare fact is traced on the model's own answer
 
     def __init__(
         self,

@@ -135,6 +135,7 @@ class DatasetNeuronLocalizer(Localizer):
     fingerprints_weights = True
 
     checkpointable = True
+    fills_greedy = True  # fit: fill_greedy_targets
     chunk_examples: int = 8
 
     def __init__(

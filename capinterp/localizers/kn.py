@@ -63,6 +63,7 @@ class KN(IGChecked, Localizer):
 
     scope = "fact"
     per_query = True
+    fills_greedy = True  # fit: fill_greedy_targets
 
     def __init__(
         self,

@@ -212,5 +212,5 @@ class KnowledgeCircuit(Localizer):
         self.scores_ = scores
         self.info_ = info
         self.circuit_ = Circuit(graph, mask, scores, meta, node_params(self.model, graph))
-        self.units_ = self.circuit_.units(n_params=meta["n_params"])
+        self.units_ = self.circuit_.units(n_params=meta["n_params"]).with_meta(meta)  # saves with its identity
         return self

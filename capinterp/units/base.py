@@ -24,12 +24,23 @@ Code that must tell a set of units from something else asks ``isinstance(x, Unit
 
 from __future__ import annotations
 
+import copy
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Iterator, Mapping
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from capinterp.units.saved import IDENTITY_UNKNOWN, check_identity
+
+if TYPE_CHECKING:
+    from capinterp.core.protocol import Model
 
 __all__ = ["KeySet", "UnitSet", "check_comparable"]
+
+#: The metadata a set derived by set algebra keeps from its operands (the model's identity).
+_MODEL_KEYS = ("model", "model_fingerprint", "architecture_fingerprint", "n_params", IDENTITY_UNKNOWN)
 
 
 class UnitSet(ABC):
@@ -156,6 +167,10 @@ class KeySet(UnitSet):
     >>> top = KeySet.layers([4, 5, 6], n_layers=30)
     >>> top.ratio  # 3 / 30
     0.1
+
+    ``meta`` records provenance (a localizer's ``meta_``: method, parameters, the model's identity);
+    :meth:`save` writes it with the set and a checksum, :meth:`load` reads it back and, given
+    ``model=``, refuses a set made for another model (:meth:`check_model`).
     """
 
     def __init__(
@@ -167,6 +182,7 @@ class KeySet(UnitSet):
         unit_params: int | Mapping[Hashable, int] | None = None,
         n_params: int | None = None,
         n_units: int | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(kind, str) or not kind:
             raise ValueError("kind must be a non-empty string such as 'layer', 'edge' or 'node'")
@@ -177,6 +193,62 @@ class KeySet(UnitSet):
         self._unit_params = dict(unit_params) if isinstance(unit_params, Mapping) else unit_params
         self._n_params = n_params
         self._n_units = n_units
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping, got {type(meta).__name__}")
+        self._meta: Mapping[str, Any] = MappingProxyType(dict(meta or {}))
+
+    @property
+    def meta(self) -> Mapping[str, Any]:  # type: ignore[override]  # a read-only view per instance
+        """Read-only provenance (``method``, ``model``, ``model_fingerprint``, ...); empty unless recorded."""
+        return self._meta
+
+    def with_meta(self, meta: Mapping[str, Any]) -> KeySet:
+        """A copy of this set (of the same class) that records ``meta``."""
+        if not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping, got {type(meta).__name__}")
+        out = copy.copy(self)
+        out._meta = MappingProxyType(dict(meta))
+        return out
+
+    # --- save / load ---------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write the set to ``path`` as JSON: kind, space, keys (tuples and other hashable keys read
+        back exactly), parameter accounting, ``meta`` (the model's identity) and a checksum over all
+        of it (:mod:`capinterp.units.keyset_io`). Atomic; ValueError if ``path`` holds anything but a
+        saved KeySet, unless ``overwrite=True``; TypeError for a key that cannot be written. A
+        subclass (e.g. ``EdgeSet``) saves its keys, kind and space, and loads back as a KeySet."""
+        from capinterp.units.keyset_io import write_keyset
+
+        return write_keyset(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, model: Model | None = None, across_models: bool = False) -> KeySet:
+        """Read a set written by :meth:`save`, verifying its checksum (ValueError naming the file when
+        it is damaged or no saved KeySet). A file without ``meta["model_fingerprint"]`` is marked
+        ``identity_unknown``; ``model=`` checks the set against that model (:meth:`check_model`)."""
+        from capinterp.units.keyset_io import read_keyset
+
+        ks = KeySet(**read_keyset(path))
+        if model is not None:
+            ks.check_model(model, across_models=across_models)
+        return ks
+
+    def check_model(self, model: Model, *, across_models: bool = False) -> None:
+        """ValueError unless this set can be applied to ``model``: a layer set over as many layers,
+        and (when both are known) the same model fingerprint, or with ``across_models=True`` the same
+        architecture. A set loaded from a file without model identity is refused unless ``across_models``."""
+        from capinterp.arch.model import architecture_fingerprint, model_fingerprint
+        from capinterp.core import validate
+
+        validate.model(model)
+        n_layers = int(model.cfg.n_layers)
+        if self.kind == "layer" and self._space != ("layer", n_layers):
+            raise ValueError(f"this layer set is over {self._space!r}; the model has {n_layers} layers")
+        name = getattr(model, "capinterp_name", None)
+        if validate.boolean("across_models", across_models):
+            check_identity(self.meta, "KeySet", architecture=architecture_fingerprint(model), model_name=name)
+        else:
+            check_identity(self.meta, "KeySet", fingerprint=model_fingerprint(model), model_name=name)
 
     @classmethod
     def layers(cls, layers: Iterable[int], n_layers: int, **kw: Any) -> KeySet:
@@ -221,6 +293,7 @@ class KeySet(UnitSet):
             unit_params=self._unit_params if self._unit_params is not None else other._unit_params,
             n_params=self._n_params if self._n_params is not None else other._n_params,
             n_units=self._n_units if self._n_units is not None else other._n_units,
+            meta={k: v for k, v in self._meta.items() if k in _MODEL_KEYS and other._meta.get(k, v) == v},
         )
 
     def _checked(self, other: object) -> KeySet:
