@@ -8,7 +8,7 @@ rule) are in :mod:`capinterp.testing.data_checks`.
 """
 
 from capinterp.testing.contract import ContractError, ForwardCounter
-from capinterp.testing.data_checks import bad_data, bad_examples, bare_prompts
+from capinterp.testing.data_checks import BAD_EXAMPLES, bad_data, bad_examples, bare_prompts
 from capinterp.testing.localizer_checks import (
     CHECKS,
     check_facts,
@@ -21,6 +21,7 @@ from capinterp.testing.localizer_checks import (
 from capinterp.testing.parametrize import BoundCheck, parametrize_with_checks
 
 __all__ = [
+    "BAD_EXAMPLES",
     "CHECKS",
     "BoundCheck",
     "ContractError",

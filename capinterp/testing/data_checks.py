@@ -25,7 +25,24 @@ from capinterp.core.tokens import TokenizationError
 from capinterp.localizers.base import Localizer
 from capinterp.testing.contract import ContractError, ForwardCounter, require
 
-__all__ = ["bad_data", "bad_examples", "bare_prompts", "check_bad_data", "check_bad_examples", "check_bare_prompt"]
+__all__ = [
+    "BAD_EXAMPLES",
+    "bad_data",
+    "bad_examples",
+    "bare_prompts",
+    "check_bad_data",
+    "check_bad_examples",
+    "check_bare_prompt",
+]
+
+#: The names of :func:`bad_examples`' entries, in order (known without a model).
+BAD_EXAMPLES: tuple[str, ...] = (
+    "empty target",
+    "blank target",
+    "prompt ending in absorbable whitespace",
+    "over-long prompt",
+    "empty dataset",
+)
 
 
 def _as_dict(ex: Example | dict, **change: Any) -> dict[str, Any]:
@@ -66,7 +83,7 @@ def bad_examples(model: Model, facts: list) -> dict[str, tuple[list, type[Except
     or blank target, a prompt ending in whitespace the target would absorb, a prompt longer than the
     model's context, an empty dataset. Built from ``facts`` (so each item keeps its ``subject``)."""
     n_ctx = int(model.cfg.n_ctx)
-    return {
+    out: dict[str, tuple[list, type[Exception]]] = {
         "empty target": ([_as_dict(f, target="") for f in facts], TokenizationError),
         "blank target": ([_as_dict(f, target=" \n") for f in facts], TokenizationError),
         "prompt ending in absorbable whitespace": (
@@ -79,6 +96,7 @@ def bad_examples(model: Model, facts: list) -> dict[str, tuple[list, type[Except
         ),
         "empty dataset": ([], ValueError),
     }
+    return {name: out[name] for name in BAD_EXAMPLES}
 
 
 def _refused(cls: type[Localizer], model: Model, params: dict, data: Any, what: str) -> BaseException:

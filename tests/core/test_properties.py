@@ -8,6 +8,7 @@ property tried (docs/guarantees.md quotes the totals).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -21,6 +22,7 @@ from capinterp.arch.model import model_meta
 from capinterp.core import validate
 from capinterp.core.example import Example, as_examples, glued_words
 from capinterp.core.tokens import TokenizationError
+from capinterp.testing import BAD_EXAMPLES, bad_examples, contract_params
 from capinterp.units import metrics
 from capinterp.units.neurons import NeuronScores, NeuronSet, load
 
@@ -122,32 +124,50 @@ def test_as_examples_contract(data):
 
 
 # ----------------------------------------------------------------------------- the localizers
-LOCALIZERS = {
-    "cnl": (lambda m, v: ci.CNL(m, progress=False, **v), ["steps", "sigma", "batch_size"]),
-    "dcsn": (lambda m, v: ci.DCSN(m, progress=False, **v), ["sigma", "batch_size"]),
-    "kn": (lambda m, v: ci.KN(m, progress=False, **v), ["steps", "threshold", "share", "refine"]),
-    "kc": (lambda m, v: ci.KnowledgeCircuit(m, progress=False, **v), ["top_n", "min_score", "steps", "noise", "seed"]),
-    "trace": (lambda m, v: ci.CausalTrace(m, progress=False, **v), ["samples", "window", "top_k", "noise_std"]),
-    "ql": (lambda m, v: ci.QueryLocalization(m, progress=False, **v), ["tau", "beta1", "cas_threshold", "min_queries"]),
-}
+# Every registered localizer (entry points included), read from the registry: a new one is picked
+# up with no edit here. QueryLocalization is no registered localizer but takes data the same way.
+NAMES = ci.localizers.available()
+
+
+def _make(name):
+    """name -> a constructor of that localizer with the contract's small parameters (a function of
+    (model, overrides)); "ql": QueryLocalization."""
+    if name == "ql":
+        return lambda m, v: ci.QueryLocalization(m, progress=False, **v)
+    cls = ci.localizers.get(name)
+    return lambda m, v: cls(m, **{**contract_params(cls), **v})
+
+
+def _numeric_params(name):
+    """The keyword hyper-parameters with a number as default, each with the annotation of the most
+    derived constructor that takes it (what else it may be: ``None``, a ``str`` such as "auto")."""
+    cls = ci.QueryLocalization if name == "ql" else ci.localizers.get(name)
+    out = {}
+    for klass in cls.__mro__[:-1]:
+        for p in inspect.signature(klass.__init__).parameters.values():
+            numeric = isinstance(p.default, (int, float)) and not isinstance(p.default, bool)
+            if p.kind == p.KEYWORD_ONLY and p.name not in out and (numeric or p.default is None):
+                out[p.name] = str(p.annotation)
+    return {k: a for k, a in out.items() if "int" in a or "float" in a}
 
 
 @MODEL
-@given(st.sampled_from(sorted(LOCALIZERS)), st.data())
+@given(st.sampled_from([*NAMES, "ql"]), st.data())
 def test_constructors_refuse_bad_hyper_parameters_before_work(tiny, forwards, name, data):
-    make, params = LOCALIZERS[name]
-    key = data.draw(st.sampled_from(params))
+    params = _numeric_params(name)
+    key = data.draw(st.sampled_from(sorted(params)))
     value = data.draw(anything)
     before = forwards.n
     try:
-        loc = make(tiny, {key: value})
+        loc = _make(name)(tiny, {key: value})
     except (ValueError, TypeError) as err:
         assert key in str(err) or "must" in str(err)
-    else:  # accepted: the value must be a sane one, stored as given
-        assert value is not None or key in ("tau", "min_score", "top_n", "noise_std")
+    else:  # accepted: the value must be a sane one of a declared type
+        assert value is not None or "None" in params[key], (key, value)
         if isinstance(value, float):
             assert math.isfinite(value)
-        assert not isinstance(value, str) and not isinstance(value, list)
+        assert not isinstance(value, str) or "str" in params[key], (key, value)
+        assert not isinstance(value, list)
         assert loc is not None
     assert forwards.n == before  # nothing ran
 
@@ -166,14 +186,14 @@ bad_data = st.one_of(
 
 
 @MODEL
-@given(st.sampled_from(["cnl", "dcsn", "kn", "evaluate"]), bad_data)
+@given(st.sampled_from([*NAMES, "evaluate"]), bad_data)
 def test_fit_refuses_bad_data_before_work(tiny, forwards, name, data):
     before = forwards.n
     with pytest.raises((ValueError, TypeError)):
         if name == "evaluate":
             ci.evaluate(tiny, data)
         else:
-            LOCALIZERS[name][0](tiny, {}).fit(data)
+            _make(name)(tiny, {}).fit(data)
     assert forwards.n == before
 
 
@@ -258,24 +278,13 @@ def _facts(**change):
     ]
 
 
-BAD_INPUTS = {  # name -> (queries of one fact, or [] for no data; the exception every entry point raises)
-    "empty target": (_facts(target=""), TokenizationError),
-    "blank target": (_facts(target=" \n"), TokenizationError),
-    "prompt ending in absorbable whitespace": (_facts(prompt=lambda p: p + " "), TokenizationError),
-    "over-long prompt": (_facts(prompt=lambda p: "the city of " * 200 + p), TokenizationError),
-    "empty dataset": ([], ValueError),
-}
 ROME_TEXTS = [f"Story {i}: the river runs past the old mill near the bridge today." for i in range(8)]
 
 
 def _entry_points(model):
-    """name -> call(queries): every registered localizer's fit (constructed here: AMIG's constructor
-    runs the model for its baseline), QL, the interventions that take data, the editors."""
-    extra = {"amig": {"baseline_texts": ROME_TEXTS}}
-    out = {
-        f"{name}.fit": ci.localizers.get(name)(model, progress=False, **extra.get(name, {})).fit
-        for name in ci.localizers.available()
-    }
+    """name -> call(queries): every registered localizer's fit (built with the contract's
+    parameters, capinterp.testing.contract_params), QL, the interventions that take data, the editors."""
+    out = {f"{name}.fit": _make(name)(model, {}).fit for name in NAMES}
     ql = ci.QueryLocalization(model, progress=False)
     out["QueryLocalization.fit"] = lambda q: ql.fit([q] if q else [])
     out["evaluate"] = lambda q: ci.evaluate(model, q)
@@ -292,9 +301,11 @@ def _entry_points(model):
     return out
 
 
-@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+@pytest.mark.parametrize("bad", BAD_EXAMPLES)
 def test_every_entry_point_refuses_the_same_bad_input_alike_before_work(tiny, forwards, bad):
-    queries, expected = BAD_INPUTS[bad]
+    """The bad inputs of the data contract (capinterp.testing.bad_examples: the exception every entry
+    point raises), for the one fact every entry point below takes."""
+    queries, expected = bad_examples(tiny, _facts())[bad]
     raised = {}
     for name, call in _entry_points(tiny).items():
         if name == "rome_edit" and not queries:
@@ -308,7 +319,7 @@ def test_every_entry_point_refuses_the_same_bad_input_alike_before_work(tiny, fo
             raised[name] = None
         assert forwards.n == before, f"{name} ran the model before refusing {bad}"
     assert {n: t for n, t in raised.items() if t is not expected} == {}, f"{bad}: expected {expected.__name__}"
-    assert len(raised) >= 12  # 8 registered localizers, QL, evaluate, finetune, the editors
+    assert len(raised) == len(NAMES) + 4 + bool(queries)  # the localizers, QL, evaluate, finetune, the editors
 
 
 @FAST
@@ -322,8 +333,9 @@ def test_a_target_is_refused_exactly_when_it_is_blank(target):
         assert target.strip() and ex.target == target
 
 
-#: The entry points that fill a bare prompt's target with the model's greedy next token.
-FILL_GREEDY = {"amig.fit", "causal_trace.fit", "cnl.fit", "dcsn.fit", "kn.fit", "sig.fit"}
+#: The entry points that fill a bare prompt's target with the model's greedy next token: the
+#: localizers that declare it (capinterp.testing.data_checks.check_bare_prompt checks each one).
+FILL_GREEDY = {f"{name}.fit" for name in ci.localizers.available(fills_greedy=True)}
 
 
 def test_a_bare_prompt_is_the_greedy_token_or_the_same_error(tiny, forwards):
@@ -345,5 +357,6 @@ def test_a_bare_prompt_is_the_greedy_token_or_the_same_error(tiny, forwards):
         "finetune",
         "edit_knowledge",
     }
-    loc = ci.DCSN(tiny, progress=False).fit(bare)  # and a filler really uses the greedy token
-    assert loc.scores_.meta["n_samples"] == 2
+    calls = _entry_points(tiny)
+    for name in sorted(FILL_GREEDY):  # and a filler really takes them
+        calls[name](bare)
