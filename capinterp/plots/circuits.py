@@ -287,25 +287,7 @@ def edge_heatmap(
     heat: dict = dict(colorscale="Blues", zmin=0.0, zmax=1.0, colorbar=dict(title=label))
     z = raw
     if circuit.scores is not None:
-        mag = np.abs(raw[np.isfinite(raw) & (raw != 0)])
-        if scale == "symlog" and mag.size:
-            t = float(np.quantile(mag, 0.1))
-            z = np.sign(raw) * np.log10(1.0 + np.abs(raw) / t)
-            lim = float(np.nanmax(np.abs(z)))
-            tickvals, ticktext = _symlog_ticks(t, float(mag.max()), signed=not abs)
-            bar = dict(
-                title=f"{label}<br>(signed log)" if not abs else f"{label} (log)", tickvals=tickvals, ticktext=ticktext
-            )
-        else:
-            lim = float(np.quantile(mag, 0.99)) if mag.size else 1.0
-            bar = dict(title=label + (" (99th pct range)" if mag.size else ""))
-        lim = lim or 1.0
-        heat = dict(
-            colorscale=_SEQUENTIAL if abs else _DIVERGING,
-            zmin=0.0 if abs else -lim,
-            zmax=lim,
-            colorbar=bar,
-        )
+        z, heat = _score_colours(raw, label, abs=abs, scale=scale)
     src_layer = [_layer_of(n) for n in g.sources]
     slot_layer = [_layer_of(n) for n in g.slots]
     hover = np.array([[f"{a} → {b}" for b in g.slots] for a in g.sources], dtype=object)
@@ -341,6 +323,26 @@ def edge_heatmap(
         legend=dict(orientation="h", x=1.0, xanchor="right", y=1.02, yanchor="bottom"),
     )
     return fig
+
+
+def _score_colours(raw: np.ndarray, label: str, *, abs: bool, scale: str) -> tuple[np.ndarray, dict]:
+    """The scores' colour values and the heatmap's colour settings (scale, range, colour bar)."""
+    z = raw
+    mag = np.abs(raw[np.isfinite(raw) & (raw != 0)])
+    if scale == "symlog" and mag.size:
+        t = float(np.quantile(mag, 0.1))
+        z = np.sign(raw) * np.log10(1.0 + np.abs(raw) / t)
+        lim = float(np.nanmax(np.abs(z)))
+        tickvals, ticktext = _symlog_ticks(t, float(mag.max()), signed=not abs)
+        bar = dict(
+            title=f"{label}<br>(signed log)" if not abs else f"{label} (log)", tickvals=tickvals, ticktext=ticktext
+        )
+    else:
+        lim = float(np.quantile(mag, 0.99)) if mag.size else 1.0
+        bar = dict(title=label + (" (99th pct range)" if mag.size else ""))
+    lim = lim or 1.0
+    heat = dict(colorscale=_SEQUENTIAL if abs else _DIVERGING, zmin=0.0 if abs else -lim, zmax=lim, colorbar=bar)
+    return z, heat
 
 
 _SCALES = ("symlog", "linear")
