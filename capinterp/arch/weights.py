@@ -38,14 +38,14 @@ def is_conv1d(module: Any) -> bool:
     """Whether ``module`` stores its weight as transformers' ``Conv1D`` does (GPT-2's projections), read
     from its attributes, not its class name: a 2-D weight ``[nx, nf]`` (inputs, outputs), the
     transpose of ``nn.Linear``'s ``[out, in]``."""
-    w = getattr(module, "weight", None)
-    nf, nx = getattr(module, "nf", None), getattr(module, "nx", None)
+    nf = getattr(module, "nf", None)
+    if isinstance(module, torch.nn.Linear) or not isinstance(nf, int):  # the weight is read only past this
+        return False
+    w, nx = getattr(module, "weight", None), getattr(module, "nx", None)
     return (
-        not isinstance(module, torch.nn.Linear)
-        and isinstance(w, torch.Tensor)
+        isinstance(w, torch.Tensor)
         and w.dim() == 2
-        and isinstance(nf, int)
-        and tuple(w.shape) == (nx if isinstance(nx, int) else int(w.shape[0]), nf)
+        and tuple(w.shape) == (nx if isinstance(nx, int) else w.shape[0], nf)
     )
 
 

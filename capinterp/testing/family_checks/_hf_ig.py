@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.weights import linear_layout
 from capinterp.testing.family_checks._hf import (
     DOWN_NAMES,
     FFN_NAMES,
@@ -28,9 +29,7 @@ def _in_dim(mod: torch.nn.Module) -> int | None:
     w = getattr(mod, "weight", None)
     if w is None or w.ndim != 2:
         return None
-    if isinstance(mod, torch.nn.Linear):
-        return int(mod.in_features)
-    return int(w.shape[0])  # Conv1D: weight [in, out]
+    return int(linear_layout(mod).shape[1])  # [out, in], whatever the module stores
 
 
 def down_proj(hf: Any, layer: int, d_mlp: int) -> torch.nn.Module:
@@ -68,8 +67,7 @@ def down_weight(hf: Any, layer: int, d_mlp: int) -> torch.Tensor:
     """``[width, d_model]``: row i is what neuron i writes per unit activation (raw HF weight;
     ``width`` is :func:`layer_width`)."""
     mod = down_proj(hf, layer, d_mlp)
-    w = torch.as_tensor(mod.weight).detach()
-    return w.T if isinstance(mod, torch.nn.Linear) else w
+    return linear_layout(mod, torch.as_tensor(mod.weight).detach()).T
 
 
 def clean_down_inputs(hf: Any, ids: torch.Tensor, d_mlp: int) -> list[torch.Tensor]:
@@ -155,13 +153,13 @@ def ig_reference(
     return scores, f_clean, f_base
 
 
-def _neuron_axis_parts(w: torch.Tensor, d_mlp: int, conv1d: bool) -> list[torch.Tensor]:
+def _neuron_axis_parts(w: torch.Tensor, d_mlp: int, module: torch.nn.Module) -> list[torch.Tensor]:
     """The ``[d_mlp, k]`` slices of one FFN weight that belong to each neuron (none: not an FFN weight).
 
     A weight reading the neurons (down projection) gives its input columns; one writing them
     gives its output rows; a fused gate + up weight writing ``2 * d_mlp`` gives both halves.
     """
-    out_in = w.T if conv1d else w  # nn.Linear layout [out, in]
+    out_in = linear_layout(module, w)  # nn.Linear layout [out, in] (``w``: stored as ``module`` stores its weight)
     if out_in.shape[1] == d_mlp and out_in.shape[0] != d_mlp:
         return [out_in.T]
     if out_in.shape[0] == d_mlp:
@@ -222,9 +220,8 @@ def neuron_weight_change(hf: Any, items: list[tuple[list[int], list[int]]], lr: 
         else:
             w0, w1 = [], []
             for m, w in mods:
-                conv1d = not isinstance(m, torch.nn.Linear)
-                w0 += _neuron_axis_parts(w, widths[l], conv1d)
-                w1 += _neuron_axis_parts(m.weight.detach(), widths[l], conv1d)
+                w0 += _neuron_axis_parts(w, widths[l], m)
+                w1 += _neuron_axis_parts(m.weight.detach(), widths[l], m)
             a, b = torch.cat(w0, 1).double(), torch.cat(w1, 1).double()
         scores[l, : widths[l]] = 1 - torch.nn.functional.cosine_similarity(a, b, dim=1)
     return scores

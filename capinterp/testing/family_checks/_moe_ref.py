@@ -91,6 +91,16 @@ class ExpertsDown(torch.nn.Module):
         super().__init__()
         self._refs = types.SimpleNamespace(block=block, shared=shared)  # not submodules: no duplicate params
 
+    # its weight's layout in Conv1D's names ([nx, nf]: inputs, outputs), so capinterp.arch.weights.is_conv1d
+    # and linear_layout read it as it is stored
+    @property
+    def nx(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def nf(self) -> int:
+        return int(self.weight.shape[1])
+
     @property
     def weight(self) -> torch.Tensor:
         ex = self._refs.block.experts

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from capinterp.arch.tiny import tiny_hf
+from capinterp.arch.weights import is_conv1d, linear_layout
 from capinterp.testing.family_checks._hf import (
     DOWN_NAMES,
     FFN_NAMES,
@@ -82,10 +83,6 @@ def mlps(hf: Any) -> list[Mlp]:
     return [Mlp(layer, f"{name}.{i}") for i, layer in enumerate(layers)]
 
 
-def _conv1d(mod: torch.nn.Module) -> bool:
-    return type(mod).__name__ == "Conv1D"  # transformers' Conv1D stores [in, out]
-
-
 # NemotronH's modules as capinterp renames them (capinterp.arch.one_sublayer, documented): each layer's mixer
 # or FFN is "mixer" in transformers, its norm "norm"; the FFN capinterp adds to a mixer layer has no entries
 _SPLIT_NAMES = re.compile(r"(\.layers\.\d+\.)(?:(mamba|self_attn|mlp)|(input_layernorm|pre_ff_layernorm))\.")
@@ -124,7 +121,7 @@ def neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Te
             if proj is None:
                 continue
             name, mod = proj
-            masks[name + ".weight"].index_fill_(1 if _conv1d(mod) else 0, idx, True)
+            masks[name + ".weight"].index_fill_(1 if is_conv1d(mod) else 0, idx, True)
             if getattr(mod, "bias", None) is not None:
                 masks[name + ".bias"][idx] = True
         if mlp.fused is not None:
@@ -134,7 +131,7 @@ def neuron_entries(hf: Any, neurons: dict[int, list[int]]) -> dict[str, torch.Te
             if getattr(mod, "bias", None) is not None:
                 masks[name + ".bias"][torch.cat([idx, idx + d_mlp])] = True
         name, mod = mlp.down
-        masks[name + ".weight"].index_fill_(0 if _conv1d(mod) else 1, idx, True)
+        masks[name + ".weight"].index_fill_(0 if is_conv1d(mod) else 1, idx, True)
     return {**{n: m for n, m in masks.items() if bool(m.any())}, **expert_masks}
 
 
@@ -144,7 +141,5 @@ def layer_widths(hf: Any) -> list[int]:
     mixes dense and MoE layers has fewer)."""
     out = []
     for mlp in mlps(hf):
-        mod, w = mlp.down[1], mlp.down[1].weight
-        assert isinstance(w, torch.Tensor)
-        out.append(int(mod.in_features) if isinstance(mod, torch.nn.Linear) else int(w.shape[0]))  # Conv1D: [in, out]
+        out.append(int(linear_layout(mlp.down[1]).shape[1]))  # [out, in]: an MoE layer's ExpertsDown, Conv1D-like too
     return out

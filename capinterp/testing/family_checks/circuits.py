@@ -25,6 +25,7 @@ from typing import Any, cast
 import torch
 
 from capinterp.arch.tiny import tiny_hf
+from capinterp.arch.weights import linear_layout
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._branch_ref import is_branched
 from capinterp.testing.family_checks._models import load_pair
@@ -264,8 +265,7 @@ class _Ref:
         attn = torch.zeros_like(rec["in"][l][0])
         if "attn" in kinds:
             o = cast(torch.nn.Module, _out_proj(layer))
-            weight = cast(torch.Tensor, o.weight)
-            w = weight if type(o).__name__ != "Conv1D" else weight.T  # [d_model, H * d_head]
+            w = linear_layout(o)  # [d_model, H * d_head]
             z = rec["z"][l][0]
             heads = torch.einsum("the,dhe->htd", z.unflatten(-1, (self.H, -1)), w.unflatten(1, (self.H, -1)))
             heads = heads * self.attn_mult

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from capinterp.arch.family import family_of
+from capinterp.arch.weights import is_conv1d, linear_layout
 from capinterp.core.example import Example
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
@@ -195,15 +196,6 @@ def check_finetune(family: str) -> None:
             assert torch.equal(p, caller[name]), f"{family}: {name} changed but no located neuron owns it"
 
 
-def _down_weight(hf, layer: int) -> tuple[str, bool]:
-    name, mod = mlps(hf)[layer].down
-    return name + ".weight", type(mod).__name__ == "Conv1D"
-
-
-def _value_rows(w: torch.Tensor, conv1d: bool) -> torch.Tensor:
-    return w if conv1d else w.T  # [d_mlp, d_model]
-
-
 def _last(x: torch.Tensor) -> torch.Tensor:
     """The last token's down-projection input (OPT / XGLM flatten ``[batch * seq, d_mlp]``)."""
     return x.detach().flatten(0, -2)[-1]
@@ -231,10 +223,12 @@ def _hand_edit(family: str, chosen: dict[int, list[int]], tok, mode: str) -> dic
     for layer, idx in chosen.items():
         if not idx:  # a layer without neurons (NemotronH's mixer layers)
             continue
-        name, conv1d = _down_weight(hf, layer)
-        down = mlps(hf)[layer].down[1]
+        name, down = mlps(hf)[layer].down
+        name += ".weight"
         dense_moe = isinstance(down, ExpertsDown)
-        stored = down.weight if isinstance(down, ExpertsDown) else _value_rows(params[name], conv1d)
+        stored = (
+            down.weight if isinstance(down, ExpertsDown) else linear_layout(down, params[name]).T
+        )  # [d_mlp, d_model]
         new = stored.detach().clone()
         for i in idx:
             v = new[i].float()
@@ -247,7 +241,7 @@ def _hand_edit(family: str, chosen: dict[int, list[int]], tok, mode: str) -> dic
         if dense_moe:
             out.update(split_values(hf, layer, new))
         else:
-            out[name] = new.T.contiguous() if not conv1d else new
+            out[name] = new if is_conv1d(down) else new.T.contiguous()
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.weights import linear_layout
 from capinterp.testing.family_checks._hf import hooked, mlp_down, subject_positions
 from capinterp.testing.family_checks._models import PROMPTS
 
@@ -234,9 +235,8 @@ def check_rome_edit(family: str, expert: str | None = None) -> None:
             for name, new in split_values(hf, layer, torch.as_tensor(down.weight) + update.T).items():
                 params[name].copy_(new)
         else:
-            w = down.weight
-            assert isinstance(w, torch.Tensor)
-            w += (update.T if type(down).__name__ == "Conv1D" else update).to(w.dtype)  # Conv1D stores [in, out]
+            w = linear_layout(down)  # [d_model, d_mlp], a view of the stored weight
+            w += update.to(w.dtype)
         with edit:
             for p in before:
                 ids = _ids(tok, p)
