@@ -462,6 +462,32 @@ def _check_table(selections: tuple[str, ...], modes: Sequence[str], n_facts: int
         raise ValueError("mode 'update' needs new_targets, or facts with at least two different answers")
 
 
+def _fact_rows(
+    model: Model,
+    ql: QueryLocalization,
+    k: int,
+    name: Any,
+    queries: list[Example],
+    selections: tuple[str, ...],
+    modes: Sequence[str],
+    new: str | None,
+    ppl0: float | None,
+    run: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """One fact's rows of :func:`edit_table`: its metrics for every mode and selection, the unedited
+    next-token probabilities measured once for them all."""
+    before = next_token_probs(model, probe_ids(model, encode(model, queries, max_target_tokens=1), run["unrelated"]))
+    rows = []
+    for mode in modes:
+        for selection in selections:
+            neurons = ql.neurons(k, selection, run["query_index"])
+            new_target = new if mode == "update" else None
+            baseline = EditBaseline(ppl0, before)
+            e = edit_knowledge(model, queries, selection, mode, new_target, neurons=neurons, baseline=baseline, **run)
+            rows.append({"fact": name, "mode": mode, "selection": selection, **e.metrics})
+    return rows
+
+
 def _table_frame(rows: list[dict[str, Any]], per_fact: bool) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Mean metrics per (mode, selection), the median perplexity change and ``n_facts``."""
     raw = pd.DataFrame(rows)
@@ -526,22 +552,7 @@ def edit_table(
     rows = []
     for k, (name, g) in enumerate(zip(names, groups)):
         unrel = fixed if fixed is not None else [groups[j][0] for j in others[k][:n_unrelated]]
-        before = next_token_probs(model, probe_ids(model, encode(model, g, max_target_tokens=1), unrel))
         new = new_targets[k] if new_targets is not None else answers[others[k][0]] if others[k] else None
-        for mode in modes:
-            for selection in selections:
-                e = edit_knowledge(
-                    model,
-                    g,
-                    selection,
-                    mode,
-                    new if mode == "update" else None,
-                    neurons=ql.neurons(k, selection, query_index),
-                    query_index=query_index,
-                    unrelated=unrel,
-                    neutral_text=texts,
-                    baseline=EditBaseline(ppl0, before),
-                    config=cfg,
-                )
-                rows.append({"fact": name, "mode": mode, "selection": selection, **e.metrics})
+        run = dict(query_index=query_index, unrelated=unrel, neutral_text=texts, config=cfg)
+        rows += _fact_rows(model, ql, k, name, g, selections, modes, new, ppl0, run)
     return _table_frame(rows, per_fact)

@@ -410,23 +410,15 @@ def finetune(
     flags = {name: p.requires_grad for name, p in model.named_parameters()}
     run = _Run(items, sets, flags, count_params(model), cfg.epochs, cfg.batch_size, seed, cfg.eval_batch_size, progress)
     rows, evals, history, models = _run_arms(model, run, arms, lrs, neurons, sets_neurons, dev, inplace, keep_models)
-    result_config = {
-        "lr": lrs,
-        "epochs": cfg.epochs,
-        "batch_size": cfg.batch_size,
-        "seed": seed,
-        "device": str(dev),
-        "n_train": len(items),
-        "n_params": run.n_total,
-        "arms": list(arms),
-    }
+    summary = {"lr": lrs, "epochs": cfg.epochs, "batch_size": cfg.batch_size, "seed": seed, "device": str(dev)}
+    summary.update({"n_train": len(items), "n_params": run.n_total, "arms": list(arms)})
     return FinetuneResult(
         table=pd.DataFrame(rows),
         evals=pd.DataFrame(evals, columns=["arm", "dataset", "stage", "accuracy", "mean_prob", "n"]),
         history=pd.DataFrame(history, columns=["arm", "epoch", "step", "loss"]),
         neurons=sets_neurons,
         models=models,
-        config=result_config,
+        config=summary,
     )
 
 

@@ -273,19 +273,9 @@ def rome_edit(
     delta, key, losses = _optimise(model, cfg, layer, plan.fact.prompt, plan.subject, plan.new_target, contexts, expert)
     edit = _measured_edit(model, cfg, layer, plan, texts, data_dir, second_moment_matrix, expert, delta, key)
     edit.losses = losses
-    edit.params = dict(
-        layer=layer,
-        subject=plan.subject,
-        contexts=contexts,
-        steps=cfg.steps,
-        lr=cfg.lr,
-        kl_factor=cfg.kl_factor,
-        weight_decay=cfg.weight_decay,
-        clamp=cfg.clamp,
-        ridge=cfg.ridge,
-        seed=seed,
-        expert=edit.expert,
-    )
+    edit.params = dict(layer=layer, subject=plan.subject, contexts=contexts, steps=cfg.steps, lr=cfg.lr)
+    edit.params.update(kl_factor=cfg.kl_factor, weight_decay=cfg.weight_decay, clamp=cfg.clamp, ridge=cfg.ridge)
+    edit.params.update(seed=seed, expert=edit.expert)
     if inplace:
         edit.apply_permanently(model)
     return edit
