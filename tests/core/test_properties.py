@@ -151,8 +151,13 @@ def _numeric_params(name):
     return {k: a for k, a in out.items() if "int" in a or "float" in a}
 
 
-@MODEL
-@given(st.sampled_from([*NAMES, "ql"]), st.data())
+# One test per localizer (its own examples; `-k NAME` selects it: tests/test_new_localizer.py does).
+PER_NAME = settings(MODEL, max_examples=12)
+
+
+@pytest.mark.parametrize("name", [*NAMES, "ql"])
+@PER_NAME
+@given(data=st.data())
 def test_constructors_refuse_bad_hyper_parameters_before_work(tiny, forwards, name, data):
     params = _numeric_params(name)
     key = data.draw(st.sampled_from(sorted(params)))
@@ -185,8 +190,9 @@ bad_data = st.one_of(
 )
 
 
-@MODEL
-@given(st.sampled_from([*NAMES, "evaluate"]), bad_data)
+@pytest.mark.parametrize("name", [*NAMES, "evaluate"])
+@PER_NAME
+@given(data=bad_data)
 def test_fit_refuses_bad_data_before_work(tiny, forwards, name, data):
     before = forwards.n
     with pytest.raises((ValueError, TypeError)):
