@@ -214,13 +214,13 @@ def ig_args(p: argparse.ArgumentParser) -> None:
 def ig_kwargs(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The IG options given on the command line, as ``cls``'s constructor arguments; ValueError when
     ``cls`` does not take one of them (naming the methods that do)."""
-    import inspect
+    from capinterp.core.constraints import constructor_parameters
 
     given = {opt: getattr(args, opt, None) for opt in IG_OPTIONS}
     given = {opt: v for opt, v in given.items() if v is not None}
     if not given:
         return {}
-    params = inspect.signature(cls).parameters
+    params = constructor_parameters(cls)  # the keywords its constructors pass on (**kwargs) too
     missing = [opt for opt in given if IG_OPTIONS[opt] not in params]
     if missing:
         flags = ", ".join("--" + m.replace("_", "-") for m in missing)

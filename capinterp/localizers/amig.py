@@ -22,13 +22,11 @@ from typing import Any, ClassVar
 import torch
 
 from capinterp.arch.model import model_fingerprint, neuron_hook, neuron_shape
-from capinterp.core import validate
+from capinterp.core.constraints import NO_VALIDATION, PATH, Interval, Texts
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, model_bos, pad_id, pad_right
 from capinterp.data.corpus import local_texts
-from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import register
-from capinterp.localizers.ig_check import COMPLETENESS_TOL
 from capinterp.localizers.kn import KN, coarse_mask
 
 __all__ = ["AMIG", "mean_activations"]
@@ -91,57 +89,35 @@ class AMIG(KN):
         "baseline_texts": ["The weather was mild all week.", "She read the letter twice."]
     }
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "baseline": [NO_VALIDATION],  # a tensor: its dimensions are checked below, its width in fit
+        "baseline_texts": [Texts(), None],
+        "data_dir": [PATH, None],
+        "min_neurons": [Interval(int, 1, None)],
+        "max_neurons": [Interval(int, 1, None)],
+        "adapt_steps": [Interval(int, 0, None)],
+    }
+
     def __init__(
         self,
         model: Model,
         *,
-        steps: int = 20,
         baseline: torch.Tensor | None = None,
         baseline_texts: Sequence[str] | None = None,
         data_dir: str | os.PathLike | None = None,
-        threshold: float = 0.2,
         min_neurons: int = 2,
         max_neurons: int = 20,
         adapt_steps: int = 6,
-        share: float = 0.5,
-        refine: bool = True,
-        rule: str = "right",
-        objective: str = "prob",
-        route: str = "fast",
-        invariance: str = "auto",
-        batch_size: int = 64,
-        device: Any = None,
-        progress: bool = True,
-        tol: float = ADAPTIVE_TOL,
-        max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float | None = COMPLETENESS_TOL,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            model,
-            steps=steps,
-            threshold=threshold,
-            share=share,
-            refine=refine,
-            rule=rule,
-            objective=objective,
-            route=route,
-            invariance=invariance,
-            batch_size=batch_size,
-            device=device,
-            progress=progress,
-            tol=tol,
-            max_steps=max_steps,
-            completeness_tol=completeness_tol,
-        )
-        if not 1 <= min_neurons <= max_neurons:
+        # **kwargs: KN's (threshold, share, refine, the IG keywords, device, progress)
+        super().__init__(model, **kwargs)
+        if min_neurons > max_neurons:
             raise ValueError(f"need 1 <= min_neurons <= max_neurons, got {min_neurons}, {max_neurons}")
-        validate.nonneg_int("adapt_steps", adapt_steps)
         if baseline is not None:
             baseline = torch.as_tensor(baseline, dtype=torch.float32)
             if baseline.dim() not in (1, 2):
                 raise ValueError(f"baseline must be [n_layers, d_mlp] or [d_mlp], got {tuple(baseline.shape)}")
-        if isinstance(baseline_texts, str):
-            raise ValueError("baseline_texts must be a list of strings, not one string")
         # The baseline tensor is not a listed hyper-parameter (get_params / meta_ keep plain values).
         self._baseline = baseline
         self.baseline_texts = None if baseline_texts is None else list(baseline_texts)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from capinterp.arch.model import model_meta, move_model
 from capinterp.core import validate
+from capinterp.core.constraints import Boolean, Device, Interval, validates_params
 from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 
@@ -167,13 +168,30 @@ class Localizer:
     #: contract: :func:`capinterp.testing.contract_params` builds every check's arguments from it.
     check_params: ClassVar[dict[str, Any]] = {}
 
+    #: The constraints on each constructor keyword (:mod:`capinterp.core.constraints`; scikit-learn's
+    #: ``_parameter_constraints``): merged over the class hierarchy, a subclass's entry replacing
+    #: its parent's, and checked before every constructor's body runs (:meth:`__init_subclass__`).
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "batch_size": [Interval(int, 1, None)],
+        "device": [Device()],
+        "progress": [Boolean()],
+    }
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every subclass's ``__init__`` checks the declared hyper-parameters before its body runs
+        (:func:`capinterp.core.constraints.validates_params`): a bad value is a ValueError / TypeError
+        naming it, before anything is stored or the model is looked at."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in vars(cls):
+            cls.__init__ = validates_params(vars(cls)["__init__"])  # type: ignore[method-assign]
+
+    @validates_params
     def __init__(self, model: Model, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:
-        # Store and check hyper-parameters only: nothing here reads, runs or moves the model
-        # (scikit-learn's convention), so constructing never fails on the model; ``fit`` does that work.
-        batch_size = validate.positive_int("batch_size", batch_size)
+        # Store hyper-parameters only (checked by validates_params): nothing here reads, runs or moves
+        # the model (scikit-learn's convention), so constructing never fails on the model; ``fit`` does that work.
         self.model = model
         self.batch_size = int(batch_size)
-        self.device = validate.device("device", device)
+        self.device = device
         self.progress = bool(progress)
 
     def fit(self, data: Any) -> Localizer:  # pragma: no cover - abstract

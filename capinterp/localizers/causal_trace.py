@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -60,6 +60,7 @@ from tqdm.auto import tqdm
 from capinterp.arch.model import require_attention_layers
 from capinterp.core import distributed as dist
 from capinterp.core import validate
+from capinterp.core.constraints import Boolean, Custom, Interval, Options, Subset
 from capinterp.core.example import Example
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import _ids, encode, model_bos
@@ -83,6 +84,9 @@ from capinterp.kernels.tracing import last_probs as _last_probs
 from capinterp.localizers.base import Localizer, register
 
 __all__ = ["KINDS", "TOKEN_GROUPS", "CausalTrace", "subject_token_range"]
+
+
+_KINDS = Subset(*KINDS)
 
 
 @register("causal_trace")
@@ -119,6 +123,20 @@ class CausalTrace(Localizer):
     unit_kind = "layer"
     fills_greedy = True  # a bare fact is traced on the model's own answer
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "noise": [Custom(parse_noise, "a multiplier >= 0 or a rule 's<k>'", bad=(-1.0, "m", float("inf")))],
+        "noise_std": [Interval(float, 0, None), None],
+        "samples": [Interval(int, 1, None)],
+        "window": [Interval(int, 1, None)],
+        "kinds": [_KINDS],
+        "top_k": [Interval(int, 1, None)],  # at most n_layers: checked in fit
+        "token": [Options(*TOKEN_GROUPS, "any")],
+        "layer_kind": [Options(*KINDS), None],  # among the traced kinds: checked below
+        "seed": [Interval(int, None, None)],
+        "require_correct": [Boolean()],
+        "reuse_prefix": [Boolean()],
+    }
+
     def __init__(
         self,
         model: Model,
@@ -141,26 +159,17 @@ class CausalTrace(Localizer):
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
         self.noise = noise
         self._noise_mult = parse_noise(noise)
-        self.noise_std = None if noise_std is None else validate.finite_float("noise_std", noise_std, low=0.0)
-        self.samples = validate.positive_int("samples", samples)
-        self.window = validate.positive_int("window", window)
-        kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-        bad = [k for k in kinds if k not in KINDS]
-        if bad or not kinds or len(set(kinds)) != len(kinds):
-            raise ValueError(f"kinds must be distinct values among {KINDS}, got {kinds}")
+        self.noise_std = None if noise_std is None else float(noise_std)
+        self.samples, self.window, self.top_k, self.seed = int(samples), int(window), int(top_k), int(seed)
+        kinds = _KINDS.check("kinds", (kinds,) if isinstance(kinds, str) else tuple(kinds))  # a generator is read here
         self.kinds = kinds
-        self.top_k = validate.integer("top_k", top_k, low=1)  # at most n_layers: checked in fit
-        if token not in TOKEN_GROUPS and token != "any":
-            raise ValueError(f"token must be one of {TOKEN_GROUPS + ('any',)}, got {token!r}")
         self.token = token
         if layer_kind is None:
             layer_kind = "mlp" if "mlp" in kinds else kinds[0]
         if layer_kind not in kinds:
             raise ValueError(f"layer_kind {layer_kind!r} is not among the traced kinds {kinds}")
         self.layer_kind = layer_kind
-        self.seed = validate.integer("seed", seed)
-        self.require_correct = validate.boolean("require_correct", require_correct)
-        self.reuse_prefix = validate.boolean("reuse_prefix", reuse_prefix)
+        self.require_correct, self.reuse_prefix = bool(require_correct), bool(reuse_prefix)
 
     # ------------------------------------------------------------------------------------ fit
 

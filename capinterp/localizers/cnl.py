@@ -11,19 +11,19 @@ makes long fits resumable and shards mergeable (:class:`capinterp.kernels.accumu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from capinterp.core.constraints import Options
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
 from capinterp.kernels import ig
 from capinterp.kernels.ig_config import IGConfig
 from capinterp.kernels.memory import ig_row_bytes
-from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
-from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, quiet_kernel_warnings
+from capinterp.localizers.ig_check import IGChecked, quiet_kernel_warnings
 
 __all__ = ["CNL"]
 
@@ -33,23 +33,26 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
     """Capability neurons: mean IG attribution over a dataset, then a sigma mask.
 
     Args:
-        steps: interpolation points m (20, the KN/CNL grid).
+        positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
+        batch_size: IG rows (layer x step points) per forward/backward; bounds peak memory.
+            ``"auto"``: the largest that fits in free memory (halved on out-of-memory).
+        **kwargs: the IG keywords below (:class:`~capinterp.localizers.ig_check.IGChecked`), then
+            :class:`DatasetNeuronLocalizer`'s: ``sigma``, ``spread``, ``checkpoint`` (a path;
+            running sums are saved after every example and resumed from), ``device``, ``progress``.
+
+    Keyword Args:
         sigma: mask threshold in standard deviations of all scores (6).
+        steps: interpolation points m (20, the KN/CNL grid).
         rule: quadrature of the IG path integral: ``"right"`` (k/m, weights 1/m: the papers'),
             ``"left"``, ``"midpoint"``, ``"trapezoid"``, ``"linspace"``, ``"gauss"``
             (Gauss-Legendre; :mod:`capinterp.kernels.quadrature`) or ``"adaptive"``
             (per layer, Gauss-Legendre nodes doubled from 4 until the error estimate is <= ``tol``;
             ``steps`` unused; :mod:`capinterp.kernels.adaptive`).
-        positions: ``"answer"`` (all answer-predicting positions) or ``"last_prompt"`` (KN-exact).
         objective: ``"prob"`` (default) or ``"logprob"``.
         route: how IG's rows run: ``"fast"`` (default) or the slower ``"prefix"`` / ``"loop"`` (same scores).
         invariance: ``"auto"`` (default) sums the rule in closed form from four nodes (3 rows per layer + 1 shared) on
             models whose FFN output is scale invariant (Gemma 2/3; scores within ~1e-4 of the
             largest, :mod:`capinterp.kernels.invariant`); ``"off"`` integrates node by node.
-        batch_size: IG rows (layer x step points) per forward/backward; bounds peak memory.
-            ``"auto"``: the largest that fits in free memory (halved on out-of-memory).
-        **kwargs: passed to :class:`DatasetNeuronLocalizer`, e.g. ``checkpoint`` (a path;
-            running sums are saved after every example and resumed from).
         tol: the adaptive rule's tolerance on each layer's error estimate (1e-3).
         max_steps: the adaptive rule's node cap per layer (256; a layer that reaches it above
             ``tol`` warns: the accuracy asked was not reached).
@@ -71,28 +74,14 @@ class CNL(IGChecked, DatasetNeuronLocalizer):
     chunk_examples = 1
     _ig_per_example = False
 
-    def __init__(
-        self,
-        model: Model,
-        *,
-        steps: int = 20,
-        sigma: float = 6.0,
-        rule: str = "right",
-        positions: str = "answer",
-        objective: str = "prob",
-        route: str = "fast",
-        invariance: str = "auto",
-        batch_size: int | str = 64,
-        tol: float = ADAPTIVE_TOL,
-        max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float | None = COMPLETENESS_TOL,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(model, sigma=sigma, batch_size=batch_size, **kwargs)
-        self.steps, self.rule, self.positions = steps, rule, positions
-        self.objective, self.route, self.invariance = objective, route, invariance
-        self.tol, self.max_steps, self.completeness_tol = tol, max_steps, completeness_tol
-        self._ig_config(1)  # bad IG settings are refused here, before any work ("auto" batches: fit's)
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {"positions": [Options(*ig.POSITIONS)]}
+
+    def __init__(self, model: Model, *, positions: str = "answer", batch_size: int | str = 64, **kwargs: Any) -> None:
+        # **kwargs: the IG keywords (IGChecked), then DatasetNeuronLocalizer's (sigma, spread, checkpoint,
+        # device, progress)
+        super().__init__(model, batch_size=batch_size, **kwargs)
+        self.positions = positions
+        self._ig_config(1)  # a rule's minimum of steps: refused here, before any work ("auto" batches: fit's)
 
     def _ig_config(self, batch_size: int) -> IGConfig:
         """The IG settings of a fit with rows of ``batch_size`` (ValueError on a bad hyper-parameter)."""

@@ -6,10 +6,9 @@ consistency, data parallel runs under ``torchrun`` (:mod:`capinterp.core.distrib
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -17,6 +16,7 @@ from tqdm.auto import tqdm
 from capinterp.arch.model import model_fingerprint, neuron_shape
 from capinterp.core import distributed as dist
 from capinterp.core import validate
+from capinterp.core.constraints import PATH, Interval, Options
 from capinterp.core.example import Example, as_examples
 from capinterp.core.pathlimits import check_path
 from capinterp.core.protocol import Model
@@ -138,6 +138,13 @@ class DatasetNeuronLocalizer(Localizer):
     fills_greedy = True  # fit: fill_greedy_targets
     chunk_examples: int = 8
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "sigma": [Interval(float, 0, None, closed="neither")],
+        "spread": [Options("std", "var")],
+        "batch_size": [Interval(int, 1, None), "auto"],
+        "checkpoint": [PATH, None],
+    }
+
     def __init__(
         self,
         model: Model,
@@ -154,10 +161,7 @@ class DatasetNeuronLocalizer(Localizer):
             self.batch_size = "auto"  # type: ignore[assignment]  # fit resolves it into the int batch_size_
         else:  # the base checks it is an integer >= 1
             super().__init__(model, batch_size=batch_size, device=device, progress=progress)  # type: ignore[arg-type]
-        self.sigma = validate.finite_float("sigma", sigma, low=0.0, low_open=True)
-        validate.choice("spread", spread, ("std", "var"))
-        if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
-            raise TypeError(f"checkpoint must be a path (str or Path) or None, got {type(checkpoint).__name__}")
+        self.sigma = float(sigma)
         self.spread = spread
         self.checkpoint = None if checkpoint is None else str(checkpoint)
         if self.checkpoint is not None:  # a name the file system refuses: an error now, not after an example

@@ -24,7 +24,7 @@ over-weight some layers (layer 0: 73.5 % of the raw located neurons, docs/result
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -35,6 +35,7 @@ from capinterp.arch.family import UnsupportedFamily, family_of
 from capinterp.arch.forward import capture, unembed
 from capinterp.arch.model import neuron_hook, neuron_shape
 from capinterp.arch.weights import down_projection
+from capinterp.core.constraints import Options
 from capinterp.core.offload import weights_readable
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, collate, pad_id
@@ -229,13 +230,14 @@ class DCSN(DatasetNeuronLocalizer):
             recommended on Gemma 3, see the module docstring).
     """
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "target": [Options("gold", "pred")],
+        "norms": [Options(*NORMS)],
+    }
+
     def __init__(
         self, model: Model, *, sigma: float = 6.0, target: str = "gold", norms: str = "raw", **kwargs: Any
     ) -> None:
-        if target not in ("gold", "pred"):
-            raise ValueError(f"target must be 'gold' or 'pred', got {target!r}")
-        if norms not in NORMS:
-            raise ValueError(f"norms must be one of {', '.join(NORMS)}, got {norms!r}")
         super().__init__(model, sigma=sigma, **kwargs)
         self.target = target
         self.norms = norms

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import Any, ClassVar
 
 import pandas as pd
 
 from capinterp.arch.model import neuron_shape
 from capinterp.core import validate
+from capinterp.core.constraints import Interval, Options
 from capinterp.core.protocol import Model
 from capinterp.kernels.completeness import (
     COMPLETENESS_TOL,
@@ -28,9 +30,17 @@ from capinterp.kernels.completeness import (
     rule_label,
     warn_report,
 )
-from capinterp.kernels.ig_config import IGConfig
+from capinterp.kernels.ig_config import INVARIANCE, OBJECTIVES, ROUTES, IGConfig
+from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_RULE, ADAPTIVE_TOL, RULES
 
-__all__ = ["COMPLETENESS_TOL", "IGChecked", "ig_check_frame", "ig_check_line", "quiet_kernel_warnings"]
+__all__ = [
+    "COMPLETENESS_TOL",
+    "IG_PARAMETER_CONSTRAINTS",
+    "IGChecked",
+    "ig_check_frame",
+    "ig_check_line",
+    "quiet_kernel_warnings",
+]
 
 
 def ig_check_frame(report: dict) -> pd.DataFrame:
@@ -59,12 +69,51 @@ def ig_check_frame(report: dict) -> pd.DataFrame:
 ig_check_line = report_line
 
 
+#: The IG keyword block of :class:`IGChecked` (the fields of :class:`~capinterp.kernels.ig_config.IGConfig`
+#: a localizer takes as keywords; ``positions`` is each localizer's own). Cross-field rules (a
+#: rule's minimum of steps, what a kernel can run) stay :class:`IGConfig`'s and the kernels'.
+IG_PARAMETER_CONSTRAINTS: dict[str, list[Any]] = {
+    "steps": [Interval(int, 1, None)],
+    "rule": [Options(*RULES, ADAPTIVE_RULE)],
+    "objective": [Options(*OBJECTIVES)],
+    "route": [Options(*ROUTES)],
+    "invariance": [Options(*INVARIANCE)],
+    "tol": [Interval(float, 0, None, closed="neither")],
+    "max_steps": [Interval(int, 1, None)],
+    "completeness_tol": [Interval(float, 0, None, closed="neither"), None],
+}
+
+
 class IGChecked:
-    """Mixin of IG-based localizers: the IG settings (``steps``, ``rule``, ``objective``, ``route``,
-    ``invariance``, ``tol``, ``max_steps``, ``completeness_tol``) are set by the localizer and
-    gathered by :meth:`_ig_settings`; call :meth:`_ig_begin` before scoring, pass :meth:`_ig_stats`
-    dicts to the kernel, :meth:`_ig_report` when building the metadata and :meth:`_ig_warn` at
-    the end of ``fit``."""
+    """Mixin of IG-based localizers (KN, CNL, SIG, AMIG): the IG keyword block, declared once.
+
+    Its constructor takes the IG settings (``steps``, ``rule``, ``objective``, ``route``,
+    ``invariance``, ``tol``, ``max_steps``, ``completeness_tol``; constraints:
+    :data:`IG_PARAMETER_CONSTRAINTS`), stores them and passes the other keywords on to the next
+    class (the :class:`~capinterp.localizers.base.Localizer`); :meth:`_ig_settings` gathers them
+    into an :class:`~capinterp.kernels.ig_config.IGConfig`. Call :meth:`_ig_begin` before scoring,
+    pass :meth:`_ig_stats` dicts to the kernel, :meth:`_ig_report` when building the metadata and
+    :meth:`_ig_warn` at the end of ``fit``."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = IG_PARAMETER_CONSTRAINTS
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        steps: int = 20,
+        rule: str = "right",
+        objective: str = "prob",
+        route: str = "fast",
+        invariance: str = "auto",
+        tol: float = ADAPTIVE_TOL,
+        max_steps: int = ADAPTIVE_MAX_STEPS,
+        completeness_tol: float | None = COMPLETENESS_TOL,
+        **kwargs: Any,
+    ) -> None:
+        self.steps, self.rule, self.objective, self.route, self.invariance = steps, rule, objective, route, invariance
+        self.tol, self.max_steps, self.completeness_tol = tol, max_steps, completeness_tol
+        super().__init__(model, **kwargs)  # type: ignore[call-arg]  # the Localizer after this mixin
 
     steps: int
     rule: str
@@ -83,18 +132,8 @@ class IGChecked:
     def _ig_settings(self, positions: str, batch_size: int) -> IGConfig:
         """The localizer's IG settings as one :class:`~capinterp.kernels.ig_config.IGConfig`
         (validated: ValueError naming a bad one)."""
-        return IGConfig(
-            steps=self.steps,
-            rule=self.rule,
-            positions=positions,
-            objective=self.objective,
-            route=self.route,
-            invariance=self.invariance,
-            batch_size=batch_size,
-            tol=self.tol,
-            max_steps=self.max_steps,
-            completeness_tol=self.completeness_tol,
-        )
+        keywords = {k: getattr(self, k) for k in IG_PARAMETER_CONSTRAINTS}  # the IG keyword block
+        return IGConfig(positions=positions, batch_size=batch_size, **keywords)
 
     def _ig_begin(self) -> None:
         self._ig_log = CompletenessLog(neuron_shape(validate.model(self.model))[0])

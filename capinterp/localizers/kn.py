@@ -10,20 +10,20 @@ Plain-string prompts get the model's greedy next token as target.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
 from capinterp.core import validate
+from capinterp.core.constraints import Boolean, Interval
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.kernels import ig
 from capinterp.kernels.ig_config import IGConfig
-from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import Localizer, register
 from capinterp.localizers.dataset import describe_data, fill_greedy_targets
-from capinterp.localizers.ig_check import COMPLETENESS_TOL, IGChecked, quiet_kernel_warnings
+from capinterp.localizers.ig_check import IGChecked, quiet_kernel_warnings
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["KN", "coarse_mask"]
@@ -42,10 +42,15 @@ class KN(IGChecked, Localizer):
     """Knowledge neurons of one fact from its paraphrased prompts.
 
     Args:
-        steps: IG interpolation points (20).
         threshold: coarse threshold t, relative to each prompt's max score (0.2).
         share: refined set = neurons in more than ``share * n`` coarse sets (0.5).
         refine: False keeps the union of the coarse sets.
+        batch_size: IG rows per forward and backward (64).
+        **kwargs: the IG keywords below (:class:`~capinterp.localizers.ig_check.IGChecked`),
+            ``device`` and ``progress``.
+
+    Keyword Args:
+        steps: IG interpolation points (20).
         rule: IG interpolation rule, as for :class:`capinterp.CNL`.
         objective: IG objective, as for :class:`capinterp.CNL`.
         route: how IG's rows run, as for :class:`capinterp.CNL`.
@@ -65,33 +70,27 @@ class KN(IGChecked, Localizer):
     per_query = True
     fills_greedy = True  # fit: fill_greedy_targets
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "threshold": [Interval(float, 0, 1, closed="left")],
+        "share": [Interval(float, 0, 1, closed="left")],
+        "refine": [Boolean()],
+    }
+
     def __init__(
         self,
         model: Model,
         *,
-        steps: int = 20,
         threshold: float = 0.2,
         share: float = 0.5,
         refine: bool = True,
-        rule: str = "right",
-        objective: str = "prob",
-        route: str = "fast",
-        invariance: str = "auto",
         batch_size: int = 64,
-        device: Any = None,
-        progress: bool = True,
-        tol: float = ADAPTIVE_TOL,
-        max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float | None = COMPLETENESS_TOL,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        threshold = validate.probability("threshold", threshold, high_open=True)
-        share = validate.probability("share", share, high_open=True)
-        self.steps, self.threshold, self.share = steps, threshold, share
-        self.refine = validate.boolean("refine", refine)
-        self.rule, self.objective, self.route, self.invariance = rule, objective, route, invariance
-        self.tol, self.max_steps, self.completeness_tol = tol, max_steps, completeness_tol
-        self._ig_config()  # bad IG settings are refused here, before any work
+        # **kwargs: the IG keywords (IGChecked: steps, rule, objective, route, invariance, tol,
+        # max_steps, completeness_tol), then device and progress (Localizer)
+        super().__init__(model, batch_size=batch_size, **kwargs)
+        self.threshold, self.share, self.refine = float(threshold), float(share), bool(refine)
+        self._ig_config()  # a rule's minimum of steps, what the kernel runs: refused here, before any work
 
     def _ig_config(self) -> IGConfig:
         """The IG settings of a fit, from the hyper-parameters (ValueError on a bad one)."""

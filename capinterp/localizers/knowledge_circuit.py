@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from capinterp.arch.family import family_of, require_fixed_heads
 from capinterp.circuits.acdc import acdc
@@ -36,9 +36,10 @@ from capinterp.circuits.eap import LOSSES, make_pairs, score_edges
 from capinterp.circuits.forward import check_additive, node_params
 from capinterp.circuits.graph import GRANULARITIES, Circuit, Graph, prune_dead, select_edges
 from capinterp.core import validate
+from capinterp.core.constraints import Boolean, Interval, IsCallable, Options
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
-from capinterp.kernels.quadrature import check_rule
+from capinterp.kernels.quadrature import RULES, check_rule
 from capinterp.localizers.base import Localizer, register
 
 __all__ = ["KnowledgeCircuit"]
@@ -73,6 +74,22 @@ class KnowledgeCircuit(Localizer):
 
     unit_kind = "edge"
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "algorithm": [Options(*ALGORITHMS)],
+        "top_n": [Interval(int, 0, None), None],
+        "min_score": [Interval(float, None, None), None],
+        "steps": [Interval(int, 1, None)],
+        "corrupt": [Options("auto", "noise"), IsCallable()],
+        "metric": [Options(*LOSSES)],
+        "noise": [Interval(float, 0, None)],
+        "granularity": [Options(*GRANULARITIES, "auto")],
+        "prune": [Boolean()],
+        "candidates": [Interval(int, 1, None), None],
+        "seed": [Interval(int, None, None)],
+        "acdc_threshold": [Interval(float, 0, None)],
+        "rule": [Options(*RULES)],
+    }
+
     def __init__(
         self,
         model: Model,
@@ -95,30 +112,9 @@ class KnowledgeCircuit(Localizer):
         rule: str = "right",
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {sorted(set(ALGORITHMS))}, got {algorithm!r}")
         if ALGORITHMS[algorithm] != "acdc" and top_n is None and min_score is None:
             raise ValueError("EAP needs top_n or min_score to select edges")
-        if not acdc_threshold >= 0:
-            raise ValueError(f"acdc_threshold must be >= 0, got {acdc_threshold}")
-        if min_score is not None:
-            validate.finite_float("min_score", min_score)
-        validate.finite_float("acdc_threshold", acdc_threshold, low=0.0)
-        if top_n is not None:
-            validate.nonneg_int("top_n", top_n)
-        validate.positive_int("steps", steps)
-        validate.finite_float("noise", noise, low=0.0)
-        validate.integer("seed", seed)
-        validate.boolean("prune", prune)
-        check_rule(steps, rule)
-        if not (callable(corrupt) or corrupt in ("auto", "noise")):
-            raise ValueError(f"corrupt must be 'auto', 'noise' or a callable, got {corrupt!r}")
-        if metric not in LOSSES:
-            raise ValueError(f"metric must be one of {LOSSES}, got {metric!r}")
-        if granularity not in GRANULARITIES + ("auto",):
-            raise ValueError(f"granularity must be 'auto' or one of {GRANULARITIES}, got {granularity!r}")
-        if candidates is not None:
-            validate.positive_int("candidates", candidates)
+        check_rule(steps, rule)  # a rule's own minimum of steps
         self.algorithm = ALGORITHMS[algorithm]
         self.top_n = None if top_n is None else int(top_n)
         self.min_score = None if min_score is None else float(min_score)

@@ -16,7 +16,7 @@ neurons mostly by their (inverse) weight norm.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -25,6 +25,7 @@ from capinterp.arch.family import family_of
 from capinterp.arch.forward import capture, unembed
 from capinterp.arch.model import neuron_shape, valid_neurons
 from capinterp.core import validate
+from capinterp.core.constraints import Interval, Options
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import batches, collate, encode, pad_id
 from capinterp.localizers.base import Localizer, register
@@ -89,6 +90,13 @@ class NeFT(Localizer):
 
     per_query = False
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "steps": [Interval(int, 1, None)],
+        "lr": [Interval(float, 0, None, closed="neither")],
+        "optimizer": [Options(*OPTIMIZERS)],
+        "top_k": [Interval(int, 1, None), None],  # at most the model's neurons: checked in fit
+    }
+
     def __init__(
         self,
         model: Model,
@@ -102,13 +110,6 @@ class NeFT(Localizer):
         progress: bool = True,
     ) -> None:
         super().__init__(model, batch_size=batch_size, device=device, progress=progress)
-        validate.positive_int("steps", steps)
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0, got {lr!r}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-        if top_k is not None:
-            validate.positive_int("top_k", top_k)
         self.steps, self.lr, self.optimizer, self.top_k = steps, float(lr), optimizer, top_k
 
     def _begin_fit(self) -> None:

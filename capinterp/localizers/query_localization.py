@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from capinterp.arch.model import model_meta, neuron_shape
 from capinterp.core import distributed as dist
 from capinterp.core import validate
+from capinterp.core.constraints import NO_VALIDATION, InstanceOf, Interval, Options, check_value, validates_params
 from capinterp.core.example import Example, TokenizationError, as_examples
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
@@ -131,6 +132,21 @@ class QueryLocalization:
             per-query coarse sets N_i ...).
     """
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "localizer": [InstanceOf((str, Localizer), "a localizer name or a Localizer")],
+        "tau": [Interval(float, 0, 1), "otsu"],
+        "score": [Options(*SCORES)],
+        "beta1": [Interval(float, 0, None)],
+        "beta2": [Interval(float, 0, None)],
+        "cas_threshold": [Interval(float, 0, 1, closed="left")],
+        "normalize": [NO_VALIDATION],  # any value, as a bool
+        "min_queries": [Interval(int, 1, None)],
+        "device": [NO_VALIDATION],  # the localizer's (it checks it)
+        "batch_size": [Interval(int, 1, None)],
+        "progress": [NO_VALIDATION],  # any value, as a bool
+    }
+
+    @validates_params
     def __init__(
         self,
         model: Model,
@@ -148,17 +164,7 @@ class QueryLocalization:
         progress: bool = True,
         **localizer_params: Any,
     ) -> None:
-        if isinstance(tau, str):
-            if tau != "otsu":
-                raise ValueError(f"tau must be a number in [0, 1] or 'otsu', got {tau!r}")
-        else:
-            tau = validate.probability("tau", tau)
-        validate.choice("score", score, SCORES)
-        validate.probability("cas_threshold", cas_threshold, high_open=True)
-        validate.finite_float("beta1", beta1, low=0.0)
-        validate.finite_float("beta2", beta2, low=0.0)
-        validate.positive_int("min_queries", min_queries)
-        validate.positive_int("batch_size", batch_size)
+        tau = check_value("tau", tau, self._parameter_constraints["tau"])  # a number: as a float
         cls = type(localizer) if isinstance(localizer, Localizer) else get(localizer)
         if not cls.per_query:
             raise ValueError(

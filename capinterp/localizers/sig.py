@@ -10,16 +10,15 @@ attributions, so a neuron that matters at the subject's tokens is credited too
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from capinterp.core.constraints import Options
 from capinterp.core.protocol import Model
 from capinterp.kernels import sequential
 from capinterp.kernels.ig_config import IGConfig
-from capinterp.kernels.quadrature import ADAPTIVE_MAX_STEPS, ADAPTIVE_TOL
 from capinterp.localizers.base import register
-from capinterp.localizers.ig_check import COMPLETENESS_TOL
 from capinterp.localizers.kn import KN
 
 __all__ = ["SIG"]
@@ -30,14 +29,18 @@ class SIG(KN):
     """Knowledge neurons of one fact by sequential IG.
 
     Args:
-        steps: interpolation points per position (20).
         positions: ``"prompt"`` (every prompt token after the BOS, default) or ``"last_prompt"``
             (the last prompt token only: then SIG equals KN's IG).
+        invariance: ``"off"`` only (the path scales one token at a time: no closed form).
+        **kwargs: :class:`capinterp.KN`'s (the IG keywords, ``threshold``, ``share``, ``refine``,
+            ``batch_size``, ``device``, ``progress``).
+
+    Keyword Args:
+        steps: interpolation points per position (20).
         rule: any rule of :mod:`capinterp.kernels.quadrature` (``"right"``, the papers', or
             ``"gauss"`` for an accurate integral at few points).
         route: how the sequential kernel's rows run: ``"fast"`` (default, the layer staircase) or
             ``"loop"`` (a full forward per row; same scores to float32 noise).
-        invariance: ``"off"`` only (the path scales one token at a time: no closed form).
 
     ``threshold``, ``share``, ``refine``, ``objective`` and ``completeness_tol`` are
     :class:`capinterp.KN`'s (``tol`` and ``max_steps`` too, unused: SIG has no adaptive rule).
@@ -47,44 +50,12 @@ class SIG(KN):
 
     per_query = True
 
-    def __init__(
-        self,
-        model: Model,
-        *,
-        steps: int = 20,
-        positions: str = "prompt",
-        threshold: float = 0.2,
-        share: float = 0.5,
-        refine: bool = True,
-        rule: str = "right",
-        objective: str = "prob",
-        route: str = "fast",
-        invariance: str = "off",
-        batch_size: int = 64,
-        device: Any = None,
-        progress: bool = True,
-        tol: float = ADAPTIVE_TOL,
-        max_steps: int = ADAPTIVE_MAX_STEPS,
-        completeness_tol: float | None = COMPLETENESS_TOL,
-    ) -> None:
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {"positions": [Options(*sequential.POSITIONS)]}
+
+    def __init__(self, model: Model, *, positions: str = "prompt", invariance: str = "off", **kwargs: Any) -> None:
+        # **kwargs: KN's (threshold, share, refine, the IG keywords, device, progress)
         self.positions = positions  # before KN's constructor checks the settings (_ig_config)
-        super().__init__(
-            model,
-            steps=steps,
-            threshold=threshold,
-            share=share,
-            refine=refine,
-            rule=rule,
-            objective=objective,
-            route=route,
-            invariance=invariance,
-            batch_size=batch_size,
-            device=device,
-            progress=progress,
-            tol=tol,
-            max_steps=max_steps,
-            completeness_tol=completeness_tol,
-        )
+        super().__init__(model, invariance=invariance, **kwargs)
 
     def _ig_config(self) -> IGConfig:
         return sequential.check_config(self._ig_settings(self.positions, self.batch_size))

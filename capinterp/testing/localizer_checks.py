@@ -27,6 +27,7 @@ import torch
 
 from capinterp.arch.model import load_model
 from capinterp.circuits.graph import Circuit
+from capinterp.core.constraints import constructor_parameters, invalid_values, parameter_constraints
 from capinterp.core.example import Example
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import TokenizationError, encode, encode_prompt
@@ -190,21 +191,35 @@ def check_stores_params(cls: type[Localizer], model: Model, facts: list, params:
 
 
 def check_bad_params(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
-    """Bad hyper-parameters are refused by the constructor, naming the argument."""
-    for bad in (0, -1, 2.5):
-        try:
-            cls(model, **{**params, "batch_size": bad})
-        except (ValueError, TypeError) as err:
-            assert "batch_size" in str(err), f"batch_size={bad!r} refused without naming it: {err}"
-        else:
-            raise AssertionError(f"batch_size={bad!r} was accepted")
+    """Every declared constraint is enforced: the class declares a constraint for each constructor
+    keyword (``_parameter_constraints``, merged over its hierarchy:
+    :func:`capinterp.core.constraints.parameter_constraints`), and each value that breaks one
+    (:func:`~capinterp.core.constraints.invalid_values`: out of its interval, of the wrong type,
+    not an option) is refused by the constructor with a ValueError / TypeError naming the
+    parameter, before it reads anything from the model. An unknown keyword is refused too."""
+    declared = parameter_constraints(cls)
+    takes = constructor_parameters(cls)
+    missing = [n for n in takes if n not in declared]
+    require(not missing, f"{cls.__name__} declares no constraint for {missing}: add them to _parameter_constraints")
+    stale = [n for n in declared if n not in takes]
+    require(not stale, f"{cls.__name__} declares constraints for {stale}, which its constructor does not take")
+    make: Callable[..., Localizer] = cls  # any keywords: the point is that bad ones are refused
+    for name, spec in declared.items():
+        for bad in invalid_values(spec):
+            sentinel = untouchable_model()
+            try:
+                make(sentinel, **{**params, name: bad})
+            except (ValueError, TypeError) as err:
+                require(name in str(err), f"{name}={bad!r} refused without naming it: {err}")
+            else:
+                raise ContractError(f"{name}={bad!r} was accepted (declared: {spec!r})")
+            require(not sentinel.touched, f"{name}={bad!r}: the constructor read model.{sentinel.touched[:1]}")
     try:
-        make: Callable[..., Localizer] = cls  # any keywords: the point is that they are refused
-        make(model, **params, no_such_parameter=1)
+        make(untouchable_model(), **params, no_such_parameter=1)
     except (TypeError, ValueError):
         pass
     else:
-        raise AssertionError("an unknown keyword argument was accepted")
+        raise ContractError("an unknown keyword argument was accepted")
 
 
 def check_fit(cls: type[Localizer], model: Model, facts: list, params: dict, tmp: Path) -> None:
