@@ -329,7 +329,7 @@ def read_family(model: Model, axis: NeuronAxis | None = None, embedding_norm: bo
     if scaling is not None:
         logit_multiplier /= float(scaling)
     arch = (getattr(hf, "architectures", None) or [type(model.original_model).__name__])[0]
-    from capinterp.arch.weights import is_conv1d  # above this module in the layer (it reads the record)
+    from capinterp.arch.linear import is_conv1d
 
     return Family(
         name=name,

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from capinterp.arch.family import UnsupportedFamily
-from capinterp.arch.weights import down_projection, is_conv1d, value_weight
+from capinterp.arch.linear import is_conv1d
+from capinterp.arch.weights import down_projection, value_weight
 from capinterp.core.protocol import Model
 
 __all__ = [

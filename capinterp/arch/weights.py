@@ -29,32 +29,10 @@ from torch import Tensor
 from capinterp.arch.expert_weights import ExpertValues
 from capinterp.arch.experts import DenseBlock, expert_block
 from capinterp.arch.family import UnsupportedFamily, family_of
+from capinterp.arch.linear import is_conv1d
 from capinterp.core.protocol import Model
 
-__all__ = ["DownProjection", "down_projection", "is_conv1d", "linear_layout", "value_weight"]
-
-
-def is_conv1d(module: Any) -> bool:
-    """Whether ``module`` stores its weight as transformers' ``Conv1D`` does (GPT-2's projections), read
-    from its attributes, not its class name: a 2-D weight ``[nx, nf]`` (inputs, outputs), the
-    transpose of ``nn.Linear``'s ``[out, in]``."""
-    nf = getattr(module, "nf", None)
-    if isinstance(module, torch.nn.Linear) or not isinstance(nf, int):  # the weight is read only past this
-        return False
-    w, nx = getattr(module, "weight", None), getattr(module, "nx", None)
-    return (
-        isinstance(w, torch.Tensor)
-        and w.dim() == 2
-        and tuple(w.shape) == (nx if isinstance(nx, int) else w.shape[0], nf)
-    )
-
-
-def linear_layout(module: Any, weight: Tensor | None = None) -> Tensor:
-    """``module``'s 2-D weight (or ``weight``, one stored as the module stores its own) in ``nn.Linear``'s
-    layout ``[out, in]``: a transposed view where the module is a ``Conv1D`` (:func:`is_conv1d`), the
-    weight itself otherwise (no copy either way, so in-place writes reach the module)."""
-    w = module.weight if weight is None else weight
-    return w.T if is_conv1d(module) else w
+__all__ = ["DownProjection", "down_projection", "value_weight"]
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""transformers' Conv1D layout, known in one place (capinterp.arch.weights.is_conv1d / linear_layout)."""
+"""transformers' Conv1D layout, known in one place (capinterp.arch.linear.is_conv1d / linear_layout)."""
 
 from __future__ import annotations
 
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from capinterp.arch.weights import is_conv1d, linear_layout
+from capinterp.arch.linear import is_conv1d, linear_layout
 
 
 def test_conv1d_is_read_as_linear_through_a_view():

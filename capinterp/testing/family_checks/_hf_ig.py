@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from capinterp.arch.weights import linear_layout
+from capinterp.arch.linear import linear_layout
 from capinterp.testing.family_checks._hf import (
     DOWN_NAMES,
     FFN_NAMES,

@@ -91,7 +91,7 @@ class ExpertsDown(torch.nn.Module):
         super().__init__()
         self._refs = types.SimpleNamespace(block=block, shared=shared)  # not submodules: no duplicate params
 
-    # its weight's layout in Conv1D's names ([nx, nf]: inputs, outputs), so capinterp.arch.weights.is_conv1d
+    # its weight's layout in Conv1D's names ([nx, nf]: inputs, outputs), so capinterp.arch.linear.is_conv1d
     # and linear_layout read it as it is stored
     @property
     def nx(self) -> int:

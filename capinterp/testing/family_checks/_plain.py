@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from capinterp.arch.linear import is_conv1d, linear_layout
 from capinterp.arch.tiny import tiny_hf
-from capinterp.arch.weights import is_conv1d, linear_layout
 from capinterp.testing.family_checks._hf import (
     DOWN_NAMES,
     FFN_NAMES,

@@ -24,8 +24,8 @@ from typing import Any, cast
 
 import torch
 
+from capinterp.arch.linear import linear_layout
 from capinterp.arch.tiny import tiny_hf
-from capinterp.arch.weights import linear_layout
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._branch_ref import is_branched
 from capinterp.testing.family_checks._models import load_pair

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from capinterp.arch.family import family_of
-from capinterp.arch.weights import is_conv1d, linear_layout
+from capinterp.arch.linear import is_conv1d, linear_layout
 from capinterp.core.example import Example
 from capinterp.core.protocol import Model
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from capinterp.arch.weights import linear_layout
+from capinterp.arch.linear import linear_layout
 from capinterp.testing.family_checks._hf import hooked, mlp_down, subject_positions
 from capinterp.testing.family_checks._models import PROMPTS
 
