@@ -149,3 +149,17 @@ def test_every_runtime_dependency_is_imported():
         if not re.search(rf"^\s*(import|from)\s+{re.escape(mod)}\b|[\"']{re.escape(mod)}[\"']", source, re.M):
             missing.append(dist)
     assert not missing, f"declared but never imported: {missing}"
+
+
+MAX_FUNCTION_LINES = 100  # docstring included: a longer function is split into named steps
+
+
+def test_no_function_is_over_100_lines():
+    long = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]  # parsed nodes have both
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over 100 lines:\n" + "\n".join(long)
