@@ -116,8 +116,7 @@ class Interval(Constraint):
     def describe(self) -> str:
         if self.kind is int:
             return f"an integer {_bounds(*self._int_bounds())}".rstrip()
-        bounds = _bounds(self.low, self.high, self.low_open, self.high_open)
-        return f"{bounds} (a finite number)" if bounds else "a finite number"
+        return f"a finite number {_bounds(self.low, self.high, self.low_open, self.high_open)}".rstrip()
 
     def invalid(self) -> list[Any]:
         if self.kind is int:
@@ -331,7 +330,7 @@ def check_value(name: str, value: Any, spec: Any) -> Any:
     if len(errors) == 1:
         raise errors[0]
     err_type = TypeError if all(isinstance(e, TypeError) for e in errors) else ValueError
-    raise err_type(f"{name} must be {' or '.join(c.describe() for c in cons)}, got {_show(value)}")
+    raise err_type(f"{name} must be {', or '.join(c.describe() for c in cons)}, got {_show(value)}")
 
 
 def check_params(constraints: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
