@@ -23,7 +23,7 @@ from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, encode_prompt
 from capinterp.kernels.accumulate import ScoreSum, dataset_fingerprint, keyed_path
 from capinterp.kernels.completeness import CompletenessLog
-from capinterp.kernels.memory import auto_batch_size, is_oom, release
+from capinterp.kernels.memory import auto_batch_size, forward_row_bytes, is_oom, release
 from capinterp.kernels.rank_resume import resume as resume_ranks
 from capinterp.localizers.base import Localizer
 from capinterp.units import metrics
@@ -184,9 +184,10 @@ class DatasetNeuronLocalizer(Localizer):
         """Examples scored together (one checkpoint step); DCSN: its batch size."""
         return self.chunk_examples
 
-    def _row_bytes(self, items: list[Encoded]) -> int:  # pragma: no cover - abstract
-        """Peak bytes one batch row needs (for ``batch_size="auto"``)."""
-        raise NotImplementedError
+    def _row_bytes(self, items: list[Encoded]) -> int:
+        """Peak bytes one batch row needs (for ``batch_size="auto"``); by default one forward pass
+        without gradients over the longest prompt. Override when a row costs more (CNL: IG rows)."""
+        return forward_row_bytes(self.model, max(len(it.prompt_ids) for it in items))
 
     def _cost(self, data: Any) -> Any:
         """The work of ``fit(data)``, counted before any model work (:meth:`Localizer.estimate`)."""
@@ -204,9 +205,13 @@ class DatasetNeuronLocalizer(Localizer):
         self._count(work, items, int(bs))
         return work
 
-    def _count(self, work: Any, items: list, batch_size: int) -> None:  # pragma: no cover - abstract
-        """Add the work of scoring ``items`` with ``batch_size`` to ``work``."""
-        raise NotImplementedError
+    def _count(self, work: Any, items: list, batch_size: int) -> None:
+        """Add the work of scoring ``items`` with ``batch_size`` to ``work`` (:meth:`estimate`); by
+        default one forward pass per batch of prompts. Override when scoring does more (CNL's IG
+        rows, DCSN's projections, NeFT's training steps)."""
+        from capinterp.localizers.cost_counts import forward_work
+
+        forward_work(work, "forward", [len(it.prompt_ids) for it in items], batch_size)
 
     def _score_safely(self, items: list[Encoded]) -> torch.Tensor:
         """:meth:`_score_chunk`, halving the batch (or splitting the chunk) on out-of-memory."""

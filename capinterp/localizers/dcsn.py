@@ -39,7 +39,6 @@ from capinterp.core.constraints import Options
 from capinterp.core.offload import weights_readable
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, collate, pad_id
-from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 
@@ -248,9 +247,6 @@ class DCSN(DatasetNeuronLocalizer):
 
     def _chunk_size(self) -> int:
         return self.batch_size_
-
-    def _row_bytes(self, items: list[Encoded]) -> int:
-        return forward_row_bytes(self.model, max(len(it.prompt_ids) for it in items))
 
     def _count(self, work: Any, items: list, batch_size: int) -> None:
         """One forward per batch (unembedded at the last prompt token), then each layer's value
