@@ -24,6 +24,7 @@ LAYERS = [
     "circuits",
     "localizers",
     "interventions",
+    "cards",  # unit cards: what a located unit does (contexts, logit effect, ablation); reads every lower layer
     "experiments",
     "app",
     "testing",  # check_localizer: tools for authors of localizers; nothing in the package imports it
