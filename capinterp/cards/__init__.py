@@ -4,4 +4,7 @@ The layer above the interventions: a card reads a model, a located unit set or s
 texts, and may ablate a unit to measure its effect on a task; the experiments build on it.
 """
 
-__all__: list[str] = []
+from capinterp.cards.card import Cards, UnitCard
+from capinterp.cards.describe import describe
+
+__all__ = ["Cards", "UnitCard", "describe"]
