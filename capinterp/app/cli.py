@@ -146,12 +146,11 @@ def cmd_evaluate(args) -> int:
 def _localizer_kwargs(args, cls) -> dict[str, Any]:
     """Constructor arguments from the command line: the IG options given, and causal tracing's
     ``require_correct`` following ``--examples``."""
-    import inspect
-
     from capinterp.app.args import ig_kwargs
+    from capinterp.core.constraints import constructor_parameters
 
     kw = ig_kwargs(args, cls)
-    if "require_correct" in inspect.signature(cls).parameters:
+    if "require_correct" in constructor_parameters(cls):
         kw["require_correct"] = args.examples == "correct"
     return kw
 

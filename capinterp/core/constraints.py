@@ -379,6 +379,12 @@ def validates_params(init: _F) -> _F:
         try:
             bound = sig.bind(self, *args, **kwargs)
         except TypeError:
+            unknown = [k for k in kwargs if k not in sig.parameters]
+            if unknown and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+                takes = ", ".join(constructor_parameters(type(self)))
+                raise TypeError(
+                    f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r}; it takes: {takes}"
+                ) from None
             return init(self, *args, **kwargs)  # Python's own error for a call that does not bind
         bound.apply_defaults()
         values: dict[str, Any] = {}

@@ -136,6 +136,21 @@ def available(**capabilities: Any) -> list[str]:
     return sorted(k for k, cls in _REGISTRY.items() if all(getattr(cls, c) == v for c, v in capabilities.items()))
 
 
+def _merged_signature(cls: type) -> inspect.Signature:
+    """``cls(model, *, ...)`` with every keyword its constructors take, a subclass's ``**kwargs``
+    passed on to its parents' (so ``inspect.signature(KN)`` shows ``steps``, ``rule``, ``device``, ...)."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None or klass is object:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", "model", *params):
+                params[p.name] = p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Model")
+    return inspect.Signature([model, *params.values()])
+
+
 class Localizer:
     """Base class: hyper-parameters in ``__init__``, ``fit(data)`` returns ``self``, results end in ``_``.
 
@@ -182,8 +197,9 @@ class Localizer:
         (:func:`capinterp.core.constraints.validates_params`): a bad value is a ValueError / TypeError
         naming it, before anything is stored or the model is looked at."""
         super().__init_subclass__(**kwargs)
-        if "__init__" in vars(cls):
-            cls.__init__ = validates_params(vars(cls)["__init__"])  # type: ignore[method-assign]
+        if not getattr(cls.__init__, "_validates_params", False):  # its own, or a mixin's, unchecked
+            cls.__init__ = validates_params(cls.__init__)  # type: ignore[method-assign]
+        cls.__signature__ = _merged_signature(cls)  # type: ignore[attr-defined]  # help() / IDEs see every keyword
 
     @validates_params
     def __init__(self, model: Model, *, batch_size: int = 32, device: Any = None, progress: bool = True) -> None:

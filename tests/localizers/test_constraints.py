@@ -285,3 +285,35 @@ def test_the_contract_catches_a_constraint_not_enforced():
 
     with pytest.raises(AssertionError, match="refused without naming it"):
         _contract(Vague)
+
+
+def test_a_mixin_constructor_is_checked_too():
+    from capinterp.localizers.base import Localizer
+    from capinterp.localizers.ig_check import IGChecked
+
+    class Mixed(IGChecked, Localizer):  # no __init__ of its own: IGChecked's runs
+        pass
+
+    with pytest.raises(ValueError, match="steps"):
+        Mixed(None, steps=0)
+
+
+def test_a_mistyped_keyword_names_the_class_called_and_what_it_takes():
+    import capinterp as ci
+
+    with pytest.raises(TypeError, match=r"^CNL\(\) got an unexpected keyword argument 'stepz'; it takes: .*steps"):
+        ci.CNL(None, stepz=3)
+    with pytest.raises(TypeError, match=r"^KN\(\) got an unexpected keyword argument"):
+        ci.KN(None, nope=1)
+
+
+@pytest.mark.parametrize("name", ["kn", "cnl", "sig", "amig", "dcsn"])
+def test_the_signature_shows_every_keyword(name):
+    import inspect
+
+    from capinterp.core.constraints import constructor_parameters
+    from capinterp.localizers import get
+
+    cls = get(name)
+    shown = list(inspect.signature(cls).parameters)
+    assert shown[0] == "model" and sorted(shown[1:]) == sorted(constructor_parameters(cls))
