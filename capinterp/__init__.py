@@ -14,6 +14,7 @@ from capinterp._version import __version__
 from capinterp.app.reproduce import reproduce
 from capinterp.arch.family import Family, UnsupportedFamily, family_of
 from capinterp.arch.model import DEFAULT_MODEL, load_model, model_meta
+from capinterp.cards import describe
 from capinterp.core.example import Example
 from capinterp.core.protocol import Model
 from capinterp.core.settings import set_threads
@@ -80,6 +81,7 @@ __all__ = [
     "attention_scaling",
     "circuits",
     "data",
+    "describe",
     "edit_knowledge",
     "edit_table",
     "erase",

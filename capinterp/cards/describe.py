@@ -28,10 +28,12 @@ from capinterp.cards.inputs import Plan, resolve_texts, resolve_units
 from capinterp.core import validate
 from capinterp.core.example import Example
 
-__all__ = ["CHANCE_NEURONS", "ablation_effects", "describe"]
+__all__ = ["CHANCE_NEURONS", "DEFAULT_MAX_TOKENS", "ablation_effects", "describe"]
 
 #: Random neurons per layer (of the described neurons' layers) that make the specificity's chance level.
 CHANCE_NEURONS = 16
+#: Tokens read of each text of the default corpus (``texts=None``).
+DEFAULT_MAX_TOKENS = 256
 
 
 def describe(
@@ -44,6 +46,7 @@ def describe(
     k: int = 10,
     ablate: int = 10,
     batch_size: int = 8,
+    max_tokens: int | None = None,
     device: Any = None,
     progress: bool = True,
 ) -> Cards:
@@ -63,6 +66,9 @@ def describe(
         k: top contexts per unit, and promoted / suppressed tokens per unit.
         ablate: how many of the top-ranked units are erased one at a time on ``task`` (0: none).
         batch_size: texts per forward pass (and task examples per evaluation batch).
+        max_tokens: read at most this many tokens of each text (a longer text than the model's
+            context is a ValueError otherwise); with ``texts=None`` it defaults to
+            :data:`DEFAULT_MAX_TOKENS` (or the model's context, if shorter).
         device: where the activations are reduced (default: the model's device).
         progress: progress bars on stderr.
     """
@@ -71,11 +77,15 @@ def describe(
     ablate, batch_size = validate.nonneg_int("ablate", ablate), validate.positive_int("batch_size", batch_size)
     progress = validate.boolean("progress", progress)
     validate.device("device", device)
+    if max_tokens is not None:
+        validate.positive_int("max_tokens", max_tokens)
+    elif texts is None:  # the package's choice of corpus: cut to a length every model reads
+        max_tokens = min(DEFAULT_MAX_TOKENS, int(model.cfg.n_ctx))
     plan = resolve_units(model, units, top)
     examples = None if task is None else validate.examples(task, "task", need_target=ablate > 0)
     corpus, source = resolve_texts(texts, examples)
-    _check_lengths(model, corpus, examples)
-    run = {"batch_size": batch_size, "device": device}
+    _check_lengths(model, corpus, examples, max_tokens)
+    run = {"batch_size": batch_size, "device": device, "max_tokens": max_tokens}
     if plan.kind == "neuron":
         cards = _neuron_cards(model, plan, corpus, examples, k=k, progress=progress, **run)
     else:
@@ -100,13 +110,13 @@ def describe(
     return Cards(cards, meta)
 
 
-def _check_lengths(model: Any, corpus: list[str], examples: list[Example] | None) -> None:
+def _check_lengths(model: Any, corpus: list[str], examples: list[Example] | None, max_tokens: int | None) -> None:
     """ValueError (before any forward) naming a text or task prompt longer than the model's context."""
     from capinterp.cards._act_stream import encode_texts
 
-    encode_texts(model, corpus, None)
+    encode_texts(model, corpus, max_tokens)
     if examples is not None:
-        encode_texts(model, [e.prompt for e in examples], None)
+        encode_texts(model, [e.prompt for e in examples], max_tokens)
 
 
 def _random_peers(model: Any, units: list[Hashable], seed: int = 0) -> list[tuple[int, int]]:
