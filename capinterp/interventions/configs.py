@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from capinterp.core import validate
@@ -127,6 +128,7 @@ class EditConfig:
             raise ValueError(f"lambdas must be two finite numbers >= 0, got {lam!r}")
         for i, x in enumerate(lam):
             validate.finite_float(f"lambdas[{i}]", x, low=0.0)
+        object.__setattr__(self, "lambdas", (float(lam[0]), float(lam[1])))  # [1, 8] == (1.0, 8.0), hashable
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         validate.boolean("signed", self.signed)
@@ -165,11 +167,15 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         _check_lr(self.lr)
-        if isinstance(self.lr, Mapping):  # a copy: the caller's dict may change later
-            object.__setattr__(self, "lr", dict(self.lr))
+        if isinstance(self.lr, Mapping):  # a read-only copy: the caller's dict may change later
+            object.__setattr__(self, "lr", MappingProxyType({str(k): float(v) for k, v in self.lr.items()}))
         validate.positive_int("epochs", self.epochs)
         validate.positive_int("batch_size", self.batch_size)
         validate.positive_int("eval_batch_size", self.eval_batch_size)
+
+    def __hash__(self) -> int:  # lr may be a mapping: hashed by its sorted items
+        lr = tuple(sorted(self.lr.items())) if isinstance(self.lr, Mapping) else self.lr
+        return hash((lr, self.epochs, self.batch_size, self.eval_batch_size))
 
     def replace(self, **changes: Any) -> FinetuneConfig:
         """A copy with ``changes`` (validated again)."""

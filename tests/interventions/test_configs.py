@@ -152,3 +152,16 @@ def test_finetune_keyword_and_config_forms_agree(tiny):
     assert kw.table[cols].equals(by_config.table[cols])
     other = finetune(tiny, TOY, **common, config=cfg.replace(lr=1e-3))
     assert not other.history["loss"].equals(kw.history["loss"])
+
+
+def test_configs_equal_and_hash_by_value():
+    from capinterp.interventions.configs import EDIT_SIGNED, EditConfig, FinetuneConfig
+
+    assert EditConfig(lambdas=[1, 8]) == EDIT_SIGNED and hash(EditConfig(lambdas=[1, 8])) == hash(EDIT_SIGNED)
+    lr = {"located": 1e-4, "full": 1e-5}
+    a, b = FinetuneConfig(lr=lr), FinetuneConfig(lr=dict(reversed(list(lr.items()))))
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    lr["located"] = 1.0  # the caller's dict changing later changes nothing
+    assert a.lr["located"] == 1e-4
+    with pytest.raises(TypeError):
+        a.lr["located"] = 2.0  # type: ignore[index]
