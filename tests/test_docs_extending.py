@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import capinterp as ci
 from capinterp.localizers import base
@@ -42,3 +43,5 @@ def test_the_example_fits_estimates_and_meets_the_contract(activation, tiny):
     assert loc.scores_.shape == (tiny.cfg.n_layers, tiny.cfg.d_mlp) and len(loc.neurons_) > 0
     assert loc.scores_.meta["params"]["absolute"] is False
     check_localizer(activation, model=tiny)
+    auto = ci.localizers.get("activation")(tiny, sigma=1.0, batch_size="auto", device="cpu", progress=False).fit(data)
+    assert torch.equal(auto.scores_.scores, loc.scores_.scores)
