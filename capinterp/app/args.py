@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from capinterp.app.data_arg import data_option, load_data
+from capinterp.app.describe_cmd import check_describe, describe_args
 from capinterp.kernels.quadrature import ADAPTIVE_RULE, RULES
 from capinterp.plots.html import PLOTLYJS
 
@@ -281,6 +282,17 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     ig_args(p)
     p.add_argument("--out", default="out", help="output folder (created; a rerun of the same fit resumes there)")
     _plotlyjs_arg(p)
+    p.add_argument(
+        "--cards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also write the cards page of the top N located units (<method>_cards.html and .json; "
+        "neuron and layer methods; see 'capinterp describe')",
+    )
+    p = command("describe", "what the units of a saved result do: cards.html (offline cards page) and cards.json")
+    _common(p)
+    describe_args(p)
     p = command("reproduce", "run the papers' experiments, write DIR/report.html and results.json")
     _common(p)
     p.add_argument("--quick", action="store_true", help="small subsets (minutes on a CPU, not hours)")
@@ -342,7 +354,7 @@ def check_args(args: argparse.Namespace) -> None:
 
     validate.device("--device", getattr(args, "device", None))
     check_model_arg(getattr(args, "model", None))
-    for flag in ("threads", "n", "batch_size", "n_ops", "steps", "random_seeds"):
+    for flag in ("threads", "n", "batch_size", "n_ops", "steps", "random_seeds", "cards"):
         value = getattr(args, flag, None)
         if value is not None and value != "auto":
             validate.positive_int("--" + flag.replace("_", "-"), value)
@@ -354,6 +366,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--only {args.only!r} names no experiment; omit --only to run them all (see --list)")
     if getattr(args, "out", None) is not None:
         check_out("--out", args.out)
+    if args.command == "describe":
+        check_describe(args)
     if args.command in DATA_COMMANDS:
         if getattr(args, "data", None) is not None:
             defaults = build_parser().parse_args([args.command])

@@ -1,5 +1,5 @@
-"""The ``capinterp`` command line: ``info``, ``evaluate``, ``localize``, ``reproduce`` and ``main``
-(the README job).
+"""The ``capinterp`` command line: ``info``, ``evaluate``, ``localize``, ``describe``, ``reproduce`` and
+``main`` (the README job).
 
 Every command prints its result as JSON on stdout (logs and progress bars go to
 stderr); the options and their checks are in :mod:`capinterp.app.args`."""
@@ -29,6 +29,7 @@ __all__ = [
     "COMMANDS",
     "DESCRIPTION",
     "OS_HINTS",
+    "cmd_describe",
     "cmd_evaluate",
     "cmd_info",
     "cmd_localize",
@@ -185,6 +186,15 @@ def _save_units(loc, name: str, out: Path, title: str, plotlyjs: str) -> dict[st
     return {"edges": len(loc.units_), "ratio": loc.units_.ratio, "units": str(saved), "figure": str(figure)}
 
 
+def _cards(model, loc, examples: list, out: Path, name: str, args) -> dict[str, Any]:
+    """``localize --cards N``: the cards page of the top N located units beside the result."""
+    from capinterp.app.describe_cmd import write_cards
+    from capinterp.cards import describe
+
+    cards = describe(model, loc, None, task=examples, top=args.cards, batch_size=16, progress=True)
+    return {"n": len(cards), **write_cards(cards, out, f"{name}_cards")}
+
+
 def _need_subjects(method: str, examples: list) -> None:
     """ValueError (before the model loads) when an example has no ``meta["subject"]``."""
     missing = [e for e in examples if not isinstance(e.meta.get("subject"), str) or not e.meta["subject"]]
@@ -206,6 +216,8 @@ def cmd_localize(args) -> int:
 
     cls = get(args.method)
     kwargs = _localizer_kwargs(args, cls)  # a bad option for this method is refused before loading
+    if args.cards and cls.unit_kind not in ("neuron", "layer"):
+        raise ValueError(f"--cards: cards of {cls.unit_kind} units are not built yet; neuron and layer methods take it")
     if cls.unit_kind != "neuron":  # causal tracing and circuits corrupt the subject's tokens
         _need_subjects(cls.name, args.dataset)
     with hold(args.out) as out:
@@ -238,6 +250,8 @@ def cmd_localize(args) -> int:
                 _say(line)
         if scope:
             result["note"] = scope
+        if args.cards:
+            result["cards"] = _cards(model, loc, examples, out, name, args)
         info = notes.completeness_info(getattr(loc, "meta_", {}))
         if info:
             result["completeness"] = info[0]
@@ -245,6 +259,14 @@ def cmd_localize(args) -> int:
         _emit(result)
         _say(f"open {result['figure']} in a browser" + (f"; {CKPT_HINT}" if ckpt else ""))
     return 0
+
+
+def cmd_describe(args) -> int:
+    """``capinterp describe``: the cards page (cards.html) and cards.json of a saved result's top units
+    under ``--out`` (:mod:`capinterp.app.describe_cmd`); a JSON summary on stdout."""
+    from capinterp.app.describe_cmd import run_describe
+
+    return run_describe(args, _load, _emit)
 
 
 def cmd_main(args) -> int:
@@ -328,6 +350,7 @@ COMMANDS = {
     "localize": cmd_localize,
     "reproduce": cmd_reproduce,
     "main": cmd_main,
+    "describe": cmd_describe,
 }
 
 

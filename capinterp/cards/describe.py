@@ -49,6 +49,7 @@ def describe(
     max_tokens: int | None = None,
     device: Any = None,
     progress: bool = True,
+    across_models: bool = False,
 ) -> Cards:
     """A card per unit of ``units``: what it does (see :mod:`capinterp.cards.card`).
 
@@ -71,6 +72,8 @@ def describe(
             :data:`DEFAULT_MAX_TOKENS` (or the model's context, if shorter).
         device: where the activations are reduced (default: the model's device).
         progress: progress bars on stderr.
+        across_models: describe a result saved for another checkpoint of the same architecture, or
+            loaded from a file that records no model (refused by default).
     """
     validate.model(model)
     top, k = validate.positive_int("top", top), validate.positive_int("k", k)
@@ -81,7 +84,7 @@ def describe(
         validate.positive_int("max_tokens", max_tokens)
     elif texts is None:  # the package's choice of corpus: cut to a length every model reads
         max_tokens = min(DEFAULT_MAX_TOKENS, int(model.cfg.n_ctx))
-    plan = resolve_units(model, units, top)
+    plan = resolve_units(model, units, top, across_models=validate.boolean("across_models", across_models))
     examples = None if task is None else validate.examples(task, "task", need_target=ablate > 0)
     corpus, source = resolve_texts(texts, examples)
     _check_lengths(model, corpus, examples, max_tokens)

@@ -63,7 +63,7 @@ def _neuron_scores(scores: NeuronScores, keys: Sequence[tuple[int, int]]) -> dic
     return {(layer, n): float(s[layer, n]) for layer, n in keys}
 
 
-def _from_localizer(model: Any, loc: Any, top: int) -> Plan:
+def _from_localizer(model: Any, loc: Any, top: int, across: bool) -> Plan:
     kind = type(loc).unit_kind
     if kind in PLANNED or kind not in ("neuron", "layer"):
         raise _planned(kind)
@@ -72,11 +72,11 @@ def _from_localizer(model: Any, loc: Any, top: int) -> Plan:
         raise ValueError(f"{type(loc).__name__} is not fitted yet: call .fit(data) first, then describe it")
     source = f"fitted {type(loc).__name__}"
     if kind == "neuron":
-        units.check_model(model)
+        units.check_model(model, across_models=across)
         keys = list(units)
         scores = _neuron_scores(loc.scores_, keys) if getattr(loc, "scores_", None) is not None else None
     else:
-        units.check_model(model)
+        units.check_model(model, across_models=across)
         keys = sorted(units.keys())
         ls = getattr(loc, "layer_scores_", None)
         scores = {k: float(ls[k]) for k in keys} if ls is not None else None
@@ -85,24 +85,25 @@ def _from_localizer(model: Any, loc: Any, top: int) -> Plan:
     return Plan(kind, _ranked(keys, scores, top), scores, len(keys), source)
 
 
-def resolve_units(model: Any, units: Any, top: int) -> Plan:
+def resolve_units(model: Any, units: Any, top: int, *, across_models: bool = False) -> Plan:
     """The :class:`Plan` for ``units``: a NeuronSet (every neuron, by (layer, neuron), at most
     ``top``), NeuronScores (its ``top`` highest scores), a layer KeySet (every layer), or a fitted
     localizer (its ``units_`` ranked by its ``scores_`` / ``layer_scores_``). ValueError for an empty
-    set or one made for another model, NotImplementedError for expert / head / edge sets, TypeError
+    set or one made for another model (``across_models``: as in ``check_model``), NotImplementedError for expert / head / edge sets, TypeError
     for anything else."""
     from capinterp.localizers.base import Localizer
 
+    across = across_models
     if isinstance(units, Localizer):
-        return _from_localizer(model, units, top)
+        return _from_localizer(model, units, top, across_models)
     if isinstance(units, NeuronScores):
-        units.check_model(model)
+        units.check_model(model, across_models=across)
         n_real = int(units.valid.sum())
         chosen = list(units.top_k(min(top, n_real)))
         scores = _neuron_scores(units, chosen)
         return Plan("neuron", _ranked(chosen, scores, top), scores, n_real, "NeuronScores (top by score)")
     if isinstance(units, NeuronSet):
-        units.check_model(model)
+        units.check_model(model, across_models=across)
         keys = list(units)
         if not keys:
             raise ValueError("the NeuronSet is empty: nothing to describe")
@@ -110,7 +111,7 @@ def resolve_units(model: Any, units: Any, top: int) -> Plan:
     if isinstance(units, KeySet):
         if units.kind != "layer":
             raise _planned(units.kind)
-        units.check_model(model)
+        units.check_model(model, across_models=across)
         if not units.keys():
             raise ValueError("the layer KeySet is empty: nothing to describe")
         keys = sorted(units.keys())

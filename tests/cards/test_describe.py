@@ -14,8 +14,8 @@ import torch
 import capinterp as ci
 from capinterp.cards import Cards, UnitCard, describe
 from capinterp.cards.contexts import ActivationStats, Context, activation_stats, top_contexts
-from capinterp.cards.logit_effect import TokenEffect
 from capinterp.cards.describe import CHANCE_NEURONS, _random_peers
+from capinterp.cards.logit_effect import TokenEffect
 from capinterp.testing import ForwardCounter
 
 TEXTS = ["The cat sat on the mat.", "1+2=3 and 4+5=9", "<b>bold</b> & 'quotes' \"here\"", "Paris is in France."]
