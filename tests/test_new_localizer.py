@@ -33,7 +33,6 @@ import torch
 
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded
-from capinterp.kernels.memory import forward_row_bytes
 from capinterp.localizers.base import register
 from capinterp.localizers.dataset import DatasetNeuronLocalizer
 from capinterp.localizers.dcsn import last_token_activations
@@ -51,17 +50,6 @@ class Toy(DatasetNeuronLocalizer):
 
     def __init__(self, model: Model, *, sigma: float = 6.0, **kwargs: Any) -> None:
         super().__init__(model, sigma=sigma, **kwargs)
-
-    def _chunk_size(self) -> int:
-        return self.batch_size_
-
-    def _row_bytes(self, items: list[Encoded]) -> int:
-        return forward_row_bytes(self.model, max(len(it.prompt_ids) for it in items))
-
-    def _count(self, work: Any, items: list, batch_size: int) -> None:
-        from capinterp.localizers.cost_counts import forward_work
-
-        forward_work(work, "forward", [len(it.prompt_ids) for it in items], batch_size)
 
     @torch.no_grad()
     def _score_chunk(self, items: list[Encoded]) -> torch.Tensor:

@@ -63,7 +63,7 @@ from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.plots.circuits import edge_heatmap, plot_circuit
 from capinterp.units.base import KeySet
-from capinterp.units.saved import IDENTITY_UNKNOWN, check_identity, digest, save_bytes
+from capinterp.units.saved import IDENTITY_UNKNOWN, check_model_identity, digest, save_bytes
 
 __all__ = ["GRANULARITIES", "LAYER_KINDS", "Circuit", "EdgeSet", "Graph", "prune_dead", "select_edges"]
 
@@ -654,14 +654,9 @@ class Circuit:
         the same model fingerprint (weights and config), or with ``across_models=True`` (another
         checkpoint of the architecture on purpose) the same architecture. A circuit loaded from a file
         without model identity is refused unless ``across_models=True``."""
-        from capinterp.arch.model import architecture_fingerprint, model_fingerprint
 
         validate.model(model)
         theirs = Graph.from_model(model, self.graph.granularity).signature
         if theirs != self.graph.signature:
             raise ValueError(f"the circuit's graph {self.graph.signature} is not this model's graph {theirs}")
-        name = getattr(model, "capinterp_name", None)
-        if validate.boolean("across_models", across_models):
-            check_identity(self.meta, "Circuit", architecture=architecture_fingerprint(model), model_name=name)
-        else:
-            check_identity(self.meta, "Circuit", fingerprint=model_fingerprint(model), model_name=name)
+        check_model_identity(self.meta, "Circuit", model, across_models)

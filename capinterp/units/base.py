@@ -32,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from capinterp.units.saved import IDENTITY_UNKNOWN, check_identity
+from capinterp.units.saved import IDENTITY_UNKNOWN, check_model_identity
 
 if TYPE_CHECKING:
     from capinterp.core.protocol import Model
@@ -228,6 +228,8 @@ class KeySet(UnitSet):
         ``identity_unknown``; ``model=`` checks the set against that model (:meth:`check_model`)."""
         from capinterp.units.keyset_io import read_keyset
 
+        if cls is not KeySet:  # a subclass keeps its own format (EdgeSet: Circuit.save / load)
+            raise TypeError(f"{cls.__name__}.load: KeySet.load reads plain KeySet files only")
         ks = KeySet(**read_keyset(path))
         if model is not None:
             ks.check_model(model, across_models=across_models)
@@ -237,18 +239,13 @@ class KeySet(UnitSet):
         """ValueError unless this set can be applied to ``model``: a layer set over as many layers,
         and (when both are known) the same model fingerprint, or with ``across_models=True`` the same
         architecture. A set loaded from a file without model identity is refused unless ``across_models``."""
-        from capinterp.arch.model import architecture_fingerprint, model_fingerprint
         from capinterp.core import validate
 
         validate.model(model)
         n_layers = int(model.cfg.n_layers)
         if self.kind == "layer" and self._space != ("layer", n_layers):
             raise ValueError(f"this layer set is over {self._space!r}; the model has {n_layers} layers")
-        name = getattr(model, "capinterp_name", None)
-        if validate.boolean("across_models", across_models):
-            check_identity(self.meta, "KeySet", architecture=architecture_fingerprint(model), model_name=name)
-        else:
-            check_identity(self.meta, "KeySet", fingerprint=model_fingerprint(model), model_name=name)
+        check_model_identity(self.meta, "KeySet", model, across_models)
 
     @classmethod
     def layers(cls, layers: Iterable[int], n_layers: int, **kw: Any) -> KeySet:

@@ -23,7 +23,7 @@ from typing import Any
 
 from capinterp.core.atomic import write_atomic
 
-__all__ = ["IDENTITY_UNKNOWN", "check_identity", "digest", "save_bytes", "stored_type"]
+__all__ = ["IDENTITY_UNKNOWN", "check_identity", "check_model_identity", "digest", "save_bytes", "stored_type"]
 
 IDENTITY_UNKNOWN = "identity_unknown"
 _MAX_JSON = 1 << 30  # a larger file is not read to learn its type: it is no saved circuit
@@ -109,3 +109,16 @@ def check_identity(
                 f"{what} was made for model {meta.get('model')!r} ({key} {mine!r}); this "
                 f"model {model_name!r} has {key} {theirs!r}: their {kind} differ{hint}"
             )
+
+
+def check_model_identity(meta: Mapping[str, Any], what: str, model: Any, across_models: bool) -> None:
+    """:func:`check_identity` of a result against a loaded ``model``: its model fingerprint, or with
+    ``across_models=True`` (another checkpoint of the same architecture, on purpose) its architecture."""
+    from capinterp.arch.model import architecture_fingerprint, model_fingerprint
+    from capinterp.core import validate
+
+    name = getattr(model, "capinterp_name", None)
+    if validate.boolean("across_models", across_models):
+        check_identity(meta, what, architecture=architecture_fingerprint(model), model_name=name)
+    else:
+        check_identity(meta, what, fingerprint=model_fingerprint(model), model_name=name)

@@ -119,3 +119,10 @@ def test_a_layer_localizer_result_saves_with_its_fit(tmp_path, tiny):
     assert loc.units_.meta["method"] == "causal_trace" and loc.units_.meta == loc.meta_
     back = KeySet.load(loc.units_.save(tmp_path / "layers.json"), model=tiny)
     assert back == loc.units_ and back.meta["method"] == "causal_trace"
+
+
+def test_a_subclass_does_not_load_a_plain_keyset_file(tmp_path):
+    from capinterp.circuits.graph import EdgeSet
+
+    with pytest.raises(TypeError, match="EdgeSet.load: KeySet.load reads plain KeySet files only"):
+        EdgeSet.load(tmp_path / "x.keys")
