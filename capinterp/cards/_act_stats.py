@@ -12,7 +12,7 @@ width: ``|error| <= H * e^H * (|x| + SCALE)`` with ``H = 2 * asinh(LIMIT / SCALE
 (about 0.83% of ``|x| + 0.001``). Values beyond ``+-LIMIT`` fall in the end bins (their
 quantiles are then clipped to the exact extremes, not interpolated).
 
-The histogram shown on a card (:func:`display_histogram`) has :data:`DISPLAY_BINS` equal bins
+The histogram shown on a card (:func:`display_histograms`) has :data:`DISPLAY_BINS` equal bins
 between the exact minimum and maximum; each fine bin's count is spread over the display bins its
 span overlaps, in proportion to the overlap, so a display count lies between the number of values
 whose fine bin sits wholly inside the display bin and the number whose fine bin touches it; the
@@ -27,7 +27,16 @@ import torch
 
 from capinterp.core import distributed as dist
 
-__all__ = ["DISPLAY_BINS", "FINE_BINS", "LIMIT", "QUANTILES", "SCALE", "RunningStats", "display_histogram"]
+__all__ = [
+    "DISPLAY_BINS",
+    "FINE_BINS",
+    "LIMIT",
+    "QUANTILES",
+    "SCALE",
+    "RunningStats",
+    "display_histograms",
+    "quantiles",
+]
 
 #: Fine bins of the quantile histogram.
 FINE_BINS = 4096
@@ -55,9 +64,11 @@ class RunningStats:
         self.low = torch.full((n,), math.inf, dtype=torch.float32, device=device)
         self.high = torch.full((n,), -math.inf, dtype=torch.float32, device=device)
         self.hist = torch.zeros(n, FINE_BINS, dtype=torch.long, device=device)
+        self._summaries: list[dict] | None = None
 
     def add(self, values: torch.Tensor) -> None:
         """``values``: ``[tokens, n]`` float32, every row a real (unpadded) token."""
+        self._summaries = None
         if values.shape[0] == 0:
             return
         n = values.shape[1]
@@ -75,6 +86,7 @@ class RunningStats:
         """Every rank's counts, sums and histogram added (float64 all-reduce), extremes over ranks."""
         if not dist.active():
             return
+        self._summaries = None
         dev = self.count.device
         for name in ("count", "total", "squares", "positive"):
             setattr(self, name, dist.all_reduce_sum(getattr(self, name), dev))
@@ -83,23 +95,41 @@ class RunningStats:
         self.low = torch.stack([p[0] for p in parts]).amin(0).to(dev)
         self.high = torch.stack([p[1] for p in parts]).amax(0).to(dev)
 
+    def summaries(self) -> list[dict]:
+        """Every unit's numbers: the fields of :class:`capinterp.cards.contexts.ActivationStats`."""
+        n = self.count.cpu()
+        mean = self.total.cpu() / n
+        std = (self.squares.cpu() / n - mean.square()).clamp(min=0).sqrt()
+        low, high = self.low.double().cpu(), self.high.double().cpu()
+        hist = self.hist.double().cpu()
+        qs = quantiles(hist, low, high)
+        edges, counts = display_histograms(hist, low, high)
+        positive = self.positive.cpu() / n
+        return [
+            dict(
+                count=int(n[j]),
+                mean=float(mean[j]),
+                std=float(std[j]),
+                max=float(high[j]),
+                min=float(low[j]),
+                quantiles={q: float(qs[j, i]) for i, q in enumerate(QUANTILES)},
+                frac_positive=float(positive[j]),
+                histogram=_shown(edges[j], counts[j], float(low[j]), float(high[j])),
+            )
+            for j in range(len(n))
+        ]
+
     def summary(self, j: int) -> dict:
-        """Unit ``j``'s numbers: the fields of :class:`capinterp.cards.contexts.ActivationStats`."""
-        n = float(self.count[j])
-        mean = float(self.total[j]) / n
-        var = max(float(self.squares[j]) / n - mean * mean, 0.0)
-        low, high = float(self.low[j]), float(self.high[j])
-        hist = self.hist[j].double().cpu()
-        return dict(
-            count=int(n),
-            mean=mean,
-            std=math.sqrt(var),
-            max=high,
-            min=low,
-            quantiles={q: quantile(hist, q, low, high) for q in QUANTILES},
-            frac_positive=float(self.positive[j]) / n,
-            histogram=display_histogram(hist, low, high),
-        )
+        """Unit ``j``'s numbers (:meth:`summaries`, computed once for all units after the last batch)."""
+        if self._summaries is None:
+            self._summaries = self.summaries()
+        return self._summaries[j]
+
+
+def _shown(edges: torch.Tensor, counts: torch.Tensor, low: float, high: float) -> tuple:
+    if not high > low:
+        return (low, high), (int(counts.sum()),)
+    return tuple(edges.tolist()), tuple(int(c) for c in counts.tolist())
 
 
 def fine_bin(values: torch.Tensor) -> torch.Tensor:
@@ -112,40 +142,42 @@ def _value(u: torch.Tensor | float) -> torch.Tensor:
     return SCALE * torch.sinh(torch.as_tensor(u, dtype=torch.float64))
 
 
-def quantile(hist: torch.Tensor, q: float, low: float, high: float) -> float:
-    """The ``q`` quantile read off one unit's fine histogram (float64 counts), within ``[low, high]``."""
-    total = float(hist.sum())
-    cum = hist.cumsum(0)
-    rank = q * total
-    b = int(torch.searchsorted(cum, torch.tensor([rank], dtype=torch.float64))[0].clamp(max=FINE_BINS - 1))
-    before = float(cum[b - 1]) if b > 0 else 0.0
-    inside = float(hist[b])
-    frac = (rank - before) / inside if inside > 0 else 0.5
-    u = -_SPAN + (b + min(max(frac, 0.0), 1.0)) * _WIDTH
-    return min(max(float(_value(u)), low), high)
+def quantiles(hist: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """``[n, len(QUANTILES)]``: each unit's quantiles read off its fine histogram (``[n, FINE_BINS]``
+    float64 counts), interpolated inside the bin in asinh space and clipped to ``[low, high]``."""
+    cum = hist.cumsum(1)
+    rank = torch.tensor(QUANTILES, dtype=torch.float64)[None] * cum[:, -1:]
+    b = torch.searchsorted(cum, rank).clamp(max=FINE_BINS - 1)
+    before = torch.where(b > 0, cum.gather(1, (b - 1).clamp(min=0)), 0.0)
+    inside = hist.gather(1, b)
+    frac = torch.where(inside > 0, (rank - before) / inside.clamp(min=1), 0.5).clamp(0, 1)
+    x = _value(-_SPAN + (b + frac) * _WIDTH)
+    return torch.minimum(torch.maximum(x, low[:, None]), high[:, None])
 
 
-def display_histogram(hist: torch.Tensor, low: float, high: float) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """``(edges, counts)``: :data:`DISPLAY_BINS` equal bins on ``[low, high]`` (one bin when they are equal).
+def display_histograms(hist: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(edges [n, DISPLAY_BINS + 1], counts [n, DISPLAY_BINS])``: equal bins on each unit's ``[low, high]``.
 
-    Each fine bin's count is spread over the display bins its ``[low, high]``-clipped span overlaps, in
-    proportion to the overlap; the counts are rounded by largest remainder, so they add up exactly."""
-    total = round(float(hist.sum()))
-    if not high > low:
-        return (low, high), (total,)
-    edges = torch.linspace(low, high, DISPLAY_BINS + 1, dtype=torch.float64)
-    used = hist.nonzero().flatten()
-    counts = hist.double()[used]
-    a = _value(-_SPAN + used.double() * _WIDTH).clamp(low, high)[:, None]
-    b = _value(-_SPAN + (used.double() + 1) * _WIDTH).clamp(low, high)[:, None]
-    overlap = (torch.minimum(b, edges[None, 1:]) - torch.maximum(a, edges[None, :-1])).clamp(min=0)
-    point = (b - a).squeeze(1) <= 0  # a fine bin clipped to one point: all of it where that point is
-    share = overlap / (b - a).clamp(min=1e-300)
-    at = ((a.squeeze(1) - low) / (high - low) * DISPLAY_BINS).floor().clamp(0, DISPLAY_BINS - 1).long()
-    share[point] = torch.nn.functional.one_hot(at[point], DISPLAY_BINS).double()
-    spread = (share / share.sum(1, keepdim=True).clamp(min=1e-300) * counts[:, None]).sum(0)
+        Each fine bin's count is spread uniformly over its span clipped to ``[low, high]``, so a display
+        bin gets the share of each fine bin it overlaps; counts are rounded by largest remainder, so they
+        add up exactly. (A unit whose values are all equal: its count in the first bin of ``[low, low + 1]``;
+    :meth:`RunningStats.summaries` shows it as one bin ``(low, high)``.)"""
+    total = hist.sum(1, keepdim=True)
+    flat = ~(high > low)
+    top = torch.where(flat, low + 1, high)  # an equal-valued unit: any width, all of it in bin 0
+    steps = torch.linspace(0, 1, DISPLAY_BINS + 1, dtype=torch.float64)[None]
+    edges = low[:, None] + (top - low)[:, None] * steps
+    fine = fine_bin(edges)
+    a = torch.maximum(_value(-_SPAN + fine * _WIDTH), low[:, None])
+    b = torch.minimum(_value(-_SPAN + (fine + 1) * _WIDTH), top[:, None])
+    frac = torch.where(b > a, (edges - a) / (b - a).clamp(min=1e-300), (edges >= a).double()).clamp(0, 1)
+    cum = hist.cumsum(1)
+    below = torch.where(fine > 0, cum.gather(1, (fine - 1).clamp(min=0)), 0.0) + hist.gather(1, fine) * frac
+    below[:, 0], below[:, -1] = 0.0, total[:, 0]
+    below[flat, 1:] = total[flat]
+    spread = below.diff(dim=1).clamp(min=0)
     whole = spread.floor()
-    left = total - int(whole.sum())
-    if left > 0:
-        whole[torch.argsort(spread - whole, descending=True)[:left]] += 1
-    return tuple(float(e) for e in edges), tuple(int(c) for c in whole)
+    left = (total - whole.sum(1, keepdim=True)).round().long()
+    order = torch.argsort(spread - whole, dim=1, descending=True).argsort(1)
+    whole += (order < left).double()
+    return edges, whole

@@ -44,18 +44,20 @@ def encode_texts(model: Model, texts: Sequence[str], max_tokens: int | None) -> 
 
 
 class Plan:
-    """Which columns of which layer's hook each requested unit reads, and where it goes in ``[B, T, n]``."""
+    """Which columns of which layer's hook the requested units read, and how the layers' columns,
+    concatenated in layer order, are put back in the order the units were given."""
 
     def __init__(self, units: Sequence[tuple[int, int]], hook: Callable[[int], str], device: Any) -> None:
         self.n = len(units)
-        self.layers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layers: dict[int, torch.Tensor] = {}
+        placed: list[int] = []
         for layer in sorted({u[0] for u in units}):
             slots = [s for s, u in enumerate(units) if u[0] == layer]
-            cols = [units[s][1] for s in slots]
-            self.layers[layer] = (
-                torch.tensor(cols, dtype=torch.long, device=device),
-                torch.tensor(slots, dtype=torch.long, device=device),
-            )
+            self.layers[layer] = torch.tensor([units[s][1] for s in slots], dtype=torch.long, device=device)
+            placed += slots
+        back = torch.empty(self.n, dtype=torch.long)
+        back[torch.tensor(placed)] = torch.arange(self.n)
+        self.order = None if placed == sorted(placed) else back.to(device)
         self.hook = hook
 
 
@@ -68,30 +70,28 @@ def batches_of(ids: list[list[int]], batch_size: int) -> list[list[int]]:
 def read_batch(model: Model, plan: Plan, tokens: torch.Tensor) -> torch.Tensor:
     """``[B, T, n]`` float32: every planned unit's activation at every position of ``tokens``."""
     B, T = tokens.shape
-    out = torch.empty(B, T, plan.n, dtype=torch.float32, device=tokens.device)
-    seen: list[int] = []
+    parts: dict[int, torch.Tensor] = {}
 
-    def grabber(layer: int, cols: torch.Tensor, slots: torch.Tensor):
+    def grabber(layer: int, cols: torch.Tensor):
         def grab(x, hook):
             if x.shape[:2] != (B, T):
                 raise ValueError(f"{hook.name} has shape {tuple(x.shape)}: expected [batch, pos, units]")
             if int(cols.max()) >= x.shape[-1]:
                 raise ValueError(f"unit index {int(cols.max())} is out of range: {hook.name} has {x.shape[-1]} units")
-            out[..., slots.to(x.device)] = x[..., cols.to(x.device)].to(out.device, torch.float32)
-            seen.append(layer)
+            parts[layer] = x.index_select(-1, cols.to(x.device)).to(tokens.device, torch.float32)
             return x
 
         return grab
 
     layers = sorted(plan.layers)
-    hooks = [(plan.hook(l), grabber(l, *plan.layers[l])) for l in layers]
+    hooks = [(plan.hook(l), grabber(l, plan.layers[l])) for l in layers]
     last_name, last_fn = hooks[-1]
     last = capture(model, tokens, last_name, fwd_hooks=hooks[:-1])
     last_fn(last, _Named(last_name))
-    if sorted(set(seen)) != layers:
-        missing = sorted(set(layers) - set(seen))
+    if missing := [l for l in layers if l not in parts]:
         raise RuntimeError(f"hooks {[plan.hook(l) for l in missing]} did not fire: this model has no such hooks")
-    return out
+    acts = torch.cat([parts[l] for l in layers], -1) if len(layers) > 1 else parts[layers[0]]
+    return acts if plan.order is None else acts.index_select(-1, plan.order)
 
 
 class _Named:

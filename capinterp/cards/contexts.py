@@ -15,6 +15,7 @@ merged (all-gather; float64 all-reduce), so every rank returns the one-process r
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,11 +103,13 @@ def top_contexts(
         stats.add(acts[real])
     best.merge_ranks()
     stats.merge_ranks()
-    tok = model.tokenizer
+    decode = functools.lru_cache(maxsize=None)(lambda t: model.tokenizer.decode([t]))  # each token id once
     out = []
-    for j, unit in enumerate(units):
-        contexts = tuple(_context(tok, ids[t], t, p, v, around, window) for v, t, p, around in best.kept(j))
-        out.append(UnitActivations(unit, contexts, ActivationStats(**stats.summary(j))))
+    for j, (unit, summary) in enumerate(zip(units, stats.summaries())):
+        contexts = tuple(
+            _context(model.tokenizer, ids[t], t, p, v, around, window, decode) for v, t, p, around in best.kept(j)
+        )
+        out.append(UnitActivations(unit, contexts, ActivationStats(**summary)))
     return out
 
 
@@ -126,7 +129,7 @@ def activation_stats(
     for acts, real, _ in stream(model, ids, plan, batch_size, progress):
         stats.add(acts[real])
     stats.merge_ranks()
-    return [ActivationStats(**stats.summary(j)) for j in range(len(units))]
+    return [ActivationStats(**summary) for summary in stats.summaries()]
 
 
 def _prepare(model, neurons, texts, batch_size, max_tokens, hook, device):
@@ -193,8 +196,18 @@ def _pair(p: Any) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def _context(tok: Any, ids: list[int], text: int, pos: int, value: float, around: list[float], window: int) -> Context:
+def _context(
+    tok: Any,
+    ids: list[int],
+    text: int,
+    pos: int,
+    value: float,
+    around: list[float],
+    window: int,
+    decode: Callable[[int], str] | None = None,
+) -> Context:
+    """One Context from a top-k entry; ``decode``: token id -> text (a cache), else ``tok.decode([id])``."""
     start, stop = max(0, pos - window), min(len(ids), pos + window + 1)
-    tokens = tuple(tok.decode([t]) for t in ids[start:stop])
+    tokens = tuple((decode or (lambda t: tok.decode([t])))(t) for t in ids[start:stop])
     values = tuple(around[window - (pos - start) : window + (stop - pos)])
     return Context(text, pos, value, tokens, values, pos - start)
