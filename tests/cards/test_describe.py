@@ -69,6 +69,15 @@ def test_fitted_localizer_ranked_by_its_scores(tiny, task):
     assert cards[0].score == pytest.approx(float(loc.scores_.scores[located[0]]))
 
 
+def test_fitted_causal_trace_gives_layer_cards_with_scores(tiny):
+    facts = ci.data.builtin_facts(2)
+    ct = ci.CausalTrace(tiny, top_k=2, require_correct=False, progress=False).fit(facts)
+    cards = _run(tiny, ct, facts, ablate=1)
+    assert sorted(c.unit for c in cards) == sorted(ct.layers_) and all(c.kind == "layer" for c in cards)
+    assert [c.score for c in cards] == pytest.approx([float(ct.layer_scores_[c.unit]) for c in cards])
+    assert cards[0].ablation is not None and cards[0].specificity is not None and cards[0].chance is None
+
+
 def test_ablation_equals_a_direct_erase_and_evaluate(tiny, task):
     unit = (1, 17)
     (card,) = _run(tiny, ci.NeuronSet.from_indices([unit], 4, 128), task, ablate=1)
