@@ -7,6 +7,7 @@ which raises :class:`ContractError` (an AssertionError, so pytest reports it as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ContractError", "ForwardCounter", "require"]
@@ -16,10 +17,12 @@ class ContractError(AssertionError):
     """A localizer breaks the contract; the message names what, and :func:`check_localizer` the check."""
 
 
-def require(condition: Any, message: str) -> None:
-    """Raise :class:`ContractError` with ``message`` unless ``condition`` holds (``assert`` that ``-O`` keeps)."""
+def require(condition: Any, message: str | Callable[[], str]) -> None:
+    """Raise :class:`ContractError` with ``message`` unless ``condition`` holds (``assert`` that ``-O``
+    keeps). A callable message is built only on failure, as ``assert``'s is: ``lambda: f"{x.max()}"``
+    may read what exists only when the check fails."""
     if not condition:
-        raise ContractError(message)
+        raise ContractError(message() if callable(message) else message)
 
 
 class ForwardCounter:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from capinterp.testing.contract import require
 from capinterp.testing.family_checks._hf import decoder_layers
 from capinterp.testing.family_checks._moe_ref import ExpertsDown, _halves_gate, is_branched
 
@@ -63,7 +64,7 @@ def _forward(mlp: Any, x: torch.Tensor) -> torch.Tensor:
     layer = mlp._ref_layer
     ex, norm = layer.experts, layer.pre_feedforward_layernorm
     r = norm._ref_in
-    assert r is not None and r.shape == x.shape, "pre_feedforward_layernorm did not run just before the MLP"
+    require(r is not None and r.shape == x.shape, "pre_feedforward_layernorm did not run just before the MLP")
     object.__setattr__(norm, "_ref_in", None)
     flat = r.reshape(-1, r.shape[-1])
     _, top_w, top_i = layer.router(flat)
@@ -88,7 +89,10 @@ def dense_branches(hf: Any, ids: torch.Tensor | None = None) -> Any:
     for layer in layers:
         make_dense(layer)
     err = (hf(ids).logits - before).abs().max().item()
-    assert err <= 1e-5 * max(1.0, before.abs().max().item()), f"the branch reference changed the logits by {err:.3g}"
+    require(
+        err <= 1e-5 * max(1.0, before.abs().max().item()),
+        lambda: f"the branch reference changed the logits by {err:.3g}",
+    )
     return hf
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from capinterp.arch.tiny import tiny_hf
+from capinterp.testing.contract import require
 
 __all__ = ["PROMPTS", "load_pair", "plain_hf"]
 
@@ -26,7 +27,10 @@ def load_pair(family: str) -> tuple[Any, Any, Any]:
     """``(hf_model, tokenizer, bridge)`` sharing one set of weights; the bridge is loaded through
     :func:`capinterp.load_model` (which may raise ``UnsupportedFamily``). Cached: do not modify."""
     hf, tok, model = _pair(family)
-    assert all(not p.requires_grad or p.grad is None for p in hf.parameters())
+    require(
+        all(not p.requires_grad or p.grad is None for p in hf.parameters()),
+        "failed: all(not p.requires_grad or p.grad is None for p in hf.parameters())",
+    )
     return hf, tok, model
 
 

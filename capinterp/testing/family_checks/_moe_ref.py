@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from capinterp.testing.contract import require
+
 __all__ = [
     "ExpertsDown",
     "densify",
@@ -75,10 +77,10 @@ def moe_layers(hf: Any) -> dict[int, tuple[str, Any]]:
     out: dict[int, tuple[str, Any]] = {}
     for i, layer in enumerate(decoder_layers(hf)):
         found = [m for m in layer.modules() if id(m) in names]
-        assert len(found) <= 1, f"decoder layer {i} holds {len(found)} MoE blocks"
+        require(len(found) <= 1, lambda: f"decoder layer {i} holds {len(found)} MoE blocks")
         if found:
             out[i] = (names[id(found[0])], found[0])
-    assert len(out) == len(names), "an MoE block outside the decoder layers"
+    require(len(out) == len(names), "an MoE block outside the decoder layers")
     return out
 
 
@@ -325,7 +327,10 @@ def densify(hf: Any, ids: torch.Tensor | None = None) -> Any:
         block.forward = types.MethodType(_dense_forward, block)
     after = hf(ids).logits
     err = (after - before).abs().max().item()
-    assert err <= 1e-5 * max(1.0, before.abs().max().item()), f"the dense MoE reference changed the logits by {err:.3g}"
+    require(
+        err <= 1e-5 * max(1.0, before.abs().max().item()),
+        lambda: f"the dense MoE reference changed the logits by {err:.3g}",
+    )
     hf._ref_dense = True
     return hf
 
@@ -414,8 +419,9 @@ def split_values(hf: Any, layer: int, values: torch.Tensor) -> dict[str, torch.T
     key = f"{name}.output_linear.weight" if _jetmoe(block) else f"{name}.experts.down_proj"
     out = {key: (routed if ex.is_transposed else routed.transpose(1, 2)).contiguous()}
     if _latent_out(block) is not None:  # routed rows are fc2 @ latent columns: only the shared expert's are written
-        assert torch.allclose(values[: n_exp * d], ExpertsDown(block, sh).weight[: n_exp * d]), (
-            "a routed latent row changed"
+        require(
+            torch.allclose(values[: n_exp * d], ExpertsDown(block, sh).weight[: n_exp * d]),
+            "a routed latent row changed",
         )
         out = {}
     if sh is not None:

@@ -27,6 +27,7 @@ import torch
 from capinterp.arch.linear import linear_layout
 from capinterp.arch.tiny import tiny_hf
 from capinterp.core.protocol import Model
+from capinterp.testing.contract import require
 from capinterp.testing.family_checks._branch_ref import is_branched
 from capinterp.testing.family_checks._models import load_pair
 
@@ -87,7 +88,7 @@ def _final_norm(hf: Any) -> torch.nn.Module:
         for n, m in hf.named_modules()
         if "norm" in type(m).__name__.lower() and id(m) not in inside and "per_layer" not in n
     ]
-    assert norms, "final norm not found"
+    require(norms, "final norm not found")
     return norms[-1]
 
 
@@ -142,9 +143,12 @@ class _Ref:
         mlp = mlp or [(n, None) for n in mods if n == "mlp"]
         if is_branched(layer):  # Gemma 4's MoE layer: the MLP, the experts (their own norm), the router (the
             mlp.append(("router", None))  # residual itself) read one slot
-            assert len(attn) == 1 and [n for n, _ in mlp] == ["mlp", "experts", "router"], f"layer {l}: readers {top}"
+            require(
+                len(attn) == 1 and [n for n, _ in mlp] == ["mlp", "experts", "router"],
+                lambda: f"layer {l}: readers {top}",
+            )
         else:
-            assert len(attn) == 1 and len(mlp) == 1, f"layer {l}: readers {top}"
+            require(len(attn) == 1 and len(mlp) == 1, lambda: f"layer {l}: readers {top}")
         return [
             (k, mods[n], None if nm is None else mods[nm], 1.0)
             for k, (n, nm) in [("attn", attn[0])] + [("mlp", m) for m in mlp]
@@ -212,11 +216,11 @@ class _Ref:
         mlp = [(n, nm) for n, nm in top if (n, nm) not in attn + mixer]
         scale = 1.0
         if o_name and not attn:  # Falcon-H1: beside the mixer, on its norm, times its input multiplier
-            assert mixer, f"layer {l}: no reader of a norm's output leads to the attention ({top})"
+            require(mixer, lambda: f"layer {l}: no reader of a norm's output leads to the attention ({top})")
             attn = [(o_name.split(".")[0], mixer[0][1])]
             scale = float(getattr(self.cfg, "attention_in_multiplier", 1.0) or 1.0)
         self.post.append(None)  # the hybrid layers served are pre-norm
-        assert len(attn) <= 1 and len(mixer) <= 1, f"layer {l}: readers {top}"
+        require(len(attn) <= 1 and len(mixer) <= 1, lambda: f"layer {l}: readers {top}")
         for kind, found, sc in (("attn", attn, scale), ("mixer", mixer, 1.0), ("mlp", mlp, 1.0)):
             for n, nm in found:  # Granite 4.0: experts and a shared MLP read one norm's output: one MLP slot
                 out.append((kind, mods[n], None if nm is None else mods[nm], sc))
@@ -480,16 +484,22 @@ def _check_eap(family: str, steps: int) -> None:
     got, _ = score_edges(model, graph, [pair], steps=steps, rule="right", metric="nll")
     want, up = _reference_scores(hf, pair, steps, family_of(model).parallel_block)
     got = _aggregate(graph, got)
-    assert got.shape == want.shape, f"{family}: capinterp's graph has {got.shape[1]} readers, the model {want.shape[1]}"
+    require(
+        got.shape == want.shape,
+        lambda: f"{family}: capinterp's graph has {got.shape[1]} readers, the model {want.shape[1]}",
+    )
     mask = torch.arange(want.shape[0])[:, None] < up[None, :]
     err = ((got - want) * mask).abs().max().item()
     scale = (want * mask).abs().max().item()
-    assert (got * ~mask).abs().max().item() == 0, f"{family}: scores on non-edges"
-    assert err <= 1e-4 * scale + 1e-7, (
-        f"{family}: EAP{'-IG' if steps > 1 else ''} scores differ by {err:.3g} (max {scale:.3g})"
+    require((got * ~mask).abs().max().item() == 0, lambda: f"{family}: scores on non-edges")
+    require(
+        err <= 1e-4 * scale + 1e-7,
+        lambda: f"{family}: EAP{'-IG' if steps > 1 else ''} scores differ by {err:.3g} (max {scale:.3g})",
     )
     kc = KnowledgeCircuit(model, algorithm="eap" if steps == 1 else "eap-ig", steps=steps, top_n=10, progress=False)
-    assert kc.fit([fact]).circuit_.meta["n_selected"] == 10
+    require(
+        kc.fit([fact]).circuit_.meta["n_selected"] == 10, 'failed: kc.fit([fact]).circuit_.meta["n_selected"] == 10'
+    )
 
 
 def check_eap(family: str) -> None:
@@ -520,7 +530,10 @@ def check_acdc(family: str) -> None:
     at_final = run["at_final"].double()[None, :, None]  # Gemma 4's layer scales between a node and the logits
     resid = run["final"].double() - (run["outputs"].double() * at_final).sum(1)
     drift = (resid - resid[:1]).abs().max().item()
-    assert drift <= 1e-4 * run["final"].abs().max().item(), f"{family}: node outputs miss the residual by {drift:.3g}"
+    require(
+        drift <= 1e-4 * run["final"].abs().max().item(),
+        lambda: f"{family}: node outputs miss the residual by {drift:.3g}",
+    )
     first = graph.head_src(0, 1) if graph.has_heads(0) else graph.mixer_src(0) if graph.has_mixer(0) else 0
     cut = [first, graph.mlp_src(0)]  # a0.h1 (or layer 0's mixer) and m0 -> logits
     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
@@ -546,9 +559,14 @@ def check_acdc(family: str) -> None:
     finally:
         for h in hs:
             h.remove()
-    assert abs(got - want) <= 1e-4 * max(abs(want), 1e-2), f"{family}: ablated MatchNLL {got:.6g} vs {want:.6g}"
+    require(
+        abs(got - want) <= 1e-4 * max(abs(want), 1e-2), lambda: f"{family}: ablated MatchNLL {got:.6g} vs {want:.6g}"
+    )
     kc = KnowledgeCircuit(model, algorithm="acdc", candidates=12, steps=1, acdc_threshold=0.05, progress=False)
-    assert kc.fit([fact]).circuit_.meta["info"]["n_visited"] == 12
+    require(
+        kc.fit([fact]).circuit_.meta["info"]["n_visited"] == 12,
+        'failed: kc.fit([fact]).circuit_.meta["info"]["n_visited"] == 12',
+    )
 
 
 CHECKS = {"eap": check_eap, "eap_ig": check_eap_ig, "acdc": check_acdc}

@@ -23,6 +23,7 @@ from capinterp.arch.family import family_of
 from capinterp.arch.linear import is_conv1d, linear_layout
 from capinterp.core.example import Example
 from capinterp.core.protocol import Model
+from capinterp.testing.contract import require
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
 from capinterp.testing.family_checks._moe_ref import ExpertsDown, split_values
 from capinterp.testing.family_checks._one_sublayer_ref import reference_model
@@ -43,7 +44,10 @@ def _neurons(model: Model, family: str) -> tuple[dict[int, list[int]], NeuronSet
     n_layers, d_mlp = int(model.cfg.n_layers), int(model.cfg.d_mlp)
     widths = layer_widths(plain(family))
     real = torch.arange(d_mlp)[None, :] < torch.tensor(widths)[:, None]
-    assert torch.equal(family_of(model).valid_neurons(), real), f"{family}: capinterp's real neurons are not {widths}"
+    require(
+        torch.equal(family_of(model).valid_neurons(), real),
+        lambda: f"{family}: capinterp's real neurons are not {widths}",
+    )
     chosen = {  # a layer of width 0 (NemotronH's mixer layers: no FFN) has none
         l: sorted({l, w // 3 + 2 * l, w // 2 + 1, w - 1 - l}) if w else [] for l, w in enumerate(widths)
     }
@@ -106,15 +110,19 @@ def check_erase(family: str) -> None:
             for p in PROMPTS:
                 logits = hf(encode(tok, p)).logits[0, -1].double()
                 want_p.append(logits.softmax(-1)[_target_id(tok, p, " Paris")].item())
-        assert _rel(want_logits, base) > 1e-3, f"{family}: factor {factor} on {len(ns)} neurons changed nothing"
+        require(
+            _rel(want_logits, base) > 1e-3, lambda: f"{family}: factor {factor} on {len(ns)} neurons changed nothing"
+        )
         with ctx():
             with torch.no_grad():
                 got_logits = model(encode(tok, PROMPTS[0]))[0, -1].double()
             got_p = evaluate(model, data, progress=False).frame["prob"].to_numpy()
         rel = _rel(got_logits, want_logits)
-        assert rel < 1e-5, f"{family}: factor {factor}: logits relative error {rel:.3g}"
+        require(rel < 1e-5, lambda: f"{family}: factor {factor}: logits relative error {rel:.3g}")
         for g, w in zip(got_p, want_p):
-            assert abs(g - w) <= 1e-5 * max(w, 1e-3), f"{family}: factor {factor}: p(target) {g:.6g} vs {w:.6g}"
+            require(
+                abs(g - w) <= 1e-5 * max(w, 1e-3), lambda: f"{family}: factor {factor}: p(target) {g:.6g} vs {w:.6g}"
+            )
 
 
 def _reference_step(family: str, chosen: dict[int, list[int]], tok) -> tuple[dict, dict]:
@@ -172,28 +180,33 @@ def check_finetune(family: str) -> None:
     sparse = any(getattr(plain(family).config.get_text_config(), "activation_sparsity_pattern", None) or ())
     need = 0.25 if family_of(model).moe is not None or sparse else 0.5
     for name, m in masks.items():
-        assert name in got, f"{family}: the trained model has no parameter {name}"
+        require(name in got, lambda: f"{family}: the trained model has no parameter {name}")
         g, b, w = got[name], before[name], want[name]
-        assert torch.equal(g[~m], b[~m]), f"{family}: {name} changed outside the located neurons"
+        require(torch.equal(g[~m], b[~m]), lambda: f"{family}: {name} changed outside the located neurons")
         # Adam's first step is lr * grad / (|grad| + eps): full size (lr) where |grad| >> eps; where
         # |grad| is within ~100 eps (step < 0.99 lr) its size is grad's float32 rounding, so there
         # only its direction and bound are checked
         full = (w[m] - b[m]).abs() >= 0.99 * LR
         err = (g[m] - w[m])[full].abs().max().item() if full.any() else 0.0
-        assert err <= LR * 1e-3, f"{family}: {name}: located entries differ from the reference step by {err:.3g}"
+        require(
+            err <= LR * 1e-3, lambda: f"{family}: {name}: located entries differ from the reference step by {err:.3g}"
+        )
         small_got, small_want = (g[m] - b[m])[~full], (w[m] - b[m])[~full]
-        assert (small_got * small_want >= 0).all() and (small_got.abs() <= LR * 1.001).all(), (
-            f"{family}: {name}: a small step of a located entry has the wrong sign or size"
+        require(
+            (small_got * small_want >= 0).all() and (small_got.abs() <= LR * 1.001).all(),
+            lambda: f"{family}: {name}: a small step of a located entry has the wrong sign or size",
         )
         moved = (w[m] != b[m]).float().mean().item()
-        assert moved > need or name.endswith("bias"), f"{family}: {name}: the reference step moved {moved:.0%}"
+        require(
+            moved > need or name.endswith("bias"), lambda: f"{family}: {name}: the reference step moved {moved:.0%}"
+        )
     # every other parameter (the bridge renames some, e.g. split attention) is bit-identical to the
     # caller's; views of a located parameter (Phi-3's split gate / up) were compared through it above
     located = {got[n].untyped_storage().data_ptr() for n in masks}
     caller = dict(model.named_parameters())
     for name, p in trained.named_parameters():
         if p.untyped_storage().data_ptr() not in located:
-            assert torch.equal(p, caller[name]), f"{family}: {name} changed but no located neuron owns it"
+            require(torch.equal(p, caller[name]), lambda: f"{family}: {name} changed but no located neuron owns it")
 
 
 def _last(x: torch.Tensor) -> torch.Tensor:
@@ -268,11 +281,12 @@ def check_edit_knowledge(family: str) -> None:
             for name, p in live.items():
                 if name in want:
                     err = (p.float() - want[name].float()).abs().max().item()
-                    assert err <= 1e-6 * max(1.0, want[name].abs().max().item()), (
-                        f"{family} {mode}: {name} differs from the hand-made edit by {err:.3g}"
+                    require(
+                        err <= 1e-6 * max(1.0, want[name].abs().max().item()),
+                        lambda: f"{family} {mode}: {name} differs from the hand-made edit by {err:.3g}",
                     )
                 else:
-                    assert torch.equal(p, before[name]), f"{family} {mode}: {name} changed"
+                    require(torch.equal(p, before[name]), lambda: f"{family} {mode}: {name} changed")
             got = model(ids)[0, -1].double()
             try:
                 for n, w in want.items():
@@ -281,14 +295,17 @@ def check_edit_knowledge(family: str) -> None:
             finally:
                 for n, w in saved.items():
                     plain_params(ref)[n].copy_(w)
-        assert _rel(got, expect) < 1e-5, f"{family} {mode}: edited logits relative error {_rel(got, expect):.3g}"
+        require(
+            _rel(got, expect) < 1e-5, lambda: f"{family} {mode}: edited logits relative error {_rel(got, expect):.3g}"
+        )
         with torch.no_grad():
             copied = edit.edited_copy(model)(ids)[0, -1].double()
-        assert _rel(copied, expect) < 1e-5, (
-            f"{family} {mode}: edited copy's logits relative error {_rel(copied, expect):.3g}"
+        require(
+            _rel(copied, expect) < 1e-5,
+            lambda: f"{family} {mode}: edited copy's logits relative error {_rel(copied, expect):.3g}",
         )
         for name, p in live.items():
-            assert torch.equal(p, before[name]), f"{family} {mode}: {name} not restored after the edit"
+            require(torch.equal(p, before[name]), lambda: f"{family} {mode}: {name} not restored after the edit")
 
 
 CHECKS = {"erase": check_erase, "finetune": check_finetune, "edit_knowledge": check_edit_knowledge}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from capinterp.testing.contract import require
 from capinterp.testing.family_checks._models import PROMPTS, encode, load_pair
 
 __all__ = ["CHECKS"]
@@ -20,7 +21,9 @@ def check_logprobs(family: str) -> None:
             want = hf(ids).logits[0, -1].double().log_softmax(-1)
         got = logits_at(model, ids, torch.tensor([ids.shape[1] - 1]))[0].double().log_softmax(-1)
         rel = ((got - want).abs() / want.abs()).max().item()
-        assert rel < 1e-6 or (got - want).abs().max().item() < 1e-5, f"{family}: log-prob relative error {rel:.3g}"
+        require(
+            rel < 1e-6 or (got - want).abs().max().item() < 1e-5, lambda: f"{family}: log-prob relative error {rel:.3g}"
+        )
 
 
 def check_evaluate(family: str) -> None:
@@ -36,7 +39,7 @@ def check_evaluate(family: str) -> None:
         target = tok(p + " Paris", return_tensors="pt")["input_ids"][0, ids.shape[1]]
         with torch.no_grad():
             want = hf(ids).logits[0, -1].double().softmax(-1)[target].item()
-        assert abs(got[i] - want) <= 1e-5 * max(want, 1e-3), f"{family}: p(target) {got[i]:.6g} vs {want:.6g}"
+        require(abs(got[i] - want) <= 1e-5 * max(want, 1e-3), lambda: f"{family}: p(target) {got[i]:.6g} vs {want:.6g}")
 
 
 CHECKS = {"logprobs": check_logprobs, "evaluate": check_evaluate}

@@ -18,6 +18,7 @@ import torch
 
 from capinterp.arch.family import family_of
 from capinterp.core.protocol import Model
+from capinterp.testing.contract import require
 from capinterp.testing.family_checks._hf import decoder_layers
 from capinterp.testing.family_checks._hf_ig import (
     clean_down_inputs,
@@ -57,10 +58,13 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, hf: Any, rel: float
     layer's own neurons (read from ``hf``, a model mixing dense and MoE layers), exactly 0."""
     for l in range(want.shape[0]):
         pad = got[l, layer_width(hf, l, want.shape[1]) :]
-        assert not bool(pad.any()), f"{what}: layer {l}: padding neurons scored {float(pad.abs().max()):.3g}, not 0"
+        require(
+            not bool(pad.any()),
+            lambda: f"{what}: layer {l}: padding neurons scored {float(pad.abs().max()):.3g}, not 0",
+        )
         err = (got[l].double() - want[l]).abs().max().item()
         scale = max(want[l].abs().max().item(), 1e-12)
-        assert err <= rel * scale, f"{what}: layer {l} off by {err:.3g} (largest score {scale:.3g})"
+        require(err <= rel * scale, lambda: f"{what}: layer {l} off by {err:.3g} (largest score {scale:.3g})")
 
 
 def _ig_ref(hf: Any, item: Any, d_mlp: int, *, pos: int | None = None, baseline=None) -> torch.Tensor:
@@ -99,8 +103,8 @@ def check_ig_fast_route(family: str) -> None:
     routes = [str(w.message) for w in caught if "route" in str(w.message) or "KV cache" in str(w.message)]
     for j, item in enumerate(items):
         _close(got[j], _ig_ref(hf, item, d_mlp), f"{family} fast IG, prompt {j}", hf)
-    assert not routes, f"{family}: the fast route fell back: {routes[0]}"
-    assert all(_ig._STAIR_OK.get(model, {}).values()), f"{family}: stair check failed"
+    require(not routes, lambda: f"{family}: the fast route fell back: {routes[0]}")
+    require(all(_ig._STAIR_OK.get(model, {}).values()), lambda: f"{family}: stair check failed")
 
 
 def check_kn(family: str) -> None:
@@ -207,16 +211,22 @@ def check_neft(family: str) -> None:
     neft = NeFT(model, steps=1, lr=NEFT_LR, top_k=5, batch_size=len(items), progress=False).fit(examples)
     after = hf.state_dict()
     changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
-    assert not changed, f"{family}: NeFT left weights changed: {changed[:3]}"
+    require(not changed, lambda: f"{family}: NeFT left weights changed: {changed[:3]}")
     s = neft.scores_.scores
-    assert s.shape == family_of(model).neurons and torch.isfinite(s).all() and (s >= -1e-12).all()
-    assert int(neft.neurons_.mask.sum()) == 5, f"{family}: NeFT selected {int(neft.neurons_.mask.sum())} neurons, not 5"
-    assert float(s.max()) > 0, f"{family}: NeFT moved no neuron"
+    require(
+        s.shape == family_of(model).neurons and torch.isfinite(s).all() and (s >= -1e-12).all(),
+        "failed: s.shape == family_of(model).neurons and torch.isfinite(s).all() and (s >= -1e-12).all()",
+    )
+    require(
+        int(neft.neurons_.mask.sum()) == 5,
+        lambda: f"{family}: NeFT selected {int(neft.neurons_.mask.sum())} neurons, not 5",
+    )
+    require(float(s.max()) > 0, lambda: f"{family}: NeFT moved no neuron")
     ref = plain_hf(family)
     want = neuron_weight_change(ref, [(it.prompt_ids, it.target_ids) for it in items], NEFT_LR, family_of(model).d_mlp)
     _close(s, want, f"{family} NeFT 1 - cos", ref, rel=1e-3)
     top = set(want.flatten().topk(5).indices.tolist())
-    assert set(neft.neurons_.mask.flatten().nonzero()[:, 0].tolist()) == top, f"{family}: NeFT's top 5 differ"
+    require(set(neft.neurons_.mask.flatten().nonzero()[:, 0].tolist()) == top, lambda: f"{family}: NeFT's top 5 differ")
 
 
 def check_query_localization(family: str) -> None:
@@ -230,10 +240,13 @@ def check_query_localization(family: str) -> None:
         [examples]
     )
     d_mlp = family_of(model).d_mlp
-    assert len(ql.query_scores_) == 1 and ql.query_scores_[0].shape[0] == len(items)
+    require(
+        len(ql.query_scores_) == 1 and ql.query_scores_[0].shape[0] == len(items),
+        "failed: len(ql.query_scores_) == 1 and ql.query_scores_[0].shape[0] == len(items)",
+    )
     for j, item in enumerate(items):
         _close(ql.query_scores_[0][j], _ig_ref(hf, item, d_mlp), f"{family} QL query {j}", hf)
-    assert len(ql.consistency_) == 1
+    require(len(ql.consistency_) == 1, "failed: len(ql.consistency_) == 1")
 
 
 CHECKS = {

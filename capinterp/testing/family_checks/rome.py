@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from capinterp.arch.linear import linear_layout
+from capinterp.testing.contract import require
 from capinterp.testing.family_checks._hf import hooked, mlp_down, subject_positions
 from capinterp.testing.family_checks._models import PROMPTS
 
@@ -93,13 +94,13 @@ def _one_expert(hf: Any, key: torch.Tensor, layer: int, shared: bool = False) ->
     from capinterp.testing.family_checks._moe_ref import moe_layers
 
     if layer not in moe_layers(hf):
-        assert not shared, f"layer {layer} is no MoE layer"
+        require(not shared, lambda: f"layer {layer} is no MoE layer")
         return None
     ex = moe_layers(hf)[layer][1].experts
     n_exp, d = ex.down_proj.shape[0], ex.down_proj.shape[1] if ex.is_transposed else ex.down_proj.shape[2]
     rows = torch.as_tensor(mlp_down(hf, layer).weight).detach().float()  # [every expert's neurons (+ shared), d]
     if shared:
-        assert rows.shape[0] > n_exp * d, f"layer {layer} has no shared expert"
+        require(rows.shape[0] > n_exp * d, lambda: f"layer {layer} has no shared expert")
         return slice(n_exp * d, rows.shape[0])
     writes = [float((key[e * d : (e + 1) * d, None] * rows[e * d : (e + 1) * d]).sum(0).norm()) for e in range(n_exp)]
     e = max(range(n_exp), key=writes.__getitem__)
@@ -123,7 +124,7 @@ def reference_edit(hf: Any, tok: Any, layer: int = LAYER, shared: bool = False) 
     for c in CONTEXTS:
         p_ids, full = _ids(tok, c + PROMPT), _ids(tok, c + PROMPT + NEW)
         n = p_ids.shape[1]
-        assert torch.equal(full[0, :n], p_ids[0]), "the prompt's tokens must prefix the prompt + target's"
+        require(torch.equal(full[0, :n], p_ids[0]), "the prompt's tokens must prefix the prompt + target's")
         s1 = subject_positions(tok, c + PROMPT, SUBJECT)[1]
         rows.append((full, s1 - 1, list(range(n - 1, full.shape[1] - 1)), full[0, n:]))
     kl_text = f"{SUBJECT} is a"
@@ -220,10 +221,10 @@ def check_rome_edit(family: str, expert: str | None = None) -> None:
     for name in ("key", "delta", "left"):
         got, ref = getattr(edit, name).float(), want[name]
         if name != "delta" and got.numel() > ref.numel():  # a dense layer of a mixed model: then padding
-            assert not got[ref.numel() :].any(), f"{family}: ROME's {name} is not 0 on the padding neurons"
+            require(not got[ref.numel() :].any(), lambda: f"{family}: ROME's {name} is not 0 on the padding neurons")
             got = got[: ref.numel()]
         err = float((got - ref).norm() / ref.norm())
-        assert err < 1e-4, f"{family}: ROME {name} differs from the HF-hook reference by {err:.3g} (relative)"
+        require(err < 1e-4, lambda: f"{family}: ROME {name} differs from the HF-hook reference by {err:.3g} (relative)")
     down = mlp_down(hf, layer)
     update = torch.outer(want["delta"], want["left"])  # [d_model, d_mlp]: keys to values
     with torch.no_grad():
@@ -243,9 +244,14 @@ def check_rome_edit(family: str, expert: str | None = None) -> None:
                 got = model(ids)[0, -1].double().log_softmax(-1)
                 ref = hf(ids).logits[0, -1].double().log_softmax(-1)
                 err = (got - ref).abs().max().item()
-                assert err < 1e-4, f"{family}: edited log-probs differ from the hand-edited HF model by {err:.3g}"
+                require(
+                    err < 1e-4, lambda: f"{family}: edited log-probs differ from the hand-edited HF model by {err:.3g}"
+                )
         shift = (hf(_ids(tok, PROMPT)).logits[0, -1].double().log_softmax(-1) - before[PROMPT]).abs().max().item()
-        assert shift > 1e-3, f"{family}: the edit left the prompt's log-probs unchanged ({shift:.3g}); a vacuous check"
+        require(
+            shift > 1e-3,
+            lambda: f"{family}: the edit left the prompt's log-probs unchanged ({shift:.3g}); a vacuous check",
+        )
 
 
 CHECKS = {"rome_edit": check_rome_edit}

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from capinterp.testing.contract import require
 from capinterp.testing.family_checks._hf import attn_out_of, decoder_layers, hooked, mlp_down, subject_positions
 from capinterp.testing.family_checks._models import load_pair, plain_hf
 
@@ -107,17 +108,20 @@ def check_causal_trace(family: str) -> None:
         subj = torch.cat([emb(x)[0, a:b].flatten().float() for x, (a, b) in zip(ids, spans)])
         subj = subj * float(getattr(hf.config.get_text_config(), "embedding_multiplier", None) or 1.0)
     std = NOISE * float(subj.std())
-    assert abs(ct.noise_std_ - std) <= 1e-5 * std, f"{family}: noise std {ct.noise_std_:.6g} vs {std:.6g}"
-    assert len(ct.per_prompt_) == len(FACTS), f"{family}: {ct.skipped_} facts skipped"
+    require(abs(ct.noise_std_ - std) <= 1e-5 * std, lambda: f"{family}: noise std {ct.noise_std_:.6g} vs {std:.6g}")
+    require(len(ct.per_prompt_) == len(FACTS), lambda: f"{family}: {ct.skipped_} facts skipped")
     for rec, x, span in zip(ct.per_prompt_, ids, spans):
         want = _reference(hf, x, span, std, kinds)
-        assert tuple(rec["subject_range"]) == span, f"{family}: subject span {rec['subject_range']} vs {span}"
-        assert rec["answer_id"] == want["o"], f"{family}: answer {rec['answer_id']} vs {want['o']}"
-        assert abs(rec["p_corrupt"] - want["p_star"]) < 1e-5, f"{family}: p* {rec['p_corrupt']} vs {want['p_star']}"
+        require(tuple(rec["subject_range"]) == span, lambda: f"{family}: subject span {rec['subject_range']} vs {span}")
+        require(rec["answer_id"] == want["o"], lambda: f"{family}: answer {rec['answer_id']} vs {want['o']}")
+        require(
+            abs(rec["p_corrupt"] - want["p_star"]) < 1e-5,
+            lambda: f"{family}: p* {rec['p_corrupt']} vs {want['p_star']}",
+        )
         for kind, grid in want["probs"].items():
             got = rec["probs"][kind].double()
             err = (got - grid).abs().max().item()
-            assert got.shape == grid.shape and err < 1e-5, f"{family} {kind}: restored p(o) off by {err:.3g}"
+            require(got.shape == grid.shape and err < 1e-5, lambda: f"{family} {kind}: restored p(o) off by {err:.3g}")
 
 
 CHECKS = {"causal_trace": check_causal_trace}
