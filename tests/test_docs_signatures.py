@@ -202,6 +202,7 @@ class Checker:
                 sig.bind(*placeholders, **dict.fromkeys(names))
             except TypeError as err:
                 self.fail(e, f"{where}: {_name(target)}{sig}: {err}")
+                return Inst(target) if inspect.isclass(target) else None  # one problem per call
         if inspect.isclass(target):  # keywords a constructor passes on through **kwargs to its bases
             accepted = _init_keywords(target)
             for n in names:
