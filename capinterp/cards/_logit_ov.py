@@ -1,6 +1,8 @@
-"""An attention head's OV circuit in low-rank factors: ``A = X W_V[h]^T`` ``[d_vocab, d_head]`` (the source
-tokens' values) and ``B`` ``[d_head, d_vocab]`` (each value coordinate's direct logit effect through
-``W_O[h]``), so that source ``s``'s logit effect is ``A[s] @ B`` (:mod:`capinterp.cards.logit_effect`)."""
+"""An attention head's OV circuit in low-rank factors, never a vocabulary x vocabulary matrix.
+
+``A = X W_V[h]^T`` ``[d_vocab, d_head]`` (the source tokens' values) and ``B`` ``[d_head, d_vocab]``
+(each value coordinate's direct logit effect through ``W_O[h]``), so that source ``s``'s logit
+effect is ``A[s] @ B`` (:mod:`capinterp.cards.logit_effect`)."""
 
 from __future__ import annotations
 
