@@ -50,6 +50,7 @@ __all__ = [
     "check_params",
     "check_value",
     "constructor_parameters",
+    "constructor_signature_parameters",
     "invalid_values",
     "parameter_constraints",
     "validates_params",
@@ -347,18 +348,24 @@ def parameter_constraints(cls: type) -> dict[str, Any]:
     return out
 
 
-def constructor_parameters(cls: type) -> list[str]:
-    """The keyword arguments ``cls(...)`` takes, over the constructors of its hierarchy (a
-    constructor's ``**kwargs`` passed on to its parent's); the model and ``self`` excluded."""
-    names: list[str] = []
+def constructor_signature_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The keyword parameters ``cls(...)`` takes, by name, over the constructors of its hierarchy
+    (a constructor's ``**kwargs`` passed on to its parent's; the first declaration of a name wins);
+    the model and ``self`` excluded."""
+    params: dict[str, inspect.Parameter] = {}
     for klass in cls.__mro__:
         init = vars(klass).get("__init__")
         if init is None or klass is object:
             continue
         for p in inspect.signature(init).parameters.values():
-            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", "model", *names):
-                names.append(p.name)
-    return names
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", "model", *params):
+                params[p.name] = p
+    return params
+
+
+def constructor_parameters(cls: type) -> list[str]:
+    """The names of :func:`constructor_signature_parameters`, in that order."""
+    return list(constructor_signature_parameters(cls))
 
 
 def invalid_values(spec: Any) -> list[Any]:

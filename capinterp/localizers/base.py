@@ -24,7 +24,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 from capinterp.arch.model import model_meta, move_model
 from capinterp.core import validate
-from capinterp.core.constraints import Boolean, Device, Interval, validates_params
+from capinterp.core.constraints import Boolean, Device, Interval, constructor_signature_parameters, validates_params
 from capinterp.core.protocol import Model
 from capinterp.units.base import KeySet
 
@@ -139,16 +139,9 @@ def available(**capabilities: Any) -> list[str]:
 def _merged_signature(cls: type) -> inspect.Signature:
     """``cls(model, *, ...)`` with every keyword its constructors take, a subclass's ``**kwargs``
     passed on to its parents' (so ``inspect.signature(KN)`` shows ``steps``, ``rule``, ``device``, ...)."""
-    params: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        init = vars(klass).get("__init__")
-        if init is None or klass is object:
-            continue
-        for p in inspect.signature(init).parameters.values():
-            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", "model", *params):
-                params[p.name] = p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    params = constructor_signature_parameters(cls).values()
     model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Model")
-    return inspect.Signature([model, *params.values()])
+    return inspect.Signature([model, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params)])
 
 
 class Localizer:
