@@ -1,6 +1,6 @@
 """Tokens per second of :func:`capinterp.cards.contexts.top_contexts` against a plain forward pass.
 
-    CAPINTERP_DATA=/work/shared/data .venv/bin/python benchmarks/bench_describe.py --model smollm2 --tokens 20000
+    CAPINTERP_DATA=/path/to/data .venv/bin/python benchmarks/bench_describe.py --model smollm2 --tokens 20000
 
 ``top_contexts`` for ``--neurons`` random neurons (seeded, over all layers) over texts holding about
 ``--tokens`` tokens (the data folder's texts, :func:`capinterp.data.corpus.local_texts`; generated
