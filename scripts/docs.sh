@@ -8,8 +8,6 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   bash scripts/setup.sh
 fi
-if ! .venv/bin/python -c "import mkdocs, mkdocstrings_handlers.python, material" 2>/dev/null; then
-  .venv/bin/python -m pip install -q -c constraints.txt -e ".[docs]"
-fi
+bash scripts/docs_deps.sh
 export NO_MKDOCS_2_WARNING=1   # silence mkdocs-material's banner about its successor
 exec .venv/bin/python -m mkdocs build --strict --site-dir site "$@"

@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/docs_deps.sh   # tests/test_new_localizer.py builds the site in a copy of the tree
 export CAPINTERP_THREADS=${CAPINTERP_THREADS:-1}
 # The browser test (tests/plots/test_browser.py) opens every page capinterp writes in Debian's
 # chromium; install it once (quietly) where it is missing. On CI (CI=true) a failed install stops here.
