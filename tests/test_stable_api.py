@@ -17,11 +17,11 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "api" / "stable.md"
 
 
 def _stated() -> dict[str, list[str]]:
-    """``{namespace: [names]}`` from the page: a ``## `namespace` `` heading, then its names in backticks."""
+    """``{namespace: [names]}`` from the page: a ``## Namespace `name` `` heading, then its names in backticks."""
     stated: dict[str, list[str]] = {}
     current = None
     for line in PAGE.read_text().splitlines():
-        heading = re.fullmatch(r"## `(capinterp(?:\.\w+)*)`.*", line)
+        heading = re.fullmatch(r"## Namespace `(capinterp(?:\.\w+)*)`", line)
         if heading:
             current = heading.group(1)
             stated[current] = []
