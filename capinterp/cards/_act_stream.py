@@ -100,16 +100,22 @@ class _Named:
 
 
 def stream(
-    model: Model, ids: list[list[int]], plan: Plan, batch_size: int, progress: bool
+    model: Model,
+    ids: list[list[int]],
+    read: Callable[[torch.Tensor], torch.Tensor],
+    batch_size: int,
+    progress: bool,
+    desc: str = "top contexts",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """``(acts [B, T, n], real [B, T], text_index [B])`` per batch of this rank's texts."""
+    """``(acts [B, T, n], real [B, T], text_index [B])`` per batch of this rank's texts, ``acts``
+    being ``read(tokens)`` (:func:`read_batch` for units of a hook; a layer's output norm)."""
     dev = torch.device(model.cfg.device)
     pad = pad_id(model.tokenizer)
     groups = batches_of(ids, batch_size)
-    for group in tqdm(groups, desc="top contexts", unit="batch", disable=not (progress and dist.is_main())):
+    for group in tqdm(groups, desc=desc, unit="batch", disable=not (progress and dist.is_main())):
         tokens, lengths = pad_right([ids[i] for i in group], pad)
         tokens, lengths = tokens.to(dev), lengths.to(dev)
         with torch.no_grad():
-            acts = read_batch(model, plan, tokens)
+            acts = read(tokens)
         real = torch.arange(tokens.shape[1], device=dev)[None] < lengths[:, None]
         yield acts, real, torch.tensor(group, dtype=torch.long, device=dev)

@@ -25,7 +25,7 @@ import torch
 
 from capinterp.arch.model import move_model, neuron_hook
 from capinterp.cards._act_stats import RunningStats
-from capinterp.cards._act_stream import Plan, encode_texts, stream
+from capinterp.cards._act_stream import Plan, encode_texts, read_batch, stream
 from capinterp.cards._act_topk import RunningTopK
 from capinterp.core import distributed as dist
 from capinterp.core import validate
@@ -95,10 +95,26 @@ def top_contexts(
     k = validate.positive_int("k", k)
     window = validate.nonneg_int("window", window)
     units, ids, plan = _prepare(model, neurons, texts, batch_size, max_tokens, hook, device)
+    return collect(model, units, ids, lambda t: read_batch(model, plan, t), k, window, batch_size, progress)
+
+
+def collect(
+    model: Model,
+    units: Sequence[tuple[int, int]],
+    ids: list[list[int]],
+    read: Callable[[torch.Tensor], torch.Tensor],
+    k: int,
+    window: int,
+    batch_size: int,
+    progress: bool,
+    desc: str = "top contexts",
+) -> list[UnitActivations]:
+    """Stream ``ids`` through ``read`` (``tokens -> [B, T, len(units)]``), keep each unit's running
+    top ``k`` and statistics, merge the ranks, and build the :class:`UnitActivations`."""
     dev = torch.device(model.cfg.device)
     best = RunningTopK(len(units), k, window, dev)
     stats = RunningStats(len(units), dev)
-    for acts, real, text_index in stream(model, ids, plan, batch_size, progress):
+    for acts, real, text_index in stream(model, ids, read, batch_size, progress, desc):
         best.add(acts, real, text_index)
         stats.add(acts[real])
     best.merge_ranks()
@@ -126,7 +142,7 @@ def activation_stats(
     """Each neuron's activation distribution over every real token of ``texts`` (see :func:`top_contexts`)."""
     units, ids, plan = _prepare(model, neurons, texts, batch_size, max_tokens, None, device)
     stats = RunningStats(len(units), torch.device(model.cfg.device))
-    for acts, real, _ in stream(model, ids, plan, batch_size, progress):
+    for acts, real, _ in stream(model, ids, lambda t: read_batch(model, plan, t), batch_size, progress):
         stats.add(acts[real])
     stats.merge_ranks()
     return [ActivationStats(**summary) for summary in stats.summaries()]

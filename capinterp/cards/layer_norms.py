@@ -13,17 +13,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from capinterp.arch.forward import capture
 from capinterp.arch.model import move_model
-from capinterp.cards._act_stats import RunningStats
-from capinterp.cards._act_stream import batches_of, encode_texts
-from capinterp.cards._act_topk import RunningTopK
-from capinterp.cards.contexts import ActivationStats, UnitActivations, _context
+from capinterp.cards._act_stream import encode_texts
+from capinterp.cards.contexts import UnitActivations, collect
 from capinterp.core import distributed as dist
 from capinterp.core.protocol import Model
-from capinterp.core.tokens import pad_id, pad_right
 
 __all__ = ["layer_norm_contexts", "mlp_out_hook"]
 
@@ -69,22 +65,7 @@ def layer_norm_contexts(
     ids = encode_texts(model, list(texts), max_tokens)
     move_model(model, device)
     dist.init(model.cfg.device)
-    dev = torch.device(model.cfg.device)
-    best, stats = RunningTopK(len(layers), k, window, dev), RunningStats(len(layers), dev)
-    pad = pad_id(model.tokenizer)
-    for group in tqdm(batches_of(ids, batch_size), desc="layer contexts", disable=not (progress and dist.is_main())):
-        tokens, lengths = pad_right([ids[i] for i in group], pad)
-        tokens, lengths = tokens.to(dev), lengths.to(dev)
-        with torch.no_grad():
-            acts = _norms(model, layers, tokens)
-        real = torch.arange(tokens.shape[1], device=dev)[None] < lengths[:, None]
-        best.add(acts, real, torch.tensor(group, dtype=torch.long, device=dev))
-        stats.add(acts[real])
-    best.merge_ranks()
-    stats.merge_ranks()
-    out = []
-    for j, layer in enumerate(layers):
-        kept = best.kept(j)
-        contexts = tuple(_context(model.tokenizer, ids[t], t, p, v, around, window) for v, t, p, around in kept)
-        out.append(UnitActivations((layer, -1), contexts, ActivationStats(**stats.summary(j))))
-    return out
+    units = [(layer, -1) for layer in layers]
+    return collect(
+        model, units, ids, lambda t: _norms(model, layers, t), k, window, batch_size, progress, "layer contexts"
+    )
