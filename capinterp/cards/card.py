@@ -50,10 +50,11 @@ def specificity(task: Any, corpus: Any) -> float | None:
 
 
 def unit_label(unit: Hashable, kind: str) -> str:
-    """A unit's short name: ``L3 N17`` for neuron (3, 17), ``layer 3`` for a layer."""
-    if kind == "neuron":
-        pair: Any = unit
-        return f"L{pair[0]} N{pair[1]}"
+    """A unit's short name: ``L3 N17`` for neuron (3, 17), ``L3 E5`` for expert (3, 5), ``L3 H5``
+    for head (3, 5), ``layer 3`` for a layer, ``{kind} {unit}`` otherwise."""
+    letter = {"neuron": "N", "expert": "E", "head": "H"}.get(kind)
+    if letter is not None and isinstance(unit, tuple) and len(unit) == 2:
+        return f"L{unit[0]} {letter}{unit[1]}"
     return f"{kind} {unit}"
 
 
@@ -96,7 +97,9 @@ class UnitCard:
     ``"layer"``; ``contexts`` the top activating contexts on the corpus (best first), ``stats``
     the corpus' activation statistics, ``task_stats`` the task prompts' (None without a task);
     ``effect`` the direct logit effect (None for a layer); ``score`` the attribution score (None
-    when the input carried none); ``ablation`` None when not ablated."""
+    when the input carried none); ``ablation`` None when not ablated; ``details`` the sections
+    only one unit kind has (an expert's routing, a head's attention and OV circuit, a circuit's
+    paths), JSON-ready, drawn by :func:`capinterp.cards.page.details_html`."""
 
     unit: Hashable
     kind: str
@@ -108,6 +111,7 @@ class UnitCard:
     effect: Any = None
     score: float | None = None
     ablation: dict[str, float] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -143,6 +147,7 @@ class UnitCard:
             "stats": _stats_dict(self.stats),
             "task_stats": _stats_dict(self.task_stats),
             "effect": _effect_dict(self.effect),
+            "details": dict(self.details),
         }
 
 

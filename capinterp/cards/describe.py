@@ -28,7 +28,7 @@ from capinterp.cards.inputs import Plan, resolve_texts, resolve_units
 from capinterp.core import validate
 from capinterp.core.example import Example
 
-__all__ = ["CHANCE_NEURONS", "DEFAULT_MAX_TOKENS", "ablation_effects", "describe"]
+__all__ = ["BUILDERS", "CHANCE_NEURONS", "DEFAULT_MAX_TOKENS", "ablation_effects", "describe"]
 
 #: Random neurons per layer (of the described neurons' layers) that make the specificity's chance level.
 CHANCE_NEURONS = 16
@@ -89,15 +89,15 @@ def describe(
     corpus, source = resolve_texts(texts, examples)
     _check_lengths(model, corpus, examples, max_tokens)
     run = {"batch_size": batch_size, "device": device, "max_tokens": max_tokens}
-    if plan.kind == "neuron":
-        cards = _neuron_cards(model, plan, corpus, examples, k=k, progress=progress, **run)
-    else:
-        cards = _layer_cards(model, plan, corpus, examples, k=k, progress=progress, **run)
+    cards = _builder(plan.kind)(model, plan, corpus, examples, k=k, progress=progress, **run)
     n_ablate = min(ablate, len(cards)) if examples is not None else 0
-    for card, effect in zip(
-        cards, ablation_effects(model, plan.kind, [c.unit for c in cards[:n_ablate]], examples, batch_size)
-    ):
-        card.ablation = effect
+    if plan.kind in ("neuron", "layer"):
+        for card, effect in zip(
+            cards, ablation_effects(model, plan.kind, [c.unit for c in cards[:n_ablate]], examples, batch_size)
+        ):
+            card.ablation = effect
+    else:  # the kind's builder ablates (or not) by itself
+        n_ablate = sum(c.ablation is not None for c in cards)
     meta = {
         "model": getattr(model, "capinterp_name", None),
         "input": plan.source,
@@ -111,6 +111,22 @@ def describe(
         "chance_neurons_per_layer": CHANCE_NEURONS if plan.kind == "neuron" else 0,
     }
     return Cards(cards, meta)
+
+
+#: Unit kind -> "module:function" building that kind's cards, for the kinds not built here; each
+#: takes ``(model, plan, corpus, examples, *, k, progress, batch_size, device, max_tokens)``.
+BUILDERS: dict[str, str] = {}
+
+
+def _builder(kind: str) -> Any:
+    import importlib
+
+    if kind == "neuron":
+        return _neuron_cards
+    if kind == "layer":
+        return _layer_cards
+    module, name = BUILDERS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _check_lengths(model: Any, corpus: list[str], examples: list[Example] | None, max_tokens: int | None) -> None:

@@ -151,9 +151,25 @@ def card_html(card: Any, i: int) -> str:
         parts.append(_token_list("promotes", card.effect.promoted, "pro"))
         parts.append(_token_list("suppresses", card.effect.suppressed, "sup"))
         parts.append(f'<div class="meta">{_e(card.effect.definition)}</div>')
+    parts.append(details_html(card))
     stats = _stats_block("on the corpus", card.stats, "#888") + _stats_block("on the task", card.task_stats, "#e08a00")
     parts.append(f'<div class="row">{stats}</div></div>')
     return "".join(parts)
+
+
+#: Unit kind -> "module:function" drawing that kind's ``card.details`` as HTML (imported when used).
+DETAIL_SECTIONS: dict[str, str] = {}
+
+
+def details_html(card: Any) -> str:
+    """The kind-specific sections of a card (``card.details``), or nothing for a kind without them."""
+    import importlib
+
+    where = DETAIL_SECTIONS.get(card.kind)
+    if not where or not card.details:
+        return ""
+    module, name = where.split(":")
+    return str(getattr(importlib.import_module(module), name)(card))
 
 
 HEADS = [
