@@ -177,7 +177,7 @@ def sample_prefixes(model: Model, n: int, n_tokens: int, seed: int = 0, top_k: i
     ids = torch.tensor([start] * n, device=dev)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(n_tokens):
-        logits = unembed(model, capture(model, ids, "ln_final.hook_in")[:, -1:])[:, 0].float().cpu()
+        logits = unembed(model, capture(model, ids, "ln_final.hook_in")[:, -1:].contiguous())[:, 0].float().cpu()
         top = logits.topk(top_k, dim=-1)
         pick = torch.multinomial(top.values.softmax(-1), 1, generator=gen)
         ids = torch.cat([ids, top.indices.gather(1, pick).to(dev)], dim=1)

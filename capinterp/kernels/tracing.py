@@ -341,4 +341,6 @@ def state_view(model: Model, kind: str, act: Tensor) -> Tensor:
 
 
 def _keep_last(act, hook):
-    return act[:, -1:]
+    """The last position only, contiguous: a strided ``act[:, -1:]`` makes PyTorch run the unembedding
+    as a batched matmul over per-row copies of W_U when the parameters do not require gradients."""
+    return act[:, -1:].contiguous()
