@@ -74,7 +74,7 @@ def load_result(spec: str) -> Any:
         return load(path)
     if kind == "KeySet":
         units = KeySet.load(path)
-        if units.kind == "layer":
+        if units.kind in ("layer", "expert"):
             return units
         kind = units.kind
     if kind is not None:

@@ -212,6 +212,20 @@ class ExpertBlock:
 
     # ---- the block's forward
 
+    def choices(self, routing: Any, n_tok: int) -> tuple[Tensor, Tensor, Any]:
+        """The router's output (``routing``, for ``n_tok`` tokens) as ``(weights, experts, extra)``:
+        each token's chosen experts and their router weights, ``[n_tok, top_k]`` each, and what the
+        block returns beside its output where it returns the router's scores."""
+        if len(routing) == 2:  # (scores over all experts, 0 where not chosen; logits): Llama 4's router
+            scores, extra = routing
+            weights, index = scores.reshape(n_tok, -1).topk(self.top_k, dim=-1)
+        elif len(routing) == 5:  # its choices grouped by expert: JetMoE's router
+            (weights, index), extra = _grouped_routing(routing, n_tok, self.top_k), None
+        else:  # (logits, the chosen experts' weights, their indices)
+            _, weights, index = routing
+            extra = weights
+        return weights.reshape(n_tok, -1), index.reshape(n_tok, -1), extra
+
     def forward(self, hook: torch.nn.Module, hidden_states: Tensor, input_ids: Tensor | None = None) -> Any:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
@@ -229,15 +243,7 @@ class ExpertBlock:
                 "run the model on token ids"
             )
         routing = self.router(r_in, *extra_in, **({_BY_TOKEN: input_ids} if self.by_token else {}))
-        if len(routing) == 2:  # (scores over all experts, 0 where not chosen; logits): Llama 4's router
-            scores, extra = routing
-            weights, index = scores.reshape(x.shape[0], -1).topk(self.top_k, dim=-1)
-        elif len(routing) == 5:  # its choices grouped by expert: JetMoE's router
-            (weights, index), extra = _grouped_routing(routing, x.shape[0], self.top_k), None
-        else:  # (logits, the chosen experts' weights, their indices)
-            _, weights, index = routing
-            extra = weights
-        weights, index = weights.reshape(x.shape[0], -1), index.reshape(x.shape[0], -1)
+        weights, index, extra = self.choices(routing, x.shape[0])
         n_tok, width = x.shape[0], self.n_experts * self.d_expert
         xe = x if self.latent is None else self.latent[0](x)  # the routed experts' input
         if self.branches is not None:  # the norms run on [batch, pos, d_model], as their hooks show it

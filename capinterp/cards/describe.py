@@ -115,7 +115,9 @@ def describe(
 
 #: Unit kind -> "module:function" building that kind's cards, for the kinds not built here; each
 #: takes ``(model, plan, corpus, examples, *, k, progress, batch_size, device, max_tokens)``.
-BUILDERS: dict[str, str] = {}
+BUILDERS: dict[str, str] = {
+    "expert": "capinterp.cards.experts:expert_cards",
+}
 
 
 def _builder(kind: str) -> Any:

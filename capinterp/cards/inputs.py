@@ -24,7 +24,6 @@ __all__ = ["PLANNED", "TEXT_SUFFIXES", "Plan", "builtin_texts", "read_texts", "r
 TEXT_SUFFIXES = (".txt", ".jsonl")
 #: Unit kinds the issue plans cards for that are not built yet: what each still needs.
 PLANNED = {
-    "expert": "expert cards (routing frequency by token, top routed tokens and contexts, the expert's logit effect)",
     "head": "head cards (attention patterns on the top contexts, the OV circuit's promoted tokens)",
     "edge": "edge and circuit cards (the strongest input-to-logit paths, each node's card)",
     "node": "edge and circuit cards (the strongest input-to-logit paths, each node's card)",
@@ -65,7 +64,11 @@ def _neuron_scores(scores: NeuronScores, keys: Sequence[tuple[int, int]]) -> dic
 
 def _from_localizer(model: Any, loc: Any, top: int, across: bool) -> Plan:
     kind = type(loc).unit_kind
-    if kind in PLANNED or kind not in ("neuron", "layer"):
+    if kind == "expert" and getattr(loc, "units_", None) is not None:
+        from capinterp.cards.experts import expert_plan
+
+        return expert_plan(model, loc.units_, top, source=f"fitted {type(loc).__name__}", across_models=across)
+    if kind in PLANNED or kind not in ("neuron", "layer", "expert"):
         raise _planned(kind)
     units = getattr(loc, "units_", None)
     if units is None:
@@ -108,6 +111,10 @@ def resolve_units(model: Any, units: Any, top: int, *, across_models: bool = Fal
         if not keys:
             raise ValueError("the NeuronSet is empty: nothing to describe")
         return Plan("neuron", _ranked(keys, None, top), None, len(keys), "NeuronSet")
+    if isinstance(units, KeySet) and units.kind == "expert":
+        from capinterp.cards.experts import expert_plan
+
+        return expert_plan(model, units, top, across_models=across)
     if isinstance(units, KeySet):
         if units.kind != "layer":
             raise _planned(units.kind)

@@ -158,7 +158,9 @@ def card_html(card: Any, i: int) -> str:
 
 
 #: Unit kind -> "module:function" drawing that kind's ``card.details`` as HTML (imported when used).
-DETAIL_SECTIONS: dict[str, str] = {}
+DETAIL_SECTIONS: dict[str, str] = {
+    "expert": "capinterp.cards.experts:expert_details_html",
+}
 
 
 def details_html(card: Any) -> str:
