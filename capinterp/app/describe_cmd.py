@@ -72,13 +72,17 @@ def load_result(spec: str) -> Any:
     kind = stored_type(path)
     if kind in ("NeuronScores", "NeuronSet"):
         return load(path)
+    if kind == "Circuit":  # its strongest paths and their nodes (capinterp.cards.circuits)
+        from capinterp.circuits.graph import Circuit
+
+        return Circuit.load(path)
     if kind == "KeySet":
         units = KeySet.load(path)
-        if units.kind in ("layer", "expert"):
+        if units.kind in ("layer", "edge", "node", "expert"):
             return units
         kind = units.kind
     if kind is not None:
-        what = PLANNED.get(kind, PLANNED["edge"])
+        what = PLANNED.get(kind, f"cards of {kind} units")
         raise ValueError(f"--result {spec!r} holds {kind} units: {what} are planned, not built yet")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))

@@ -25,8 +25,6 @@ TEXT_SUFFIXES = (".txt", ".jsonl")
 #: Unit kinds the issue plans cards for that are not built yet: what each still needs.
 PLANNED = {
     "head": "head cards (attention patterns on the top contexts, the OV circuit's promoted tokens)",
-    "edge": "edge and circuit cards (the strongest input-to-logit paths, each node's card)",
-    "node": "edge and circuit cards (the strongest input-to-logit paths, each node's card)",
 }
 
 
@@ -64,6 +62,10 @@ def _neuron_scores(scores: NeuronScores, keys: Sequence[tuple[int, int]]) -> dic
 
 def _from_localizer(model: Any, loc: Any, top: int, across: bool) -> Plan:
     kind = type(loc).unit_kind
+    if kind in ("edge", "node"):  # a circuit localizer: its circuit_ (capinterp.cards.circuits)
+        from capinterp.cards.circuits import circuit_plan
+
+        return circuit_plan(model, loc, top, across_models=across)
     if kind == "expert" and getattr(loc, "units_", None) is not None:
         from capinterp.cards.experts import expert_plan
 
@@ -99,6 +101,10 @@ def resolve_units(model: Any, units: Any, top: int, *, across_models: bool = Fal
     across = across_models
     if isinstance(units, Localizer):
         return _from_localizer(model, units, top, across_models)
+    from capinterp.cards.circuits import circuit_plan, is_circuit
+
+    if is_circuit(units):  # a Circuit, an edge or node KeySet
+        return circuit_plan(model, units, top, across_models=across)
     if isinstance(units, NeuronScores):
         units.check_model(model, across_models=across)
         n_real = int(units.valid.sum())

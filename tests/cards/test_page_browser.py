@@ -87,3 +87,48 @@ def test_cards_table_sorts_by_a_click(seen):
     assert probe["before"] == pytest.approx([c.specificity for c in cards], rel=1e-4)
     assert probe["up"] == sorted(probe["before"]) and probe["down"] == sorted(probe["before"], reverse=True)
     assert probe["up"] != probe["before"]  # the click changed the order (the input is ranked by score)
+
+
+# Circuit cards: every link of a path card leads to a card on the page, and the page still fits.
+CIRCUIT_PROBE = """<script>
+window.addEventListener('load', function () { setTimeout(function () {
+  var links = Array.from(document.querySelectorAll('.card a[href^="#card-"]'));
+  var probe = {
+    pageWidth: document.documentElement.scrollWidth, viewWidth: window.innerWidth,
+    cards: document.querySelectorAll('.card').length, links: links.length,
+    broken: links.filter(function (a) { return !document.getElementById(a.getAttribute('href').slice(1)); }).length,
+    chains: document.querySelectorAll('.card .toks a.t').length
+  };
+  document.body.setAttribute('data-probe', JSON.stringify(probe));
+}, 300); });
+</script>"""
+
+
+def test_circuit_cards_page_links_every_node(tiny):
+    if browser.chromium() is None:
+        if ON_CI:
+            pytest.fail("chromium is missing on CI: scripts/test.sh installs Debian's chromium package")
+        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it and runs this test")
+    from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
+
+    facts = [
+        ci.Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
+        ci.Example("Berlin is the capital of", " Germany", {"subject": "Berlin"}),
+    ]
+    kc = KnowledgeCircuit(tiny, algorithm="eap", top_n=30, progress=False).fit(facts)
+    texts = ["The cat sat on the mat.", "<b>bold</b> & 'quotes'", "Rome is in Italy."]
+    cards = ci.describe(tiny, kc, texts, task=facts, top=3, k=2, progress=False)
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = cards.save(OUT / "circuit_cards.html")
+    source = path.read_text(encoding="utf-8")
+    cut = source.rfind("</body>")
+    path.write_text(source[:cut] + CIRCUIT_PROBE + source[cut:], encoding="utf-8")
+    page = browser.open_page(path, OUT / "circuit_cards.png")
+    m = re.search(r'data-probe="([^"]*)"', page.dom)
+    probe = json.loads(html.unescape(m.group(1))) if m else {}
+    assert probe, "the page's scripts did not run to the end (no probe in the DOM)"
+    assert not page.console, page.console
+    assert probe["pageWidth"] <= probe["viewWidth"], probe
+    assert probe["cards"] == len(cards) > 3 and probe["broken"] == 0
+    assert probe["chains"] == sum(len(c.details["node_cards"]) for c in cards if c.kind == "path") > 0
+    assert page.ink() > 0.02
