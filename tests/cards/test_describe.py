@@ -131,7 +131,7 @@ def test_texts_from_files_and_by_default(tiny, tmp_path, task):
         ("other_model", TEXTS, {}, ValueError, "made for model"),
         ("wrong_shape", TEXTS, {}, ValueError, "layers"),
         ("edges", TEXTS, {}, NotImplementedError, "edge"),
-        ("experts", TEXTS, {}, NotImplementedError, "expert"),
+        ("experts", TEXTS, {}, ValueError, "dense FFNs: it has no experts"),
         ("unfitted", TEXTS, {}, ValueError, "not fitted"),
         ("junk", TEXTS, {}, TypeError, "NeuronSet, NeuronScores"),
         ("set", ["x " * 5000], {}, ValueError, "context"),
