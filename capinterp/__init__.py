@@ -34,6 +34,7 @@ from capinterp.interventions import (
     scale,
     scale_attention,
 )
+from capinterp.interventions.certify import Certificate, certify
 from capinterp.kernels.evaluate import EvalResult, evaluate
 from capinterp.kernels.ig_config import ADAPTIVE, CLOSED_FORM, GAUSS_LEGENDRE, PAPERS, IGConfig
 from capinterp.localizers.amig import AMIG
@@ -59,6 +60,7 @@ __all__ = [
     "PAPERS",
     "SIG",
     "CausalTrace",
+    "Certificate",
     "EvalResult",
     "Example",
     "Faithfulness",
@@ -79,6 +81,7 @@ __all__ = [
     "__version__",
     "amplify",
     "attention_scaling",
+    "certify",
     "circuits",
     "data",
     "describe",
