@@ -117,6 +117,7 @@ def describe(
 #: takes ``(model, plan, corpus, examples, *, k, progress, batch_size, device, max_tokens)``.
 BUILDERS: dict[str, str] = {
     "expert": "capinterp.cards.experts:expert_cards",
+    "head": "capinterp.cards.heads:head_cards",
     "edge": "capinterp.cards.circuits:circuit_cards",
     "node": "capinterp.cards.circuits:circuit_cards",
 }

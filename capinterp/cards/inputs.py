@@ -23,9 +23,7 @@ __all__ = ["PLANNED", "TEXT_SUFFIXES", "Plan", "builtin_texts", "read_texts", "r
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 #: Unit kinds the issue plans cards for that are not built yet: what each still needs.
-PLANNED = {
-    "head": "head cards (attention patterns on the top contexts, the OV circuit's promoted tokens)",
-}
+PLANNED: dict[str, str] = {}
 
 
 @dataclass
@@ -66,11 +64,15 @@ def _from_localizer(model: Any, loc: Any, top: int, across: bool) -> Plan:
         from capinterp.cards.circuits import circuit_plan
 
         return circuit_plan(model, loc, top, across_models=across)
+    if kind == "head" and getattr(loc, "units_", None) is not None:
+        from capinterp.cards.heads import head_keys
+
+        return Plan("head", *head_keys(model, loc.units_, top, source=f"fitted {type(loc).__name__}"))
     if kind == "expert" and getattr(loc, "units_", None) is not None:
         from capinterp.cards.experts import expert_plan
 
         return expert_plan(model, loc.units_, top, source=f"fitted {type(loc).__name__}", across_models=across)
-    if kind in PLANNED or kind not in ("neuron", "layer", "expert"):
+    if kind in PLANNED or kind not in ("neuron", "layer", "head", "expert"):
         raise _planned(kind)
     units = getattr(loc, "units_", None)
     if units is None:
@@ -117,6 +119,12 @@ def resolve_units(model: Any, units: Any, top: int, *, across_models: bool = Fal
         if not keys:
             raise ValueError("the NeuronSet is empty: nothing to describe")
         return Plan("neuron", _ranked(keys, None, top), None, len(keys), "NeuronSet")
+    if (isinstance(units, KeySet) and units.kind == "head") or getattr(units, "ndim", None) == 2:
+        from capinterp.cards.heads import head_keys  # a head KeySet, or head scores [n_layers, n_heads]
+
+        if isinstance(units, KeySet):
+            units.check_model(model, across_models=across)
+        return Plan("head", *head_keys(model, units, top))
     if isinstance(units, KeySet) and units.kind == "expert":
         from capinterp.cards.experts import expert_plan
 

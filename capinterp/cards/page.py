@@ -160,6 +160,7 @@ def card_html(card: Any, i: int) -> str:
 #: Unit kind -> "module:function" drawing that kind's ``card.details`` as HTML (imported when used).
 DETAIL_SECTIONS: dict[str, str] = {
     "expert": "capinterp.cards.experts:expert_details_html",
+    "head": "capinterp.cards.heads:head_details_html",
     "path": "capinterp.cards.circuits:circuit_section",
     "node": "capinterp.cards.circuits:circuit_section",
 }
