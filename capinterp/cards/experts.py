@@ -38,6 +38,7 @@ __all__ = ["ABLATE", "MIN_COUNT", "expert_cards", "expert_details_html", "expert
 
 #: The top-ranked expert cards ablated one at a time when a task is given.
 ABLATE = 10
+_NONE = '<span class="meta">none</span>'
 #: Occurrences a token needs in the corpus to enter an expert's top tokens by rate.
 MIN_COUNT = 5
 
@@ -211,5 +212,5 @@ def expert_details_html(card: Any) -> str:
             f"<small>{c} · {_num(rate, '.2f')}</small></span>"
             for t, c, rate in rows
         )
-        parts.append(f'<div class="label">{_e(title)}</div><div class="toks">{items or "none"}</div>')
+        parts.append(f'<div class="label">{_e(title)}</div><div class="toks">{items or _NONE}</div>')
     return "".join(parts)

@@ -132,3 +132,47 @@ def test_circuit_cards_page_links_every_node(tiny):
     assert probe["cards"] == len(cards) > 3 and probe["broken"] == 0
     assert probe["chains"] == sum(len(c.details["node_cards"]) for c in cards if c.kind == "path") > 0
     assert page.ink() > 0.02
+
+
+# Expert cards: each card draws its routing section (frequency, top routed tokens by count and by rate).
+EXPERT_PROBE = """<script>
+window.addEventListener('load', function () { setTimeout(function () {
+  var labels = Array.from(document.querySelectorAll('.card .label')).map(function (l) { return l.textContent; });
+  var probe = {
+    pageWidth: document.documentElement.scrollWidth, viewWidth: window.innerWidth,
+    cards: document.querySelectorAll('.card').length, focus: document.querySelectorAll('.tok.focus').length,
+    routing: labels.filter(function (t) { return t === 'routing'; }).length,
+    routedTokens: document.querySelectorAll('.card .toks span.t small').length
+  };
+  document.body.setAttribute('data-probe', JSON.stringify(probe));
+}, 300); });
+</script>"""
+
+
+def test_expert_cards_page_draws_routing(tiny):
+    if browser.chromium() is None:
+        if ON_CI:
+            pytest.fail("chromium is missing on CI: scripts/test.sh installs Debian's chromium package")
+        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it and runs this test")
+    from moe_tiny import load_tiny_moe
+
+    model = load_tiny_moe("qwen2_moe")[0]
+    texts = ["The cat sat on the mat.", "1+2=3 and 4+5=9", "<b>bold</b> & 'quotes'", "Rome is in Italy."]
+    units = ci.KeySet([(0, 1), (1, 2), (1, "shared")], "expert")
+    cards = ci.describe(model, units, texts, task=ci.data.arithmetic(ops="+", n=3), k=3, progress=False)
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = cards.save(OUT / "expert_cards.html")
+    source = path.read_text(encoding="utf-8")
+    cut = source.rfind("</body>")
+    path.write_text(source[:cut] + EXPERT_PROBE + source[cut:], encoding="utf-8")
+    page = browser.open_page(path, OUT / "expert_cards.png")
+    m = re.search(r'data-probe="([^"]*)"', page.dom)
+    probe = json.loads(html.unescape(m.group(1))) if m else {}
+    assert probe, "the page's scripts did not run to the end (no probe in the DOM)"
+    assert not page.console, page.console
+    assert probe["pageWidth"] <= probe["viewWidth"], probe
+    assert probe["cards"] == probe["routing"] == len(cards) == 3
+    assert probe["focus"] == sum(len(c.contexts) for c in cards) > 0
+    shown = sum(len(c.details["by_count"]) + len(c.details["by_rate"]) for c in cards)
+    assert probe["routedTokens"] == shown > 0
+    assert page.ink() > 0.02
