@@ -216,7 +216,7 @@ def cmd_localize(args) -> int:
 
     cls = get(args.method)
     kwargs = _localizer_kwargs(args, cls)  # a bad option for this method is refused before loading
-    if args.cards and cls.unit_kind not in ("neuron", "layer", "edge", "expert"):
+    if args.cards and cls.unit_kind not in ("neuron", "layer", "edge", "expert", "head"):
         raise ValueError(f"--cards: cards of {cls.unit_kind} units are not built yet; neuron and layer methods take it")
     if cls.unit_kind != "neuron":  # causal tracing and circuits corrupt the subject's tokens
         _need_subjects(cls.name, args.dataset)

@@ -78,7 +78,7 @@ def load_result(spec: str) -> Any:
         return Circuit.load(path)
     if kind == "KeySet":
         units = KeySet.load(path)
-        if units.kind in ("layer", "edge", "node", "expert"):
+        if units.kind in ("layer", "edge", "node", "expert", "head"):
             return units
         kind = units.kind
     if kind is not None:

@@ -202,3 +202,19 @@ def test_bad_heads_are_refused_before_any_forward(tiny, units, match):
     with ForwardCounter(tiny) as fc, pytest.raises(ValueError, match=match):
         describe(tiny, units, TEXTS, progress=False)
     assert fc.n == 0
+
+
+def test_describe_cli_reads_a_saved_head_keyset(tmp_path, capsys):
+    import json
+
+    from capinterp.app.cli import main
+    from capinterp.arch.model import load_model, model_meta
+
+    ci.KeySet([(1, 2), (0, 3)], kind="head", meta=model_meta(load_model("tiny"))).save(tmp_path / "heads.json")
+    (tmp_path / "t.txt").write_text("\n\n".join(TEXTS))
+    argv = ["describe", "--model", "tiny", "--result", str(tmp_path / "heads.json"), "--texts", str(tmp_path / "t.txt")]
+    assert main([*argv, "--k", "2", "--out", str(tmp_path / "o")]) == 0
+    assert json.loads(capsys.readouterr().out)["units"] == ["L0 H3", "L1 H2"]
+    cards = json.loads((tmp_path / "o" / "cards.json").read_text())["cards"]
+    assert [c["kind"] for c in cards] == ["head", "head"] and len(cards[0]["details"]["attention"]) == 2
+    assert "top source tokens" in (tmp_path / "o" / "cards.html").read_text(encoding="utf-8")
