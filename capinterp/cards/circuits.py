@@ -34,7 +34,7 @@ from typing import Any
 
 from capinterp.cards.card import UnitCard
 from capinterp.cards.circuit_paths import SCORE_DEFINITION, CircuitPath, strongest_paths
-from capinterp.cards.inputs import Plan
+from capinterp.cards.plan import Plan
 from capinterp.core.example import Example
 
 __all__ = ["ABLATE_NODES", "CircuitPlan", "circuit_cards", "circuit_plan", "circuit_section", "is_circuit"]
@@ -48,7 +48,7 @@ _HEAD = re.compile(r"a(\d+)\.h(\d+)$")
 
 @dataclass
 class CircuitPlan(Plan):
-    """A :class:`~capinterp.cards.inputs.Plan` for a circuit: ``keys`` are the strongest paths
+    """A :class:`~capinterp.cards.plan.Plan` for a circuit: ``keys`` are the strongest paths
     (kind ``"edge"``) or the node names (kind ``"node"``); ``circuit`` the Circuit (None for nodes)."""
 
     circuit: Any = None

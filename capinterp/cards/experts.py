@@ -51,7 +51,7 @@ def expert_plan(model: Any, units: Any, top: int, *, source: str = "expert KeySe
     """The :class:`capinterp.cards.inputs.Plan` of an expert KeySet: its ``(layer, expert)`` keys by
     layer, then expert (a shared expert last), at most ``top``. ValueError for a dense model, an
     empty set, a set made for another model, or a key outside the model's expert layers and experts."""
-    from capinterp.cards.inputs import Plan
+    from capinterp.cards.plan import Plan
     from capinterp.units.base import KeySet
     from capinterp.units.experts import _checked_keys, moe_of
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from capinterp.cards.plan import Plan
 from capinterp.core.example import Example
 from capinterp.units.base import KeySet
 from capinterp.units.neurons import NeuronScores, NeuronSet
@@ -24,19 +24,6 @@ __all__ = ["PLANNED", "TEXT_SUFFIXES", "Plan", "builtin_texts", "read_texts", "r
 TEXT_SUFFIXES = (".txt", ".jsonl")
 #: Unit kinds the issue plans cards for that are not built yet: what each still needs.
 PLANNED: dict[str, str] = {}
-
-
-@dataclass
-class Plan:
-    """The units to describe: ``kind`` ("neuron" or "layer"), ``keys`` in rank order (already cut
-    to ``top``), ``scores`` (key -> attribution score, None when the input has none), ``n_total``
-    (units the input held) and ``source`` (what the input was, for the cards' meta)."""
-
-    kind: str
-    keys: list[Any]
-    scores: dict[Any, float] | None
-    n_total: int
-    source: str
 
 
 def _planned(kind: str) -> NotImplementedError:
