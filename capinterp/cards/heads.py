@@ -193,8 +193,8 @@ def head_details_html(card: Any) -> str:
         scale = max(a["weights"]) if a["weights"] else 0.0
         top = ", ".join(f"{t['token']!r}@{t['position']} {_num(t['weight'], '.2f')}" for t in a["top"])
         note = f"earlier sources {_num(a['outside'], '.2f')}; top: {top}" if a["outside"] > 0 else f"top: {top}"
-        parts.append(snippet(ctx, scale if math.isfinite(scale) else 0.0))
-        parts.append(f'<div class="meta">{_e(note)}</div>')
+        strip = snippet(ctx, scale if math.isfinite(scale) else 0.0)
+        parts.append(f'<div class="attn">{strip}<div class="meta">{_e(note)}</div></div>')
     srcs = card.details.get("sources", [])
     if srcs:
         rows = [(s["token"], s["id"], s["weight"]) for s in srcs]

@@ -176,3 +176,48 @@ def test_expert_cards_page_draws_routing(tiny):
     shown = sum(len(c.details["by_count"]) + len(c.details["by_rate"]) for c in cards)
     assert probe["routedTokens"] == shown > 0
     assert page.ink() > 0.02
+
+
+# Head cards: each top context's attention strip (weights as background, destination outlined).
+HEAD_PROBE = """<script>
+window.addEventListener('load', function () { setTimeout(function () {
+  var strips = Array.from(document.querySelectorAll('.card .attn .snip'));
+  var probe = {
+    pageWidth: document.documentElement.scrollWidth, viewWidth: window.innerWidth,
+    cards: document.querySelectorAll('.card').length, focus: document.querySelectorAll('.tok.focus').length,
+    strips: strips.length,
+    stripFocus: strips.filter(function (s) { return s.querySelectorAll('.tok.focus').length === 1; }).length,
+    coloured: strips.filter(function (s) { return Array.from(s.querySelectorAll('.tok')).some(function (t) {
+      return !/rgba\\(\\d+, \\d+, \\d+, 0\\)/.test(getComputedStyle(t).backgroundColor); }); }).length,
+    sources: document.querySelectorAll('.card .toks.src span.t').length
+  };
+  document.body.setAttribute('data-probe', JSON.stringify(probe));
+}, 300); });
+</script>"""
+
+
+def test_head_cards_page_draws_attention_strips(tiny):
+    if browser.chromium() is None:
+        if ON_CI:
+            pytest.fail("chromium is missing on CI: scripts/test.sh installs Debian's chromium package")
+        pytest.skip("chromium is not installed (apt-get install chromium); CI installs it and runs this test")
+    texts = ["The cat sat on the mat.", "1+2=3 and 4+5=9", "<b>bold</b> & 'quotes'", "Rome is in Italy."]
+    units = ci.KeySet([(0, 1), (2, 3), (3, 0)], "head")
+    cards = ci.describe(tiny, units, texts, task=ci.data.arithmetic(ops="+", n=3), k=3, progress=False)
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = cards.save(OUT / "head_cards.html")
+    source = path.read_text(encoding="utf-8")
+    cut = source.rfind("</body>")
+    path.write_text(source[:cut] + HEAD_PROBE + source[cut:], encoding="utf-8")
+    page = browser.open_page(path, OUT / "head_cards.png")
+    m = re.search(r'data-probe="([^"]*)"', page.dom)
+    probe = json.loads(html.unescape(m.group(1))) if m else {}
+    assert probe, "the page's scripts did not run to the end (no probe in the DOM)"
+    assert not page.console, page.console
+    assert probe["pageWidth"] <= probe["viewWidth"], probe
+    assert probe["cards"] == len(cards) == 3
+    n_strips = sum(len(c.details["attention"]) for c in cards)
+    assert probe["strips"] == probe["stripFocus"] == probe["coloured"] == n_strips == 9
+    assert probe["focus"] == sum(len(c.contexts) for c in cards) + n_strips
+    assert probe["sources"] == sum(len(c.details["sources"]) for c in cards) > 0
+    assert page.ink() > 0.02
