@@ -52,36 +52,30 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import numpy as np
 
-    from capinterp.interventions.certify_coverage import coverage, min_coverage, synthetic_population, table
+    from capinterp.interventions.certify_coverage import coverage, synthetic_population, table
 
     t, d = args.trials, args.delta
     x, sc, lx = planted_population()
     rows = []
     for tau in (1e-4, 1e-5):
         for budget in (32, 128):
-            for strata in (1, 3):
-                rows.append(
-                    coverage(
-                        x, sc, budget=budget, tau=tau, delta=d, strata=strata, trials=t, setting="tiny planted neurons"
-                    )
-                )
-    rows.append(
-        coverage(lx, np.zeros(len(lx)), budget=2, tau=1e-3, delta=d, strata=1, trials=t, setting="tiny planted layers")
-    )
-    gx, gs = synthetic_population(36864, 40, 0.05, seed=1)
-    for budget in (256, 1024, 4096):
-        for strata in (1, 3):
-            rows.append(
-                coverage(gx, gs, budget=budget, tau=0.01, delta=d, strata=strata, trials=t, setting="synthetic 36864")
-            )
+            for strata, top in ((1, 0), (3, 0), (1, budget // 2)):
+                row = coverage(x, sc, budget=budget, tau=tau, delta=d, strata=strata, top=top, trials=t)
+                rows.append({**row, "setting": "tiny planted neurons"})
+    rows.append(coverage(lx, np.zeros(len(lx)), budget=2, tau=1e-3, delta=d, trials=t, setting="tiny planted layers"))
+    for hits in (40, 400):
+        gx, gs = synthetic_population(36864, hits, 0.05, seed=1)
+        for budget in (256, 1024, 4096):
+            for strata, top in ((1, 0), (3, 0), (1, budget // 2)):
+                row = coverage(gx, gs, budget=budget, tau=0.01, delta=d, strata=strata, top=top, trials=t)
+                rows.append({**row, "setting": f"synthetic 36864, {hits} hits"})
     hx, hs = synthetic_population(1000, 30, 0.5, seed=2, informative=False)
     for delta in (d, 0.2):
-        rows.append(coverage(hx, hs, budget=100, tau=0.01, delta=delta, strata=1, trials=t, setting="synthetic tight"))
+        rows.append(coverage(hx, hs, budget=100, tau=0.01, delta=delta, trials=t, setting="synthetic tight"))
     frame = table(rows)
     cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
     for line in [list(frame.columns), ["---"] * len(frame.columns), *cells]:
         print("| " + " | ".join(line) + " |")
-    print(f"\nlowest coverage allowed at delta={d} over {t} trials (3 binomial s.e.): {min_coverage(d, t):.4f}")
     return 0
 
 

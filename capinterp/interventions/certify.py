@@ -141,12 +141,13 @@ def _keep(model: Model, kind: str, ids: np.ndarray) -> torch.Tensor:
     return keep.view(-1, L, d) if kind == "neuron" else keep[:, :, None].expand(-1, L, d).contiguous()
 
 
-def _check(budget: Any, tau: Any, delta: Any, strata: Any, ablation: Any, absolute: Any, seed: Any) -> tuple:
+def _check(budget: Any, tau: Any, delta: Any, strata: Any, top: Any, ablation: Any, absolute: Any, seed: Any) -> tuple:
     return (
         validate.positive_int("budget", budget),
         validate.probability("tau", tau, high_open=True),
         validate.finite_float("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True),
         validate.positive_int("strata", strata),
+        validate.nonneg_int("top", top),
         validate.choice("ablation", ablation, ABLATIONS[:2]),
         validate.boolean("absolute", absolute),
         validate.nonneg_int("seed", seed),
@@ -163,6 +164,7 @@ def certify(
     delta: float = 0.05,
     scores: Any = None,
     strata: int = 1,
+    top: int = 0,
     ablation: str = "zero",
     absolute: bool = False,
     seed: int = 0,
@@ -175,16 +177,21 @@ def certify(
     ``[n_layers, d_mlp]`` or ``[n_layers]`` tensor, or None: one uniform stratum). ``tau`` in [0, 1):
     the effect (a drop of p(target)) that counts as missed; ``delta``: the error probability of
     each bound; ``strata``: 1 (the default: one uniform sample) or more score strata (geometric sizes, equal budget:
-    the higher, the denser; tighter only where the misses sit among the outside units' top scores);
+    the higher, the denser); ``top``: the ``top`` best-scored outside units are patched whole (out of
+    the budget; tighter where the misses sit among the outside units' top scores);
     ``ablation``: ``"zero"`` or ``"mean"`` (mean over ``data``). With ``budget`` at least the number
     of outside units every unit is patched and the bounds are the exact values.
     """
     validate.model(model)
-    budget, tau, delta, strata, ablation, absolute, seed = _check(budget, tau, delta, strata, ablation, absolute, seed)
+    budget, tau, delta, strata, top, ablation, absolute, seed = _check(
+        budget, tau, delta, strata, top, ablation, absolute, seed
+    )
     items = encode(model, validate.examples(data, need_target=True))
     kind, inside, s, ids, had_scores = _units(model, located, scores)
+    if not had_scores and (strata > 1 or top):
+        raise ValueError("strata > 1 and top > 0 rank the outside units by score: pass scores= (or a fitted localizer)")
     outside = np.flatnonzero(~inside)
-    p = plan(s[outside], budget, strata if had_scores else 1)
+    p = plan(s[outside], budget, strata, top)
     picked = draw(p, np.random.default_rng(seed))
     units = ids[outside[np.concatenate(picked)]] if picked else np.zeros(0, dtype=int)
     vals = ablated_metric(model, items, _keep(model, kind, units), ablation=ablation, batch_size=batch_size)

@@ -55,20 +55,22 @@ def _strata_sizes(n: int, strata: int) -> list[int]:
     return [int(s) for s in sizes if s > 0]
 
 
-def plan(scores: np.ndarray, budget: int, strata: int = 3) -> Plan:
-    """The sampling plan for ``len(scores)`` outside units: strata by |score| (ties by position),
-    the budget split equally over the strata, a full stratum's unused share going to the others; so a
-    higher stratum, being smaller, is sampled more densely. Depends on the scores only, never on
-    an effect, which the bounds' validity needs."""
+def plan(scores: np.ndarray, budget: int, strata: int = 1, top: int = 0) -> Plan:
+    """The sampling plan for ``len(scores)`` outside units, by |score| (ties by position), best
+    first: the ``top`` best units form a stratum patched whole (exact, no uncertainty), and the
+    rest are split into ``strata`` geometric strata (:func:`_strata_sizes`) sharing the remaining
+    budget equally, a full stratum's unused share going to the others (so a higher stratum, being
+    smaller, is sampled more densely). Depends on the scores only, never on an effect, which the
+    bounds' validity needs."""
     s = np.abs(np.asarray(scores, dtype=float))
     n = len(s)
-    if n == 0:
-        return Plan((), ())
     order = np.lexsort((np.arange(n), -s))  # best first, stable
-    sizes = _strata_sizes(n, strata)
-    members = tuple(np.split(order, np.cumsum(sizes)[:-1]))
+    head = min(int(top), int(budget), n)
+    rest = order[head:]
+    sizes = _strata_sizes(len(rest), strata) if len(rest) else []
+    members = ((order[:head],) if head else ()) + tuple(np.split(rest, np.cumsum(sizes)[:-1]) if sizes else ())
     take = [0] * len(sizes)
-    left = min(int(budget), n)
+    left = min(int(budget) - head, len(rest))
     while left > 0:  # water-filling: equal shares, capped at each stratum's size
         open_ = [h for h in range(len(sizes)) if take[h] < sizes[h]]
         share = max(1, left // len(open_))
@@ -78,7 +80,7 @@ def plan(scores: np.ndarray, budget: int, strata: int = 3) -> Plan:
             left -= add
             if left == 0:
                 break
-    return Plan(members, tuple(take))
+    return Plan(members, ((head,) if head else ()) + tuple(take))
 
 
 def draw(p: Plan, rng: np.random.Generator) -> list[np.ndarray]:

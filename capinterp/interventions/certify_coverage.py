@@ -24,6 +24,7 @@ COLUMNS = [
     "n_outside",
     "budget",
     "strata",
+    "top",
     "tau",
     "delta",
     "trials",
@@ -34,6 +35,7 @@ COLUMNS = [
     "total_coverage",
     "mean_total_bound",
     "estimate_coverage",
+    "coverage_floor",
 ]
 
 
@@ -50,7 +52,8 @@ def coverage(
     budget: int,
     tau: float,
     delta: float,
-    strata: int = 3,
+    strata: int = 1,
+    top: int = 0,
     trials: int = 200,
     seed: int = 0,
     setting: str = "",
@@ -58,7 +61,7 @@ def coverage(
     """One row of :data:`COLUMNS`: ``values`` [n] every outside unit's value in [0, 1] (the positive
     part, or size, of its exact effect), ``scores`` [n] the localizer's scores that set the strata."""
     x = np.clip(np.asarray(values, dtype=float), 0.0, 1.0)
-    p = plan(np.asarray(scores, dtype=float), budget, strata)
+    p = plan(np.asarray(scores, dtype=float), budget, strata, top)
     true_count, true_total = int((x > tau).sum()), float(x.sum())
     rng = np.random.default_rng(seed)
     res = [bounds(p.sizes, p.take, [x[i] for i in draw(p, rng)], tau, delta) for _ in range(trials)]
@@ -69,7 +72,8 @@ def coverage(
         "setting": setting,
         "n_outside": len(x),
         "budget": budget,
-        "strata": len(p.sizes),
+        "strata": strata,
+        "top": min(top, budget),
         "tau": tau,
         "delta": delta,
         "trials": trials,
@@ -80,17 +84,19 @@ def coverage(
         "total_coverage": float((total >= true_total - 1e-9).mean()),
         "mean_total_bound": float(total.mean()),
         "estimate_coverage": float((est >= true_total).mean()),
+        "coverage_floor": min_coverage(delta, trials),
     }
 
 
 def synthetic_population(n: int, hits: int, size: float, seed: int = 0, informative: bool = True):
     """(values [n], scores [n]): ``hits`` units of value ``size``, the rest a small exponential tail
-    (mean 1e-4); scores are the values plus noise (``informative``) or pure noise."""
+    (mean 1e-4); scores are the values times log-normal noise (``informative``: the ranking is
+    mostly right) or pure noise."""
     rng = np.random.default_rng(seed)
     x = np.minimum(rng.exponential(1e-4, n), 1.0)
     x[rng.choice(n, hits, replace=False)] = size
-    noise = rng.exponential(size if hits else 1e-3, n)
-    return x, (x + 0.5 * noise if informative else noise)
+    noise = rng.lognormal(0.0, 1.0, n)
+    return x, (x * noise if informative else noise)
 
 
 def table(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -70,13 +70,13 @@ def test_coverage_on_a_tight_population_and_the_plug_in_control():
     assert row["mean_count_bound"] < 3 * row["true_count"]
 
 
-@pytest.mark.parametrize("strata", [1, 3])
-def test_coverage_on_the_planted_tiny_model(exhaustive, planted, strata):
+@pytest.mark.parametrize("strata, top", [(1, 0), (3, 0), (1, 16)])
+def test_coverage_on_the_planted_tiny_model(exhaustive, planted, strata, top):
     _, scores = planted
     x = np.maximum(np.array(exhaustive.sampled_effects), 0.0)
     s = np.array([float(scores.scores[l, i]) for l, i in exhaustive.sampled_units])
     for tau in (1e-4, 1e-5):
-        row = coverage(x, s, budget=64, tau=tau, delta=DELTA, strata=strata, trials=TRIALS)
+        row = coverage(x, s, budget=64, tau=tau, delta=DELTA, strata=strata, top=top, trials=TRIALS)
         assert row["true_count"] > 0
         assert row["count_coverage"] >= min_coverage(DELTA, TRIALS)
         assert row["total_coverage"] >= min_coverage(DELTA, TRIALS)
@@ -110,6 +110,15 @@ def test_effects_are_the_hand_written_single_neuron_ablation(planted):
     assert c.full_metric == pytest.approx(full, abs=1e-5)
     for unit, effect in zip(c.sampled_units, c.sampled_effects):
         assert effect == pytest.approx(full - mean_p(unit), abs=1e-5)
+
+
+def test_top_scored_outside_units_are_patched_whole(planted):
+    model, scores = planted
+    c = certify(model, scores.top_k(2), EXAMPLES[:2], budget=6, scores=scores, top=4, strata=2)
+    assert c.takes[0] == c.strata[0] == 4 and sum(c.takes) == c.sampled == 6
+    assert PLANTED[2] in c.sampled_units[:4]  # the third planted neuron: the best score outside the set
+    with pytest.raises(ValueError, match="scores="):
+        certify(model, scores.top_k(2), EXAMPLES, top=4)
 
 
 def test_layers(planted):
