@@ -3,9 +3,10 @@
 #   0. ruff (lint + format check) and mypy over the package;
 #   1. every test, the real-model (slow) ones included;
 #   2. the quick reproduction of every paper experiment on the embedded model
-#      (`capinterp reproduce --quick`, exits nonzero when any experiment fails), run beside step 1;
+#      (`capinterp reproduce --quick`, exits nonzero when any experiment fails);
 #   3. notebooks 01-05, executed top to bottom (nbmake; the committed outputs are not rewritten);
 #   4. the documentation build (mkdocs --strict: broken references fail).
+# Steps 0, 2 and three notebooks run in a second lane beside the tests (see "lane B" below).
 # With arguments, only pytest runs, with them: `bash scripts/test.sh -m "not slow"` is the fast suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,26 +29,50 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 step() { echo "== $1 ($(date +%H:%M:%S))"; }
-step "lint and types (ruff, mypy)"
-.venv/bin/ruff check capinterp tests benchmarks scripts
-.venv/bin/ruff format --check capinterp tests benchmarks scripts
-.venv/bin/mypy capinterp
-# The test suite runs one thread; the quick reproduction runs beside it on the other core
-# (one thread too), so the two longest steps share the wall clock instead of adding up.
-step "quick reproduction (in the background) and tests"
+# Two lanes share the two cores, one thread each, so the long steps share the wall clock:
+#   lane A (here): the test suite, then notebooks 01 and 04, then the documentation build;
+#   lane B (in the background): lint and types, the quick reproduction, then notebooks 03, 05, 02.
+# Each lane-B step logs to out/ci-*.log and records its exit status; every failure fails the run.
 mkdir -p out
-CAPINTERP_THREADS=1 .venv/bin/capinterp reproduce --quick --fresh --out out/ci-quick >out/ci-quick.log 2>&1 &
-REPRO=$!
-trap 'kill $REPRO 2>/dev/null || true' EXIT
+rm -f out/ci-*.rc
+notebooks() {  # notebooks by number, executed top to bottom (nbmake; committed outputs are not rewritten)
+  local files=()
+  for n in "$@"; do files+=(notebooks/"$n"_*.ipynb); done
+  CAPINTERP_THREADS=${CAPINTERP_NB_THREADS:-1} .venv/bin/python -m pytest -q -p no:cacheprovider --nbmake \
+    --nbmake-timeout=900 --durations=0 "${files[@]}"
+}
+lane() {  # lane() NAME COMMAND...: run a lane-B step into out/ci-NAME.log, its exit status into out/ci-NAME.rc
+  local name=$1; shift
+  echo "== $name ($(date +%H:%M:%S))" >"out/ci-$name.log"
+  if "$@" >>"out/ci-$name.log" 2>&1; then echo 0 >"out/ci-$name.rc"; else echo $? >"out/ci-$name.rc"; fi
+}
+lint() {
+  .venv/bin/ruff check capinterp tests benchmarks scripts && .venv/bin/ruff format --check capinterp tests benchmarks scripts \
+    && .venv/bin/mypy capinterp
+}
+step "lane B in the background: lint and types, quick reproduction, notebooks 03 05 02"
+(
+  lane lint lint
+  lane quick env CAPINTERP_THREADS=1 .venv/bin/capinterp reproduce --quick --fresh --out out/ci-quick
+  lane notebooks-b notebooks 03 05 02
+) &
+LANE_B=$!
+trap 'pkill -P $LANE_B 2>/dev/null; kill $LANE_B 2>/dev/null || true' EXIT
+step "tests"
 .venv/bin/python -m pytest -q tests
-step "waiting for the quick reproduction"
-if wait $REPRO; then REPRO_RC=0; else REPRO_RC=$?; fi
-trap - EXIT
-tail -n 40 out/ci-quick.log
-if [ "$REPRO_RC" -ne 0 ]; then echo "quick reproduction failed (exit $REPRO_RC): full log in out/ci-quick.log"; exit "$REPRO_RC"; fi
-step "notebooks"
-CAPINTERP_THREADS=${CAPINTERP_NB_THREADS:-2} .venv/bin/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 --durations=0 \
-  notebooks/*.ipynb
+step "notebooks 01 04"
+notebooks 01 04
 step "docs"
 bash scripts/docs.sh
+step "waiting for lane B"
+wait $LANE_B || true
+trap - EXIT
+FAILED=0
+for name in lint quick notebooks-b; do
+  rc=$(cat "out/ci-$name.rc" 2>/dev/null || echo missing)
+  echo "== lane B: $name (exit $rc): the end of out/ci-$name.log"
+  tail -n 40 "out/ci-$name.log" 2>/dev/null || true
+  [ "$rc" = 0 ] || FAILED=1
+done
+if [ "$FAILED" -ne 0 ]; then echo "a lane-B step failed: see above and out/ci-*.log"; exit 1; fi
 step "done"
