@@ -11,7 +11,8 @@ the DCSN paper ("Combination Generalization of Capability-Specific Neurons in LL
 specificity (cohesion/separability, Table 3), forward_reasoning (Table 4), operator_ablation (Table 5), cnlf (neuron-level fine-tuning, Table 6);
 Chen et al. (2025): ql_localizers (inconsistent facts per localizer KN / SIG / AMIG, Table 1);
 localization quality (MIB, Mueller et al. 2025): faithfulness (CPR / CMD of every localizer against random units), patching_agreement (attribution
-against exact activation patching: neurons, FFN layers, attention heads).
+against exact activation patching: neurons, FFN layers, attention heads);
+unit cards (capinterp.cards): unit_roles (what do CNL's and KN's neurons promote, and where do they fire, against random neurons).
 """
 
 from capinterp.experiments import (  # noqa: F401  (registration; the order is ORDER's)
@@ -32,6 +33,7 @@ from capinterp.experiments import (  # noqa: F401  (registration; the order is O
     reliability,
     rome_layers,
     specificity,
+    unit_roles,
 )
 from capinterp.experiments.base import EXPERIMENTS, Context, ExperimentResult, ExperimentSkipped, experiment, get
 
@@ -54,6 +56,7 @@ ORDER: tuple[str, ...] = (
     "specificity",
     "faithfulness",
     "patching_agreement",
+    "unit_roles",
 )
 
 
