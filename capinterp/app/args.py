@@ -324,6 +324,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         default=3,
         help="random neuron sets (seeds --seed, --seed+1, ...) erased as the baseline; each costs one evaluation",
     )
+    p.add_argument(
+        "--cards",
+        type=int,
+        default=20,
+        metavar="N",
+        help="also write the cards page of the top N located CNL neurons (cnl_cards.html and .json; 0: none; "
+        "see 'capinterp describe')",
+    )
     p.add_argument("--out", default="out", help="output folder (created; a rerun resumes the CNL fit there)")
     _plotlyjs_arg(p)
     return ap
@@ -354,8 +362,12 @@ def check_args(args: argparse.Namespace) -> None:
 
     validate.device("--device", getattr(args, "device", None))
     check_model_arg(getattr(args, "model", None))
+    if args.command == "main":  # the main job's --cards 0 writes no cards page
+        validate.nonneg_int("--cards", args.cards)
     for flag in ("threads", "n", "batch_size", "n_ops", "steps", "random_seeds", "cards"):
         value = getattr(args, flag, None)
+        if flag == "cards" and args.command == "main":
+            continue
         if value is not None and value != "auto":
             validate.positive_int("--" + flag.replace("_", "-"), value)
     for flag in ("tol", "completeness_tol"):

@@ -1,5 +1,5 @@
-"""The README's main job: on the embedded default model, generate arithmetic data, evaluate it,
-localize CNL capability neurons for one operator, write the heatmap, and check by erasure."""
+"""The README's main job: on the default model, evaluate arithmetic, localize CNL neurons for one
+operator, write the heatmap, check by erasure, and write the cards of the top neurons."""
 
 from __future__ import annotations
 
@@ -121,6 +121,9 @@ def run_main(args) -> int:
     )
     _say(f"[5/5] erase located: {erased}\n      erase random (same size, {n_random} seed(s)): accuracy {accs}")
     _say("      " + note)
+    cards = main_cards(model, cnl, used, out, int(getattr(args, "cards", 0) or 0), args.batch_size)
+    if cards is not None:
+        _say(f"      cards of the top {cards['n']} CNL neurons ({cards['seconds']:.0f}s) -> {cards['page']}")
 
     summary: dict[str, Any] = {
         "model": model.capinterp_name,
@@ -147,19 +150,59 @@ def run_main(args) -> int:
     }
     if completeness:
         summary["completeness"] = completeness[0]
+    if cards is not None:
+        summary["cards"] = cards
     write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2), flush=True)
-    _say(next_steps(heatmap, out, args.model))
+    _say(next_steps(heatmap, out, args.model, cards["page"] if cards else None))
     return 0
 
 
-def next_steps(heatmap: Path, out: Path, model: str | None) -> str:
+#: The main job's cards corpus: the task's prompts plus this many texts (the data folder's local text, or
+#: the built-in text), each cut to ``CARDS_MAX_TOKENS`` tokens, and this many neurons ablated one at a time.
+CARDS_TEXTS, CARDS_MAX_TOKENS, CARDS_ABLATE = 100, 64, 5
+
+
+def main_cards(model: Model, cnl: CNL, examples: list, out: Path, n: int, batch_size: int) -> dict[str, Any] | None:
+    """``main --cards N``: the cards page of the top ``n`` located CNL neurons (``out/cnl_cards.html``
+    and ``.json``), over the task's prompts and a small corpus (:data:`CARDS_TEXTS`), the task being
+    the localization ``examples``; None when ``n`` is 0 or CNL located no neuron."""
+    from capinterp.app.describe_cmd import write_cards
+    from capinterp.cards import describe
+    from capinterp.cards.inputs import builtin_texts
+    from capinterp.data.corpus import local_texts
+
+    if n <= 0 or not len(cnl.neurons_):
+        return None
+    t0 = time.time()
+    try:
+        extra = local_texts(n=CARDS_TEXTS)
+    except (FileNotFoundError, ValueError):
+        extra = builtin_texts()[:CARDS_TEXTS]
+    texts = [e.prompt for e in examples] + extra
+    cards = describe(
+        model,
+        cnl,
+        texts,
+        task=examples,
+        top=n,
+        ablate=min(n, CARDS_ABLATE),
+        batch_size=batch_size,
+        max_tokens=CARDS_MAX_TOKENS,
+        progress=False,
+    )
+    return {"n": len(cards), **write_cards(cards, out, "cnl_cards"), "seconds": round(time.time() - t0, 1)}
+
+
+def next_steps(heatmap: Path, out: Path, model: str | None, cards: str | None = None) -> str:
     """What to open and run after the main job (stderr)."""
     flag = f" --model {model}" if model else ""
+    page = f"  open {cards} in a browser: what the top CNL neurons do (one card per neuron)\n" if cards else ""
     return (
         "next:\n"
         f"  open {heatmap} in a browser: CNL's score per neuron (layer x neuron)\n"
-        f"  {out / 'summary.json'} holds this result; the .ckpt file beside it lets a rerun resume (delete it to start over)\n"
+        + page
+        + f"  {out / 'summary.json'} holds this result; the .ckpt file beside it lets a rerun resume (delete it to start over)\n"
         f"  locate on your own facts: capinterp localize{flag} --data facts.csv --method kn "
         "(a CSV with prompt,target[,subject] columns; --method causal_trace or knowledge_circuit need subject)\n"
         f"  or the package's own facts: capinterp localize{flag} --data builtin --n 3 --method causal_trace "
