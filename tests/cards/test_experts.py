@@ -133,3 +133,24 @@ def test_bad_expert_sets_are_refused_before_any_forward(qwen_moe, tiny):
         ci.describe(qwen_moe, KeySet([(5, 0)], "expert"), TEXTS, progress=False)
     with pytest.raises(ValueError, match="dense FFNs"):
         ci.describe(tiny, KeySet([(0, 0)], "expert"), TEXTS, progress=False)
+
+
+@pytest.mark.parametrize("family", ["llama4_text", "jetmoe", "deepseek_v4"])
+def test_routing_matches_the_experts_neurons_on_other_routers(family):
+    """Routers that return scores over all experts (Llama 4), choices grouped by expert (JetMoE) or
+    route by token id (DeepSeek-V4's hash layer): a token counts as routed to an expert exactly where
+    that expert's neurons are not all zero, and each token is routed to top_k experts per layer."""
+    model = load_tiny_moe(family)[0]
+    moe = ci.units.experts.moe_of(model)
+    keys = [(layer, e) for layer in range(int(model.cfg.n_layers)) for e in range(moe.n_experts)]
+    found = expert_routing(model, keys, TEXTS, k=2, batch_size=3, progress=False)
+    expected: Counter = Counter()
+    for seq in encode_texts(model, TEXTS, None):
+        _, cache = model.run_with_cache(torch.tensor([seq]), names_filter=lambda n: n.endswith("mlp.hook_post"))
+        for layer in range(int(model.cfg.n_layers)):
+            acts = cache[f"blocks.{layer}.mlp.hook_post"][0, :, : moe.n_experts * moe.d_expert]
+            hit = acts.reshape(len(seq), moe.n_experts, moe.d_expert).ne(0).any(-1).sum(0)
+            for e in range(moe.n_experts):
+                expected[layer, e] += int(hit[e])
+    assert {r.unit: r.routed for r in found} == {u: expected[u] for u in keys}
+    assert sum(r.routed for r in found) == int(model.cfg.n_layers) * 2 * found[0].tokens
