@@ -1,6 +1,7 @@
-"""What :func:`capinterp.cards.describe` is asked to describe: the :class:`Plan` of
-:func:`capinterp.cards.inputs.resolve_units`, in a module of its own so that the unit kinds' plan
-makers (:mod:`capinterp.cards.circuits`, ...) build one without importing ``inputs`` back."""
+"""The :class:`Plan` of :func:`capinterp.cards.inputs.resolve_units`: what describe is asked to describe.
+
+In a module of its own so that the unit kinds' plan makers (:mod:`capinterp.cards.circuits`, ...)
+build one without importing ``inputs`` back."""
 
 from __future__ import annotations
 
