@@ -154,3 +154,20 @@ def test_routing_matches_the_experts_neurons_on_other_routers(family):
                 expected[layer, e] += int(hit[e])
     assert {r.unit: r.routed for r in found} == {u: expected[u] for u in keys}
     assert sum(r.routed for r in found) == int(model.cfg.n_layers) * 2 * found[0].tokens
+
+
+def test_a_mixed_models_dense_layer_has_no_expert_cards():
+    """glm4_moe as released: layer 0 dense, layer 1 MoE; an expert of layer 1 gets a card, one of layer 0 is refused."""
+    import warnings
+
+    from capinterp.arch.tiny import tiny_hf
+
+    hf, tok = tiny_hf("glm4_moe")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ci.load_model(hf, tokenizer=tok)
+    assert ci.units.experts.dense_layers(model) == [0]
+    with pytest.raises(ValueError, match="layer 0 is a dense layer"):
+        ci.describe(model, KeySet([(0, 1), (1, 1)], "expert"), TEXTS, progress=False)
+    (card,) = ci.describe(model, KeySet([(1, 1)], "expert"), TEXTS, k=2, progress=False)
+    assert card.label == "L1 E1" and 0 < card.details["routing"]["routed"] < card.details["routing"]["tokens"]
