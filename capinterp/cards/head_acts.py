@@ -3,8 +3,9 @@
 A head ``(l, h)`` writes ``z_h @ W_O[h]^T`` into the residual stream at each destination token, with
 ``z_h`` its slice of ``blocks.{l}.attn.o.hook_in`` (TransformerLens's ``hook_z``: the attention-weighted
 values, ``[batch, pos, n_heads, d_head]``) and ``W_O[h]`` its ``[d_model, d_head]`` columns of the output
-projection (:func:`capinterp.cards._logit_ov.head_slices`; the output bias and any post-attention norm
-left out). :func:`head_norm_contexts` streams texts and keeps, per head, the top contexts and the
+projection (:func:`head_out_weight`, ``nn.Linear`` or ``Conv1D`` storage; the output bias and any
+post-attention norm left out; a layer's head width read from its projection, so layers of different
+head widths are right). :func:`head_norm_contexts` streams texts and keeps, per head, the top contexts and the
 statistics of ``||z_h @ W_O[h]^T||_2`` with the running top-k of :func:`capinterp.cards.contexts.collect`
 (one forward per batch for all heads, stopped after the last layer needed; bounded memory; torchrun
 shards the texts). :func:`attention_rows` reads, for given (text, destination) pairs, the head's
@@ -20,17 +21,18 @@ from typing import Any
 
 import torch
 
-from capinterp.arch.family import family_of, require_attention
+from capinterp.arch.family import UnsupportedFamily, family_of, require_attention
 from capinterp.arch.forward import capture
+from capinterp.arch.linear import linear_layout
 from capinterp.arch.model import attention_layers, move_model
 from capinterp.cards._act_stream import encode_texts
-from capinterp.cards._logit_ov import head_slices
 from capinterp.cards.contexts import UnitActivations, collect
 from capinterp.core import distributed as dist
+from capinterp.core.offload import weights_readable
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import pad_id, pad_right
 
-__all__ = ["attention_rows", "check_heads", "head_norm_contexts", "pattern_hook", "z_hook"]
+__all__ = ["attention_rows", "check_heads", "head_norm_contexts", "head_out_weight", "pattern_hook", "z_hook"]
 
 
 def z_hook(layer: int) -> str:
@@ -66,6 +68,22 @@ def check_heads(model: Model, heads: Any) -> list[tuple[int, int]]:
                 f"head ({l}, {h}) is out of range: the model has {fam.n_layers} layers of {fam.n_heads} heads"
             )
     return out
+
+
+def head_out_weight(model: Model, layer: int, head: int) -> torch.Tensor:
+    """``W_O[h]``, float32 ``[d_model, d_head]``: head ``head``'s columns of layer ``layer``'s output projection."""
+    fam = family_of(model)
+    o = getattr(getattr(model.blocks[layer].attn, "o", None), "original_component", None)
+    if o is None or not isinstance(getattr(o, "weight", None), torch.Tensor):
+        raise UnsupportedFamily(f"{fam.name}: layer {layer}'s attention exposes no separate output projection")
+    with weights_readable(o):
+        w = linear_layout(o).float()  # [d_model, n_heads * d_head]
+    if w.shape[1] % fam.n_heads:
+        raise UnsupportedFamily(
+            f"{fam.name}: layer {layer}'s output projection {tuple(w.shape)} is not {fam.n_heads} heads"
+        )
+    dh = w.shape[1] // fam.n_heads
+    return w[:, head * dh : (head + 1) * dh].clone()
 
 
 def _per_head(z: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -117,7 +135,7 @@ def head_norm_contexts(
     ids = encode_texts(model, list(texts), max_tokens)
     move_model(model, device)
     dist.init(model.cfg.device)
-    w_o = [head_slices(model, l, h)[1] for l, h in units]
+    w_o = [head_out_weight(model, l, h) for l, h in units]
     read = lambda t: _norms(model, units, w_o, t)  # noqa: E731
     return collect(model, units, ids, read, k, window, batch_size, progress, "head contexts")
 

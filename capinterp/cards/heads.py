@@ -14,7 +14,8 @@ Per head, :func:`head_cards` gathers:
 * **OV circuit** (``card.effect``): the tokens the head's OV circuit promotes and suppresses for its
   top :data:`SOURCES` source tokens that are not special tokens (BOS and the like, often an attention
   sink), their mean (:func:`capinterp.cards.logit_effect.head_ov_effects`, whose ``definition`` says
-  what was multiplied); with no such source, the head's strongest source token;
+  what was multiplied); with no such source, the head's strongest source token; None where the OV
+  circuit is not linear (normalized values), with the reason in ``card.details["ov"]``;
 * **on the task**: the output norm's statistics on the task's prompts and the specificity against the
   corpus (no chance level), and, for the first :data:`ABLATE` heads when every task example has a
   target, the effect of zeroing the head's ``z_h`` (its whole output) on the task
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from capinterp.arch.family import UnsupportedFamily
 from capinterp.cards._act_stream import encode_texts
 from capinterp.cards.card import UnitCard, specificity
 from capinterp.cards.head_acts import attention_rows, check_heads, head_norm_contexts, z_hook
@@ -92,7 +94,8 @@ def head_cards(
     rows = attention_rows(model, ids, wanted, run.get("batch_size", 8))
     decode = functools.lru_cache(maxsize=None)(lambda t: model.tokenizer.decode([t]))
     special = set(getattr(model.tokenizer, "all_special_ids", []) or [])
-    details, chosen = [], {}
+    details: list[dict[str, Any]] = []
+    chosen: dict[tuple[int, int], list[int]] = {}
     for u, acts in zip(heads, found):
         strips = [
             _strip(ids[c.text_index], rows[(u, c.text_index, c.position)], c.position, decode) for c in acts.contexts
@@ -104,7 +107,12 @@ def head_cards(
         picked = [s["id"] for s in srcs if not s["special"]][:SOURCES]
         if picked:
             chosen[u] = picked
-    effects = head_ov_effects(model, heads, k=k, sources=chosen)
+    try:
+        effects: list[Any] = head_ov_effects(model, heads, k=k, sources=chosen)
+    except UnsupportedFamily as err:  # e.g. normalized values (Gemma 4's v_norm): no linear OV circuit
+        effects = [None] * len(heads)
+        for d in details:
+            d["ov"] = str(err)
     ablation = head_ablation_effects(model, heads[:ABLATE], examples, run.get("batch_size", 8))
     cards = []
     for i, (u, acts) in enumerate(zip(heads, found)):
@@ -195,6 +203,8 @@ def head_details_html(card: Any) -> str:
         note = f"earlier sources {_num(a['outside'], '.2f')}; top: {top}" if a["outside"] > 0 else f"top: {top}"
         strip = snippet(ctx, scale if math.isfinite(scale) else 0.0)
         parts.append(f'<div class="attn">{strip}<div class="meta">{_e(note)}</div></div>')
+    if card.details.get("ov"):
+        parts.append(f'<div class="meta">no OV effect: {_e(card.details["ov"])}</div>')
     srcs = card.details.get("sources", [])
     if srcs:
         rows = [(s["token"], s["id"], s["weight"]) for s in srcs]

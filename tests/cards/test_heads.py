@@ -30,7 +30,7 @@ def _pair(family: str, **overrides):
 
 
 def _o_proj(ref, family: str, layer: int):
-    return ref.model.layers[layer].self_attn.o_proj if family == "llama" else ref.transformer.h[layer].attn.c_proj
+    return ref.transformer.h[layer].attn.c_proj if family == "gpt2" else ref.model.layers[layer].self_attn.o_proj
 
 
 def _brute_norms(ref, family: str, ids: list[int], layer: int, head: int) -> torch.Tensor:
@@ -40,14 +40,14 @@ def _brute_norms(ref, family: str, ids: list[int], layer: int, head: int) -> tor
     with torch.no_grad():
         ref(torch.tensor([ids]))
     hook.remove()
-    dh = getattr(ref.config, "head_dim", None) or ref.config.hidden_size // ref.config.num_attention_heads
+    w = _o_proj(ref, family, layer).weight.detach().float()  # Linear [d_model, H dh]; GPT-2's Conv1D [H dh, d_model]
+    dh = (w.shape[0] if family == "gpt2" else w.shape[1]) // ref.config.num_attention_heads  # per layer (Gemma 4)
     z = got["z"][0, :, head * dh : (head + 1) * dh].float()
-    w = _o_proj(ref, family, layer).weight.detach().float()
-    w_o = w[:, head * dh : (head + 1) * dh].T if family == "llama" else w[head * dh : (head + 1) * dh]
+    w_o = w[head * dh : (head + 1) * dh] if family == "gpt2" else w[:, head * dh : (head + 1) * dh].T
     return (z @ w_o).norm(dim=-1)  # [T, d_model] -> [T]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3_text"])  # Gemma 3: a 4-token sliding window
 def test_attention_rows_equal_transformers_output_attentions(family):
     ref, model = _pair(family)
     ids = encode_texts(model, TEXTS, None)
@@ -65,7 +65,7 @@ def test_attention_rows_equal_transformers_output_attentions(family):
     assert not torch.allclose(torch.tensor(rows[((0, 0), 1, last)]), torch.tensor(rows[((0, 1), 1, last)]))
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma4_text"])  # Gemma 4: head widths differ by layer
 def test_top_context_is_the_brute_force_argmax_of_the_head_output_norm(family):
     ref, model = _pair(family)
     ids = encode_texts(model, TEXTS, None)
@@ -218,3 +218,10 @@ def test_describe_cli_reads_a_saved_head_keyset(tmp_path, capsys):
     cards = json.loads((tmp_path / "o" / "cards.json").read_text())["cards"]
     assert [c["kind"] for c in cards] == ["head", "head"] and len(cards[0]["details"]["attention"]) == 2
     assert "top source tokens" in (tmp_path / "o" / "cards.html").read_text(encoding="utf-8")
+
+
+def test_normalized_values_leave_the_ov_effect_out_with_the_reason():
+    hf, tok = tiny_hf("gemma4_text")  # v_norm, keys as values: no linear OV circuit; the rest is read
+    cards = describe(ci.load_model(hf, tokenizer=tok), ci.KeySet([(1, 2)], "head"), TEXTS, k=2, progress=False)
+    assert cards[0].effect is None and "gemma4_text" in cards[0].details["ov"] and len(cards[0].contexts) == 2
+    assert "no OV effect" in cards.html()
