@@ -59,7 +59,7 @@ step "lane B in the background: lint and types, quick reproduction, notebooks 03
 LANE_B=$!
 trap 'pkill -P $LANE_B 2>/dev/null; kill $LANE_B 2>/dev/null || true' EXIT
 step "tests"
-.venv/bin/python -m pytest -q tests
+.venv/bin/python -m pytest -q --durations=40 tests   # the 40 slowest, to keep CI time in check
 step "notebooks 01 04"
 notebooks 01 04
 step "docs"
