@@ -1,6 +1,7 @@
-"""Benchmark ROME causal tracing: restorations per second, one-at-a-time vs batched, and peak RSS.
+"""Benchmark ROME causal tracing: restorations per second, the routes side by side, and peak RSS.
 
-    python benchmarks/bench_trace.py --model smollm2 --threads 2 --facts 1 --kinds mlp
+    CAPINTERP_THREADS=1 python benchmarks/bench_trace.py --threads 1          # SmolLM2, resid+mlp+attn
+    CAPINTERP_THREADS=1 python benchmarks/bench_trace.py --threads 1 --quick  # the tiny model
 
 Modes (each runs in its own subprocess, so its peak RSS is its own):
 
@@ -9,7 +10,14 @@ Modes (each runs in its own subprocess, so its peak RSS is its own):
 * ``batched``: restorations x samples stacked into batches of ``--batch-size`` rows, per-row hooks,
   full sequences;
 * ``batched+prefix``: as ``batched``, and restorations at token t run only positions t..T-1 over
-  the corrupted prefix's KV cache (the default of :class:`capinterp.CausalTrace`).
+  the corrupted prefix's KV cache (the route before the stair);
+* ``stair``: the default of :class:`capinterp.CausalTrace`: as ``batched+prefix``, and each
+  restoration row starts at its window's first layer from the corrupted run's recorded residual
+  (:mod:`capinterp.kernels._trace_stair`); the layers below it are not run again.
+
+Each mode runs with the model's parameters frozen (``requires_grad=False``) and trainable (as
+loaded), unless ``--params`` picks one; the last table puts the old route (``batched+prefix``)
+beside the stair: their time ratio, measured in this one run.
 
 "Restorations" = (tokens from the first subject token on) x layers x kinds, summed over facts
 (each one is ``samples`` forward rows). The summary gives restorations per wall second and per CPU
@@ -28,10 +36,12 @@ import sys
 import time
 
 MODES = {
-    "one": dict(reuse_prefix=False, one_at_a_time=True),
-    "batched": dict(reuse_prefix=False, one_at_a_time=False),
-    "batched+prefix": dict(reuse_prefix=True, one_at_a_time=False),
+    "one": dict(reuse_prefix=False, one_at_a_time=True, stair=False),
+    "batched": dict(reuse_prefix=False, one_at_a_time=False, stair=False),
+    "batched+prefix": dict(reuse_prefix=True, one_at_a_time=False, stair=False),
+    "stair": dict(reuse_prefix=True, one_at_a_time=False, stair=True),
 }
+PARAMS = ("frozen", "trainable")
 
 
 def peak_rss_mb() -> float:
@@ -47,10 +57,12 @@ def run_mode(args) -> dict:
 
     t0 = time.perf_counter()
     model = load_model(args.model, threads=args.threads, device=args.device)
+    for p in model.parameters():
+        p.requires_grad_(args.params == "trainable")
     load_s = time.perf_counter() - t0
     facts = builtin_facts()
     if args.model.startswith("tiny"):  # a random model knows nothing: trace its own answers
-        facts = [f.__class__(f.prompt, "", f.meta) for f in facts]
+        facts = [f.__class__(f.prompt, "", {**f.meta, "target_from": "greedy"}) for f in facts]
     else:
         facts = facts_known_by(model, facts)
     facts = facts[: args.facts]
@@ -67,6 +79,7 @@ def run_mode(args) -> dict:
         top_k=min(3, model.cfg.n_layers),
         layer_kind=args.kinds[0],
     )
+    tr._stair = mode["stair"]  # private switch: False keeps the bridge route
     t, c = time.perf_counter(), time.process_time()
     tr.fit(facts)
     sec, cpu = time.perf_counter() - t, time.process_time() - c
@@ -75,6 +88,7 @@ def run_mode(args) -> dict:
     grids = {k: torch.cat([r["grids"][k].flatten() for r in tr.per_prompt_]).tolist() for k in tr.kinds}
     return {
         "mode": args.mode,
+        "params": args.params,
         "model": args.model,
         "facts": tr.n_traced_,
         "skipped": tr.skipped_,
@@ -101,47 +115,73 @@ def run_mode(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--facts", type=int, default=1)
-    ap.add_argument("--kinds", nargs="+", default=["mlp"])
+    ap.add_argument("--kinds", nargs="+", default=["resid", "mlp", "attn"])
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--modes", nargs="+", default=["batched+prefix", "stair"], choices=list(MODES))
+    ap.add_argument("--params", nargs="+", default=list(PARAMS), choices=PARAMS)
+    ap.add_argument("--quick", action="store_true", help="the tiny model, 3 samples, window 3")
     ap.add_argument("--device", default=None)
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # internal: run one mode, print JSON
     args = ap.parse_args(argv)
-
+    if args.quick:
+        args.model, args.samples, args.window = "tiny", 3, 3
     if args.mode:
+        args.params = args.params[0]
         print("RESULT " + json.dumps(run_mode(args)))
         return 0
 
     results = []
-    for mode in args.modes:
-        cmd = [sys.executable, __file__, "--mode", mode, *_forward(args)]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
-        if out.returncode or line is None:
-            print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
-            return 1
-        res = json.loads(line[len("RESULT ") :])
-        results.append(res)
-        print(json.dumps({k: v for k, v in res.items() if k != "grids"}), flush=True)
+    for params in args.params:
+        for mode in args.modes:
+            cmd = [sys.executable, __file__, "--mode", mode, "--params", params, *_forward(args)]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            line = next((l for l in out.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if out.returncode or line is None:
+                print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
+                return 1
+            res = json.loads(line[len("RESULT ") :])
+            results.append(res)
+            print(json.dumps({k: v for k, v in res.items() if k != "grids"}), flush=True)
+    _table(results)
+    _side_by_side(results)
+    return 0
 
+
+def _table(results: list[dict]) -> None:
     base = results[0]
     print(
-        f"\n{'mode':16s} {'s/fact':>8s} {'restor/s':>9s} {'speed-up':>9s} {'restor/cpu-s':>12s} "
+        f"\n{'mode':16s} {'params':9s} {'s/fact':>8s} {'restor/s':>9s} {'speed-up':>9s} {'restor/cpu-s':>12s} "
         f"{'cpu speed-up':>12s} {'peak MB':>8s} {'max|dIE|':>9s}  top layers"
     )
     for r in results:
         diff = max((abs(a - b) for k in r["grids"] for a, b in zip(r["grids"][k], base["grids"][k])), default=0.0)
         print(
-            f"{r['mode']:16s} {r['s_per_fact']:8.2f} {r['restorations_per_s']:9.2f} "
+            f"{r['mode']:16s} {r['params']:9s} {r['s_per_fact']:8.2f} {r['restorations_per_s']:9.2f} "
             f"{r['restorations_per_s'] / base['restorations_per_s']:8.2f}x {r['restorations_per_cpu_s']:12.2f} "
             f"{r['restorations_per_cpu_s'] / base['restorations_per_cpu_s']:11.2f}x {r['peak_rss_mb']:8d} "
             f"{diff:9.1e}  {r['top_layers']}"
         )
-    return 0
+
+
+def _side_by_side(results: list[dict]) -> None:
+    """Old route (batched+prefix) beside the stair, per parameter setting: seconds and their ratio."""
+    by = {(r["mode"], r["params"]): r for r in results}
+    rows = [p for p in PARAMS if ("batched+prefix", p) in by and ("stair", p) in by]
+    if not rows:
+        return
+    print(
+        f"\n{'params':9s} {'old s':>8s} {'stair s':>8s} {'old/stair':>9s} {'old cpu-s':>9s} {'stair cpu-s':>11s} {'ratio':>6s}"
+    )
+    for p in rows:
+        old, new = by[("batched+prefix", p)], by[("stair", p)]
+        print(
+            f"{p:9s} {old['seconds']:8.2f} {new['seconds']:8.2f} {old['seconds'] / new['seconds']:8.2f}x "
+            f"{old['cpu_seconds']:9.2f} {new['cpu_seconds']:11.2f} {old['cpu_seconds'] / new['cpu_seconds']:5.2f}x"
+        )
 
 
 def _forward(args) -> list[str]:

@@ -11,6 +11,14 @@ States at positions before t are those of the corrupted run whatever is restored
 the corrupted copies' KV cache cropped to t tokens (rows of one chunk share one t). Restorations
 at tokens before the first subject token are not run: the noise cannot reach those states
 (causal attention), so restoring them changes nothing and their IE is exactly 0.
+
+The stair (the default with ``reuse_prefix=True``, :func:`stair_restoration_probs`,
+:mod:`capinterp.kernels._trace_stair`) goes further: every state below a restored window's first layer
+is the corrupted run's, so each row starts at that layer from the corrupted copies' recorded residual,
+over positions t..T-1 and their prefix keys/values; only the last position is unembedded. Where the
+direct block calls cannot replay a model's layout (checked against the bridge's own corrupted logits
+for every token t), the batched rows above run instead; a linear-attention or recurrent state (a
+hybrid's mixers) always takes them.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from capinterp.arch.forward import batch_first, capture
 from capinterp.arch.model import attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
+from capinterp.kernels._trace_stair import Unsupported, check, noise_hook, record, stair_probs
 from capinterp.kernels.prefix_state import unshared_state
 
 __all__ = [
@@ -216,6 +225,11 @@ def restoration_probs(
     with a ``cache`` each token t gets its own suffix run(s) over the corrupted prefix. ``present``:
     the layers that have each kind's state (:func:`present_layers`); a window restores those it holds.
     """
+    if run.stair:
+        try:
+            return stair_restoration_probs(run, kinds, window, s0, L, batch_size, present)
+        except (Unsupported, TypeError, ValueError, NotImplementedError, AttributeError, RuntimeError):
+            run.stair = False  # a layout the direct block calls cannot replay: the bridge route below
     T, K, S = run.T, len(kinds), run.samples
     n_t = T - s0
     t_idx = repeat(torch.arange(s0, T), "t -> (t k l)", k=K, l=L)
@@ -234,6 +248,72 @@ def restoration_probs(
             spec = row_hooks(kinds, window, k_idx[r], t_idx[r] - t0, l_idx[r], L, present, run.model)
             p_rows[a : a + rows.numel()] = run.rows(rows % S, spec, t0, cache if t0 > 0 else None)
     return reduce(p_rows, "(t k l s) -> t k l", "mean", t=n_t, k=K, l=L)
+
+
+def _window_layers(kind: str, l: int, window: int, present: list[int]) -> list[int]:
+    """The layers a restoration of ``kind`` centred at ``l`` writes back (those of ``present`` in the window)."""
+    if kind == "resid":
+        return [l]
+    half, upper = window // 2, -(-window // 2)
+    return [j for j in present if l - half <= j < l + upper]
+
+
+def stair_restoration_probs(
+    run: Runner,
+    kinds: Sequence[str],
+    window: int,
+    s0: int,
+    L: int,
+    batch_size: int,
+    present: dict[str, list[int]] | None = None,
+) -> Float[Tensor, "n_t kinds n_layers"]:
+    """:func:`restoration_probs` by the stair (:mod:`capinterp.kernels._trace_stair`): per token t, each
+    restoration row joins at its window's first layer over the corrupted copies' recorded run."""
+    present = present or {k: list(range(L)) for k in kinds}
+    T, K, S, model = run.T, len(kinds), run.samples, run.model
+    out = torch.empty(T - s0, K, L)
+    dtype = next(iter(run.clean.values())).dtype
+    for t in range(s0, T):
+        rec = record(model, run.ids, t, run.noise_of, S)
+        check(model, rec, dtype)
+        p = repeat(rec.logits.float().softmax(-1)[:, run.o].cpu(), "s -> k l s", k=K, l=L).clone()
+        plan = []  # (start block, kind index, centre, layers restored)
+        for ki, k in enumerate(kinds):
+            for l in range(L):
+                js = _window_layers(k, l, window, present[k])
+                if js:  # a window with no layer of this kind restores nothing: the corrupted p
+                    plan.append((js[0], ki, l, js))
+        rows = [(st, ki, l, js, s) for st, ki, l, js in sorted(plan, key=lambda r: r[:3]) for s in range(S)]
+        for a in range(0, len(rows), batch_size):
+            part = rows[a : a + batch_size]
+            logits = stair_probs(
+                model, rec, [r[0] for r in part], torch.tensor([r[4] for r in part]), _stair_hooks(run, kinds, part, t)
+            )
+            probs = logits.float().softmax(-1)[:, run.o].cpu()
+            for (_, ki, l, _, s), pr in zip(part, probs):
+                p[ki, l, s] = pr
+        out[t - s0] = p.mean(-1)
+    return out
+
+
+def _stair_hooks(run: Runner, kinds: Sequence[str], part: list, t: int) -> list:
+    """Hooks writing the clean states at token t (suffix position 0) into the rows of one stair chunk."""
+    dev = run.ids.device
+    by_hook: dict[tuple[int, int], list[int]] = {}
+    for i, (_, ki, _, js, _) in enumerate(part):
+        for j in js:
+            by_hook.setdefault((ki, j), []).append(i)
+    hooks = []
+    for (ki, j), idx in sorted(by_hook.items()):
+        k = kinds[ki]
+        rows_d, val = torch.tensor(idx, device=dev), run.clean[(k, j)][t]
+
+        def restore(act, hook, rows_d=rows_d, val=val, k=k):
+            state_view(run.model, k, act)[rows_d, 0] = val.to(act.dtype)
+            return act
+
+        hooks.append((trace_hook(run.model, k, j), restore))
+    return hooks
 
 
 def present_layers(model: Model, kinds: Sequence[str]) -> dict[str, list[int]]:
@@ -276,6 +356,14 @@ class Runner:
         self.model, self.ids, self.noise, self.span, self.clean, self.o = tracer.model, ids, noise, span, clean, o
         self.samples = tracer.samples
         self.T = ids.shape[1]
+        # the stair (capinterp.kernels._trace_stair) unless prefix reuse is off; ``_stair = False`` on the
+        # tracer keeps the bridge route (benchmarks/bench_trace.py compares the two)
+        self.stair = bool(getattr(tracer, "reuse_prefix", True) and getattr(tracer, "_stair", True))
+        self.stair = self.stair and unshared_state(self.model) is None
+
+    def noise_of(self, p0: int, p1: int):
+        """The noise hook of all S copies for a run over positions ``[p0, p1)``."""
+        return noise_hook(embed_hook(self.model), self.noise, self.span, p0, p1)
 
     def _noise_hook(self, sample_r: torch.Tensor, t0: int):
         s0, s1 = self.span
