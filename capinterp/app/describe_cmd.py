@@ -78,6 +78,13 @@ def load_result(spec: str) -> Any:
         return Circuit.load(path)
     if kind == "KeySet":
         units = KeySet.load(path)
+        if units.kind == "edge":  # a hand-made edge set names no graph to find its paths in
+            from capinterp.cards.circuits import edge_granularity
+
+            try:
+                edge_granularity(units.space)
+            except ValueError as err:
+                raise ValueError(f"--result {spec!r}: {err}") from None
         if units.kind in ("layer", "edge", "node", "expert", "head"):
             return units
         kind = units.kind

@@ -37,7 +37,15 @@ from capinterp.cards.circuit_paths import SCORE_DEFINITION, CircuitPath, stronge
 from capinterp.cards.plan import Plan
 from capinterp.core.example import Example
 
-__all__ = ["ABLATE_NODES", "CircuitPlan", "circuit_cards", "circuit_plan", "circuit_section", "is_circuit"]
+__all__ = [
+    "ABLATE_NODES",
+    "CircuitPlan",
+    "circuit_cards",
+    "circuit_plan",
+    "circuit_section",
+    "edge_granularity",
+    "is_circuit",
+]
 
 #: MLP node cards ablated on the task (the first ones, in card order).
 ABLATE_NODES = 10
@@ -63,6 +71,19 @@ def is_circuit(units: Any) -> bool:
     return isinstance(units, Circuit) or (isinstance(units, KeySet) and units.kind in ("edge", "node"))
 
 
+def edge_granularity(space: Any) -> str:
+    """The graph granularity an edge set's space names (an EdgeSet's space is ``("edge",)`` plus its
+    graph's signature, which a saved set keeps); ValueError for a space that names no graph."""
+    from capinterp.circuits.graph import GRANULARITIES
+
+    if not (isinstance(space, tuple) and len(space) >= 5 and space[0] == "edge" and space[4] in GRANULARITIES):
+        raise ValueError(
+            f"these edge units name no circuit graph (their space is {space!r}): describe a saved Circuit "
+            "(Circuit.save, or the knowledge_circuit.json of 'capinterp localize') or an EdgeSet's saved KeySet"
+        )
+    return str(space[4])
+
+
 def _keyset_circuit(model: Any, units: Any, across: bool) -> Any:
     """A Circuit (no scores) of an edge set, checked against the model's graph."""
     from capinterp.circuits.graph import Circuit, EdgeSet, Graph
@@ -71,12 +92,9 @@ def _keyset_circuit(model: Any, units: Any, across: bool) -> Any:
     if isinstance(units, EdgeSet):
         graph = units.graph
     else:  # a saved edge KeySet: its space is ("edge",) + the graph's signature
-        space = units.space
-        if not (isinstance(space, tuple) and len(space) >= 5 and space[4] in ("qkv", "head", "layer")):
-            raise ValueError(f"this edge KeySet's space {space!r} names no circuit graph: save it from a circuit")
-        graph = Graph.from_model(model, space[4])
-        if ("edge",) + graph.signature != space:
-            raise ValueError(f"the edge set's graph {space[1:]} is not this model's graph {graph.signature}")
+        graph = Graph.from_model(model, edge_granularity(units.space))
+        if ("edge",) + graph.signature != units.space:
+            raise ValueError(f"the edge set's graph {units.space[1:]} is not this model's graph {graph.signature}")
     if graph.signature != Graph.from_model(model, graph.granularity).signature:
         raise ValueError(f"the edge set's graph {graph.signature} is not this model's graph")
     try:

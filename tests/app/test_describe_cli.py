@@ -103,9 +103,6 @@ def test_localize_cards_writes_the_page_beside_the_result(tmp_path, capsys, monk
     assert all((int(a[1:]), int(b[1:])) in located for a, b in (lab.split() for lab in labels))
 
 
-def test_localize_cards_refused_for_circuits_before_loading(no_load, tmp_path, capsys):
-    argv = ["localize", "--model", "tiny", "--method", "knowledge_circuit", "--data", "builtin", "--cards", "3"]
-    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
-    assert "--cards" in capsys.readouterr().err
+def test_localize_cards_zero_refused_before_loading(no_load, tmp_path, capsys):
     assert main(["localize", "--model", "tiny", "--cards", "0", "--out", str(tmp_path / "o")]) == 2
     assert "--cards" in capsys.readouterr().err

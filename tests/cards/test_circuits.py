@@ -208,10 +208,22 @@ def test_bad_circuits_are_refused_before_any_forward(tiny):
     assert passes.n == 0
 
 
-def test_saved_circuit_loads_for_the_describe_command(kc, tmp_path):
+def test_the_describe_command_reads_a_saved_circuit(kc, tmp_path, capsys):
+    from capinterp.app.cli import main
     from capinterp.app.describe_cmd import load_result
 
     path = kc.circuit_.save(tmp_path / "circuit.json")
     loaded = load_result(str(path))
     assert isinstance(loaded, Circuit) and len(loaded) == len(kc.circuit_)
     assert _as_rows(strongest_paths(loaded, 4)) == _as_rows(strongest_paths(kc.circuit_, 4))
+    (tmp_path / "t.txt").write_text("\n\n".join(TEXTS))
+    argv = ["describe", "--model", "tiny", "--result", str(path), "--texts", str(tmp_path / "t.txt")]
+    assert main([*argv, "--top", "2", "--k", "1", "--out", str(tmp_path / "o")]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["unit_kind"] == "edge" and res["units"][:2] == ["path 1", "path 2"]
+    assert all(u.startswith("node ") for u in res["units"][2:]) and (tmp_path / "o" / "cards.html").is_file()
+    ci.KeySet([("input", "m0")], "edge").save(tmp_path / "hand_made.json")  # names no graph
+    with pytest.raises(ValueError, match="edge units name no circuit graph"):
+        load_result(str(tmp_path / "hand_made.json"))
+    kc.units_.save(tmp_path / "edges.json")  # an EdgeSet saved as a KeySet keeps its graph in its space
+    assert len(describe(kc.model, load_result(str(tmp_path / "edges.json")), TEXTS, top=1, progress=False)) > 1

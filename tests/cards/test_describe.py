@@ -130,7 +130,7 @@ def test_texts_from_files_and_by_default(tiny, tmp_path, task):
         ("set", TEXTS, {"k": 2.0}, ValueError, "k must"),
         ("other_model", TEXTS, {}, ValueError, "made for model"),
         ("wrong_shape", TEXTS, {}, ValueError, "layers"),
-        ("edges", TEXTS, {}, NotImplementedError, "edge"),
+        ("edges", TEXTS, {}, ValueError, "edge units name no circuit graph"),
         ("experts", TEXTS, {}, ValueError, "dense FFNs: it has no experts"),
         ("unfitted", TEXTS, {}, ValueError, "not fitted"),
         ("junk", TEXTS, {}, TypeError, "NeuronSet, NeuronScores"),
