@@ -267,7 +267,8 @@ def circuit_section(card: Any) -> str:
     if card.kind == "path":
         parts = [_node_link(d["nodes"][0], d["node_cards"])]
         for step in d["steps"]:
-            parts.append(f" <small>&rarr; {_e(step['slot'])} ({_num(step['score'])}) &rarr;</small> ")
+            via = "" if step["slot"] == step["target"] else f"{_e(step['slot'])} "  # a head's q / k / v slot
+            parts.append(f" <small>&rarr; {via}({_num(step['score'])}) &rarr;</small> ")
             parts.append(_node_link(step["target"], d["node_cards"]))
         return f'<div class="label">path</div><div class="toks">{"".join(parts)}</div><div class="meta">{_e(d["definition"])}</div>'
     links = " ".join(f'<a href="#card-{int(i)}">path {int(r)}</a>' for r, i in zip(d["paths"], d["path_cards"]))
