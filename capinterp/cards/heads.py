@@ -97,12 +97,9 @@ def head_cards(
     details: list[dict[str, Any]] = []
     chosen: dict[tuple[int, int], list[int]] = {}
     for u, acts in zip(heads, found):
-        strips = [
-            _strip(ids[c.text_index], rows[(u, c.text_index, c.position)], c.position, decode) for c in acts.contexts
-        ]
-        srcs = _sources(
-            ids, [(c.text_index, rows[(u, c.text_index, c.position)]) for c in acts.contexts], decode, special
-        )
+        row = {c: rows[(u, c.text_index, c.position)] for c in acts.contexts}
+        strips = [_strip(ids[c.text_index], row[c], c.position, decode) for c in acts.contexts]
+        srcs = _sources(ids, [(c.text_index, row[c]) for c in acts.contexts], decode, special)
         details.append({"attention": strips, "sources": srcs})
         picked = [s["id"] for s in srcs if not s["special"]][:SOURCES]
         if picked:
