@@ -6,7 +6,8 @@ ablates each one alone (the exact single-unit patch of ``patching_agreement``, b
 :func:`capinterp.interventions.faithfulness.ablated_metric`), and bounds (a) how many units outside S
 have an effect above ``tau`` and (b) their total effect. A unit's effect is the drop of the mean
 probability of the target's first token over the data when it alone is ablated at every position,
-so it lies in [-1, 1]; the bounds are on its positive part (``absolute=True``: its size).
+so it lies in [-1, 1]; the bounds are on its positive part (``absolute=True``: its size). Units:
+FFN neurons, FFN layers and the experts of a mixture-of-experts model; proofs in docs/certify.md.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.interventions.certify_bounds import bounds, draw, plan
-from capinterp.interventions.faithfulness import ABLATIONS, _real_neurons, ablated_metric
+from capinterp.interventions.faithfulness import ABLATIONS, _neuron_keep, _real_neurons, ablated_metric
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
+from capinterp.units.experts import expert_index, expert_keys, expert_scores, expert_units, moe_of
 from capinterp.units.neurons import NeuronScores, NeuronSet
 
 __all__ = ["Certificate", "certify"]
@@ -111,6 +113,24 @@ def _layer_units(model: Model, located: KeySet, scores: Any) -> tuple[np.ndarray
     return inside, s, np.arange(L)
 
 
+def _expert_units(model: Model, located: KeySet, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Over the model's experts (:func:`capinterp.units.experts.expert_units` order): in S, scores
+    (per-expert ``[n_layers, n_columns]``, or neuron scores summed per expert by size), flat index."""
+    flat = expert_units(model)
+    inside = torch.isin(flat, expert_index(model, located)).numpy()
+    if scores is None:
+        s = torch.zeros(len(flat), dtype=torch.float64)
+    else:
+        t = scores.scores if isinstance(scores, NeuronScores) else torch.as_tensor(scores)
+        per = (
+            t
+            if t.dim() == 2 and t.shape[1] == len(expert_keys(moe_of(model)))
+            else expert_scores(model, t, absolute=True)
+        )
+        s = per.double().flatten()[flat]
+    return inside, s.numpy(), flat.numpy()
+
+
 def _units(model: Model, located: Any, scores: Any) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, bool]:
     """(kind, in S, scores, unit ids, had scores) of the located set's unit space."""
     if isinstance(located, Localizer):
@@ -124,21 +144,38 @@ def _units(model: Model, located: Any, scores: Any) -> tuple[str, np.ndarray, np
         return ("neuron", *_neuron_units(model, located, scores), scores is not None)
     if isinstance(located, KeySet) and located.kind == "layer":
         return ("layer", *_layer_units(model, located, scores), scores is not None)
+    if isinstance(located, KeySet) and located.kind == "expert":
+        return ("expert", *_expert_units(model, located, scores), scores is not None)
     if isinstance(located, NeuronScores):
         raise TypeError("certify needs the located set: pass scores.top_k(k) (or .select()) and scores=scores")
     kind = getattr(located, "kind", type(located).__name__)
     raise NotImplementedError(
-        f"certify covers neurons (NeuronSet) and FFN layers (layer KeySet) today, not {kind!r}; attention heads, "
-        "experts and circuit edges are planned (each needs its exact single-unit patch batched)"
+        f"certify covers neurons (NeuronSet), FFN layers (layer KeySet) and experts (expert KeySet) today, not "
+        f"{kind!r}; attention heads and circuit edges are planned (each needs its exact single-unit patch batched)"
     )
 
 
-def _keep(model: Model, kind: str, ids: np.ndarray) -> torch.Tensor:
-    """``[1 + len(ids), L, d]`` bool: the full model, then each unit ablated alone."""
+def _keep(model: Model, kind: str, ids: np.ndarray, n_units: int) -> torch.Tensor:
+    """``[1 + len(ids), L, d]`` bool: the full model, then each unit ablated alone (``ids``:
+    positions among the ``n_units`` units of the kind)."""
     L, d = neuron_shape(model)
+    if kind == "expert":
+        masks = torch.ones(1 + len(ids), n_units, dtype=torch.bool)
+        masks[torch.arange(1, len(ids) + 1), torch.as_tensor(ids, dtype=torch.long)] = False
+        return _neuron_keep(model, "expert", masks)
     keep = torch.ones(1 + len(ids), L * d if kind == "neuron" else L, dtype=torch.bool)
     keep[torch.arange(1, len(ids) + 1), torch.as_tensor(ids, dtype=torch.long)] = False
     return keep.view(-1, L, d) if kind == "neuron" else keep[:, :, None].expand(-1, L, d).contiguous()
+
+
+def _keys(model: Model, kind: str, units: np.ndarray) -> list[Any]:
+    """The sampled units' keys: ``(layer, neuron)``, a layer, or ``(layer, expert)``."""
+    if kind == "layer":
+        return [int(u) for u in units]
+    if kind == "neuron":
+        return [divmod(int(u), neuron_shape(model)[1]) for u in units]
+    names = expert_keys(moe_of(model))
+    return [(l, names[c]) for l, c in (divmod(int(u), len(names)) for u in units)]
 
 
 def _check(budget: Any, tau: Any, delta: Any, strata: Any, top: Any, ablation: Any, absolute: Any, seed: Any) -> tuple:
@@ -173,8 +210,8 @@ def certify(
     """Bound what ``located`` misses, from ``budget`` exact single-unit patches outside it.
 
     ``located``: a fitted neuron or layer localizer (its own ``scores_`` / ``layer_scores_`` set the
-    strata), a ``NeuronSet`` or a layer ``KeySet`` (then ``scores=`` a ``NeuronScores`` /
-    ``[n_layers, d_mlp]`` or ``[n_layers]`` tensor, or None: one uniform stratum). ``tau`` in [0, 1):
+    strata), a ``NeuronSet``, a layer ``KeySet`` or an expert ``KeySet`` (then ``scores=`` a
+    ``NeuronScores``, a ``[n_layers, d_mlp]``, ``[n_layers]`` or per-expert tensor, or None). ``tau`` in [0, 1):
     the effect (a drop of p(target)) that counts as missed; ``delta``: the error probability of
     each bound; ``strata``: 1 (the default: one uniform sample) or more score strata (geometric sizes, equal budget:
     the higher, the denser); ``top``: the ``top`` best-scored outside units are patched whole (out of
@@ -193,14 +230,15 @@ def certify(
     outside = np.flatnonzero(~inside)
     p = plan(s[outside], budget, strata, top)
     picked = draw(p, np.random.default_rng(seed))
-    units = ids[outside[np.concatenate(picked)]] if picked else np.zeros(0, dtype=int)
-    vals = ablated_metric(model, items, _keep(model, kind, units), ablation=ablation, batch_size=batch_size)
+    pos = outside[np.concatenate(picked)] if picked else np.zeros(0, dtype=int)
+    units = ids[pos]
+    keep = _keep(model, kind, units if kind != "expert" else pos, len(ids))
+    vals = ablated_metric(model, items, keep, ablation=ablation, batch_size=batch_size)
     effects = vals[0] - vals[1:]
     x = np.abs(effects) if absolute else np.maximum(effects, 0.0)
     cuts = np.cumsum([len(q) for q in picked])[:-1]
     b = bounds(p.sizes, p.take, np.split(x, cuts), tau, delta)
-    L, d = neuron_shape(model)
-    keys = [divmod(int(u), d) for u in units] if kind == "neuron" else [int(u) for u in units]
+    keys = _keys(model, kind, units)
     return Certificate(
         kind, int(inside.sum()), len(outside), len(units), budget, tau, delta, b.count_bound, b.count_estimate,
         b.total_bound, b.total_estimate, float(vals[0]), p.sizes, p.take, tuple(keys),

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from moe_tiny import load_tiny_moe
 from planting import PLANTED, plant
 
 import capinterp as ci
@@ -20,6 +21,7 @@ from capinterp.data import Example
 from capinterp.interventions.certify import certify
 from capinterp.interventions.certify_bounds import bounds, hypergeom_cdf, hypergeom_upper, plan
 from capinterp.interventions.certify_coverage import coverage, min_coverage, synthetic_population
+from capinterp.units.experts import expert_keys, expert_units, moe_of
 
 EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
 TRIALS, DELTA = 200, 0.05
@@ -131,6 +133,27 @@ def test_layers(planted):
     assert part.sampled == 1 and part.count_bound >= c.count_bound
 
 
+def test_experts_on_a_tiny_moe():
+    model, plain, _, _ = load_tiny_moe("mixtral")
+    data = [Example("Rome is the capital of", " Italy"), Example("Berlin is the capital of", " Germany")]
+    names = expert_keys(moe_of(model))
+    n = len(expert_units(model))
+    c = certify(model, ci.KeySet([(0, names[0])], "expert"), data, budget=n, tau=1e-3)
+    assert c.kind == "expert" and c.n_outside == c.sampled == n - 1 and (0, names[0]) not in c.sampled_units
+    x = np.maximum(np.array(c.sampled_effects), 0.0)
+    assert c.count_bound == int((x > 1e-3).sum()) and c.total_bound == pytest.approx(x.sum())
+
+    @torch.no_grad()
+    def mean_p() -> float:
+        ps = [model(torch.tensor([it.prompt_ids]))[0, -1].softmax(-1)[it.target_ids[0]] for it in encode(model, data)]
+        return float(np.mean([float(p) for p in ps]))
+
+    full = mean_p()
+    for unit, effect in list(zip(c.sampled_units, c.sampled_effects))[:2]:  # against ci.erase of that expert
+        with ci.erase(model, ci.KeySet([unit], "expert")):
+            assert effect == pytest.approx(full - mean_p(), abs=1e-5)
+
+
 def test_bad_input_is_refused_before_any_forward(planted):
     model, scores = planted
     s = scores.top_k(2)
@@ -146,7 +169,7 @@ def test_bad_input_is_refused_before_any_forward(planted):
     with pytest.raises(TypeError, match="top_k"):
         certify(model, scores, EXAMPLES)
     with pytest.raises(NotImplementedError, match="planned"):
-        certify(model, ci.KeySet(["L0E1"], "expert"), EXAMPLES)
+        certify(model, ci.KeySet([(0, 1)], "head"), EXAMPLES)
     with pytest.raises(NotImplementedError, match="edge"):
         certify(model, ci.KeySet([("a", "b")], "edge"), EXAMPLES)
     with pytest.raises(ValueError, match="empty target"):
