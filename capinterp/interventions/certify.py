@@ -7,7 +7,7 @@ ablates each one alone (the exact single-unit patch of ``patching_agreement``, b
 have an effect above ``tau`` and (b) their total effect. A unit's effect is the drop of the mean
 probability of the target's first token over the data when it alone is ablated at every position,
 so it lies in [-1, 1]; the bounds are on its positive part (``absolute=True``: its size). Units:
-FFN neurons, FFN layers and the experts of a mixture-of-experts model; proofs in docs/certify.md.
+FFN neurons, FFN layers, experts of a mixture-of-experts model and circuit edges; proofs in docs/certify.md.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import numpy as np
 import torch
 
 from capinterp.arch.model import neuron_shape
+from capinterp.circuits.graph import Circuit, EdgeSet, Graph
 from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.interventions.certify_bounds import bounds, draw, plan
+from capinterp.interventions.edge_faithfulness import edge_metric
 from capinterp.interventions.faithfulness import ABLATIONS, _neuron_keep, _real_neurons, ablated_metric
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
@@ -131,8 +133,31 @@ def _expert_units(model: Model, located: KeySet, scores: Any) -> tuple[np.ndarra
     return inside, s.numpy(), flat.numpy()
 
 
-def _units(model: Model, located: Any, scores: Any) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """(kind, in S, scores, unit ids, had scores) of the located set's unit space."""
+def _edge_units(model: Model, located: Any, scores: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, Graph]:
+    """Over the graph's edges (``graph.edges()`` order): in S, scores (the circuit's own, or ``scores=``
+    ``[n_src, n_slots]``), position; and the graph."""
+    graph = located.graph
+    if graph.signature != Graph.from_model(model, graph.granularity).signature:
+        raise ValueError(f"the circuit's graph ({graph.signature}) is not this model's graph")
+    edges = graph.edges()
+    pos = {(graph.sources.index(a), graph.slots.index(b)): j for j, (a, b) in enumerate(edges)}
+    mask = graph.mask_of(located.keys()) if isinstance(located, EdgeSet) else located.mask
+    inside = np.zeros(len(edges), dtype=bool)
+    inside[[pos[(int(r), int(c))] for r, c in mask.nonzero().tolist()]] = True
+    own = None if isinstance(located, EdgeSet) else located.scores
+    t = own if scores is None else torch.as_tensor(scores)
+    s = np.zeros(len(edges))
+    if t is not None:
+        s = np.array([float(t[r, c]) for (r, c) in sorted(pos, key=pos.__getitem__)])
+    return inside, s, np.arange(len(edges)), graph
+
+
+def _units(model: Model, located: Any, scores: Any) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, bool, Any]:
+    """(kind, in S, scores, unit ids, had scores, the graph of edges or None) of the located set's unit space."""
+    if isinstance(located, Localizer) and located.unit_kind == "edge":
+        if getattr(located, "circuit_", None) is None:
+            raise ValueError(f"{type(located).__name__} is not fitted: call .fit(data) before certify")
+        located = cast(Any, located).circuit_
     if isinstance(located, Localizer):
         if getattr(located, "units_", None) is None:
             raise ValueError(f"{type(located).__name__} is not fitted: call .fit(data) before certify")
@@ -141,17 +166,22 @@ def _units(model: Model, located: Any, scores: Any) -> tuple[str, np.ndarray, np
             scores = own if own is not None else getattr(located, "layer_scores_", None)
         located = cast(Any, located).units_
     if isinstance(located, NeuronSet):
-        return ("neuron", *_neuron_units(model, located, scores), scores is not None)
+        return ("neuron", *_neuron_units(model, located, scores), scores is not None, None)
     if isinstance(located, KeySet) and located.kind == "layer":
-        return ("layer", *_layer_units(model, located, scores), scores is not None)
+        return ("layer", *_layer_units(model, located, scores), scores is not None, None)
     if isinstance(located, KeySet) and located.kind == "expert":
-        return ("expert", *_expert_units(model, located, scores), scores is not None)
+        return ("expert", *_expert_units(model, located, scores), scores is not None, None)
+    if isinstance(located, (Circuit, EdgeSet)):
+        inside, s, ids, graph = _edge_units(model, located, scores)
+        had = scores is not None or getattr(located, "scores", None) is not None
+        return "edge", inside, s, ids, had, graph
     if isinstance(located, NeuronScores):
         raise TypeError("certify needs the located set: pass scores.top_k(k) (or .select()) and scores=scores")
     kind = getattr(located, "kind", type(located).__name__)
     raise NotImplementedError(
-        f"certify covers neurons (NeuronSet), FFN layers (layer KeySet) and experts (expert KeySet) today, not "
-        f"{kind!r}; attention heads and circuit edges are planned (each needs its exact single-unit patch batched)"
+        f"certify covers neurons (NeuronSet), FFN layers (layer KeySet), experts (expert KeySet) and circuit edges "
+        f"(Circuit, EdgeSet, a fitted KnowledgeCircuit) today, not {kind!r}; attention heads are planned (a head "
+        "localizer's set type first)"
     )
 
 
@@ -166,6 +196,15 @@ def _keep(model: Model, kind: str, ids: np.ndarray, n_units: int) -> torch.Tenso
     keep = torch.ones(1 + len(ids), L * d if kind == "neuron" else L, dtype=torch.bool)
     keep[torch.arange(1, len(ids) + 1), torch.as_tensor(ids, dtype=torch.long)] = False
     return keep.view(-1, L, d) if kind == "neuron" else keep[:, :, None].expand(-1, L, d).contiguous()
+
+
+def _patched(model: Model, kind: str, graph: Any, items: list, ids: np.ndarray, n_units: int, ablation: str, bs: int):
+    """``[1 + len(ids)]`` mean p(target): the full model, then each unit ablated alone."""
+    if kind != "edge":
+        return ablated_metric(model, items, _keep(model, kind, ids, n_units), ablation=ablation, batch_size=bs)
+    kept = torch.ones(1 + len(ids), n_units, dtype=torch.bool)
+    kept[torch.arange(1, len(ids) + 1), torch.as_tensor(ids, dtype=torch.long)] = False
+    return edge_metric(model, graph, items, kept, ablation=ablation, metric="prob", batch_size=bs)
 
 
 def _keys(model: Model, kind: str, units: np.ndarray) -> list[Any]:
@@ -209,9 +248,9 @@ def certify(
 ) -> Certificate:
     """Bound what ``located`` misses, from ``budget`` exact single-unit patches outside it.
 
-    ``located``: a fitted neuron or layer localizer (its own ``scores_`` / ``layer_scores_`` set the
-    strata), a ``NeuronSet``, a layer ``KeySet`` or an expert ``KeySet`` (then ``scores=`` a
-    ``NeuronScores``, a ``[n_layers, d_mlp]``, ``[n_layers]`` or per-expert tensor, or None). ``tau`` in [0, 1):
+    ``located``: a fitted neuron, layer or circuit localizer (its own scores set the strata), a
+    ``NeuronSet``, a layer or expert ``KeySet``, a ``Circuit`` or an ``EdgeSet`` (then ``scores=`` a
+    ``NeuronScores``, a ``[n_layers, d_mlp]``, ``[n_layers]``, per-expert or ``[n_src, n_slots]`` tensor, or None). ``tau`` in [0, 1):
     the effect (a drop of p(target)) that counts as missed; ``delta``: the error probability of
     each bound; ``strata``: 1 (the default: one uniform sample) or more score strata (geometric sizes, equal budget:
     the higher, the denser); ``top``: the ``top`` best-scored outside units are patched whole (out of
@@ -224,7 +263,7 @@ def certify(
         budget, tau, delta, strata, top, ablation, absolute, seed
     )
     items = encode(model, validate.examples(data, need_target=True))
-    kind, inside, s, ids, had_scores = _units(model, located, scores)
+    kind, inside, s, ids, had_scores, graph = _units(model, located, scores)
     if not had_scores and (strata > 1 or top):
         raise ValueError("strata > 1 and top > 0 rank the outside units by score: pass scores= (or a fitted localizer)")
     outside = np.flatnonzero(~inside)
@@ -232,13 +271,12 @@ def certify(
     picked = draw(p, np.random.default_rng(seed))
     pos = outside[np.concatenate(picked)] if picked else np.zeros(0, dtype=int)
     units = ids[pos]
-    keep = _keep(model, kind, units if kind != "expert" else pos, len(ids))
-    vals = ablated_metric(model, items, keep, ablation=ablation, batch_size=batch_size)
+    vals = _patched(model, kind, graph, items, units if kind != "expert" else pos, len(ids), ablation, batch_size)
     effects = vals[0] - vals[1:]
     x = np.abs(effects) if absolute else np.maximum(effects, 0.0)
     cuts = np.cumsum([len(q) for q in picked])[:-1]
     b = bounds(p.sizes, p.take, np.split(x, cuts), tau, delta)
-    keys = _keys(model, kind, units)
+    keys = _keys(model, kind, units) if graph is None else [graph.edges()[int(u)] for u in units]
     return Certificate(
         kind, int(inside.sum()), len(outside), len(units), budget, tau, delta, b.count_bound, b.count_estimate,
         b.total_bound, b.total_estimate, float(vals[0]), p.sizes, p.take, tuple(keys),

@@ -154,6 +154,23 @@ def test_experts_on_a_tiny_moe():
             assert effect == pytest.approx(full - mean_p(), abs=1e-5)
 
 
+def test_circuit_edges():
+    model = ci.load_model("tiny", threads=1)
+    facts = [Example("Rome is the capital of", " Italy"), Example("Berlin is the capital of", " Germany")]
+    kc = ci.KnowledgeCircuit(model, algorithm="eap", top_n=20, progress=False).fit(facts)
+    n_edges = kc.circuit_.graph.n_edges
+    c = certify(model, kc, facts, budget=8, tau=1e-3, top=4)
+    assert c.kind == "edge" and c.n_located == int(kc.circuit_.mask.sum()) and c.n_outside == n_edges - c.n_located
+    assert c.sampled == 8 and not set(c.sampled_units) & set(kc.circuit_.edges)
+    assert c.count_bound >= int((np.maximum(c.sampled_effects, 0) > 1e-3).sum())
+    # the same patches by hand: the graph run with one edge removed (ci.faithfulness's ablated point)
+    ranked = ci.faithfulness(
+        model, ci.circuits.EdgeSet([c.sampled_units[0]], kc.circuit_.graph), facts, ablation="zero"
+    )
+    row = ranked.table.iloc[0]
+    assert c.sampled_effects[0] == pytest.approx(c.full_metric - row["ablated"], abs=1e-5)
+
+
 def test_bad_input_is_refused_before_any_forward(planted):
     model, scores = planted
     s = scores.top_k(2)
