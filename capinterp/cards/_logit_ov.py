@@ -45,14 +45,17 @@ def head_slices(model: Model, layer: int, head: int) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def ov_factors(model: Model, layer: int, head: int, ro: Readout) -> tuple[Tensor, Tensor]:
+def ov_factors(
+    model: Model, layer: int, head: int, ro: Readout, tokens: list[int] | None = None
+) -> tuple[Tensor, Tensor]:
     """``(A, B)`` of the module docstring; with ``ro.norms == "fold"`` each embedding goes through the
-    block's input norm first as if it were the whole residual (its gain; centred on a LayerNorm model)."""
+    block's input norm first as if it were the whole residual (its gain; centred on a LayerNorm model).
+    ``tokens``: only these rows of ``A`` (in that order), not the whole vocabulary's."""
     w_v, w_o = head_slices(model, layer, head)
     ln1 = getattr(model.blocks[layer], "ln1", None)
     gain, centre = norm_gain(model, ln1) if ro.norms == "fold" and ln1 is not None else (None, False)
     with weights_readable(model.embed):
-        w_e = model.W_E
+        w_e = model.W_E if tokens is None else model.W_E[torch.tensor(tokens, device=model.W_E.device)]
         a = torch.empty(w_e.shape[0], w_v.shape[0], device=w_v.device)
         for i in range(0, w_e.shape[0], _ROWS):
             x = w_e[i : i + _ROWS].float().to(w_v.device)

@@ -149,7 +149,7 @@ def _node_kind(name: str) -> str:
 
 
 def _inner_cards(
-    model: Any, plan: Plan, nodes: list[str], corpus: list[str], examples: list[Example] | None, **kw: Any
+    model: Any, plan: Plan, nodes: list[str], corpus: list[str], examples: list[Example] | None, ablate: int, **kw: Any
 ) -> dict[str, UnitCard]:
     """Node name -> the layer card of an MLP node, the head card of a head node (when head cards exist)."""
     import importlib
@@ -162,14 +162,15 @@ def _inner_cards(
         layers = [int(n[1:]) for n in mlps]
         cards = d._layer_cards(model, Plan("layer", layers, None, len(layers), plan.source), corpus, examples, **kw)
         if examples and all(e.target for e in examples):
-            todo = [c.unit for c in cards[:ABLATE_NODES]]
+            todo = [c.unit for c in cards[:ablate]]
             for c, effect in zip(cards, d.ablation_effects(model, "layer", todo, examples, kw["batch_size"])):
                 c.ablation = effect
         out.update(zip(mlps, cards))
     heads = [n for n in nodes if _node_kind(n) == "head"]
     if heads and "head" in d.BUILDERS:
         keys = [(int(m[1]), int(m[2])) for m in (_HEAD.match(n) for n in heads) if m]
-        cards = d._builder("head")(model, Plan("head", keys, None, len(keys), plan.source), corpus, examples, **kw)
+        head_plan = Plan("head", keys, None, len(keys), plan.source)
+        cards = d._builder("head")(model, head_plan, corpus, examples, ablate=ablate, **kw)
         by_unit = {tuple(c.unit): c for c in cards}
         out.update({n: by_unit[key] for n, key in zip(heads, keys) if key in by_unit})
     return out
@@ -221,13 +222,21 @@ def _node_card(name: str, inner: UnitCard | None, plan: Plan, paths: list[int]) 
 
 
 def circuit_cards(
-    model: Any, plan: Plan, corpus: list[str], examples: list[Example] | None, *, k: int, progress: bool, **run: Any
+    model: Any,
+    plan: Plan,
+    corpus: list[str],
+    examples: list[Example] | None,
+    *,
+    k: int,
+    progress: bool,
+    ablate: int = ABLATE_NODES,
+    **run: Any,
 ) -> list[UnitCard]:
     """The path cards, then the node cards (see the module docstring); describe's builder for
     kinds ``"edge"`` and ``"node"``."""
     paths: list[CircuitPath] = list(plan.keys) if plan.kind == "edge" else []
     nodes = list(dict.fromkeys(n for p in paths for n in p.nodes[1:-1])) if paths else list(plan.keys)
-    inner = _inner_cards(model, plan, nodes, corpus, examples, k=k, progress=progress, **run)
+    inner = _inner_cards(model, plan, nodes, corpus, examples, ablate=ablate, k=k, progress=progress, **run)
     index = {name: len(paths) + i for i, name in enumerate(nodes)}
     cards = []
     for rank, p in enumerate(paths, 1):

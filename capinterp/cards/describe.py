@@ -6,7 +6,7 @@
 >>> cards.save("cards.html")                            # the offline cards page
 
 Everything is checked before the first forward pass: the units (:mod:`capinterp.cards.inputs`:
-empty sets, a result saved for another model, unit kinds not covered yet), the texts, the task and
+empty sets, a result saved for another model, units the model does not have), the texts, the task and
 every number. Then, for neurons: one streamed pass over the corpus reads every described neuron and
 the chance level's random neurons at once (:func:`capinterp.cards.contexts.top_contexts`), one pass
 over the task's prompts their statistics (:func:`capinterp.cards.contexts.activation_stats`), the
@@ -14,7 +14,9 @@ value vectors' logit effects are read from the weights
 (:func:`capinterp.cards.logit_effect.neuron_logit_effects`), and the first ``ablate`` units are
 erased one at a time on the task (:func:`capinterp.kernels.evaluate`). For layers: the same
 contexts and statistics, of the layer's MLP output norm ``||mlp_out||`` at each token, and the
-ablation of all the layer's neurons. :mod:`capinterp.cards.card` defines each field.
+ablation of all the layer's neurons. Experts (:mod:`capinterp.cards.experts`), heads
+(:mod:`capinterp.cards.heads`) and circuits (:mod:`capinterp.cards.circuits`) have builders of
+their own (:data:`BUILDERS`). :mod:`capinterp.cards.card` defines each field.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ def describe(
 
     Args:
         model: the model the units were located in.
-        units: a NeuronSet, NeuronScores (its ``top`` highest-scoring neurons), a layer KeySet, or a
-            fitted localizer (its ``units_``, ranked by its scores). At most ``top`` units get cards.
+        units: a NeuronSet, NeuronScores (its ``top`` highest-scoring neurons), a layer, expert or
+            head KeySet, a ``[n_layers, n_heads]`` head score array, a circuit (a Circuit, an edge or
+            node set; its strongest input-to-logit paths, then a card per node on them), or a fitted
+            localizer (its ``units_``, ranked by its scores). At most ``top`` units get cards.
         texts: the corpus: a list of strings, the path of a ``.txt`` (paragraphs) or ``.jsonl``
             file, or None: the task's prompts plus the data folder's local text
             (``CAPINTERP_DATA``, :func:`capinterp.data.local_texts`), or without one the built-in
@@ -89,7 +93,8 @@ def describe(
     corpus, source = resolve_texts(texts, examples)
     _check_lengths(model, corpus, examples, max_tokens)
     run = {"batch_size": batch_size, "device": device, "max_tokens": max_tokens}
-    cards = _builder(plan.kind)(model, plan, corpus, examples, k=k, progress=progress, **run)
+    more = {} if plan.kind in ("neuron", "layer") else {"ablate": ablate}  # other kinds ablate by themselves
+    cards = _builder(plan.kind)(model, plan, corpus, examples, k=k, progress=progress, **more, **run)
     n_ablate = min(ablate, len(cards)) if examples is not None else 0
     if plan.kind in ("neuron", "layer"):
         for card, effect in zip(
@@ -114,7 +119,8 @@ def describe(
 
 
 #: Unit kind -> "module:function" building that kind's cards, for the kinds not built here; each
-#: takes ``(model, plan, corpus, examples, *, k, progress, batch_size, device, max_tokens)``.
+#: takes ``(model, plan, corpus, examples, *, k, progress, ablate, batch_size, device, max_tokens)`` and
+#: fills ``card.ablation`` for its first ``ablate`` units itself.
 BUILDERS: dict[str, str] = {
     "expert": "capinterp.cards.experts:expert_cards",
     "head": "capinterp.cards.heads:head_cards",

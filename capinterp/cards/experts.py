@@ -97,7 +97,15 @@ def routing_details(model: Any, r: ExpertRouting, k: int, *, top_k: int, n_exper
 
 
 def expert_cards(
-    model: Any, plan: Any, corpus: list[str], examples: list[Example] | None, *, k: int, progress: bool, **run: Any
+    model: Any,
+    plan: Any,
+    corpus: list[str],
+    examples: list[Example] | None,
+    *,
+    k: int,
+    progress: bool,
+    ablate: int = ABLATE,
+    **run: Any,
 ) -> list[UnitCard]:
     """The cards of ``plan``'s experts (see the module docstring), in the plan's order."""
     from capinterp.cards.logit_effect import expert_logit_effects
@@ -137,7 +145,7 @@ def expert_cards(
             )
         )
     if examples and all(e.target for e in examples):
-        n = min(ABLATE, len(cards))
+        n = min(ablate, len(cards))
         for card, effect in zip(cards, expert_ablations(model, keys[:n], examples, run["batch_size"])):
             card.ablation = effect
     return cards

@@ -78,7 +78,15 @@ def head_keys(
 
 
 def head_cards(
-    model: Model, plan: Any, corpus: list[str], examples: list[Example] | None, *, k: int, progress: bool, **run: Any
+    model: Model,
+    plan: Any,
+    corpus: list[str],
+    examples: list[Example] | None,
+    *,
+    k: int,
+    progress: bool,
+    ablate: int = ABLATE,
+    **run: Any,
 ) -> list[UnitCard]:
     """One card per head of ``plan`` (the builder :func:`capinterp.cards.describe` calls for heads)."""
     from capinterp.cards.logit_effect import head_ov_effects
@@ -110,7 +118,7 @@ def head_cards(
         effects = [None] * len(heads)
         for d in details:
             d["ov"] = str(err)
-    ablation = head_ablation_effects(model, heads[:ABLATE], examples, run.get("batch_size", 8))
+    ablation = head_ablation_effects(model, heads[:ablate], examples, run.get("batch_size", 8))
     cards = []
     for i, (u, acts) in enumerate(zip(heads, found)):
         ts = task[i].stats if task is not None else None

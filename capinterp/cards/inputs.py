@@ -82,9 +82,9 @@ def _from_localizer(model: Any, loc: Any, top: int, across: bool) -> Plan:
 def resolve_units(model: Any, units: Any, top: int, *, across_models: bool = False) -> Plan:
     """The :class:`Plan` for ``units``: a NeuronSet (every neuron, by (layer, neuron), at most
     ``top``), NeuronScores (its ``top`` highest scores), a layer KeySet (every layer), or a fitted
-    localizer (its ``units_`` ranked by its ``scores_`` / ``layer_scores_``). ValueError for an empty
-    set or one made for another model (``across_models``: as in ``check_model``), NotImplementedError for expert / head / edge sets, TypeError
-    for anything else."""
+    localizer (its ``units_`` ranked by its ``scores_`` / ``layer_scores_``), an expert or head KeySet,
+    a head score array, or a circuit / edge / node set. ValueError for an empty set or one made for
+    another model (``across_models``: as in ``check_model``), TypeError for anything else."""
     from capinterp.localizers.base import Localizer
 
     across = across_models

@@ -193,9 +193,14 @@ def head_ov_effects(
     out = []
     for l, h in units:
         given = _sources_for(model, (l, h), sources)
-        a, b = ov_factors(model, l, h, ro)
-        src = [strongest_source(a, b)] if given is None else given
-        effect = (a[torch.tensor(src, device=a.device)] @ b).mean(0) * gain
+        if given is None:  # the whole vocabulary's values, to find the strongest source
+            a, b = ov_factors(model, l, h, ro)
+            src = [strongest_source(a, b)]
+            a = a[src]
+        else:  # only the given sources' values
+            a, b = ov_factors(model, l, h, ro, tokens=given)
+            src = given
+        effect = (a @ b).mean(0) * gain
         x = "ln1 gain * W_E[s] / rms (as if the residual were that embedding)" if ro.norms == "fold" else "W_E[s]"
         how = "the strongest source s" if given is None else f"mean over {len(src)} sources s"
         what = f"{how}: {x} @ W_V[{l}.{h}] @ W_O[{l}.{h}] {_tail(ro, gain, 'attn', l, fam.logit_softcap)}"

@@ -171,3 +171,12 @@ def test_a_mixed_models_dense_layer_has_no_expert_cards():
         ci.describe(model, KeySet([(0, 1), (1, 1)], "expert"), TEXTS, progress=False)
     (card,) = ci.describe(model, KeySet([(1, 1)], "expert"), TEXTS, k=2, progress=False)
     assert card.label == "L1 E1" and 0 < card.details["routing"]["routed"] < card.details["routing"]["tokens"]
+
+
+def test_ablate_sets_how_many_experts_are_ablated(qwen_moe):
+    units = KeySet([(1, 3), (0, 1)], "expert")
+    task = ci.data.arithmetic(ops="+", n=4)
+    none = ci.describe(qwen_moe, units, TEXTS, task=task, k=2, ablate=0, progress=False)
+    assert all(c.ablation is None for c in none) and none.meta["ablated"] == "none"
+    one = ci.describe(qwen_moe, units, TEXTS, task=task, k=2, ablate=1, progress=False)
+    assert one[0].ablation is not None and one[1].ablation is None

@@ -225,3 +225,12 @@ def test_normalized_values_leave_the_ov_effect_out_with_the_reason():
     cards = describe(ci.load_model(hf, tokenizer=tok), ci.KeySet([(1, 2)], "head"), TEXTS, k=2, progress=False)
     assert cards[0].effect is None and "gemma4_text" in cards[0].details["ov"] and len(cards[0].contexts) == 2
     assert "no OV effect" in cards.html()
+
+
+def test_ablate_sets_how_many_heads_are_ablated(tiny, task):
+    heads = ci.KeySet([(2, 3), (0, 1), (3, 0)], kind="head")
+    none = describe(tiny, heads, TEXTS, task=task, k=2, ablate=0, progress=False)
+    assert all(c.ablation is None for c in none) and none.meta["ablated"] == "none"
+    one = describe(tiny, heads, TEXTS, task=task, k=2, ablate=1, progress=False)
+    assert one[0].ablation is not None and [c.ablation for c in one[1:]] == [None, None]
+    assert one.meta["ablated"] == "the top 1 units, one at a time"
