@@ -250,13 +250,14 @@ def certify(
 
     ``located``: a fitted neuron, layer or circuit localizer (its own scores set the strata), a
     ``NeuronSet``, a layer or expert ``KeySet``, a ``Circuit`` or an ``EdgeSet`` (then ``scores=`` a
-    ``NeuronScores``, a ``[n_layers, d_mlp]``, ``[n_layers]``, per-expert or ``[n_src, n_slots]`` tensor, or None). ``tau`` in [0, 1):
-    the effect (a drop of p(target)) that counts as missed; ``delta``: the error probability of
-    each bound; ``strata``: 1 (the default: one uniform sample) or more score strata (geometric sizes, equal budget:
-    the higher, the denser); ``top``: the ``top`` best-scored outside units are patched whole (out of
-    the budget; tighter where the misses sit among the outside units' top scores);
-    ``ablation``: ``"zero"`` or ``"mean"`` (mean over ``data``). With ``budget`` at least the number
-    of outside units every unit is patched and the bounds are the exact values.
+    ``NeuronScores``, a ``[n_layers, d_mlp]``, ``[n_layers]``, per-expert or ``[n_src, n_slots]``
+    tensor, or None). ``tau`` in [0, 1): the effect (a drop of p(target)) that counts as missed;
+    ``delta``: the error probability of each bound; ``strata``: 1 (the default: one uniform sample)
+    or more score strata (geometric sizes, equal budget: the higher, the denser); ``top``: the
+    ``top`` best-scored outside units are patched whole (out of the budget; tighter where the misses
+    sit among the outside units' top scores); ``ablation``: ``"zero"`` or ``"mean"`` (mean over
+    ``data``). With ``budget`` at least the number of outside units every unit is patched and the
+    bounds are the exact values. Proofs and coverage: docs/certify.md.
     """
     validate.model(model)
     budget, tau, delta, strata, top, ablation, absolute, seed = _check(
