@@ -154,6 +154,16 @@ def test_experts_on_a_tiny_moe():
             assert effect == pytest.approx(full - mean_p(), abs=1e-5)
 
 
+def test_a_fitted_layer_localizer_ranks_by_its_own_layer_scores():
+    model = ci.load_model("tiny", threads=1)
+    facts = [Example("Rome is the capital of", " Italy", {"subject": "Rome"})]
+    ct = ci.CausalTrace(model, samples=2, top_k=1, progress=False, require_correct=False).fit(facts)
+    c = certify(model, ct, facts, budget=2, tau=1e-3, top=1)
+    outside = [l for l in range(4) if l not in set(ct.units_)]
+    best = max(outside, key=lambda l: (abs(float(ct.layer_scores_[l])), -l))
+    assert c.kind == "layer" and c.strata == (1, 2) and c.takes == (1, 1) and c.sampled_units[0] == best
+
+
 def test_circuit_edges():
     model = ci.load_model("tiny", threads=1)
     facts = [Example("Rome is the capital of", " Italy"), Example("Berlin is the capital of", " Germany")]
