@@ -160,7 +160,7 @@ def run_main(args) -> int:
 
 #: The main job's cards corpus: the task's prompts plus this many texts (the data folder's local text, or
 #: the built-in text), each cut to ``CARDS_MAX_TOKENS`` tokens, and this many neurons ablated one at a time.
-CARDS_TEXTS, CARDS_MAX_TOKENS, CARDS_ABLATE = 100, 64, 5
+CARDS_TEXTS, CARDS_MAX_TOKENS, CARDS_ABLATE = 100, 64, 2
 
 
 def main_cards(model: Model, cnl: CNL, examples: list, out: Path, n: int, batch_size: int) -> dict[str, Any] | None:
