@@ -112,6 +112,48 @@ def run_mode(args) -> dict:
     }
 
 
+def block_positions(T: int, s0: int, L: int, S: int, window: int, kinds: list[str]) -> dict[str, int]:
+    """Block x position evaluations of one fact per route, counted from the shapes each runs (the
+    layers' work; attention over at most T keys and the last-position unembedding aside).
+
+    ROME's loop: every (token, layer) restoration runs S + 1 rows (a clean one too) over all T positions
+    and all L blocks. batched+prefix: restorations from the first subject token s0 on, S rows over the
+    T - t positions from t, all L blocks, plus the corrupted run. stair: as that, but each row from its
+    window's first layer, plus, per token t, the recorded prefix and suffix runs and the check.
+    """
+    half = window // 2
+    first = {"resid": lambda l: l, "mlp": lambda l: max(0, l - half), "attn": lambda l: max(0, l - half)}
+    k, ts = len(kinds), range(s0, T)
+    rome = T * L * k * (S + 1) * T * L
+    old = sum(S * (T - t) * L * L * k for t in ts) + S * T * L
+    rows = sum(S * (T - t) * (L - first[kind](l)) for t in ts for kind in kinds for l in range(L))
+    stair = rows + sum(S * t * L + 2 * S * (T - t) * L for t in ts) + S * T * L
+    return {"rome_loop": rome, "batched+prefix": old, "stair": stair}
+
+
+def _work(args) -> int:
+    """Print :func:`block_positions` for the facts the benchmark would trace (no tracing)."""
+    from capinterp.arch.model import load_model
+    from capinterp.data.facts import builtin_facts, facts_known_by
+    from capinterp.localizers.causal_trace import CausalTrace
+
+    model = load_model(args.model, threads=args.threads, device=args.device)
+    facts = builtin_facts()
+    if args.model.startswith("tiny"):
+        facts = [f.__class__(f.prompt, "", {**f.meta, "target_from": "greedy"}) for f in facts]
+    else:
+        facts = facts_known_by(model, facts)
+    tr = CausalTrace(model, samples=args.samples, window=args.window, kinds=tuple(args.kinds), progress=False)
+    L = int(model.cfg.n_layers)
+    for i, ex in enumerate(facts[: args.facts]):
+        item = tr._prepare(i, ex)
+        T, s0 = len(item["ids"]), item["subject_range"][0]
+        n = block_positions(T, s0, L, args.samples, args.window, list(args.kinds))
+        ratios = {k: round(v / n["stair"], 2) for k, v in n.items()}
+        print(json.dumps({"prompt": ex.prompt, "T": T, "s0": s0, "L": L, "block_positions": n, "over_stair": ratios}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -125,10 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", nargs="+", default=list(PARAMS), choices=PARAMS)
     ap.add_argument("--quick", action="store_true", help="the tiny model, 3 samples, window 3")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--work", action="store_true", help="print each route's block x position count; no tracing")
     ap.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # internal: run one mode, print JSON
     args = ap.parse_args(argv)
     if args.quick:
         args.model, args.samples, args.window = "tiny", 3, 3
+    if args.work:
+        return _work(args)
     if args.mode:
         args.params = args.params[0]
         print("RESULT " + json.dumps(run_mode(args)))
