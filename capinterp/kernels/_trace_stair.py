@@ -99,11 +99,15 @@ def _one_row(rest: tuple, kwargs: dict, S: int) -> tuple[tuple, dict]:
     return tuple(_first_row(a, S) for a in rest), kw
 
 
+def _keep_last(act, hook):
+    """The last position only, contiguous: a strided ``act[:, -1:]`` makes PyTorch run the unembedding
+    as a batched matmul over per-row copies of W_U when the parameters do not require gradients."""
+    return act[:, -1:].contiguous()
+
+
 @torch.no_grad()
 def record(model: Model, ids: Int[Tensor, "1 T"], t: int, noise_of, S: int) -> Corrupted:
     """The S corrupted copies split at ``t`` (``noise_of(p0, p1)``: the noise hook for positions ``[p0, p1)``)."""
-    from capinterp.kernels.tracing import _keep_last
-
     tokens = repeat(ids, "1 t -> s t", s=S)
     T, n_blocks = tokens.shape[1], len(model.blocks)
     cache = None

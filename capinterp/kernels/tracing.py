@@ -38,7 +38,7 @@ from capinterp.arch.forward import batch_first, capture
 from capinterp.arch.model import attention_layers
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import subject_span
-from capinterp.kernels._trace_stair import Unsupported, check, noise_hook, record, stair_probs
+from capinterp.kernels._trace_stair import Unsupported, _keep_last, check, noise_hook, record, stair_probs
 from capinterp.kernels.prefix_state import unshared_state
 
 __all__ = [
@@ -426,9 +426,3 @@ def state_view(model: Model, kind: str, act: Tensor) -> Tensor:
     """A traced state with the batch first, positions second (a view): AltUp's block output
     (``[streams, batch, pos, d]``, :func:`~capinterp.arch.forward.batch_first`) for ``"resid"``."""
     return batch_first(model, act) if kind == "resid" else act
-
-
-def _keep_last(act, hook):
-    """The last position only, contiguous: a strided ``act[:, -1:]`` makes PyTorch run the unembedding
-    as a batched matmul over per-row copies of W_U when the parameters do not require gradients."""
-    return act[:, -1:].contiguous()
