@@ -1,0 +1,159 @@
+"""A roofline for the benchmarks: useful FLOPs counted from shapes, beside measured matmul throughput.
+
+Every kernel's work is counted from the shapes it actually runs (no profiler): a dense
+transformer block over ``q`` query positions attending to ``k`` keys costs
+
+* matmuls: ``2 * q * (params in the block's matmuls)`` (Q, K, V, O and the FFN's two or three
+  projections; K and V are projected for the ``q`` new positions only, grouped-query heads counted
+  as the model has them);
+* attention: ``4 * q * k * n_heads * d_head`` (scores ``Q K^T`` and ``softmax(.) V``, the causal mask
+  not subtracted: the kernels compute the full rectangle);
+
+and the unembedding ``2 * positions * d_model * d_vocab``. A backward pass is counted as twice its
+forward. Norms, activations and softmax are not counted (they are memory traffic, not FLOPs).
+
+:func:`matmul_gflops` times a dense ``[rows, d_model] @ [d_model, d_mlp]`` matmul (the FFN's
+shape) at the given thread count, dtype and device, best of a few repeats: the ceiling a kernel's
+GFLOP/s is put against (:func:`roofline`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The shapes the FLOP counters need, read off a TransformerLens config."""
+
+    n_layers: int
+    d_model: int
+    d_mlp: int
+    n_heads: int
+    d_head: int
+    n_kv: int
+    d_vocab: int
+    gated: bool
+
+    @classmethod
+    def of(cls, model) -> Dims:
+        c = model.cfg
+        n_kv = getattr(c, "n_key_value_heads", None) or c.n_heads
+        gated = bool(getattr(c, "gated_mlp", False))
+        return cls(
+            int(c.n_layers),
+            int(c.d_model),
+            int(c.d_mlp),
+            int(c.n_heads),
+            int(c.d_head),
+            int(n_kv),
+            int(c.d_vocab),
+            gated,
+        )
+
+    @property
+    def block_matmul_params(self) -> int:
+        """Weights in one block's matmuls: Q and O (n_heads), K and V (n_kv heads), the FFN."""
+        attn = 2 * self.d_model * self.n_heads * self.d_head + 2 * self.d_model * self.n_kv * self.d_head
+        return attn + (3 if self.gated else 2) * self.d_model * self.d_mlp
+
+
+def block_flops(d: Dims, q: int, k: int) -> int:
+    """One block's forward FLOPs over ``q`` query positions attending to ``k`` keys."""
+    return 2 * q * d.block_matmul_params + 4 * q * k * d.n_heads * d.d_head
+
+
+def unembed_flops(d: Dims, positions: int) -> int:
+    return 2 * positions * d.d_model * d.d_vocab
+
+
+def forward_flops(
+    d: Dims, T: int, *, rows: int = 1, first: int = 0, last: int | None = None, unembed: int | None = None
+) -> int:
+    """A forward pass of ``rows`` sequences of ``T`` tokens through blocks ``first..last`` (default:
+    all), plus the unembedding at ``unembed`` positions per row (default ``T``; 0 for none)."""
+    last = d.n_layers - 1 if last is None else last
+    per_row = (last - first + 1) * block_flops(d, T, T) + unembed_flops(d, T if unembed is None else unembed)
+    return rows * per_row
+
+
+def backward_flops(forward: int) -> int:
+    return 2 * forward
+
+
+def ig_fast_flops(d: Dims, T: int, p0: int, n_pos: int, rows: int, layers: list[int]) -> int:
+    """IG's fast route for one example: the clean run over all ``T`` tokens (forward), then ``rows``
+    forward + backward rows, each over the ``n_pos`` scaled positions (keys: all ``T``), entering at
+    its layer (a layer staircase; rows spread evenly over ``layers``), logits at those positions."""
+    clean = forward_flops(d, T)
+    stair = [(d.n_layers - l) * block_flops(d, n_pos, T) for l in layers]
+    per_row = sum(stair) / len(stair) + unembed_flops(d, n_pos)
+    return clean + int(rows * 3 * per_row)
+
+
+def trace_flops(d: Dims, block_positions: int, T: int) -> int:
+    """Causal tracing: a count of block x position evaluations (``bench_trace.block_positions``),
+    each one position's block over at most ``T`` keys (the last-position unembeddings aside)."""
+    return block_positions * block_flops(d, 1, T)
+
+
+def eap_flops(d: Dims, T: int, n_pairs: int, steps: int, n_src: int, n_slots: int) -> int:
+    """EAP / EAP-IG: per pair a clean and a corrupted forward, ``steps`` forward + backward rows, and
+    the edge scores ``einsum(d_out, grads)`` (``2 * T * n_src * n_slots * d_model``)."""
+    per = (2 + 3 * steps) * forward_flops(d, T) + 2 * T * n_src * n_slots * d.d_model
+    return n_pairs * per
+
+
+def matmul_gflops(
+    threads: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    shape=(256, 576, 1536),
+    repeats: int = 5,
+) -> float:
+    """Best-of-``repeats`` GFLOP/s of a dense ``[m, k] @ [k, n]`` matmul (``shape = (m, k, n)``) at
+    ``threads`` torch threads (restored after), on ``device`` in ``dtype``. Each repeat runs about
+    0.1 s of matmuls."""
+    if threads < 1 or repeats < 1 or min(shape) < 1:
+        raise ValueError(f"threads, repeats and shape must be positive, got {threads}, {repeats}, {shape}")
+    m, k, n = shape
+    dev = torch.device(device)
+    a = torch.randn(m, k, device=dev).to(dtype)
+    b = torch.randn(k, n, device=dev).to(dtype)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a @ b  # warm-up
+        sync()
+        t = time.perf_counter()
+        a @ b
+        sync()
+        iters = max(1, int(0.1 / max(time.perf_counter() - t, 1e-6)))
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(iters):
+                a @ b
+            sync()
+            best = min(best, (time.perf_counter() - t) / iters)
+    finally:
+        torch.set_num_threads(old)
+    return 2 * m * k * n / best / 1e9
+
+
+def model_matmul_gflops(model, threads: int, rows: int = 256) -> float:
+    """:func:`matmul_gflops` at the model's FFN shape, dtype and device."""
+    d = Dims.of(model)
+    dtype = next(model.parameters()).dtype
+    return matmul_gflops(threads, dtype, model.cfg.device, shape=(rows, d.d_model, d.d_mlp))
+
+
+def roofline(flops: float, seconds: float, peak_gflops: float) -> str:
+    """``"12.3 GFLOP/s = 45% of matmul"``: a kernel's useful FLOP rate beside the measured peak."""
+    g = flops / seconds / 1e9
+    return f"{g:.2f} GFLOP/s = {100 * g / peak_gflops:.1f}% of matmul ({peak_gflops:.1f} GFLOP/s)"
