@@ -157,3 +157,38 @@ def roofline(flops: float, seconds: float, peak_gflops: float) -> str:
     """``"12.3 GFLOP/s = 45% of matmul"``: a kernel's useful FLOP rate beside the measured peak."""
     g = flops / seconds / 1e9
     return f"{g:.2f} GFLOP/s = {100 * g / peak_gflops:.1f}% of matmul ({peak_gflops:.1f} GFLOP/s)"
+
+
+def ig_flops(model, enc, positions: str, rows: int, layers: list[int]) -> int:
+    """:func:`ig_fast_flops` for one encoded example as :func:`capinterp.kernels.ig.ig_scores` runs it
+    (``rows``: its ``stats["rows"]``)."""
+    from capinterp.kernels.ig import site
+
+    s = site(enc, positions)
+    return ig_fast_flops(Dims.of(model), len(s.seq), s.p0, s.n_pos, rows, layers)
+
+
+def ig_variants(model, encs, threads: int, batch_size: int, peak: float) -> None:
+    """Time the IG fast route per variant (KN / CNL positions, the closed form, the adaptive rule)
+    over ``encs``, all layers, and print each one's roofline against ``peak`` GFLOP/s."""
+    from capinterp.kernels.ig import ig_scores
+    from capinterp.kernels.ig_config import CLOSED_FORM, IGConfig
+
+    layers = list(range(int(model.cfg.n_layers)))
+    variants = {
+        "KN (last prompt token, right:20)": IGConfig(steps=20, positions="last_prompt", batch_size=batch_size),
+        "CNL (answer positions, right:20)": IGConfig(steps=20, batch_size=batch_size),
+        "closed form (default config)": CLOSED_FORM.replace(batch_size=batch_size),
+        "adaptive rule (CNL positions)": IGConfig(rule="adaptive", batch_size=batch_size),
+    }
+    print(f"\nroofline, IG fast route, all layers, {len(encs)} prompts, {threads} thread(s):")
+    for name, cfg in variants.items():
+        flops, sec, rows = 0, 0.0, 0
+        for enc in encs:
+            st: dict = {}
+            t = time.perf_counter()
+            ig_scores(model, enc, cfg.replace(route="fast"), stats=st)
+            sec += time.perf_counter() - t
+            rows += st.get("rows", 0)
+            flops += ig_flops(model, enc, cfg.positions, st.get("rows", 0), layers)
+        print(f"  {name:34s} {sec / len(encs):6.2f} s/prompt, {rows} rows: {roofline(flops, sec, peak)}")

@@ -39,6 +39,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from _roofline import ig_flops, ig_variants, model_matmul_gflops, roofline
+
 from capinterp.arch.model import load_model, neuron_hook
 from capinterp.core.example import Example
 from capinterp.core.tokens import encode
@@ -145,6 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-steps", type=int, default=32, help="Gauss-Legendre points of the reference")
     ap.add_argument("--quick", action="store_true", help="with --rules: 2 prompts, 16-point reference")
     ap.add_argument("--per-layer", action="store_true", help="with --rules: error and top-50 overlap per layer")
+    ap.add_argument(
+        "--roofline", action="store_true", help="also time KN, CNL, closed form and adaptive IG: GFLOP/s vs matmul"
+    )
     args = ap.parse_args(argv)
     if args.rules:
         from bench_ig_rules import run_rules
@@ -182,10 +187,13 @@ def main(argv=None) -> int:
     ig_scores(model, encs[0], IGConfig(steps=2, route="loop"), layers=[n_layers - 1])
 
     fast, loop, t_fast, t_loop, t_prefix = [], [], [], [], []
+    fast_flops = 0  # useful FLOPs of the fast route, counted from the rows it ran (benchmarks/_roofline.py)
     for i, enc in enumerate(encs):
         t = time.perf_counter()
-        fast.append(ig_scores(model, enc, cfg.replace(route="fast")))
+        st: dict = {}
+        fast.append(ig_scores(model, enc, cfg.replace(route="fast"), stats=st))
         t_fast.append(time.perf_counter() - t)
+        fast_flops += ig_flops(model, enc, cfg.positions, st.get("rows", 0), list(range(n_layers)))
         line = f"  prompt {i}: fast {t_fast[-1]:.2f}s (all {n_layers} layers)"
         if args.with_prefix:
             t = time.perf_counter()
@@ -205,6 +213,8 @@ def main(argv=None) -> int:
     extrap = len(loop_layers) < n_layers
     print(f"\nIG, all {n_layers} layers, steps {args.steps}:")
     print(f"  fast : {per_fast:7.2f} s/prompt = {1 / per_fast:.4f} prompts/s  (measured on {len(encs)} prompts)")
+    peak = model_matmul_gflops(model, args.threads)  # the same threads, dtype and device, in this run
+    print(f"  fast roofline: {roofline(fast_flops, sum(t_fast), peak)}")
     if t_prefix:
         per_prefix = sum(t_prefix) / len(t_prefix)
         print(f"  prefix route (no staircase): {per_prefix:7.2f} s/prompt = {1 / per_prefix:.4f} prompts/s")
@@ -268,6 +278,9 @@ def main(argv=None) -> int:
             "(max rel. diff on scores > 1% of max)"
         )
         model.to(torch.float32, print_details=False)
+
+    if args.roofline:
+        ig_variants(model, encs, args.threads, args.batch_size, peak)
 
     print(f"\npeak RSS {rss_mb():.0f} MB; load average now {os.getloadavg()[0]:.1f}")
     return 0
