@@ -244,6 +244,32 @@ def _plotlyjs_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def certify_args(p: argparse.ArgumentParser) -> None:
+    """``localize --certify B`` and its bound's settings (:func:`capinterp.interventions.certify.certify`)."""
+    p.add_argument(
+        "--certify",
+        type=int,
+        default=None,
+        metavar="B",
+        help="after the fit, bound what the located set misses from B exact single-unit patches outside it "
+        "(<method>_certificate.json; see docs/certify.md)",
+    )
+    p.add_argument(
+        "--certify-tau", type=float, default=0.01, help="the effect (drop of p(target)) that counts as missed"
+    )
+    p.add_argument("--certify-delta", type=float, default=0.05, help="the error probability of each bound")
+
+
+def check_certify(args: argparse.Namespace) -> None:
+    """``--certify B``, ``--certify-tau`` in [0, 1) and ``--certify-delta`` in (0, 1), before the model loads."""
+    from capinterp.core import validate
+
+    if args.certify is not None:
+        validate.positive_int("--certify", args.certify)
+    validate.probability("--certify-tau", args.certify_tau, high_open=True)
+    validate.finite_float("--certify-delta", args.certify_delta, low=0.0, high=1.0, low_open=True, high_open=True)
+
+
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """The argument parser of every subcommand (``capinterp --help`` prints it); ``args.command`` names
     the subcommand (:data:`capinterp.app.cli.COMMANDS` runs it)."""
@@ -290,6 +316,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="also write the cards page of the top N located units (<method>_cards.html and .json; "
         "neuron and layer methods; see 'capinterp describe')",
     )
+    certify_args(p)
     p = command("describe", "what the units of a saved result do: cards.html (offline cards page) and cards.json")
     _common(p)
     describe_args(p)
@@ -380,6 +407,8 @@ def check_args(args: argparse.Namespace) -> None:
         check_out("--out", args.out)
     if args.command == "describe":
         check_describe(args)
+    if args.command == "localize":
+        check_certify(args)
     if args.command in DATA_COMMANDS:
         if getattr(args, "data", None) is not None:
             defaults = build_parser().parse_args([args.command])

@@ -195,6 +195,27 @@ def _cards(model, loc, examples: list, out: Path, name: str, args) -> dict[str, 
     return {"n": len(cards), **write_cards(cards, out, f"{name}_cards")}
 
 
+def _certify(model, loc, examples: list, out: Path, name: str, args) -> dict[str, Any]:
+    """``localize --certify B``: the bound on what the located set misses, written beside the result."""
+    from capinterp.core.atomic import write_atomic
+    from capinterp.interventions.certify import certify
+
+    _say(f"certifying with {args.certify} exact patches outside the located set")
+    bs = args.batch_size if isinstance(args.batch_size, int) else 16
+    cert = certify(
+        model, loc, examples, budget=args.certify, tau=args.certify_tau, delta=args.certify_delta, batch_size=bs
+    )
+    path = out / f"{name}_certificate.json"
+    write_atomic(path, json.dumps(cert.to_dict(), indent=2, default=str))
+    _say(cert.summary())
+    return {
+        "summary": cert.summary(),
+        "count_bound": cert.count_bound,
+        "total_bound": cert.total_bound,
+        "file": str(path),
+    }
+
+
 def _need_subjects(method: str, examples: list) -> None:
     """ValueError (before the model loads) when an example has no ``meta["subject"]``."""
     missing = [e for e in examples if not isinstance(e.meta.get("subject"), str) or not e.meta["subject"]]
@@ -218,6 +239,8 @@ def cmd_localize(args) -> int:
     kwargs = _localizer_kwargs(args, cls)  # a bad option for this method is refused before loading
     if args.cards and cls.unit_kind not in ("neuron", "layer", "edge", "expert", "head"):
         raise ValueError(f"--cards: cards of {cls.unit_kind} units are not built yet; neuron and layer methods take it")
+    if args.certify and cls.unit_kind not in ("neuron", "layer", "edge", "expert"):
+        raise ValueError(f"--certify: {cls.unit_kind} units cannot be certified yet (neurons, layers, experts, edges)")
     if cls.unit_kind != "neuron":  # causal tracing and circuits corrupt the subject's tokens
         _need_subjects(cls.name, args.dataset)
     with hold(args.out) as out:
@@ -252,6 +275,8 @@ def cmd_localize(args) -> int:
             result["note"] = scope
         if args.cards:
             result["cards"] = _cards(model, loc, examples, out, name, args)
+        if args.certify:
+            result["certificate"] = _certify(model, loc, examples, out, name, args)
         info = notes.completeness_info(getattr(loc, "meta_", {}))
         if info:
             result["completeness"] = info[0]

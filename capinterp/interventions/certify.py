@@ -257,7 +257,8 @@ def certify(
     ``top`` best-scored outside units are patched whole (out of the budget; tighter where the misses
     sit among the outside units' top scores); ``ablation``: ``"zero"`` or ``"mean"`` (mean over
     ``data``). With ``budget`` at least the number of outside units every unit is patched and the
-    bounds are the exact values. Proofs and coverage: docs/certify.md.
+    bounds are the exact values. A fitted localizer keeps the result as ``certificate_`` (its
+    ``summary()`` then shows the certificate's line). Proofs and coverage: docs/certify.md.
     """
     validate.model(model)
     budget, tau, delta, strata, top, ablation, absolute, seed = _check(
@@ -278,9 +279,12 @@ def certify(
     cuts = np.cumsum([len(q) for q in picked])[:-1]
     b = bounds(p.sizes, p.take, np.split(x, cuts), tau, delta)
     keys = _keys(model, kind, units) if graph is None else [graph.edges()[int(u)] for u in units]
-    return Certificate(
+    cert = Certificate(
         kind, int(inside.sum()), len(outside), len(units), budget, tau, delta, b.count_bound, b.count_estimate,
         b.total_bound, b.total_estimate, float(vals[0]), p.sizes, p.take, tuple(keys),
         tuple(float(e) for e in effects), ablation, absolute, seed,
         ASSUMPTIONS.format(ablation=ablation, part="size" if absolute else "positive part"),
     )  # fmt: skip
+    if isinstance(located, Localizer):  # its summary() shows the certificate's line
+        located.certificate_ = cert
+    return cert

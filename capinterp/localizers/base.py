@@ -179,6 +179,9 @@ class Localizer:
     #: The constraints on each constructor keyword (:mod:`capinterp.core.constraints`; scikit-learn's
     #: ``_parameter_constraints``): merged over the class hierarchy, a subclass's entry replacing
     #: its parent's, and checked before every constructor's body runs (:meth:`__init_subclass__`).
+    #: Set by :func:`capinterp.interventions.certify.certify` on the localizer it certifies.
+    certificate_: Any
+
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "batch_size": [Interval(int, 1, None)],
         "device": [Device()],
@@ -265,6 +268,16 @@ class Localizer:
     def _check_fitted(self, attr: str = "units_") -> None:
         if not hasattr(self, attr):
             raise RuntimeError(f"{type(self).__name__} is not fitted yet: call .fit(data) first")
+
+    def summary(self) -> str:
+        """What the fit located, in a line; then the certificate's line once
+        :func:`capinterp.interventions.certify.certify` has bounded what it misses (it keeps the
+        certificate as ``certificate_``). IG localizers' ``summary()`` is their completeness table
+        instead, with the certificate's line in its ``attrs["certificate"]``."""
+        self._check_fitted()
+        line = f"{type(self).__name__}: {len(cast(Any, self).units_)} {self.unit_kind}s located"
+        cert = getattr(self, "certificate_", None)
+        return line + "\n" + (cert.summary() if cert is not None else "not certified: see capinterp.certify")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())

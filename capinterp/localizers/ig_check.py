@@ -176,7 +176,10 @@ class IGChecked:
         whole report is in ``attrs["ig_check"]``."""
         if not hasattr(self, "meta_"):
             raise RuntimeError(f"{type(self).__name__} is not fitted yet: call .fit(data) first")
-        return ig_check_frame(self.meta_.get("ig_check", {}))
+        frame = ig_check_frame(self.meta_.get("ig_check", {}))
+        if getattr(self, "certificate_", None) is not None:  # capinterp.certify's line, once certified
+            frame.attrs["certificate"] = self.certificate_.summary()  # type: ignore[attr-defined]
+        return frame
 
 
 @contextlib.contextmanager
