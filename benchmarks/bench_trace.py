@@ -86,6 +86,7 @@ def run_mode(args) -> dict:
     L = model.cfg.n_layers
     n_rest = sum((len(r["tokens"]) - r["subject_range"][0]) * L * len(tr.kinds) for r in tr.per_prompt_)
     grids = {k: torch.cat([r["grids"][k].flatten() for r in tr.per_prompt_]).tolist() for k in tr.kinds}
+    flops, peak = _roofline_of(model, tr, args)
     return {
         "mode": args.mode,
         "params": args.params,
@@ -105,6 +106,9 @@ def run_mode(args) -> dict:
         "restorations_per_s": round(n_rest / sec, 2),
         "restorations_per_cpu_s": round(n_rest / cpu, 2),
         "peak_rss_mb": round(peak_rss_mb()),
+        "gflops_per_s": round(flops / sec / 1e9, 3),
+        "matmul_gflops_per_s": round(peak, 2),
+        "pct_of_matmul": round(100 * flops / sec / 1e9 / peak, 2),
         "top_layers": tr.layers_,
         "p_clean": [round(r["p_clean"], 4) for r in tr.per_prompt_],
         "p_corrupt": [round(r["p_corrupt"], 4) for r in tr.per_prompt_],
@@ -129,6 +133,21 @@ def block_positions(T: int, s0: int, L: int, S: int, window: int, kinds: list[st
     rows = sum(S * (T - t) * (L - first[kind](l)) for t in ts for kind in kinds for l in range(L))
     stair = rows + sum(S * t * L + 2 * S * (T - t) * L for t in ts) + S * T * L
     return {"rome_loop": rome, "batched+prefix": old, "stair": stair}
+
+
+def _roofline_of(model, tr, args) -> tuple[int, float]:
+    """(useful FLOPs of this mode's fit, counted from :func:`block_positions`; a dense matmul's GFLOP/s
+    at the same threads, dtype and device, measured now): see ``benchmarks/_roofline.py``."""
+    from _roofline import Dims, model_matmul_gflops, trace_flops
+
+    d, flops = Dims.of(model), 0
+    for r in tr.per_prompt_:
+        T, s0, L = len(r["tokens"]), r["subject_range"][0], d.n_layers
+        n = block_positions(T, s0, L, args.samples, args.window, list(tr.kinds))
+        n["batched"] = (T - s0) * L * len(tr.kinds) * args.samples * T * L + args.samples * T * L
+        n["one"] = n["rome_loop"]
+        flops += trace_flops(d, n[args.mode], T)
+    return flops, model_matmul_gflops(model, args.threads)
 
 
 def _work(args) -> int:
@@ -200,7 +219,7 @@ def _table(results: list[dict]) -> None:
     base = results[0]
     print(
         f"\n{'mode':16s} {'params':9s} {'s/fact':>8s} {'restor/s':>9s} {'speed-up':>9s} {'restor/cpu-s':>12s} "
-        f"{'cpu speed-up':>12s} {'peak MB':>8s} {'max|dIE|':>9s}  top layers"
+        f"{'cpu speed-up':>12s} {'peak MB':>8s} {'max|dIE|':>9s} {'GFLOP/s':>8s} {'% matmul':>8s}  top layers"
     )
     for r in results:
         diff = max((abs(a - b) for k in r["grids"] for a, b in zip(r["grids"][k], base["grids"][k])), default=0.0)
@@ -208,7 +227,7 @@ def _table(results: list[dict]) -> None:
             f"{r['mode']:16s} {r['params']:9s} {r['s_per_fact']:8.2f} {r['restorations_per_s']:9.2f} "
             f"{r['restorations_per_s'] / base['restorations_per_s']:8.2f}x {r['restorations_per_cpu_s']:12.2f} "
             f"{r['restorations_per_cpu_s'] / base['restorations_per_cpu_s']:11.2f}x {r['peak_rss_mb']:8d} "
-            f"{diff:9.1e}  {r['top_layers']}"
+            f"{diff:9.1e} {r['gflops_per_s']:8.2f} {r['pct_of_matmul']:7.1f}%  {r['top_layers']}"
         )
 
 
