@@ -18,6 +18,8 @@ import resource
 import sys
 import time
 
+from _roofline import Dims, eap_flops, model_matmul_gflops
+
 from capinterp.arch.model import load_model
 from capinterp.circuits import Graph, make_pairs, score_edges
 from capinterp.core.example import Example
@@ -66,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     )
+    peak = model_matmul_gflops(model, args.threads)  # same threads, dtype and device, this run
     rows = []
     for steps in args.steps:
         t, c = time.perf_counter(), time.process_time()
         scores, info = score_edges(model, graph, pairs, steps=steps, batch_size=args.batch_size)
         sec, cpu = time.perf_counter() - t, time.process_time() - c
+        flops = sum(  # per batch of pairs, padded to its longest
+            eap_flops(Dims.of(model), max(n_tokens[i : i + args.batch_size]), len(n_tokens[i : i + args.batch_size]),
+                      steps, scores.shape[0], graph.n_slots)
+            for i in range(0, len(n_tokens), args.batch_size)
+        )  # fmt: skip
         row = {
             "method": "eap" if steps == 1 else "eap-ig",
             "steps": steps,
@@ -81,13 +89,19 @@ def main(argv: list[str] | None = None) -> int:
             "s_per_fact": round(sec / len(pairs), 2),
             "peak_rss_mb": round(peak_rss_mb()),
             "loadavg_1m": round(os.getloadavg()[0], 2),
+            "gflops_per_s": round(flops / sec / 1e9, 3),
+            "pct_of_matmul": round(100 * flops / sec / 1e9 / peak, 2),
         }
         rows.append(row)
         print(json.dumps(row))
     print(f"\n{args.model}: {len(graph.nodes)} nodes, {graph.n_edges} edges, threads={args.threads}")
-    print(f"{'method':8} {'steps':>5} {'s/fact':>8} {'edges/s':>10} {'peak RSS MB':>12}")
+    print(f"matmul at the model's FFN shape: {peak:.2f} GFLOP/s")
+    print(f"{'method':8} {'steps':>5} {'s/fact':>8} {'edges/s':>10} {'peak RSS MB':>12} {'GFLOP/s':>8} {'% matmul':>8}")
     for r in rows:
-        print(f"{r['method']:8} {r['steps']:>5} {r['s_per_fact']:>8} {r['edges_per_s']:>10} {r['peak_rss_mb']:>12}")
+        print(
+            f"{r['method']:8} {r['steps']:>5} {r['s_per_fact']:>8} {r['edges_per_s']:>10} {r['peak_rss_mb']:>12} "
+            f"{r['gflops_per_s']:>8} {r['pct_of_matmul']:>7}%"
+        )
     return 0
 
 
