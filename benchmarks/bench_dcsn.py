@@ -14,6 +14,7 @@ import resource
 import time
 
 import torch
+from _roofline import Dims, forward_flops, model_matmul_gflops, roofline
 
 import capinterp as ci
 from capinterp.core.tokens import batches, collate, encode, pad_id
@@ -48,8 +49,14 @@ def main() -> None:
             fn()
             times[name].append(time.perf_counter() - t)
     best = {k: min(v) for k, v in times.items()}
+    # useful FLOPs: one forward per padded batch (DCSN's projection onto the targets' columns aside)
+    flops = sum(
+        forward_flops(Dims.of(model), max(len(e.prompt_ids) for e in c), rows=len(c))
+        for c in batches(items, args.batch_size)
+    )
+    peak = model_matmul_gflops(model, args.threads)  # same threads, dtype and device, this run
     for k, v in best.items():
-        print(f"{k:14s} {args.n / v:8.1f} prompts/s  (best of {args.repeats}: {v:.2f} s)")
+        print(f"{k:14s} {args.n / v:8.1f} prompts/s  (best of {args.repeats}: {v:.2f} s); {roofline(flops, v, peak)}")
     print(f"DCSN / plain time ratio: {best['DCSN fit'] / best['plain forward']:.2f}x (target <= 1.5x)")
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
