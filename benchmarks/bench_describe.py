@@ -21,6 +21,7 @@ import sys
 import time
 
 import torch
+from _roofline import Dims, forward_flops, model_matmul_gflops
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -108,10 +109,18 @@ def main() -> None:
         f"threads {args.threads}, median of {args.repeats}"
     )
     base = statistics.median(times["floor: forward + 1 hook"])
-    print(f"{'run':<40} {'seconds':>8} {'tokens/s':>9} {'x floor':>8}")
+    # useful FLOPs per padded batch: the full forward (unembedding too) for the floor, blocks 0..last for the others
+    d, groups = Dims.of(model), [[len(ids[i]) for i in g] for g in batches_of(ids, args.batch_size)]
+    full = sum(forward_flops(d, max(g), rows=len(g)) for g in groups)
+    stopped = sum(forward_flops(d, max(g), rows=len(g), last=last, unembed=0) for g in groups)
+    peak = model_matmul_gflops(model, args.threads)  # same threads, dtype and device, this run
+    print(f"matmul at the model's FFN shape: {peak:.2f} GFLOP/s")
+    print(f"{'run':<40} {'seconds':>8} {'tokens/s':>9} {'x floor':>8} {'GFLOP/s':>8} {'% matmul':>8}")
     for name, ts in times.items():
-        s = statistics.median(ts)
-        print(f"{name:<40} {s:8.2f} {n_tok / s:9.0f} {s / base:8.2f}")
+        s, f = statistics.median(ts), full if name.startswith("floor:") else stopped
+        print(
+            f"{name:<40} {s:8.2f} {n_tok / s:9.0f} {s / base:8.2f} {f / s / 1e9:8.2f} {100 * f / s / 1e9 / peak:7.1f}%"
+        )
 
 
 if __name__ == "__main__":
