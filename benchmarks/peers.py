@@ -80,9 +80,9 @@ def report(peer: str, what: str, agree: dict[str, float], t_ours: float, t_peer:
         f"compared: {what}",
         f"agreement: max |diff| {agree['max_abs']:.2e} (relative to max |score| {agree['rel']:.2e}), "
         f"Spearman {agree['spearman']:.6f}",
-        f"{'':12s}{'seconds':>10s}",
-        f"{'capinterp':12s}{t_ours:10.2f}",
-        f"{peer.split()[0]:12s}{t_peer:10.2f}",
+        f"{'':20s}{'seconds':>10s}",
+        f"{'capinterp':20s}{t_ours:10.2f}",
+        f"{peer.split()[0]:20s}{t_peer:10.2f}",
         f"ratio (peer / capinterp): {t_peer / t_ours:.1f}x; load average {os.getloadavg()[0]:.1f}",
     ]
     return "\n".join(rows)
