@@ -7,7 +7,8 @@ ablates each one alone (the exact single-unit patch of ``patching_agreement``, b
 have an effect above ``tau`` and (b) their total effect. A unit's effect is the drop of the mean
 probability of the target's first token over the data when it alone is ablated at every position,
 so it lies in [-1, 1]; the bounds are on its positive part (``absolute=True``: its size). Units:
-FFN neurons, FFN layers, experts of a mixture-of-experts model and circuit edges; proofs in docs/certify.md.
+FFN neurons, FFN layers, attention heads (:mod:`capinterp.interventions.certify_heads`), experts of a
+mixture-of-experts model and circuit edges; proofs in docs/certify.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
 from capinterp.interventions.certify_bounds import bounds, draw, plan
+from capinterp.interventions.certify_heads import head_graph, head_metric, head_units
 from capinterp.interventions.edge_faithfulness import edge_metric
 from capinterp.interventions.faithfulness import ABLATIONS, _neuron_keep, _real_neurons, ablated_metric
 from capinterp.localizers.base import Localizer
@@ -171,6 +173,9 @@ def _units(model: Model, located: Any, scores: Any) -> tuple[str, np.ndarray, np
         return ("layer", *_layer_units(model, located, scores), scores is not None, None)
     if isinstance(located, KeySet) and located.kind == "expert":
         return ("expert", *_expert_units(model, located, scores), scores is not None, None)
+    if isinstance(located, KeySet) and located.kind == "head":
+        inside, s, ids, graph = head_units(model, located, scores)
+        return "head", inside, s, ids, scores is not None, graph
     if isinstance(located, (Circuit, EdgeSet)):
         inside, s, ids, graph = _edge_units(model, located, scores)
         had = scores is not None or getattr(located, "scores", None) is not None
@@ -179,9 +184,8 @@ def _units(model: Model, located: Any, scores: Any) -> tuple[str, np.ndarray, np
         raise TypeError("certify needs the located set: pass scores.top_k(k) (or .select()) and scores=scores")
     kind = getattr(located, "kind", type(located).__name__)
     raise NotImplementedError(
-        f"certify covers neurons (NeuronSet), FFN layers (layer KeySet), experts (expert KeySet) and circuit edges "
-        f"(Circuit, EdgeSet, a fitted KnowledgeCircuit) today, not {kind!r}; attention heads are planned (a head "
-        "localizer's set type first)"
+        f"certify covers neurons (NeuronSet), FFN layers (layer KeySet), experts (expert KeySet), attention heads "
+        f"(head KeySet) and circuit edges (Circuit, EdgeSet, a fitted KnowledgeCircuit), not {kind!r}"
     )
 
 
@@ -200,6 +204,8 @@ def _keep(model: Model, kind: str, ids: np.ndarray, n_units: int) -> torch.Tenso
 
 def _patched(model: Model, kind: str, graph: Any, items: list, ids: np.ndarray, n_units: int, ablation: str, bs: int):
     """``[1 + len(ids)]`` mean p(target): the full model, then each unit ablated alone."""
+    if kind == "head":
+        return head_metric(model, graph, items, ids, ablation, bs)
     if kind != "edge":
         return ablated_metric(model, items, _keep(model, kind, ids, n_units), ablation=ablation, batch_size=bs)
     kept = torch.ones(1 + len(ids), n_units, dtype=torch.bool)
@@ -208,7 +214,9 @@ def _patched(model: Model, kind: str, graph: Any, items: list, ids: np.ndarray, 
 
 
 def _keys(model: Model, kind: str, units: np.ndarray) -> list[Any]:
-    """The sampled units' keys: ``(layer, neuron)``, a layer, or ``(layer, expert)``."""
+    """The sampled units' keys: ``(layer, neuron)``, a layer, ``(layer, head)`` or ``(layer, expert)``."""
+    if kind == "head":
+        return [head_graph(model)[1][int(u)] for u in units]
     if kind == "layer":
         return [int(u) for u in units]
     if kind == "neuron":
@@ -249,8 +257,8 @@ def certify(
     """Bound what ``located`` misses, from ``budget`` exact single-unit patches outside it.
 
     ``located``: a fitted neuron, layer or circuit localizer (its own scores set the strata), a
-    ``NeuronSet``, a layer or expert ``KeySet``, a ``Circuit`` or an ``EdgeSet`` (then ``scores=`` a
-    ``NeuronScores``, a ``[n_layers, d_mlp]``, ``[n_layers]``, per-expert or ``[n_src, n_slots]``
+    ``NeuronSet``, a layer, head or expert ``KeySet``, a ``Circuit`` or an ``EdgeSet`` (then ``scores=`` a
+    ``NeuronScores``, a ``[n_layers, d_mlp]``, ``[n_layers]``, ``[n_layers, n_heads]``, per-expert or ``[n_src, n_slots]``
     tensor, or None). ``tau`` in [0, 1): the effect (a drop of p(target)) that counts as missed;
     ``delta``: the error probability of each bound; ``strata``: 1 (the default: one uniform sample)
     or more score strata (geometric sizes, equal budget: the higher, the denser); ``top``: the
@@ -278,7 +286,7 @@ def certify(
     x = np.abs(effects) if absolute else np.maximum(effects, 0.0)
     cuts = np.cumsum([len(q) for q in picked])[:-1]
     b = bounds(p.sizes, p.take, np.split(x, cuts), tau, delta)
-    keys = _keys(model, kind, units) if graph is None else [graph.edges()[int(u)] for u in units]
+    keys = _keys(model, kind, units) if kind != "edge" else [graph.edges()[int(u)] for u in units]
     cert = Certificate(
         kind, int(inside.sum()), len(outside), len(units), budget, tau, delta, b.count_bound, b.count_estimate,
         b.total_bound, b.total_estimate, float(vals[0]), p.sizes, p.take, tuple(keys),
