@@ -9,8 +9,12 @@ transformer block over ``q`` query positions attending to ``k`` keys costs
 * attention: ``4 * q * k * n_heads * d_head`` (scores ``Q K^T`` and ``softmax(.) V``, the causal mask
   not subtracted: the kernels compute the full rectangle);
 
-and the unembedding ``2 * positions * d_model * d_vocab``. A backward pass is counted as twice its
-forward. Norms, activations and softmax are not counted (they are memory traffic, not FLOPs).
+and the unembedding ``2 * positions * d_model * d_vocab``. The kernels' backward passes take
+gradients with respect to activations only (the parameters need none): one matmul per forward
+matmul (``dX = dY W^T``), two per attention product (both of its inputs are activations), so a
+row run forward and back costs 2x its matmuls and 3x its attention (:func:`block_flops` with
+``grad=True``). The same convention as ``ig_cost`` in ``benchmarks/bench_scale.py``, which agrees
+with ``torch.utils.flop_counter`` (docs/scale.md). Norms, activations and softmax are not counted.
 
 :func:`matmul_gflops` times a dense ``[rows, d_model] @ [d_model, d_mlp]`` matmul (the FFN's
 shape) at the given thread count, dtype and device, best of a few repeats: the ceiling a kernel's
@@ -61,27 +65,26 @@ class Dims:
         return attn + (3 if self.gated else 2) * self.d_model * self.d_mlp
 
 
-def block_flops(d: Dims, q: int, k: int) -> int:
-    """One block's forward FLOPs over ``q`` query positions attending to ``k`` keys."""
-    return 2 * q * d.block_matmul_params + 4 * q * k * d.n_heads * d.d_head
+def block_flops(d: Dims, q: int, k: int, grad: bool = False) -> int:
+    """One block's forward FLOPs over ``q`` query positions attending to ``k`` keys; ``grad``: plus
+    the activation-gradient backward (matmuls once more, attention twice more)."""
+    mm, att = 2 * q * d.block_matmul_params, 4 * q * k * d.n_heads * d.d_head
+    return 2 * mm + 3 * att if grad else mm + att
 
 
-def unembed_flops(d: Dims, positions: int) -> int:
-    return 2 * positions * d.d_model * d.d_vocab
+def unembed_flops(d: Dims, positions: int, grad: bool = False) -> int:
+    return (2 if grad else 1) * 2 * positions * d.d_model * d.d_vocab
 
 
 def forward_flops(
-    d: Dims, T: int, *, rows: int = 1, first: int = 0, last: int | None = None, unembed: int | None = None
+    d: Dims, T: int, *, rows: int = 1, last: int | None = None, unembed: int | None = None, grad: bool = False
 ) -> int:
-    """A forward pass of ``rows`` sequences of ``T`` tokens through blocks ``first..last`` (default:
-    all), plus the unembedding at ``unembed`` positions per row (default ``T``; 0 for none)."""
+    """A forward pass of ``rows`` sequences of ``T`` tokens through blocks ``0..last`` (default: all),
+    plus the unembedding at ``unembed`` positions per row (default ``T``; 0 for none); ``grad``: and
+    the activation-gradient backward."""
     last = d.n_layers - 1 if last is None else last
-    per_row = (last - first + 1) * block_flops(d, T, T) + unembed_flops(d, T if unembed is None else unembed)
-    return rows * per_row
-
-
-def backward_flops(forward: int) -> int:
-    return 2 * forward
+    u = T if unembed is None else unembed
+    return rows * ((last + 1) * block_flops(d, T, T, grad) + unembed_flops(d, u, grad))
 
 
 def ig_fast_flops(d: Dims, T: int, p0: int, n_pos: int, rows: int, layers: list[int]) -> int:
@@ -89,9 +92,9 @@ def ig_fast_flops(d: Dims, T: int, p0: int, n_pos: int, rows: int, layers: list[
     forward + backward rows, each over the ``n_pos`` scaled positions (keys: all ``T``), entering at
     its layer (a layer staircase; rows spread evenly over ``layers``), logits at those positions."""
     clean = forward_flops(d, T)
-    stair = [(d.n_layers - l) * block_flops(d, n_pos, T) for l in layers]
-    per_row = sum(stair) / len(stair) + unembed_flops(d, n_pos)
-    return clean + int(rows * 3 * per_row)
+    stair = [(d.n_layers - l) * block_flops(d, n_pos, T, grad=True) for l in layers]
+    per_row = sum(stair) / len(stair) + unembed_flops(d, n_pos, grad=True)
+    return clean + int(rows * per_row)
 
 
 def trace_flops(d: Dims, block_positions: int, T: int) -> int:
@@ -103,7 +106,7 @@ def trace_flops(d: Dims, block_positions: int, T: int) -> int:
 def eap_flops(d: Dims, T: int, n_pairs: int, steps: int, n_src: int, n_slots: int) -> int:
     """EAP / EAP-IG: per pair a clean and a corrupted forward, ``steps`` forward + backward rows, and
     the edge scores ``einsum(d_out, grads)`` (``2 * T * n_src * n_slots * d_model``)."""
-    per = (2 + 3 * steps) * forward_flops(d, T) + 2 * T * n_src * n_slots * d.d_model
+    per = 2 * forward_flops(d, T) + steps * forward_flops(d, T, grad=True) + 2 * T * n_src * n_slots * d.d_model
     return n_pairs * per
 
 
