@@ -255,9 +255,13 @@ def certify_args(p: argparse.ArgumentParser) -> None:
         "(<method>_certificate.json; see docs/certify.md)",
     )
     p.add_argument(
-        "--certify-tau", type=float, default=0.01, help="the effect (drop of p(target)) that counts as missed"
+        "--certify-tau",
+        type=float,
+        default=0.01,
+        metavar="T",
+        help="the effect (drop of p(target)) that counts as missed",
     )
-    p.add_argument("--certify-delta", type=float, default=0.05, help="the error probability of each bound")
+    p.add_argument("--certify-delta", type=float, default=0.05, metavar="D", help="the error probability of each bound")
 
 
 def check_certify(args: argparse.Namespace) -> None:
