@@ -241,29 +241,20 @@ def ablation_effects(
     import torch
 
     from capinterp.arch.model import neuron_shape, valid_neurons
+    from capinterp.cards.ablation import ablate_each
     from capinterp.interventions import erase
-    from capinterp.kernels.evaluate import evaluate
     from capinterp.units.neurons import NeuronSet
 
     if not units or examples is None:
         return []
-    base = evaluate(model, examples, batch_size=batch_size, progress=False)
     shape = neuron_shape(model)
-    out = []
-    for u in units:
+
+    def erased(u: Any) -> Any:
         mask = torch.zeros(shape, dtype=torch.bool)
         if kind == "neuron":
-            mask[u[0], u[1]] = True  # type: ignore[index]
+            mask[u[0], u[1]] = True
         else:
-            mask[int(u)] = valid_neurons(model)[int(u)].cpu()  # type: ignore[call-overload]
-        with erase(model, NeuronSet(mask)):
-            res = evaluate(model, examples, batch_size=batch_size, progress=False)
-        out.append(
-            {
-                "prob": res.mean_prob,
-                "accuracy": res.accuracy,
-                "delta_prob": res.mean_prob - base.mean_prob,
-                "delta_accuracy": res.accuracy - base.accuracy,
-            }
-        )
-    return out
+            mask[int(u)] = valid_neurons(model)[int(u)].cpu()
+        return lambda: erase(model, NeuronSet(mask))
+
+    return ablate_each(model, examples, [erased(u) for u in units], batch_size)

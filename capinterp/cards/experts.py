@@ -171,26 +171,12 @@ def expert_ablations(
 ) -> list[dict[str, float]]:
     """Per expert: the task's mean target probability and accuracy with all its neurons erased, and
     their change from the unablated model."""
+    from capinterp.cards.ablation import ablate_each
     from capinterp.interventions import erase
-    from capinterp.kernels.evaluate import evaluate
     from capinterp.units.experts import expert_neurons
 
-    if not experts:
-        return []
-    base = evaluate(model, examples, batch_size=batch_size, progress=False)
-    out = []
-    for u in experts:
-        with erase(model, expert_neurons(model, [u])):
-            res = evaluate(model, examples, batch_size=batch_size, progress=False)
-        out.append(
-            {
-                "prob": res.mean_prob,
-                "accuracy": res.accuracy,
-                "delta_prob": res.mean_prob - base.mean_prob,
-                "delta_accuracy": res.accuracy - base.accuracy,
-            }
-        )
-    return out
+    patches = [lambda u=u: erase(model, expert_neurons(model, [u])) for u in experts]
+    return ablate_each(model, examples, patches, batch_size)
 
 
 def expert_details_html(card: Any) -> str:

@@ -161,16 +161,14 @@ def head_ablation_effects(
     """Per head, the task's mean target probability and accuracy with only that head's output zeroed (its
     ``z_h`` set to 0 at every position), and their change from the unablated model; ``[]`` without a
     task or when an example has no target."""
-    from capinterp.kernels.evaluate import evaluate
+    from capinterp.cards.ablation import ablate_each
 
     if not heads or not examples or any(not e.target for e in examples):
         return []
-    base = evaluate(model, examples, batch_size=batch_size, progress=False)
     n_heads = int(model.cfg.n_heads)
-    out = []
-    for l, h in heads:
 
-        def zero(z: torch.Tensor, hook: Any, h: int = h) -> torch.Tensor:
+    def zeroed(l: int, h: int) -> Any:
+        def zero(z: torch.Tensor, hook: Any) -> torch.Tensor:
             z = z.clone()
             if z.ndim == 4:
                 z[:, :, h] = 0
@@ -179,17 +177,9 @@ def head_ablation_effects(
                 z[..., h * d : (h + 1) * d] = 0
             return z
 
-        with model.hooks(fwd_hooks=[(z_hook(l), zero)]):
-            res = evaluate(model, examples, batch_size=batch_size, progress=False)
-        out.append(
-            {
-                "prob": res.mean_prob,
-                "accuracy": res.accuracy,
-                "delta_prob": res.mean_prob - base.mean_prob,
-                "delta_accuracy": res.accuracy - base.accuracy,
-            }
-        )
-    return out
+        return lambda: model.hooks(fwd_hooks=[(z_hook(l), zero)])
+
+    return ablate_each(model, examples, [zeroed(l, h) for l, h in heads], batch_size)
 
 
 def head_details_html(card: Any) -> str:
