@@ -18,15 +18,8 @@ Needs captum (``pip install --no-deps captum``; captum imports matplotlib).
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-from peers import FACTS, agreement, hf_module, report, require, timed
-
-from capinterp.arch.model import load_model
-from capinterp.core.tokens import encode
-from capinterp.kernels.ig import frozen_params, ig_scores
-from capinterp.kernels.ig_config import IGConfig
+from peers import compare_ig, hf_module, ig_main
 
 
 def captum_kn(model, enc, steps: int, layer: int) -> torch.Tensor:
@@ -63,49 +56,19 @@ def captum_kn(model, enc, steps: int, layer: int) -> torch.Tensor:
     return out[0].detach().float().cpu()
 
 
+def _captum_layers(model, enc, steps: int, layers: list[int]) -> torch.Tensor:
+    return torch.stack([captum_kn(model, enc, steps, l) for l in layers])
+
+
 def compare(model, n: int = 2, steps: int = 20, layers: list[int] | None = None) -> tuple[dict, float, float]:
     """(agreement, capinterp seconds, captum seconds) over ``n`` facts and ``layers`` (default all)."""
-    layers = list(range(int(model.cfg.n_layers))) if layers is None else layers
-    encs = encode(model, FACTS[:n])
-    cfg = IGConfig(steps=steps, rule="right", positions="last_prompt", invariance="off")
-    ig_scores(model, encs[0], cfg.replace(steps=2), layers=layers[:1])  # warm-up, both sides
-    with frozen_params(model):
-        captum_kn(model, encs[0], 2, layers[0])
-    ours, theirs, t_ours, t_peer = [], [], 0.0, 0.0
-    for enc in encs:
-        out, t = timed(lambda: ig_scores(model, enc, cfg, layers=layers)[0, layers])
-        ours.append(out)
-        t_ours += t
-        with frozen_params(model):
-            out, t = timed(lambda: torch.stack([captum_kn(model, enc, steps, l) for l in layers]))
-        theirs.append(out)
-        t_peer += t
-    return agreement(torch.stack(ours), torch.stack(theirs)), t_ours, t_peer
+    return compare_ig(model, n, steps, layers, "right", lambda m, e, s, ls: _captum_layers(m, e, s, ls))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--n", type=int, default=2, help=f"facts (1..{len(FACTS)})")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--layers", type=int, default=None, help="the first k layers (default all)")
-    ap.add_argument("--device", default=None)
-    args = ap.parse_args(argv)
-    if not 1 <= args.n <= len(FACTS) or args.steps < 1 or args.threads < 1:
-        ap.error(f"--n must be in 1..{len(FACTS)}, --steps and --threads >= 1")
-    require("captum.attr", "install it with: pip install --no-deps captum matplotlib")
-    torch.set_num_threads(args.threads)
-    model = load_model(args.model, device=args.device, threads=args.threads)
-    n_layers = int(model.cfg.n_layers)
-    layers = list(range(min(args.layers or n_layers, n_layers)))
-    agree, t_ours, t_peer = compare(model, args.n, args.steps, layers)
-    print(
-        f"model {args.model}: {n_layers} layers x {model.cfg.d_mlp} neurons; {args.n} facts, layers 0..{layers[-1]}, "
-        f"steps {args.steps}, threads {torch.get_num_threads()}"
-    )
-    print(report("captum LayerIntegratedGradients", "KN scores (last prompt token, p(answer))", agree, t_ours, t_peer))
-    return 0
+    names = ("captum LayerIntegratedGradients", "KN scores (last prompt token, p(answer))")
+    hint = "install it with: pip install --no-deps captum matplotlib"
+    return ig_main(argv, __doc__, module="captum.attr", hint=hint, min_steps=1, compare=compare, names=names)
 
 
 if __name__ == "__main__":

@@ -21,16 +21,10 @@ Needs the package, installed without its (old, pinned) dependencies:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 
 import torch
-from peers import FACTS, agreement, report, require, timed
-
-from capinterp.arch.model import load_model
-from capinterp.core.tokens import encode
-from capinterp.kernels.ig import frozen_params, ig_scores
-from capinterp.kernels.ig_config import IGConfig
+from peers import compare_ig, ig_main
 
 
 class _Neurons(torch.nn.Module):
@@ -103,47 +97,13 @@ def kn_scores(model, enc, steps: int, layers: list[int]) -> torch.Tensor:
 
 def compare(model, n: int = 2, steps: int = 20, layers: list[int] | None = None) -> tuple[dict, float, float]:
     """(agreement, capinterp seconds, knowledge-neurons seconds) over ``n`` facts and ``layers``."""
-    layers = list(range(int(model.cfg.n_layers))) if layers is None else layers
-    encs = encode(model, FACTS[:n])
-    cfg = IGConfig(steps=steps, rule="linspace", positions="last_prompt", invariance="off")
-    ig_scores(model, encs[0], cfg.replace(steps=2), layers=layers[:1])  # warm-up, both sides
-    with frozen_params(model):
-        kn_scores(model, encs[0], 2, layers[:1])
-    ours, theirs, t_ours, t_peer = [], [], 0.0, 0.0
-    for enc in encs:
-        out, t = timed(lambda: ig_scores(model, enc, cfg, layers=layers)[0, layers])
-        ours.append(out)
-        t_ours += t
-        with frozen_params(model):
-            out, t = timed(lambda: kn_scores(model, enc, steps, layers))
-        theirs.append(out)
-        t_peer += t
-    return agreement(torch.stack(ours), torch.stack(theirs)), t_ours, t_peer
+    return compare_ig(model, n, steps, layers, "linspace", lambda m, e, s, ls: kn_scores(m, e, s, ls))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--n", type=int, default=2, help=f"facts (1..{len(FACTS)})")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--layers", type=int, default=None, help="the first k layers (default all)")
-    ap.add_argument("--device", default=None)
-    args = ap.parse_args(argv)
-    if not 1 <= args.n <= len(FACTS) or args.steps < 2 or args.threads < 1:
-        ap.error(f"--n must be in 1..{len(FACTS)}, --steps >= 2, --threads >= 1")
-    require("knowledge_neurons", "install it with: pip install --no-deps knowledge-neurons==0.0.2")
-    torch.set_num_threads(args.threads)
-    model = load_model(args.model, device=args.device, threads=args.threads)
-    n_layers = int(model.cfg.n_layers)
-    layers = list(range(min(args.layers or n_layers, n_layers)))
-    agree, t_ours, t_peer = compare(model, args.n, args.steps, layers)
-    print(
-        f"model {args.model}: {n_layers} layers x {model.cfg.d_mlp} neurons; {args.n} facts, layers 0..{layers[-1]}, "
-        f"steps {args.steps}, threads {torch.get_num_threads()}"
-    )
-    print(report("knowledge-neurons 0.0.2", "KN scores (post-activation, last prompt token)", agree, t_ours, t_peer))
-    return 0
+    names = ("knowledge-neurons 0.0.2", "KN scores (post-activation, last prompt token)")
+    hint = "install it with: pip install --no-deps knowledge-neurons==0.0.2"
+    return ig_main(argv, __doc__, module="knowledge_neurons", hint=hint, min_steps=2, compare=compare, names=names)
 
 
 if __name__ == "__main__":

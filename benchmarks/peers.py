@@ -86,3 +86,64 @@ def report(peer: str, what: str, agree: dict[str, float], t_ours: float, t_peer:
         f"ratio (peer / capinterp): {t_peer / t_ours:.1f}x; load average {os.getloadavg()[0]:.1f}",
     ]
     return "\n".join(rows)
+
+
+def compare_ig(
+    model: Any, n: int, steps: int, layers: list[int] | None, rule: str, peer: Callable[..., torch.Tensor]
+) -> tuple[dict[str, float], float, float]:
+    """(agreement, capinterp seconds, peer seconds): capinterp's KN scores (``ig_scores``, fast route, the
+    last prompt token, ``rule``) against ``peer(model, enc, steps, layers)`` ([len(layers), d_mlp]) over the
+    first ``n`` facts, prompt by prompt, parameters frozen for the peer as capinterp freezes them."""
+    from capinterp.core.tokens import encode
+    from capinterp.kernels.ig import frozen_params, ig_scores
+    from capinterp.kernels.ig_config import IGConfig
+
+    layers = list(range(int(model.cfg.n_layers))) if layers is None else layers
+    encs = encode(model, FACTS[:n])
+    cfg = IGConfig(steps=steps, rule=rule, positions="last_prompt", invariance="off")
+    ig_scores(model, encs[0], cfg.replace(steps=2), layers=layers[:1])  # warm-up, both sides
+    with frozen_params(model):
+        peer(model, encs[0], 2, layers[:1])
+    ours, theirs, t_ours, t_peer = [], [], 0.0, 0.0
+    for enc in encs:
+        out, t = timed(lambda: ig_scores(model, enc, cfg, layers=layers)[0, layers])
+        ours.append(out)
+        t_ours += t
+        with frozen_params(model):
+            out, t = timed(lambda: peer(model, enc, steps, layers))
+        theirs.append(out)
+        t_peer += t
+    return agreement(torch.stack(ours), torch.stack(theirs)), t_ours, t_peer
+
+
+def ig_main(
+    argv: list[str] | None, doc: str | None, *, module: str, hint: str, min_steps: int, compare: Callable, names: tuple
+) -> int:
+    """The command line of an IG peer benchmark: ``--model --threads --n --steps --layers --device``, then
+    ``compare(model, n, steps, layers)`` and the printed :func:`report` (``names``: peer, what is compared)."""
+    import argparse
+
+    from capinterp.arch.model import load_model
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--n", type=int, default=2, help=f"facts (1..{len(FACTS)})")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=None, help="the first k layers (default all)")
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    if not 1 <= args.n <= len(FACTS) or args.steps < min_steps or args.threads < 1:
+        ap.error(f"--n must be in 1..{len(FACTS)}, --steps >= {min_steps}, --threads >= 1")
+    require(module, hint)
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model, device=args.device, threads=args.threads)
+    n_layers = int(model.cfg.n_layers)
+    layers = list(range(min(args.layers or n_layers, n_layers)))
+    agree, t_ours, t_peer = compare(model, args.n, args.steps, layers)
+    print(
+        f"model {args.model}: {n_layers} layers x {model.cfg.d_mlp} neurons; {args.n} facts, layers 0..{layers[-1]}, "
+        f"steps {args.steps}, threads {torch.get_num_threads()}"
+    )
+    print(report(*names, agree, t_ours, t_peer))
+    return 0
