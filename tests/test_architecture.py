@@ -164,3 +164,11 @@ def test_no_function_is_over_100_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "functions over 100 lines:\n" + "\n".join(long)
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test files by basename (rootdir mode, no packages): two files of one name stop collection."""
+    seen: dict[str, list[str]] = {}
+    for f in Path(__file__).parent.rglob("test_*.py"):
+        seen.setdefault(f.name, []).append(str(f.relative_to(Path(__file__).parent)))
+    assert not {n: fs for n, fs in seen.items() if len(fs) > 1}
