@@ -40,6 +40,7 @@ from capinterp.kernels.prefix import (
     _map_tables,
     _PrefixKV,
     _split_call,
+    spy_prefix_kv,
 )
 from capinterp.kernels.prefix_state import tolerance
 
@@ -117,17 +118,7 @@ def record(model: Model, ids: Int[Tensor, "1 T"], t: int, noise_of, S: int) -> C
         )
         if cache is None or not callable(getattr(cache, "update", None)):
             raise Unsupported("the model returned no KV cache")
-    prefix_kv: dict[int, tuple[Tensor, Tensor]] = {}
-    if cache is not None:
-        real_update = cache.update
-
-        def update(key_states, value_states, layer_idx, *args, **kwargs):
-            k, v = real_update(key_states, value_states, layer_idx, *args, **kwargs)
-            n = k.shape[-2] - key_states.shape[-2]
-            prefix_kv[layer_idx] = (k[..., :n, :].detach(), v[..., :n, :].detach())
-            return k, v
-
-        cache.update = update  # this cache object only
+    prefix_kv: dict[int, tuple[Tensor, Tensor]] = spy_prefix_kv(cache) if cache is not None else {}
     resid: list[Any] = [None] * n_blocks
     calls: list[Any] = [None] * n_blocks
 

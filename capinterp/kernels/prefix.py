@@ -67,6 +67,7 @@ __all__ = [
     "clean_suffix",
     "fallback_warning",
     "stair_logits",
+    "spy_prefix_kv",
     "stair_supported",
 ]
 
@@ -201,17 +202,7 @@ def clean_suffix(model: Model, seq: Int[torch.Tensor, " T"], p0: int, *, keep_ca
     with torch.no_grad():
         cache = _prefix_forward(model, tokens[:, :p0]) if p0 > 0 else None
         pristine = copy.deepcopy(cache) if (keep_cache or stateful) and cache is not None else None
-        prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        if cache is not None:
-            real_update = cache.update
-
-            def update(key_states, value_states, layer_idx, *args, **kwargs):
-                k, v = real_update(key_states, value_states, layer_idx, *args, **kwargs)
-                n = k.shape[-2] - key_states.shape[-2]
-                prefix_kv[layer_idx] = (k[..., :n, :].detach(), v[..., :n, :].detach())
-                return k, v
-
-            cache.update = update  # instance attribute: this cache object only
+        prefix_kv = spy_prefix_kv(cache) if cache is not None else {}
         resid: list[Any] = [None] * n_layers
         calls: list[Any] = [None] * n_layers
         acts: list[Any] = [None] * n_layers
@@ -582,3 +573,19 @@ def fallback_warning(model: Model) -> str:
         "so IG uses the slower route='prefix' for this model (every row runs every block: "
         "several times the fast route's work; see docs/models.md, 'IG's fast route by family')"
     )
+
+
+def spy_prefix_kv(cache: Any) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Make ``cache`` (this object only) record, at each layer's next update, the keys and values it
+    held before it (the prefix's): ``{layer_idx: (k, v)}``, filled as the continuation runs."""
+    prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    real_update = cache.update
+
+    def update(key_states, value_states, layer_idx, *args, **kwargs):
+        k, v = real_update(key_states, value_states, layer_idx, *args, **kwargs)
+        n = k.shape[-2] - key_states.shape[-2]
+        prefix_kv[layer_idx] = (k[..., :n, :].detach(), v[..., :n, :].detach())
+        return k, v
+
+    cache.update = update  # instance attribute: this cache object only
+    return prefix_kv
