@@ -66,8 +66,8 @@ __all__ = [
     "bridge_logits",
     "clean_suffix",
     "fallback_warning",
-    "stair_logits",
     "spy_prefix_kv",
+    "stair_logits",
     "stair_supported",
 ]
 
