@@ -160,11 +160,9 @@ def _inner_cards(
     mlps = [n for n in nodes if _node_kind(n) == "mlp"]
     if mlps:
         layers = [int(n[1:]) for n in mlps]
-        cards = d._layer_cards(model, Plan("layer", layers, None, len(layers), plan.source), corpus, examples, **kw)
-        if examples and all(e.target for e in examples):
-            todo = [c.unit for c in cards[:ablate]]
-            for c, effect in zip(cards, d.ablation_effects(model, "layer", todo, examples, kw["batch_size"])):
-                c.ablation = effect
+        n = ablate if examples and all(e.target for e in examples) else 0
+        layer_plan = Plan("layer", layers, None, len(layers), plan.source)
+        cards = d._layer_cards(model, layer_plan, corpus, examples, ablate=n, **kw)
         out.update(zip(mlps, cards))
     heads = [n for n in nodes if _node_kind(n) == "head"]
     if heads and "head" in d.BUILDERS:

@@ -93,16 +93,8 @@ def describe(
     corpus, source = resolve_texts(texts, examples)
     _check_lengths(model, corpus, examples, max_tokens)
     run = {"batch_size": batch_size, "device": device, "max_tokens": max_tokens}
-    more = {} if plan.kind in ("neuron", "layer") else {"ablate": ablate}  # other kinds ablate by themselves
-    cards = _builder(plan.kind)(model, plan, corpus, examples, k=k, progress=progress, **more, **run)
-    n_ablate = min(ablate, len(cards)) if examples is not None else 0
-    if plan.kind in ("neuron", "layer"):
-        for card, effect in zip(
-            cards, ablation_effects(model, plan.kind, [c.unit for c in cards[:n_ablate]], examples, batch_size)
-        ):
-            card.ablation = effect
-    else:  # the kind's builder ablates (or not) by itself
-        n_ablate = sum(c.ablation is not None for c in cards)
+    cards = _builder(plan.kind)(model, plan, corpus, examples, k=k, progress=progress, ablate=ablate, **run)
+    n_ablate = sum(c.ablation is not None for c in cards)
     meta = {
         "model": getattr(model, "capinterp_name", None),
         "input": plan.source,
@@ -118,9 +110,10 @@ def describe(
     return Cards(cards, meta)
 
 
-#: Unit kind -> "module:function" building that kind's cards, for the kinds not built here; each
-#: takes ``(model, plan, corpus, examples, *, k, progress, ablate, batch_size, device, max_tokens)`` and
-#: fills ``card.ablation`` for its first ``ablate`` units itself.
+#: Unit kind -> "module:function" building that kind's cards, for the kinds not built here; each,
+#: like :func:`_neuron_cards` and :func:`_layer_cards`, takes ``(model, plan, corpus, examples, *, k,
+#: progress, ablate, batch_size, device, max_tokens)`` and fills ``card.ablation`` for its first
+#: ``ablate`` units.
 BUILDERS: dict[str, str] = {
     "expert": "capinterp.cards.experts:expert_cards",
     "head": "capinterp.cards.heads:head_cards",
@@ -175,7 +168,15 @@ def _chance(peers: list[tuple[int, int]], spec: dict[Any, float | None]) -> dict
 
 
 def _neuron_cards(
-    model: Any, plan: Plan, corpus: list[str], examples: list[Example] | None, *, k: int, progress: bool, **run: Any
+    model: Any,
+    plan: Plan,
+    corpus: list[str],
+    examples: list[Example] | None,
+    *,
+    k: int,
+    progress: bool,
+    ablate: int,
+    **run: Any,
 ) -> list[UnitCard]:
     from capinterp.cards.contexts import activation_stats, top_contexts
     from capinterp.cards.logit_effect import neuron_logit_effects
@@ -206,11 +207,19 @@ def _neuron_cards(
                 score=plan.scores[u] if plan.scores is not None else None,
             )
         )
-    return cards
+    return _ablated(model, "neuron", cards, examples, ablate, run["batch_size"])
 
 
 def _layer_cards(
-    model: Any, plan: Plan, corpus: list[str], examples: list[Example] | None, *, k: int, progress: bool, **run: Any
+    model: Any,
+    plan: Plan,
+    corpus: list[str],
+    examples: list[Example] | None,
+    *,
+    k: int,
+    progress: bool,
+    ablate: int,
+    **run: Any,
 ) -> list[UnitCard]:
     from capinterp.cards.layer_norms import layer_norm_contexts
 
@@ -230,6 +239,16 @@ def _layer_cards(
                 layer, "layer", list(acts.contexts), acts.stats, ts, specificity(ts, acts.stats), None, None, score
             )
         )
+    return _ablated(model, "layer", cards, examples, ablate, run["batch_size"])
+
+
+def _ablated(
+    model: Any, kind: str, cards: list[UnitCard], examples: list[Example] | None, ablate: int, batch_size: int
+) -> list[UnitCard]:
+    """``cards``, the first ``ablate`` of them with their :func:`ablation_effects` (none without a task)."""
+    units = [c.unit for c in cards[:ablate]]
+    for card, effect in zip(cards, ablation_effects(model, kind, units, examples, batch_size)):
+        card.ablation = effect
     return cards
 
 
