@@ -12,7 +12,12 @@ minute per prompt on a 2-core box, so by default it runs on a few evenly spaced 
 Also: gradient x activation throughput and its agreement with IG; ``--with-prefix`` times the
 bridge-only prefix route (ablation); ``--completeness`` prints sum(IG) vs F(a)-F(0) for one
 layer at m = 20/50/200; ``--fp64-check`` reruns one prompt in float64 to show the fp32 noise
-floor of both routes.
+floor of both routes. Every run prints the fast route's roofline: its useful FLOPs (counted from
+the rows it ran) per second against this machine's dense matmul throughput, measured in the same
+run (``benchmarks/_roofline.py``); ``--roofline`` also times KN, CNL, the closed form and the
+adaptive rule the same way::
+
+    .venv/bin/python benchmarks/bench_ig.py --roofline --model smollm2 --n 2 --threads 1
 
 ``--rules`` compares quadrature rules instead (the papers' 20-point right sum against midpoint
 and Gauss-Legendre, ``--rule-list``), all on the fast route, all layers, CNL positions: time per
