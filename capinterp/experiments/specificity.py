@@ -17,7 +17,7 @@ answers right (greedy first token, :func:`~capinterp.experiments.dcsn_common.cor
 NeFT (Xu et al. 2025; the DCSN paper's Appendix C baseline) is measured the same way beside DCSN: a
 short full fine-tune on each dataset (:class:`capinterp.NeFT`, SGD), the neurons whose weights
 turned most, as many as DCSN's set of the same key, then the same cohesion and separability
-rows (column ``method``).
+rows (column ``method``). Quick mode fits NeFT on :data:`QUICK_NEFT_CONDITIONS` only.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ __all__ = [
     "PAPER_SEP_PAIRS",
     "POOLS",
     "QUICK_CONDITIONS",
+    "QUICK_NEFT_CONDITIONS",
     "QUICK_PAIRS",
     "TITLE",
     "Key",
@@ -91,6 +92,10 @@ PAIRS: list[tuple[str, str, str]] = [
 POOLS: dict[str, list[str]] = {"EN": ["MQ-en", "TF-en", "DGp-en"], "ZH": ["MQ-zh", "TF-zh", "DGp-zh"]}
 QUICK_CONDITIONS = ["DG-en", "TF-en", "TF-zh", "DG-en-s1"]
 QUICK_PAIRS = [("DG-en", "TF-en", "format"), ("TF-en", "TF-zh", "language"), ("DG-en", "DG-en-s1", "resample")]
+#: Quick mode fits NeFT on these conditions only (every NeFT fit fine-tunes the whole model): the
+#: resample pair gives NeFT's cohesion ceiling and each condition its separability rows; the full
+#: run fits NeFT on every condition, as DCSN.
+QUICK_NEFT_CONDITIONS = ["DG-en", "DG-en-s1"]
 TITLE = "Capability-specific neurons (DCSN paper, anon. 2025): cohesion and separability"
 PAPER_SEP_PAIRS = {("+", "-"), ("+", "*"), ("+", "/"), ("*", "/")}
 PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
@@ -98,7 +103,8 @@ PAPER = {  # Table 3 (cohesion: LLaMA-2-7B; separability: LLaMA-3-8B), percent
     "separability_avg": {"DG": 3.65, "MQ": 4.73, "TF": 4.82, "CH": 4.57, "EN": 4.84},
     "separability_pairs": ["+∩-", "+∩*", "+∩/", "*∩/"],
 }
-#: NeFT's fine-tune in the experiment (SGD; quick mode takes 2 steps): see :class:`capinterp.NeFT`.
+#: NeFT's fine-tune in the experiment (SGD; quick mode takes 2 steps, on :data:`QUICK_NEFT_CONDITIONS`):
+#: see :class:`capinterp.NeFT`.
 NEFT: dict[str, Any] = {"steps": 10, "lr": 1e-3}
 
 
@@ -253,7 +259,9 @@ def run(ctx: Context) -> ExperimentResult:
     scores = locate_all(data, context_scorer(ctx), names)
     scores.update(pool_scores(scores, pools))
     sets = {k: s.select(sigma=sigma) for k, s in scores.items()}
-    neft = neft_scores(ctx, data, names, ctx.size(2, NEFT["steps"]))
+    neft_conds = QUICK_NEFT_CONDITIONS if ctx.quick else list(conds)
+    neft_data = {k: ex for k, ex in data.items() if k[1] in neft_conds}
+    neft = neft_scores(ctx, neft_data, names, ctx.size(2, NEFT["steps"]))
     neft.update(pool_scores(neft, pools))
     neft_sets = like_sized(neft, sets)
     table = pd.concat(
@@ -272,7 +280,13 @@ def run(ctx: Context) -> ExperimentResult:
         "paper": PAPER,
         "measured": summarize(table[table.method == "dcsn"]),
         "measured_neft": summarize(table[table.method == "neft"]),
-        "neft": {"steps": ctx.size(2, NEFT["steps"]), "lr": NEFT["lr"], "optimizer": "sgd", "size": "as DCSN's set"},
+        "neft": {
+            "steps": ctx.size(2, NEFT["steps"]),
+            "lr": NEFT["lr"],
+            "optimizer": "sgd",
+            "size": "as DCSN's set",
+            "conditions": neft_conds,
+        },
         "set_sizes": {f"{op} {c}": len(s) for (op, c), s in sets.items()},
         "examples_used": {f"{op} {c}": int(s.meta.get("n_samples", 0)) for (op, c), s in scores.items()},
         "located_per_layer_all_sets": per_layer,

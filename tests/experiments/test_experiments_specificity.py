@@ -25,6 +25,8 @@ from capinterp.experiments.forward_reasoning import (
 from capinterp.experiments.operator_ablation import ablation_matrix, drop_matrix, per_op
 from capinterp.experiments.operator_ablation import run as run_ablation
 from capinterp.experiments.specificity import (
+    QUICK_CONDITIONS,
+    QUICK_NEFT_CONDITIONS,
     compare_sets,
     pool_scores,
     specificity_table,
@@ -248,8 +250,14 @@ def test_specificity_neft_rows_match_dcsn_sizes(tiny, tmp_path):
     key = ["metric", "comparison", "op_a", "op_b"]
     d = t[t.method == "dcsn"].set_index(key)
     n = t[t.method == "neft"].set_index(key)
-    assert d.index.equals(n.index)  # the same comparisons for both methods
-    assert (d["n_a"] == n["n_a"]).all() and (d["n_b"] == n["n_b"]).all()  # like-sized sets
+    # quick mode: NeFT on the resample pair's conditions only, the same comparisons as DCSN there
+    conds = set(res.info["neft"]["conditions"])
+    assert conds == set(QUICK_NEFT_CONDITIONS) and len(conds) < len(QUICK_CONDITIONS)
+    mine = [all(c in conds for c in comp.split(" vs ")) for comp in d.index.get_level_values("comparison")]
+    assert d[mine].index.equals(n.index) and len(n) > 0
+    assert set(n.index.get_level_values("metric")) == {"cohesion", "separability"}
+    assert (d.loc[n.index, "n_a"] == n["n_a"]).all() and (d.loc[n.index, "n_b"] == n["n_b"]).all()  # like-sized
+    assert not any("TF" in k for k in res.neurons if k.startswith("neft_"))
     assert res.info["measured_neft"].keys() == res.info["measured"].keys()
     assert any(k.startswith("neft_") for k in res.neurons)
     assert any(p.name.startswith("neft_") for p in (tmp_path / "scores").glob("*.capi"))
