@@ -30,15 +30,28 @@ from capinterp.experiments.scoring import measure
 from capinterp.interventions.finetune import finetune
 from capinterp.units.neurons import NeuronSet
 
-__all__ = ["ARMS", "CAPABILITIES", "LR", "PAPER_TABLE2", "columns", "enhance_figure", "enhance_table", "run"]
+__all__ = [
+    "ARMS",
+    "CAPABILITIES",
+    "LR",
+    "PAPER_TABLE2",
+    "QUICK_CAPABILITIES",
+    "columns",
+    "enhance_figure",
+    "enhance_table",
+    "run",
+]
 
 NAME, TITLE = "enhance", "Fine-tuning capability neurons vs random neurons and the rest (Huang et al. 2025, Table 2)"
 ARMS: tuple[str, ...] = ("located", "random", "without_located")
 LR: dict[str, float] = {"located": 3e-5, "random": 3e-5, "without_located": 1e-5}
-#: One arithmetic and one text capability (quick and full): every arm trains a copy of the model
+#: One arithmetic and one text capability (the full run): every arm trains a copy of the model
 #: and the whole-model arm is costly (all seven capabilities with it ran over an hour on one
 #: CPU thread); the located sets are the erase experiment's, shared through the fit cache.
 CAPABILITIES: tuple[str, ...] = ("sub", "sentiment")
+#: Quick mode trains the three arms on one capability (three trained copies of the model per
+#: capability); the full run on :data:`CAPABILITIES`.
+QUICK_CAPABILITIES: tuple[str, ...] = ("sub",)
 #: Huang et al. 2025, Table 2 (Llama2-7B, first block; accuracy %): GSM8K, Emotion, Code25K, average.
 PAPER_TABLE2: dict[str, Any] = {
     "columns": ["GSM8K", "Emotion", "Code25K", "avg"],
@@ -157,7 +170,7 @@ def enhance_figure(table: pd.DataFrame, arms: Sequence[str] = ARMS) -> go.Figure
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """Table 2 on the capability datasets, with the erase experiment's located sets (sigma 6)."""
-    s = {**cd.settings(ctx), "capabilities": CAPABILITIES}
+    s = {**cd.settings(ctx), "capabilities": ctx.size(QUICK_CAPABILITIES, CAPABILITIES)}
     data = cd.prepared(ctx, s)
     neurons = {
         k: cd.located_scores(ctx.localize, "cnl", d, ctx.seed, **s["params"]["cnl"]).select(sigma=6.0)
@@ -192,7 +205,8 @@ def run(ctx: Context) -> ExperimentResult:
     }
     if ctx.quick:
         info["quick_note"] = (
-            "one or two training steps per arm: Adam's first steps move every trained entry by ~lr, "
-            "which can transiently hurt; the full run trains 2 epochs on twice the data"
+            f"one capability ({', '.join(QUICK_CAPABILITIES)}), two training steps per arm: Adam's first "
+            "steps move every trained entry by ~lr, which can transiently hurt; the full run trains "
+            f"{' and '.join(CAPABILITIES)}, 2 epochs on twice the data"
         )
     return ExperimentResult(NAME, TITLE, table, enhance_figure(table), info, neurons)

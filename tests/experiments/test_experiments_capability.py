@@ -277,3 +277,24 @@ def test_enhance_trains_the_planted_neurons_best(planted):
         arms=("located",),
     )
     assert list(only.columns) == columns(("located",))
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_enhance_quick_trains_fewer_capabilities(planted, monkeypatch, quick):
+    from capinterp.experiments.enhance import CAPABILITIES, QUICK_CAPABILITIES
+    from capinterp.experiments.enhance import run as run_enhance
+
+    def prepared(ctx, s):
+        return {k: cd.CapabilityData(k, "target_prob", SEVENS[:4], SEVENS[4:]) for k in s["capabilities"]}
+
+    def located(localize, method, data, seed=0, **params):
+        s = torch.zeros(planted.cfg.n_layers, planted.cfg.d_mlp)
+        s[0, 1] = 1.0  # one neuron far above the rest: sigma 6 keeps it
+        return NeuronScores(s)
+
+    monkeypatch.setattr(cd, "prepared", prepared)
+    monkeypatch.setattr(cd, "located_scores", located)
+    res = run_enhance(Context(model=planted, quick=quick))
+    assert len(QUICK_CAPABILITIES) < len(CAPABILITIES)
+    assert list(res.table["capability"]) == list(QUICK_CAPABILITIES if quick else CAPABILITIES)
+    assert ("quick_note" in res.info) == quick and res.info["settings"]["epochs"] == (1 if quick else 2)
