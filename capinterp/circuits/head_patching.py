@@ -3,7 +3,10 @@
 The metric is the mean over the data of p(target's first token) at the last prompt position. A
 head's output is its node output in the circuit graph (``z_h @ W_O[h]``, :mod:`capinterp.circuits.forward`);
 ablating the head replaces that output, at every position, by its reference ``ref_h`` (0 for zero
-ablation, its mean over the data's real positions for mean ablation, first positions apart). Both quantities go through
+ablation, its mean over the data's real positions for mean ablation, first positions apart, or its
+value on the example's corrupted prompt for ``ablation="corrupt"``, the patching of the AtP* and RelP
+papers: ``data`` is then a list of :class:`~capinterp.circuits.eap.Pair`, or facts whose subject swaps
+:func:`~capinterp.circuits.eap.make_pairs` finds). Both quantities go through
 :func:`~capinterp.circuits.forward.run_graph`:
 
 * **exact**: ``effect(h) = m(clean) - m(head h ablated)``, one graph pass per head with every
@@ -33,8 +36,10 @@ from capinterp.arch.family import family_of, require_fixed_heads
 from capinterp.arch.layer_extras import require_additive_layers
 from capinterp.arch.model import attention_layers, require_attention_layers
 from capinterp.arch.pattern_writes import require_pattern_writes
+from capinterp.circuits.eap import Pair, make_pairs
 from capinterp.circuits.forward import GraphRun, graph_mode, mean_outputs, run_graph
 from capinterp.circuits.graph import Graph
+from capinterp.circuits.head_stair import stair_head_probs, stair_route
 from capinterp.core import validate
 from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
@@ -42,8 +47,10 @@ from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 
 __all__ = [
     "HEAD_ABLATIONS",
+    "HEAD_ROUTES",
     "HeadRuns",
     "HeadStep",
+    "batch_ref",
     "head_atp",
     "head_atp_graddrop",
     "head_atp_qk",
@@ -52,7 +59,7 @@ __all__ = [
     "qk_slots",
 ]
 
-HEAD_ABLATIONS = ("zero", "mean")
+HEAD_ABLATIONS = ("zero", "mean", "corrupt")
 
 
 def head_sources(graph: Graph) -> list[int]:
@@ -69,11 +76,29 @@ def per_layer(graph: Graph, flat: torch.Tensor) -> np.ndarray:
     return out
 
 
-def _items(model: Model, data: Any) -> list[Encoded]:
-    items = data if data and isinstance(data[0], Encoded) else encode(model, validate.examples(data, need_target=True))
-    if not items:
+def _items(model: Model, data: Any, ablation: str = "zero") -> tuple[list[Encoded], list[list[int]] | None]:
+    """The encoded examples, and with ``ablation="corrupt"`` each one's corrupted prompt+target ids."""
+    if not data:
         raise ValueError("head patching needs at least one example")
-    return items
+    if ablation == "corrupt":
+        pairs = data if isinstance(data[0], Pair) else make_pairs(model, validate.examples(data, need_target=True))
+        noise = sum(p.mode == "noise" for p in pairs)
+        if noise:
+            raise ValueError(
+                f"ablation='corrupt' needs a corrupted prompt of the same token length for every example; {noise} "
+                f"of {len(pairs)} have none (pass Pairs from make_pairs(model, data, corrupt=...))"
+            )
+        return [p.clean for p in pairs], [list(p.corrupt_ids) for p in pairs]
+    if isinstance(data[0], Pair):
+        raise ValueError(f"Pairs of clean and corrupted prompts are for ablation='corrupt', not {ablation!r}")
+    items = data if isinstance(data[0], Encoded) else encode(model, validate.examples(data, need_target=True))
+    return items, None
+
+
+def _chunks(items: list[Encoded], corrupt: list[list[int]] | None, bs: int) -> Iterator[tuple[list, list | None]]:
+    """Batches of items, each with its corrupted ids (None without)."""
+    for s in range(0, len(items), bs):
+        yield items[s : s + bs], None if corrupt is None else corrupt[s : s + bs]
 
 
 def _batch(model: Model, chunk: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,8 +116,8 @@ def _prob(logits: torch.Tensor, last: torch.Tensor, target: torch.Tensor) -> tor
 
 def _reference(model: Model, graph: Graph, items: list[Encoded], ablation: str, bs: int) -> torch.Tensor | None:
     """``[2, n_src, d]`` mean node outputs over the real positions (mean ablation: first positions
-    apart from the later ones, :mod:`capinterp.core.position_mean`), None for zero."""
-    if ablation == "zero":
+    apart from the later ones, :mod:`capinterp.core.position_mean`), None for zero and corrupt."""
+    if ablation != "mean":
         return None
     batched = ((_batch(model, chunk)[0], torch.tensor([len(it.ids) for it in chunk])) for chunk in batches(items, bs))
     return mean_outputs(model, graph, batched)
@@ -103,6 +128,18 @@ def _ref_rows(ref: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return batch_rows(ref, *tokens.shape)
 
 
+def batch_ref(
+    model: Model, graph: Graph, ref: torch.Tensor | None, tokens: torch.Tensor, corrupt: list | None
+) -> torch.Tensor | None:
+    """The ``[B, T, n_src, d]`` values ablated nodes take in this batch: None (zero), the position
+    means (mean) or the node outputs of the corrupted prompts (corrupt; call inside graph mode)."""
+    if corrupt is not None:
+        bad, _ = pad_right(corrupt, pad_id(model.tokenizer))
+        with torch.no_grad():
+            return run_graph(model, graph, bad.to(tokens.device)).outputs.float()
+    return None if ref is None else _ref_rows(ref, tokens)
+
+
 def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None):
     ablation = validate.choice("ablation", ablation, HEAD_ABLATIONS)
     bs = validate.positive_int("batch_size", batch_size)
@@ -111,24 +148,50 @@ def _setup(model: Model, data: Any, ablation: str, batch_size: int, graph: Graph
     require_additive_layers(model, "attention-head patching", served=("ple", "scaled"))
     require_attention_layers(model, "attention-head patching")
     graph = graph or Graph.from_model(model)
-    return _items(model, data), ablation, bs, graph
+    items, corrupt = _items(model, data, ablation)
+    return items, corrupt, ablation, bs, graph
+
+
+HEAD_ROUTES = ("auto", "stair", "graph")
 
 
 def head_effects(
-    model: Model, data: Any, *, ablation: str = "zero", batch_size: int = 16, graph: Graph | None = None
+    model: Model,
+    data: Any,
+    *,
+    ablation: str = "zero",
+    batch_size: int = 16,
+    graph: Graph | None = None,
+    route: str = "auto",
 ) -> np.ndarray:
     """``[n_layers, n_heads]`` exact effects ``m(clean) - m(head ablated)`` (see the module docstring);
-    NaN rows for a hybrid model's layers without attention."""
-    items, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    NaN rows for a hybrid model's layers without attention.
+
+    ``route``: ``"stair"`` reuses the clean run below each head's layer and computes logits at the
+    answer only (:mod:`capinterp.circuits.head_stair`); ``"graph"`` runs one full graph pass per head;
+    ``"auto"``: the stair where :func:`~capinterp.circuits.head_stair.stair_route` allows it."""
+    route = validate.choice("route", route, HEAD_ROUTES)
+    items, corrupt, ablation, bs, graph = _setup(model, data, ablation, batch_size, graph)
+    stair = stair_route(model, graph)
+    if route == "stair" and not stair:
+        raise ValueError(f"route='stair' does not cover this model ({family_of(model).name}); use 'auto' or 'graph'")
     srcs = head_sources(graph)
     total = torch.zeros(len(srcs), dtype=torch.float64)
     with graph_mode(model, graph):
         ref = _reference(model, graph, items, ablation, bs)
         with torch.no_grad():
-            for chunk in batches(items, bs):
+            for chunk, bad in _chunks(items, corrupt, bs):
                 tokens, last, target = _batch(model, chunk)
-                full = _prob(run_graph(model, graph, tokens).logits, last, target)
-                r = None if ref is None else _ref_rows(ref, tokens)
+                run = run_graph(model, graph, tokens)
+                r = batch_ref(model, graph, ref, tokens, bad)
+                if route != "graph" and stair:
+                    idx = torch.tensor(srcs, device=tokens.device)
+                    delta = run.outputs[:, :, idx].float() - (0 if r is None else r[:, :, idx])
+                    for b, it in enumerate(chunk):
+                        clean, patched = stair_head_probs(model, graph, it, delta[b, : len(it.prompt_ids)])
+                        total += clean - patched
+                    continue
+                full = _prob(run.logits, last, target)
                 for i, s in enumerate(srcs):
                     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
                     removed[s] = True
@@ -148,7 +211,7 @@ class HeadRuns:
     def __init__(
         self, model: Model, data: Any, ablation: str, batch_size: int, graph: Graph | None, patterns: bool = False
     ):
-        self.items, self.ablation, self.bs, self.graph = _setup(model, data, ablation, batch_size, graph)
+        self.items, self.corrupt, self.ablation, self.bs, self.graph = _setup(model, data, ablation, batch_size, graph)
         self.model, self.patterns = model, patterns
         self.srcs = head_sources(self.graph)
         self.feeds = self.graph.edge_mask[torch.tensor(self.srcs)].float()  # [n_heads_total, n_slots]
@@ -157,7 +220,7 @@ class HeadRuns:
         model, graph = self.model, self.graph
         with graph_mode(model, graph):
             ref = _reference(model, graph, self.items, self.ablation, self.bs)
-            for chunk in batches(self.items, self.bs):
+            for chunk, bad in _chunks(self.items, self.corrupt, self.bs):
                 tokens, last, target = _batch(model, chunk)
                 pats: dict[int, torch.Tensor] = {}
                 grab = _pattern_hooks(model, graph.head_layers, pats) if self.patterns else contextlib.nullcontext()
@@ -166,10 +229,9 @@ class HeadRuns:
                     metric = _prob(run.logits, last, target).sum()
                 idx = torch.tensor(self.srcs, device=tokens.device)
                 diff = run.outputs[:, :, idx].float()
-                ref_full = None
-                if ref is not None:
-                    ref_full = _ref_rows(ref, tokens)
-                    diff = diff - ref_full[:, :, idx.to(ref.device)]
+                ref_full = batch_ref(model, graph, ref, tokens, bad)
+                if ref_full is not None:
+                    diff = diff - ref_full[:, :, idx.to(ref_full.device)]
                 yield HeadStep(len(chunk), tokens, run, metric, diff, ref_full, dict(sorted(pats.items())))
 
     def result(self, total: torch.Tensor) -> np.ndarray:

@@ -90,21 +90,22 @@ def edge_table(
     return {m: s[edges] for m, s in full.items()}, effects, edges, len(data)
 
 
-def edge_rows(task: str, found: tuple, correlations: Any) -> pd.DataFrame:
-    """Rows (component ``"circuit edge"``) of :func:`edge_table`'s result for the experiment's table."""
+def edge_rows(task: str, found: tuple, stats: Any) -> pd.DataFrame:
+    """Rows (component ``"circuit edge"``) of :func:`edge_table`'s result for the experiment's table;
+    ``stats(scores, effects)``: ``(pearson, spearman)`` or a dict of columns (with intervals)."""
     scores, effects, _, _ = found
     rows = []
     for method, s in scores.items():
-        pearson, spearman = correlations(s, effects)
+        got = stats(s, effects)
+        cols = got if isinstance(got, dict) else {"pearson": got[0], "spearman": got[1]}
         rows.append(
             {
                 "task": task,
                 "component": "circuit edge",
                 "method": method,
-                "pearson": pearson,
-                "spearman": spearman,
+                **cols,
                 "n_units": len(effects),
-                "ablation": "corrupt",
+                "ablation": "corrupted",
             }
         )
     return pd.DataFrame(rows)

@@ -32,54 +32,82 @@ import torch
 
 from capinterp.arch.family import UnsupportedFamily, family_of
 from capinterp.arch.model import attention_layers, neuron_shape, valid_neurons
+from capinterp.circuits.eap import make_pairs
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.circuits.relp import head_relp
 from capinterp.core.protocol import Model
+from capinterp.experiments.agreement_stats import CI_COLUMNS, correlations, stat_row
 from capinterp.experiments.base import Context, ExperimentResult, experiment
+from capinterp.experiments.corrupt_partners import partner_fn, partners
 from capinterp.experiments.edge_agreement import edge_rows, edge_table
 from capinterp.experiments.faithfulness import sub_and_facts
+from capinterp.experiments.neuron_atp import neuron_atp
 from capinterp.interventions.faithfulness import ablated_metric
 from capinterp.units.neurons import NeuronScores
 
-__all__ = ["COLUMNS", "agreement_table", "correlations", "head_table", "run", "unit_effects"]
+__all__ = ["ABLATIONS", "COLUMNS", "agreement_table", "correlations", "head_table", "run", "unit_effects"]
 
 NAME, TITLE = (
     "patching_agreement",
     "Attribution scores against exact activation patching (neurons, FFN layers, heads, edges)",
 )
-COLUMNS = ["task", "component", "method", "pearson", "spearman", "n_units", "ablation"]
+COLUMNS = ["task", "component", "method", *CI_COLUMNS, "n_units", "ablation"]
+#: the references a unit is patched to: 0, or its value on the example's corrupted prompt
+ABLATIONS = ("zero", "corrupted")
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    """Average ranks (ties share their mean rank), as Spearman's coefficient needs."""
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(len(x), dtype=float)
-    for v in np.unique(x):
-        tie = x == v
-        ranks[tie] = ranks[tie].mean()
-    return ranks
-
-
-def correlations(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """(Pearson, Spearman) of two samples; NaN where either is constant."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(a) < 2 or a.std() == 0 or b.std() == 0:
-        return float("nan"), float("nan")
-    ra, rb = _ranks(a), _ranks(b)
-    spearman = float(np.corrcoef(ra, rb)[0, 1]) if ra.std() and rb.std() else float("nan")
-    return float(np.corrcoef(a, b)[0, 1]), spearman
-
-
-def unit_effects(model: Model, data: Any, groups: list[torch.Tensor], ablation: str = "zero", batch_size: int = 16):
+def unit_effects(
+    model: Model,
+    data: Any,
+    groups: list[torch.Tensor],
+    ablation: str = "zero",
+    batch_size: int = 16,
+    corrupt: Any = None,
+):
     """``[len(groups)]`` exact effects: m(full) - m(the group's neurons ablated), a group being a
-    bool ``[n_layers, d_mlp]`` mask; all groups run as rows of the same batches."""
+    bool ``[n_layers, d_mlp]`` mask; all groups run as rows of the same batches. ``ablation="corrupt"``
+    with ``corrupt`` (an example -> its corrupted example) patches them to the corrupted prompt's values."""
     L, d = neuron_shape(model)
     keep = torch.ones(len(groups) + 1, L, d, dtype=torch.bool)
     for i, g in enumerate(groups):
         keep[i + 1] = ~g
-    vals = ablated_metric(model, data, keep, ablation=ablation, batch_size=batch_size)
+    extra = {} if corrupt is None else {"corrupt": corrupt}
+    vals = ablated_metric(model, data, keep, ablation=ablation, batch_size=batch_size, **extra)
     return vals[0] - vals[1:]
+
+
+def _source(model: Model, data: list, ablation: str, partner: Any) -> list:
+    """``data`` (zero), or its clean/corrupted Pairs (corrupted); refused before any work when unfit."""
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
+    if ablation == "zero":
+        return data
+    if partner is None:
+        raise ValueError("ablation='corrupted' needs partner=, an example -> its corrupted example (partner_fn)")
+    return make_pairs(model, data, corrupt=partner)  # refuses a partner of another token length
+
+
+def _row(task: str, component: str, method: str, predicted, effect, ablation: str, seed: int) -> dict:
+    return {
+        "task": task,
+        "component": component,
+        "method": method,
+        **stat_row(np.asarray(predicted), np.asarray(effect), seed),
+        "n_units": len(effect),
+        "ablation": ablation,
+    }
+
+
+def _pick_neurons(model: Model, scores: dict[str, NeuronScores], n_top: int, n_random: int, seed: int) -> list[int]:
+    """Flat indices: each method's top ``n_top`` by |score| plus ``n_random`` random real neurons."""
+    real = valid_neurons(model).flatten()  # padding neurons (past a dense layer's width) are no units
+    pool = real.nonzero().flatten()
+    gen = torch.Generator().manual_seed(int(seed))
+    picked = set(pool[torch.randperm(pool.numel(), generator=gen)[:n_random]].tolist())
+    for s in scores.values():
+        key = s.scores.flatten().abs().masked_fill(~real, -torch.inf)
+        picked |= set(torch.sort(key, descending=True).indices[: min(n_top, pool.numel())].tolist())
+    return sorted(picked)
 
 
 def agreement_table(
@@ -91,46 +119,34 @@ def agreement_table(
     n_top: int = 16,
     n_random: int = 16,
     ablation: str = "zero",
+    partner: Any = None,
     seed: int = 0,
     batch_size: int = 16,
 ) -> pd.DataFrame:
-    """Rows per (component, method) for one task; ``scores``: method -> NeuronScores on ``data``."""
+    """Rows per (component, method) for one task; ``scores``: method -> NeuronScores on ``data``.
+
+    Methods: ``scores``' and AtP (:func:`~capinterp.experiments.neuron_atp.neuron_atp`) against the same
+    reference as the exact effects. ``ablation``: ``"zero"``, or ``"corrupted"`` with ``partner`` (an
+    example -> its corrupted example of the same prompt token length, e.g.
+    :func:`~capinterp.experiments.corrupt_partners.partner_fn`)."""
     L, d = neuron_shape(model)
-    real = valid_neurons(model).flatten()  # padding neurons (past a dense layer's width) are no units
-    pool = real.nonzero().flatten()
-    gen = torch.Generator().manual_seed(int(seed))
-    picked = set(pool[torch.randperm(pool.numel(), generator=gen)[:n_random]].tolist())
-    for s in scores.values():
-        key = s.scores.flatten().abs().masked_fill(~real, -torch.inf)
-        picked |= set(torch.sort(key, descending=True).indices[: min(n_top, pool.numel())].tolist())
-    neurons = sorted(picked)
-    groups = []
-    for u in neurons:
-        g = torch.zeros(L * d, dtype=torch.bool)
-        g[u] = True
-        groups.append(g.view(L, d))
+    neurons = _pick_neurons(model, scores, n_top, n_random, seed)
+    groups = [torch.zeros(L * d, dtype=torch.bool).index_fill_(0, torch.tensor([u]), True).view(L, d) for u in neurons]
     layer_groups = [torch.zeros(L, d, dtype=torch.bool).index_fill_(0, torch.tensor([l]), True) for l in range(L)]
-    effects = unit_effects(model, data, groups + layer_groups, ablation, batch_size)
+    src = _source(model, data, ablation, partner)
+    abl = "corrupt" if partner is not None and ablation == "corrupted" else "zero"
+    effects = unit_effects(
+        model, data, groups + layer_groups, abl, batch_size, corrupt=partner if abl == "corrupt" else None
+    )
     neuron_effect, layer_effect = effects[: len(groups)], effects[len(groups) :]
+    atp = neuron_atp(model, src, batch_size=batch_size)
+    methods = {**{m: s.scores for m, s in scores.items()}, "AtP": atp}
     rows = []
-    for method, s in scores.items():
-        flat = s.scores.flatten().double().numpy()
-        for component, effect, predicted in (
-            ("FFN neuron", neuron_effect, flat[neurons]),
-            ("FFN layer", layer_effect, s.scores.double().sum(1).numpy()),
-        ):
-            pearson, spearman = correlations(predicted, effect)
-            rows.append(
-                {
-                    "task": task,
-                    "component": component,
-                    "method": method,
-                    "pearson": pearson,
-                    "spearman": spearman,
-                    "n_units": len(effect),
-                    "ablation": ablation,
-                }
-            )
+    for method, sc in methods.items():
+        rows.append(
+            _row(task, "FFN neuron", method, sc.flatten().double().numpy()[neurons], neuron_effect, ablation, seed)
+        )
+        rows.append(_row(task, "FFN layer", method, sc.double().sum(1).numpy(), layer_effect, ablation, seed))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -140,54 +156,47 @@ def head_table(
     data: list,
     *,
     ablation: str = "zero",
+    partner: Any = None,
     qk_fix: bool = True,
     graddrop: bool = True,
     relp: bool = True,
     batch_size: int = 16,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Rows for component ``"attention head"``: AtP (and, with ``qk_fix``, AtP*'s attention-saturation
     fix where the model's graph has q/k slots) against exact single-head patching, every head (of the
     attention layers, on a hybrid model); with
     ``relp``, RelP (AtP with LRP rules in the backward pass, :mod:`capinterp.circuits.relp`); with
-    ``graddrop``, AtP*'s GradDrop and ``|AtP|`` against ``|exact|`` (GradDrop is unsigned)."""
-    exact = head_effects(model, data, ablation=ablation, batch_size=batch_size)
+    ``graddrop``, AtP*'s GradDrop and ``|AtP|`` against ``|exact|`` (GradDrop is unsigned).
+    ``ablation="corrupted"`` patches each head to its output on the example's corrupted prompt
+    (``partner``, as :func:`agreement_table`), on both sides."""
+    src = _source(model, data, ablation, partner)
+    abl = "corrupt" if ablation == "corrupted" else "zero"
+    kw: dict[str, Any] = {"ablation": abl, "batch_size": batch_size}
+    exact = head_effects(model, src, **kw)
     has_heads = np.zeros(exact.shape, dtype=bool)  # a hybrid model's layers without attention: NaN rows
     has_heads[attention_layers(model)] = True
     heads = has_heads.ravel()
     exact = exact.ravel()[heads]
-    atp = head_atp(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]
+    atp = head_atp(model, src, **kw).ravel()[heads]
     methods = {"AtP": (atp, exact)}
     if relp:
         try:
-            methods["RelP"] = (head_relp(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads], exact)
+            methods["RelP"] = (head_relp(model, src, **kw).ravel()[heads], exact)
         except UnsupportedFamily:
             if not family_of(model).hybrid_layers:
                 raise
             # no RelP rule for a hybrid model's mixers: AtP and its corrections only
     if qk_fix:
         try:
-            qk = head_atp_qk(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]
-            methods["AtP* (QK fix)"] = (qk, exact)
+            methods["AtP* (QK fix)"] = (head_atp_qk(model, src, **kw).ravel()[heads], exact)
         except NotImplementedError:
             pass  # no per-head q/k inputs on this family (granularity "layer"): AtP only
     if graddrop:
-        gd = head_atp_graddrop(model, data, ablation=ablation, batch_size=batch_size).ravel()[heads]
+        gd = head_atp_graddrop(model, src, **kw).ravel()[heads]
         methods["|AtP| vs |effect|"] = (np.abs(atp), np.abs(exact))
         methods["AtP* (GradDrop) vs |effect|"] = (gd, np.abs(exact))
-    rows = []
-    for method, (scores, target) in methods.items():
-        pearson, spearman = correlations(scores, target)
-        rows.append(
-            {
-                "task": task,
-                "component": "attention head",
-                "method": method,
-                "pearson": pearson,
-                "spearman": spearman,
-                "n_units": len(exact),
-                "ablation": ablation,
-            }
-        )
+    rows = [_row(task, "attention head", m, sc, target, ablation, seed) for m, (sc, target) in methods.items()]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -203,18 +212,20 @@ def _figure(table: pd.DataFrame) -> go.Figure:
 
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
-    """KN's IG and DCSN (neurons, layers) and AtP (heads) against single-unit zero ablation on
-    arithmetic (``sub``) and known facts."""
+    """KN's IG, DCSN and AtP (neurons, layers) and AtP and its corrections (heads) against single-unit
+    patching, zero and corrupted-prompt, on arithmetic (``sub``) and known facts."""
     from capinterp.localizers.dcsn import DCSN
     from capinterp.localizers.kn import KN
 
-    sub, facts = sub_and_facts(ctx, ctx.size(4, 12))
-    tasks = {"arithmetic (sub)": sub.locate[: ctx.size(4, 16)]}
+    sub, facts = sub_and_facts(ctx, ctx.size(4, 50))
+    # corrupted partners come from the whole task pool (all of sub's problems, all known facts)
+    tasks = {"arithmetic (sub)": (sub.locate[: ctx.size(4, 100)], sub.locate)}
     if facts:
-        tasks["facts"] = facts
+        tasks["facts"] = (facts, facts)
     ig = ctx.ig(4, 10)
-    parts, edge_facts = [], 0
-    for task, data in tasks.items():
+    parts: list[pd.DataFrame] = []
+    info: dict[str, Any] = {"edge_facts": 0, "corrupted_examples": {}}
+    for task, (data, pool) in tasks.items():
         key = f"patch_{task.split()[0]}_n{len(data)}"
 
         def kn(data: list = data) -> NeuronScores:
@@ -227,25 +238,58 @@ def run(ctx: Context) -> ExperimentResult:
             "kn (IG)": ctx.scores(f"{key}_kn_{ig['rule']}{ig['steps']}", kn),
             "dcsn": ctx.scores(f"{key}_dcsn", dcsn),
         }
-        parts.append(
-            agreement_table(
-                ctx.model, task, data, scores, n_top=ctx.size(8, 32), n_random=ctx.size(8, 32), seed=ctx.seed
+        found = partners(ctx.model, data, pool, seed=ctx.seed)
+        paired = [e for e, p in zip(data, found) if p is not None]
+        info["corrupted_examples"][task] = len(paired)
+        variants = [("zero", data, None)]
+        if len(paired) >= 2:  # examples without a partner of their token length are left out of these rows
+            variants.append(("corrupted", paired, partner_fn(paired, [p for p in found if p is not None])))
+        for ablation, rows_data, partner in variants:
+            parts.append(
+                agreement_table(
+                    ctx.model,
+                    task,
+                    rows_data,
+                    scores,
+                    n_top=ctx.size(8, 32),
+                    n_random=ctx.size(8, 32),
+                    ablation=ablation,
+                    partner=partner,
+                    seed=ctx.seed,
+                    batch_size=ctx.batch_size,
+                )
             )
-        )
-        # AtP*'s QK fix costs a forward per (head, later layer): the full run only; GradDrop costs one
-        # backward per layer and batch, cheaper than the exact per-head ablations: both variants
-        parts.append(head_table(ctx.model, task, data, qk_fix=not ctx.quick))
+            # AtP*'s QK fix costs a forward per (head, later layer) and RelP / GradDrop a backward each
+            # (GradDrop one per layer): the quick variant runs AtP only on the corrupted heads
+            full = not ctx.quick or ablation == "zero"
+            parts.append(
+                head_table(
+                    ctx.model,
+                    task,
+                    rows_data,
+                    ablation=ablation,
+                    partner=partner,
+                    qk_fix=not ctx.quick,
+                    relp=full,
+                    graddrop=full,
+                    seed=ctx.seed,
+                    batch_size=ctx.batch_size,
+                )
+            )
         if task == "facts":  # edges need subject swaps (corrupted runs); none on arithmetic
             n = ctx.size(8, 32)
-            found = edge_table(ctx.model, data, ig, n_top=n, n_random=n, seed=ctx.seed, batch_size=ctx.batch_size)
-            if found is not None:
-                parts.append(edge_rows(task, found, correlations))
-                edge_facts = found[3]
+            edges = edge_table(ctx.model, data, ig, n_top=n, n_random=n, seed=ctx.seed, batch_size=ctx.batch_size)
+            if edges is not None:
+                parts.append(edge_rows(task, edges, lambda a, b: stat_row(a, b, ctx.seed)))
+                info["edge_facts"] = edges[3]
     table = pd.concat(parts, ignore_index=True)
-    info: dict[str, Any] = {
-        "edge_facts": edge_facts,  # facts with a subject swap among them (the edge rows' data)
-        "notes": (
-            "effect = drop of mean p(target) when the unit alone is zero-ablated at every position; "
+    info.update(
+        notes=(
+            "effect = drop of mean p(target) when the unit alone is patched at every position: ablation 'zero' "
+            "sets it to 0; 'corrupted' to its value on another example of the task whose prompt has the same "
+            "token count (the RelP / AtP* papers' clean -> corrupted patch; examples without one are left out, "
+            "counts in corrupted_examples), every attribution taking the same reference (AtP: (a - ref) . dm/da); "
+            "pearson_lo/hi, spearman_lo/hi: 95% percentile bootstrap over the units (1000 seeded resamples); "
             "neurons: each method's top by |score| plus random ones; layers: all of a layer's neurons against "
             "the sum of its scores; heads: every head's output zero-ablated alone against AtP "
             "((a - 0) . dm/da through the circuit graph), RelP (the same with LRP rules in the backward pass: "
@@ -258,5 +302,5 @@ def run(ctx: Context) -> ExperimentResult:
             "subject-swapped run's value (each method's top edges by |score| plus random ones). RelP paper (GPT-2 small MLPs): attribution patching 0.195, RelP 0.992 "
             "(Pearson against activation patching)."
         ),
-    }
+    )
     return ExperimentResult(NAME, TITLE, table, _figure(table), info)

@@ -72,5 +72,17 @@ def test_quick_run_on_tiny(tiny, tmp_path):
     assert ((res.table["pearson"].abs() <= 1) | res.table["pearson"].isna()).all()
     heads = res.table[res.table["component"] == "attention head"]
     assert len(heads) >= 1 and (heads["n_units"] == tiny.cfg.n_layers * tiny.cfg.n_heads).all()
-    # the QK fix runs in the full variant only (its own tests: test_head_patching); RelP and GradDrop in both
-    assert set(heads["method"]) == {"AtP", "RelP", "|AtP| vs |effect|", "AtP* (GradDrop) vs |effect|"}
+    # the QK fix runs in the full variant only (its own tests: test_head_patching); RelP and GradDrop in
+    # both on zero ablation, AtP alone on the quick variant's corrupted heads
+    zero = heads[heads["ablation"] == "zero"]
+    assert set(zero["method"]) == {"AtP", "RelP", "|AtP| vs |effect|", "AtP* (GradDrop) vs |effect|"}
+    corrupted = res.table[res.table["ablation"] == "corrupted"]
+    n = res.info["corrupted_examples"]
+    assert set(corrupted["task"]) == {t for t, k in n.items() if k >= 2} or "circuit edge" in set(
+        corrupted["component"]
+    )
+    if n.get("arithmetic (sub)", 0) >= 2:
+        sub = corrupted[corrupted["task"] == "arithmetic (sub)"]
+        assert set(sub["component"]) == {"FFN neuron", "FFN layer", "attention head"}
+    stats = res.table.dropna(subset=["pearson_lo", "pearson_hi"])
+    assert (stats["pearson_lo"] <= stats["pearson_hi"]).all()
