@@ -184,7 +184,7 @@ def run(ctx: Context) -> ExperimentResult:
     data = cd.prepared(ctx, s)
     scores = {k: cd.located_scores(ctx.localize, "cnl", d, ctx.seed, **s["params"]["cnl"]) for k, d in data.items()}
     sigmas = (3.0, 6.0) if ctx.quick else (3.0, 4.0, 5.0, 6.0)
-    n_random = ctx.size(2, 3)
+    n_random = ctx.size(1, 3)  # quick: one random control per sigma (a smoke test of the comparison)
     table = erase_table(
         ctx.model,
         scores,
