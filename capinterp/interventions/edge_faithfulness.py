@@ -125,9 +125,11 @@ def edge_metric(
     reference: Any = None,
     corrupt: Any = "auto",
     batch_size: int = 16,
+    per_example: bool = False,
 ) -> np.ndarray:
     """``[C]``: the metric averaged over ``items`` with only the edges ``kept`` (bool ``[C, n_edges]``,
-    ``graph.edges()`` order) running and every other edge ablated (see the module docstring)."""
+    ``graph.edges()`` order) running and every other edge ablated (see the module docstring);
+    ``per_example``: ``[C, n_items]``, unaveraged."""
     if kept.dim() != 2 or kept.shape[1] != graph.n_edges:
         raise ValueError(f"kept must be [n_configs, {graph.n_edges}], got {tuple(kept.shape)}")
     check_additive(model, graph)
@@ -136,7 +138,7 @@ def edge_metric(
     ids = pad_right([it.ids for it in items], pad_id(model.tokenizer))[0]
     last = torch.tensor([it.last_prompt_pos for it in items])
     jobs = [(c, i) for c in range(kept.shape[0]) for i in range(len(items))]
-    out = torch.zeros(kept.shape[0], dtype=torch.float64)
+    out = torch.zeros(kept.shape[0], len(items), dtype=torch.float64)
     with graph_mode(model, graph):
         mean, rows, pairs = _references(model, graph, items, ablation, reference, corrupt, batch_size)
         for chunk in batches(jobs, batch_size):
@@ -152,5 +154,5 @@ def edge_metric(
             logits = run_graph(model, graph, toks, removed=removed[cfg.to(dev)], ref=ref).logits
             at = logits[torch.arange(B, device=dev), last[ex].to(dev)]
             vals = metric_rows(at, ex.tolist(), items, pairs, metric).double().cpu()
-            out.index_add_(0, cfg, vals)
-    return (out / len(items)).numpy()
+            out[cfg, ex] = vals
+    return out.numpy() if per_example else out.mean(1).numpy()

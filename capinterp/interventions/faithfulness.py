@@ -32,9 +32,23 @@ x = 1 (both measured, not assumed), trapezoid areas give
 
     CPR = ∫ f(x) dx   (higher is better),      CMD = ∫ |1 - f(x)| dx   (lower is better).
 
+Necessity beside sufficiency: with ``g(k)`` the same normalization of the ablated run (the top-k
+ablated, every other unit running; ``g = 1`` at k = 0, ``g = 0`` with every unit ablated),
+
+    ablated_area = ∫ (1 - g(x)) dx   (higher = more necessary),
+
+the share of the behaviour lost when the top-k are removed, averaged over sizes
+(:mod:`capinterp.interventions.faithfulness_stats`). A set can be necessary but not sufficient
+(a high ablated area, a CPR at chance) or the reverse.
+
 The random band: ``random_sets`` uniformly random unit sets of each size (seeded), run the same
-way; the table gives their mean and 5th / 95th percentiles, and ``random_cpr`` / ``random_cmd``
-the same statistics of the areas (draw r at every size is one random curve).
+way; the table gives their mean and 5th / 95th percentiles, and ``random_cpr`` / ``random_cmd`` /
+``random_ablated_area`` the same statistics of the areas (draw r at every size is one random curve).
+The random sets do not depend on the ranking: a call's ``.band`` (the full model, everything
+ablated and the random sets, per example) can be passed to the next call on the same units, data
+and settings (``band=``), which then runs only its own top-k sets.
+Confidence intervals (``cpr_ci``, ``cmd_ci``, ``ablated_area_ci``): percentile bootstrap over the
+examples (``bootstrap`` resamples, seeded), from the per-example values of the same runs.
 All configurations of one call are rows of the same batched forward passes.
 On a model whose layers differ in width (dense layers between MoE layers) the neuron units are its
 real neurons only: the padding of the narrower layers (always 0) is never ranked, drawn or counted
@@ -60,6 +74,8 @@ from capinterp.core.protocol import Model
 from capinterp.core.tokens import Encoded, batches, encode, pad_id, pad_right
 from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking, is_edge_input
 from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
+from capinterp.interventions.faithfulness_stats import areas, bootstrap_areas, curve_grid
+from capinterp.interventions.faithfulness_stats import band as spread
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
 from capinterp.units.experts import (
@@ -78,6 +94,7 @@ __all__ = [
     "FAITHFULNESS_METRICS",
     "MIB_FRACTIONS",
     "Faithfulness",
+    "RandomBand",
     "ablated_metric",
     "faithfulness",
 ]
@@ -93,6 +110,21 @@ MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 DEFAULT_FRACTIONS = (*MIB_FRACTIONS[:-1], 0.75, 0.9, 1.0)
 
 
+_NAN3 = (float("nan"),) * 3
+
+
+@dataclass(frozen=True)
+class RandomBand:
+    """The runs every ranking of the same units on the same data shares: per example, the metric of
+    the full model, of everything ablated, and of each random set of each size kept and ablated
+    (``values``: ``[2 + 2 * n_sizes * random_sets, n_examples]``). ``key`` names what they were made
+    for (unit kind and count, sizes, draws, seed, ablation, metric, data); pass a result's ``.band``
+    to the next :func:`faithfulness` call (``band=``) to reuse them."""
+
+    key: tuple
+    values: np.ndarray
+
+
 @dataclass
 class Faithfulness:
     """Faithfulness curves of one ranking of units; see the module docstring."""
@@ -105,13 +137,23 @@ class Faithfulness:
     random_cpr: tuple[float, float, float]  # mean, 5th, 95th percentile over random curves
     random_cmd: tuple[float, float, float]
     meta: dict[str, Any] = field(default_factory=dict)
+    ablated_area: float = float("nan")  # necessity: ∫ (1 - g) dx, higher = more necessary
+    random_ablated_area: tuple[float, float, float] = _NAN3
+    cpr_ci: tuple[float, float] = _NAN3[:2]  # bootstrap percentile interval over examples
+    cmd_ci: tuple[float, float] = _NAN3[:2]
+    ablated_area_ci: tuple[float, float] = _NAN3[:2]
+    band: RandomBand | None = None
 
     def summary(self) -> str:
-        rc, rd = self.random_cpr, self.random_cmd
+        rc, rd, ra = self.random_cpr, self.random_cmd, self.random_ablated_area
+
+        def one(name: str, v: float, ci: tuple[float, float], r: tuple[float, float, float]) -> str:
+            return f"{name} {v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] (random {r[0]:.3f}, 90% {r[1]:.3f}-{r[2]:.3f})"
+
         return (
             f"{self.meta.get('unit', 'unit')} faithfulness ({self.meta.get('metric')}, {self.meta.get('ablation')} "
-            f"ablation, n={self.meta.get('n_examples')}): CPR {self.cpr:.3f} (random {rc[0]:.3f}, 90% {rc[1]:.3f}-"
-            f"{rc[2]:.3f}), CMD {self.cmd:.3f} (random {rd[0]:.3f}, 90% {rd[1]:.3f}-{rd[2]:.3f}); "
+            f"ablation, n={self.meta.get('n_examples')}): {one('CPR', self.cpr, self.cpr_ci, rc)}, "
+            f"{one('CMD', self.cmd, self.cmd_ci, rd)}, {one('ablated area', self.ablated_area, self.ablated_area_ci, ra)}; "
             f"full model {self.full:.4g}, all ablated {self.empty:.4g}"
         )
 
@@ -119,8 +161,13 @@ class Faithfulness:
         return {
             "cpr": self.cpr,
             "cmd": self.cmd,
+            "ablated_area": self.ablated_area,
+            "cpr_ci": list(self.cpr_ci),
+            "cmd_ci": list(self.cmd_ci),
+            "ablated_area_ci": list(self.ablated_area_ci),
             "random_cpr": list(self.random_cpr),
             "random_cmd": list(self.random_cmd),
+            "random_ablated_area": list(self.random_ablated_area),
             "full": self.full,
             "empty": self.empty,
             "meta": self.meta,
@@ -253,13 +300,13 @@ def _takes_part(act: torch.Tensor, moe: Any) -> torch.Tensor:
 
 @torch.no_grad()
 def _run(model: Model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T: int, bs: int) -> torch.Tensor:
-    """``[n_configs]`` mean metric; ``keep`` is bool ``[n_configs, L, d]`` (True = the neuron runs)."""
+    """``[n_configs, n_examples]`` metric; ``keep`` is bool ``[n_configs, L, d]`` (True = the neuron runs)."""
     L = keep.shape[1]
     dev = model.cfg.device
     ids = pad_right([it.ids for it in items], pad_id(model.tokenizer))[0]
     last = torch.tensor([it.last_prompt_pos for it in items])
     jobs = [(c, i) for c in range(keep.shape[0]) for i in range(len(items))]
-    out = torch.zeros(keep.shape[0], dtype=torch.float64)
+    out = torch.zeros(keep.shape[0], len(items), dtype=torch.float64)
     keep = keep.to(dev)
     for chunk in batches(jobs, bs):
         cfg = torch.tensor([c for c, _ in chunk], device=dev)
@@ -278,8 +325,8 @@ def _run(model: Model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: 
         hooks = [(neuron_hook(l), ablate(l)) for l in range(L)]
         logits = logits_at(model, ids[ex].to(dev), last[ex].to(dev), fwd_hooks=hooks)
         vals = metric_rows(logits, ex.tolist(), items, pairs, metric).double().cpu()
-        out.index_add_(0, cfg.cpu(), vals)
-    return out / len(items)
+        out[cfg.cpu(), ex] = vals
+    return out
 
 
 def ablated_metric(
@@ -292,10 +339,11 @@ def ablated_metric(
     reference: Any = None,
     corrupt: Any = "auto",
     batch_size: int = 16,
+    per_example: bool = False,
 ) -> np.ndarray:
     """``[n_configs]``: the metric averaged over ``data`` with every neuron outside ``keep`` (bool
     ``[n_configs, n_layers, d_mlp]``, True = runs) ablated; all configurations share the batches.
-    ``data``: examples, or already encoded items."""
+    ``data``: examples, or already encoded items. ``per_example``: ``[n_configs, n_examples]``, unaveraged."""
     ablation = validate.choice("ablation", ablation, ABLATIONS)
     metric = validate.choice("metric", metric, FAITHFULNESS_METRICS)
     bs = validate.positive_int("batch_size", batch_size)
@@ -307,18 +355,8 @@ def ablated_metric(
     T = max(len(it.ids) for it in items)
     ref, pairs = _references(model, items, ablation, reference, corrupt, T, bs)
     ref_rows, ref = (ref, None) if ablation == "corrupt" else (None, ref)
-    return _run(model, keep.bool(), items, ref, ref_rows, pairs, metric, T, bs).numpy()
-
-
-def _band(v: np.ndarray) -> tuple[float, float, float]:
-    """(mean, 5th, 95th percentile), NaN without draws."""
-    if not v.size:
-        return (float("nan"),) * 3
-    return float(v.mean()), float(np.quantile(v, 0.05)), float(np.quantile(v, 0.95))
-
-
-def _area(x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2))
+    vals = _run(model, keep.bool(), items, ref, ref_rows, pairs, metric, T, bs).numpy()
+    return vals if per_example else vals.mean(1)
 
 
 @dataclass(frozen=True)
@@ -348,6 +386,9 @@ def faithfulness(
     random_sets: int = 20,
     seed: int = 0,
     batch_size: int = 16,
+    band: RandomBand | None = None,
+    bootstrap: int = 1000,
+    confidence: float = 0.95,
 ) -> Faithfulness:
     """Faithfulness of the top-k units of ``units`` on ``data``, beside random sets of each size.
 
@@ -363,22 +404,66 @@ def faithfulness(
     ``by``: rank scores by their value (``"score"``, units that raise the metric first) or by
     ``"abs"`` (any strong effect first, as for CMD-style questions); ``"auto"`` (default): ``"abs"``
     for edges (as KnowledgeCircuit selects them), ``"score"`` otherwise.
+    ``band``: another call's :attr:`Faithfulness.band` on the same units, data and settings (its
+    random sets are reused, ValueError if it was made for others). ``bootstrap``: resamples of the
+    examples for the percentile intervals at level ``confidence`` (0: none, the intervals are NaN).
     """
     ablation, metric, random_sets, bs, by = _check_faithfulness(model, ablation, metric, random_sets, batch_size, by)
+    bootstrap = validate.nonneg_int("bootstrap", bootstrap)
+    confidence = validate.finite_float("confidence", confidence, low=0.0, high=1.0, low_open=True, high_open=True)
     ranked = _ranked_units(model, units, by)
     sizes = _sizes(ks, ranked.n_units, ranked.given)
     items = encode(model, validate.examples(data, need_target=True))
-    masks = _unit_masks(ranked, sizes, random_sets, seed)
+    key = _band_key(model, ranked, sizes, random_sets, seed, (ablation, metric, reference, corrupt), items)
+    if band is not None and band.key != key:
+        raise ValueError("band= was made for other units, sizes, random_sets, seed, ablation, metric or data")
+    located = _unit_masks(ranked, sizes, 0, seed)[2:]  # per size: the top-k kept, then ablated
+    masks = located if band is not None else torch.cat([_unit_masks(ranked, sizes, random_sets, seed, False), located])
     run = dict(ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs)
     if ranked.graph is not None:
-        vals = edge_metric(model, ranked.graph, items, masks, **run)
+        vals = edge_metric(model, ranked.graph, items, masks, per_example=True, **run)
     else:
-        vals = ablated_metric(model, items, _neuron_keep(model, ranked.kind, masks), **run)
-    table, cpr, cmd, rand = _curves(vals, sizes, ranked.n_units, random_sets)
+        vals = ablated_metric(model, items, _neuron_keep(model, ranked.kind, masks), per_example=True, **run)
+    if band is None:
+        band = RandomBand(key, vals[: -len(located)] if len(located) else vals)
+        vals = vals[len(band.values) :]
+    per_ex = np.concatenate([band.values[:2], vals])  # full, empty, per size: located kept, ablated
     meta = {"unit": ranked.kind, "n_units": ranked.n_units, "ablation": ablation, "metric": metric}
     meta.update({"n_examples": len(items), "random_sets": random_sets, "seed": int(seed), "ks": sizes, "by": ranked.by})
-    full, empty = float(vals[0]), float(vals[1])
-    return Faithfulness(table, full, empty, cpr, cmd, _band(rand[:, 0]), _band(rand[:, 1]), meta)
+    meta.update({"bootstrap": bootstrap, "confidence": confidence})
+    return _result(per_ex, band, sizes, ranked.n_units, random_sets, meta)
+
+
+def _band_key(model: Model, ranked: _Units, sizes: list[int], random_sets: int, seed: int, run: tuple, items) -> tuple:
+    """What a :class:`RandomBand` was made for: the model, the units (kind, count, graph), sizes,
+    draws, seed, ablation settings and the encoded data."""
+    ids = hash(tuple((tuple(it.ids), it.last_prompt_pos) for it in items))
+    ablation, metric, reference, corrupt = run
+    given = tuple(id(v) if v is not None and not isinstance(v, str) else v for v in (reference, corrupt))
+    units = (ranked.kind, ranked.n_units, None if ranked.graph is None else id(ranked.graph))
+    return (id(model), units, tuple(sizes), random_sets, int(seed), ablation, metric, given, ids)
+
+
+def _result(
+    per_ex: np.ndarray, band: RandomBand, sizes: list[int], n_units: int, random_sets: int, meta
+) -> Faithfulness:
+    """The curves' table, areas, random bands and bootstrap intervals from per-example values
+    (``per_ex``: full, empty, per size the located set kept and ablated)."""
+    means, rand = per_ex.mean(1), band.values[2:].mean(1).reshape(len(sizes), random_sets, 2)
+    full, empty = float(means[0]), float(means[1])
+    located = means[2:].reshape(len(sizes), 2)
+    grid = curve_grid(np.array(sizes, dtype=np.float64) / n_units)
+    point = areas(grid, np.array(full), np.array(empty), located[:, 0], located[:, 1])
+    drawn = areas(grid, np.full(random_sets, full), np.full(random_sets, empty), rand[..., 0].T, rand[..., 1].T)
+    ci = bootstrap_areas(grid, per_ex, resamples=meta["bootstrap"], seed=meta["seed"], level=meta["confidence"])
+    table = _table(sizes, n_units, full, empty, located, rand)
+    bands = [spread(drawn[:, j]) for j in range(3)]
+    return Faithfulness(
+        table, full, empty, float(point[0]), float(point[1]), bands[0], bands[1], meta,
+        ablated_area=float(point[2]), random_ablated_area=bands[2],
+        cpr_ci=(float(ci[0, 0]), float(ci[0, 1])), cmd_ci=(float(ci[1, 0]), float(ci[1, 1])),
+        ablated_area_ci=(float(ci[2, 0]), float(ci[2, 1])), band=band,
+    )  # fmt: skip
 
 
 def _check_faithfulness(
@@ -408,14 +493,16 @@ def _ranked_units(model: Model, units: Any, by: str) -> _Units:
     return _Units(kind, order, n_units or len(expert_units(model)), given, None, by)
 
 
-def _unit_masks(ranked: _Units, sizes: list[int], random_sets: int, seed: int) -> torch.Tensor:
-    """``[2 + 2 * len(sizes) * (1 + random_sets), n_units]`` bool, True = the unit runs: the full model,
-    everything ablated, then per size the located set and each random set, kept and ablated."""
+def _unit_masks(ranked: _Units, sizes: list[int], random_sets: int, seed: int, located: bool = True) -> torch.Tensor:
+    """``[2 + 2 * len(sizes) * (located + random_sets), n_units]`` bool, True = the unit runs: the full
+    model, everything ablated, then per size the located set (``located``) and each random set, kept
+    and ablated. The random sets depend on the seed, sizes and unit count only."""
     n_units = ranked.n_units
     gen = torch.Generator().manual_seed(int(seed))
     unit_masks = [torch.ones(n_units, dtype=torch.bool), torch.zeros(n_units, dtype=torch.bool)]
     for k in sizes:
-        sets = [ranked.order[:k]] + [torch.randperm(n_units, generator=gen)[:k] for _ in range(random_sets)]
+        sets = [ranked.order[:k]] if located else []
+        sets += [torch.randperm(n_units, generator=gen)[:k] for _ in range(random_sets)]
         for idx in sets:
             m = torch.zeros(n_units, dtype=torch.bool)
             m[idx] = True
@@ -437,37 +524,27 @@ def _neuron_keep(model: Model, kind: str, masks: torch.Tensor) -> torch.Tensor:
     return masks[:, :, None].expand(-1, L, d)
 
 
-def _curves(
-    vals: np.ndarray, sizes: list[int], n_units: int, random_sets: int
-) -> tuple[pd.DataFrame, float, float, np.ndarray]:
-    """The table of kept / ablated metrics and faithfulness per size (with the random band), the
-    located curve's CPR and CMD, and ``[random_sets, 2]``: each random curve's CPR and CMD."""
-    full, empty = float(vals[0]), float(vals[1])
+def _table(
+    sizes: list[int], n_units: int, full: float, empty: float, located: np.ndarray, rand: np.ndarray
+) -> pd.DataFrame:
+    """Per size: the located set's kept / ablated metric and their normalized curves, and the random
+    band (mean, 5th and 95th percentile over the draws) of each; ``located`` ``[k, 2]``, ``rand`` ``[k, r, 2]``."""
     span = full - empty
     norm = (lambda v: (v - empty) / span) if abs(span) > 1e-12 else (lambda v: np.full_like(v, np.nan))
-    per_k = vals[2:].reshape(len(sizes), 1 + random_sets, 2)  # [k, (located, random...), (kept, ablated)]
-    kept_r, abl_r = per_k[:, 1:, 0], per_k[:, 1:, 1]
+    kept_r, abl_r = rand[..., 0], rand[..., 1]
     table = pd.DataFrame(
         {
             "k": sizes,
             "fraction": [k / n_units for k in sizes],
-            "kept": per_k[:, 0, 0],
-            "ablated": per_k[:, 0, 1],
-            "faithfulness": norm(per_k[:, 0, 0]),
-            "ablated_faithfulness": norm(per_k[:, 0, 1]),
+            "kept": located[:, 0],
+            "ablated": located[:, 1],
+            "faithfulness": norm(located[:, 0]),
+            "ablated_faithfulness": norm(located[:, 1]),
         }
     )
-    if random_sets:
-        for name, arr in (("random_kept", kept_r), ("random_ablated", abl_r), ("random_faithfulness", norm(kept_r))):
+    if rand.shape[1]:
+        named = (("random_kept", kept_r), ("random_ablated", abl_r), ("random_faithfulness", norm(kept_r)))
+        for name, arr in (*named, ("random_ablated_faithfulness", norm(abl_r))):
             table[f"{name}_mean"] = arr.mean(-1)
             table[f"{name}_p05"], table[f"{name}_p95"] = np.quantile(arr, 0.05, -1), np.quantile(arr, 0.95, -1)
-    x = np.concatenate([[0.0], table["fraction"].to_numpy(), [1.0]])
-    x, pick = np.unique(x, return_index=True)
-
-    def areas(f: np.ndarray) -> tuple[float, float]:
-        y = np.concatenate([[0.0], f, [1.0]])[pick]
-        return _area(x, y), _area(x, np.abs(1 - y))
-
-    cpr, cmd = areas(table["faithfulness"].to_numpy())
-    rand = np.array([areas(norm(kept_r[:, r])) for r in range(random_sets)]).reshape(-1, 2)
-    return table, cpr, cmd, rand
+    return table
