@@ -253,6 +253,7 @@ def test_specificity_neft_rows_match_dcsn_sizes(tiny, tmp_path):
     # quick mode: NeFT on the resample pair's conditions only, the same comparisons as DCSN there
     conds = set(res.info["neft"]["conditions"])
     assert conds == set(QUICK_NEFT_CONDITIONS) and len(conds) < len(QUICK_CONDITIONS)
+    assert res.info["neft"]["steps"] == 1  # quick: the 6 examples are one batch, one SGD step
     mine = [all(c in conds for c in comp.split(" vs ")) for comp in d.index.get_level_values("comparison")]
     assert d[mine].index.equals(n.index) and len(n) > 0
     assert set(n.index.get_level_values("metric")) == {"cohesion", "separability"}
