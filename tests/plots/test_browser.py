@@ -72,7 +72,7 @@ def _build(folder: Path, model) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def seen(tiny) -> dict[str, tuple[Path, str, browser.Page, dict]]:
-    """Every page built, opened once (a few in parallel): name -> (page, its HTML, what Chromium saw, probe)."""
+    """Every page built, opened once (in two browsers): name -> (page, its HTML, what Chromium saw, probe)."""
     if browser.chromium() is None:
         if ON_CI:
             pytest.fail("chromium is missing on CI: scripts/test.sh installs Debian's chromium package")
@@ -83,11 +83,13 @@ def seen(tiny) -> dict[str, tuple[Path, str, browser.Page, dict]]:
     for path in built.values():
         _probe(path)
 
-    def look(name: str) -> tuple[str, browser.Page]:
-        return name, browser.open_page(built[name], OUT / f"{name}.png")
+    def look(names: list[str]) -> dict[str, browser.Page]:
+        with browser.Session() as chromium:  # one start-up for many pages
+            return {name: chromium.open(built[name], OUT / f"{name}.png") for name in names}
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        found = dict(pool.map(look, built))
+    names = list(built)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two browsers, half of the pages each
+        found = {k: v for part in pool.map(look, [names[::2], names[1::2]]) for k, v in part.items()}
     out = {}
     for name, page in found.items():
         m = re.search(r'data-probe="([^"]*)"', page.dom)
