@@ -18,13 +18,13 @@ EXAMPLES = [Example(f"{a}+{b}=", str(a + b)) for a, b in [(3, 4), (5, 2), (1, 6)
 
 @pytest.fixture(scope="module")
 def model():
-    return ci.load_model("tiny", dtype="float32")
+    return ci.load_model("tiny")  # float32
 
 
 @pytest.mark.parametrize("ablation", ["zero", "mean", "corrupt"])
 def test_stair_equals_graph_route(model, ablation):
     assert stair_route(model, Graph.from_model(model))
-    data = partner_pairs(model, EXAMPLES[:4]) if ablation == "corrupt" else EXAMPLES
+    data = partner_pairs(model, EXAMPLES[:3]) if ablation == "corrupt" else EXAMPLES[2:]
     ref = head_effects(model, data, ablation=ablation, route="graph", batch_size=3)
     fast = head_effects(model, data, ablation=ablation, route="stair", batch_size=3)
     assert np.abs(ref).max() > 1e-4  # something to compare

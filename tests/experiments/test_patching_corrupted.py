@@ -106,12 +106,14 @@ def test_bootstrap_interval_brackets_the_estimate_and_covers():
     for k in ("pearson", "spearman"):
         assert row[f"{k}_lo"] < row[k] < row[f"{k}_hi"]
     assert row == stat_row(x, y, seed=1)  # seeded
-    # coverage of the true Pearson (0.6) by the 95% percentile interval, 60 draws of 60 units
+    # coverage of the true Pearson (0.6) by the 95% percentile interval, 40 draws of 60 units
     hits = 0
-    for t in range(60):
+    for t in range(40):
         x = rng.normal(size=60)
         y = 0.6 * x + 0.8 * rng.normal(size=60)
-        lo, hi, _, _ = bootstrap_ci(x, y, n_boot=300, seed=t)
+        lo, hi, _, _ = bootstrap_ci(x, y, n_boot=200, seed=t)
         hits += lo <= 0.6 <= hi
-    assert hits >= 50  # 95% nominal; 50 of 60 is far below what a valid interval misses by chance
+    assert (
+        hits >= 33
+    )  # 95% nominal: fewer than 33 of 40 has probability < 0.1% (1.3% at 92% coverage); seeded, so it does not flake
     assert np.isnan(bootstrap_ci(x[:2], y[:2])[0])
