@@ -43,14 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("causal_trace, knowledge_circuit and query_localization need facts (subjects, paraphrases)")
     t0 = time.perf_counter()
     ctx = Context(load_model(args.model, threads=args.threads), quick=True, workdir=args.out)
-    sub, facts = FX.sub_and_facts(ctx, ctx.size(4, 16))
+    sub, facts = FX.sub_and_facts(ctx, 4)
     tasks: dict = {}
     if arith_m:
-        tasks["arithmetic (sub)"] = (sub.locate, sub.test[: ctx.size(6, 32)], arith_m)
+        tasks["arithmetic (sub)"] = (sub.locate[: FX.QUICK_LOCATE], sub.test[: FX.QUICK_PROBLEMS], arith_m)
     bags = {}
     if facts_m and facts:
         tasks["facts"] = (facts, facts, facts_m)
-        bags["facts"] = FX.paraphrase_bags(ctx, facts, ctx.size(2, 4))
+        bags["facts"] = FX.paraphrase_bags(ctx, facts, 2)
     table = FX.faithfulness_table(ctx, tasks, bags)
     table.to_csv(sys.stdout, index=False)
     print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)

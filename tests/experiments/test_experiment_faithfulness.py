@@ -21,8 +21,9 @@ def test_quick_run_on_tiny(tiny, tmp_path):
     for _, row in measured.iterrows():
         assert row["random_cpr_p05"] <= row["random_cpr_mean"] <= row["random_cpr_p95"]
         assert row["cmd"] >= 0 and math.isfinite(row["cpr"])
-    # CPR and CMD of one curve add up to the area under 1 where the curve stays in [0, 1]
-    assert len(res.figure.data) == 2
+        for name in ("cpr", "cmd", "ablated_area"):  # bootstrap intervals hold the estimate
+            assert row[f"{name}_lo"] <= row[name] <= row[f"{name}_hi"]
+    assert len(res.figure.data) == 4  # CPR and ablated area, each beside its random band
     res.save(tmp_path / "out")
 
 
