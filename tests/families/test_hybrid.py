@@ -164,7 +164,9 @@ def test_attention_tracing_restores_the_attention_layers_only(family):
     without attention restores nothing (its effect is 0, up to the rounding of another batch) and an
     attention layer's is not."""
     model = _pair(family)[0]
-    trace = ci.localizers.get("causal_trace")(model, window=1, top_k=1, require_correct=False, progress=False)
+    trace = ci.localizers.get("causal_trace")(
+        model, window=1, samples=2, top_k=1, require_correct=False, progress=False
+    )  # two noise samples: a layer's restored effect is 0 or not whatever their number
     rec = trace.fit(FACTS[:1]).per_prompt_[0]
     attends = [getattr(b, "attn", None) is not None for b in model.blocks]
     assert any(attends) and set(rec["grids"]) == {"resid", "mlp", "attn"}
