@@ -35,13 +35,16 @@ from capinterp.arch.model import attention_layers, neuron_shape, valid_neurons
 from capinterp.circuits.eap import make_pairs
 from capinterp.circuits.head_patching import head_atp, head_atp_graddrop, head_atp_qk, head_effects
 from capinterp.circuits.relp import head_relp
+from capinterp.core import validate
 from capinterp.core.protocol import Model
+from capinterp.core.tokens import encode
 from capinterp.experiments.agreement_stats import CI_COLUMNS, correlations, stat_row
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.corrupt_partners import partner_fn, partners
 from capinterp.experiments.edge_agreement import edge_rows, edge_table
 from capinterp.experiments.faithfulness import sub_and_facts
 from capinterp.experiments.neuron_atp import neuron_atp
+from capinterp.experiments.unit_stair import stair_effects
 from capinterp.interventions.faithfulness import ablated_metric
 from capinterp.units.neurons import NeuronScores
 
@@ -74,6 +77,17 @@ def unit_effects(
     extra = {} if corrupt is None else {"corrupt": corrupt}
     vals = ablated_metric(model, data, keep, ablation=ablation, batch_size=batch_size, **extra)
     return vals[0] - vals[1:]
+
+
+def _effects(model: Model, data: list, src: list, groups: list, abl: str, partner: Any, batch_size: int):
+    """:func:`unit_effects` through the stair (:mod:`capinterp.experiments.unit_stair`: the layers
+    below each unit's reused, the answer position's logits only) where the model allows it."""
+    pairs = src if abl == "corrupt" else None
+    items = [p.clean for p in src] if pairs else encode(model, validate.examples(data, need_target=True))
+    fast = stair_effects(model, items, groups, pairs)
+    if fast is not None:
+        return fast
+    return unit_effects(model, data, groups, abl, batch_size, corrupt=partner if abl == "corrupt" else None)
 
 
 def _source(model: Model, data: list, ablation: str, partner: Any) -> list:
@@ -135,9 +149,7 @@ def agreement_table(
     layer_groups = [torch.zeros(L, d, dtype=torch.bool).index_fill_(0, torch.tensor([l]), True) for l in range(L)]
     src = _source(model, data, ablation, partner)
     abl = "corrupt" if partner is not None and ablation == "corrupted" else "zero"
-    effects = unit_effects(
-        model, data, groups + layer_groups, abl, batch_size, corrupt=partner if abl == "corrupt" else None
-    )
+    effects = _effects(model, data, src, groups + layer_groups, abl, partner, batch_size)
     neuron_effect, layer_effect = effects[: len(groups)], effects[len(groups) :]
     atp = neuron_atp(model, src, batch_size=batch_size)
     methods = {**{m: s.scores for m, s in scores.items()}, "AtP": atp}

@@ -117,3 +117,27 @@ def test_bootstrap_interval_brackets_the_estimate_and_covers():
         hits >= 33
     )  # 95% nominal: fewer than 33 of 40 has probability < 0.1% (1.3% at 92% coverage); seeded, so it does not flake
     assert np.isnan(bootstrap_ci(x[:2], y[:2])[0])
+
+
+@pytest.mark.parametrize("corrupted", [False, True])
+def test_stair_unit_effects_equal_full_forwards(planted, corrupted):
+    from capinterp.experiments.unit_stair import stair_effects
+
+    m = planted
+    L, d = m.cfg.n_layers, m.cfg.d_mlp
+    groups = []
+    for l, i in [*PLANTED, (0, 3), (2, 9)]:
+        g = torch.zeros(L, d, dtype=torch.bool)
+        g[l, i] = True
+        groups.append(g)
+    groups += [torch.zeros(L, d, dtype=torch.bool).index_fill_(0, torch.tensor([l]), True) for l in range(L)]
+    if corrupted:
+        fn = partner_fn(EXAMPLES, partners(m, EXAMPLES, EXAMPLES + OTHERS))
+        pairs = partner_pairs(m, EXAMPLES, EXAMPLES + OTHERS)
+        ref = PA.unit_effects(m, EXAMPLES, groups, ablation="corrupt", corrupt=fn)
+        fast = stair_effects(m, [p.clean for p in pairs], groups, pairs)
+    else:
+        ref = PA.unit_effects(m, EXAMPLES, groups)
+        fast = stair_effects(m, encode(m, EXAMPLES), groups)
+    assert fast is not None and np.abs(ref).max() > 1e-4
+    np.testing.assert_allclose(fast, ref, atol=1e-5, rtol=0)
