@@ -23,16 +23,15 @@ from capinterp.localizers.dcsn import DCSN
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 from capinterp.localizers.query_localization import QueryLocalization
 
+# three facts and seven problems: uneven shards on two ranks, little work per launch
 SUBJECTS = [
     ("The Eiffel Tower is in the city of", "Eiffel Tower"),
     ("Rome is the capital of", "Rome"),
-    ("Marie Curie was born in", "Marie Curie"),
-    ("The Nile flows through", "Nile"),
     ("Mount Fuji is in", "Mount Fuji"),
 ]
 
 
-TARGETS = [("Paris", " France"), ("Rome", " Italy"), ("Tokyo", " Japan"), ("Cairo", " Egypt"), ("Lima", " Peru")]
+TARGETS = [("Paris", " France"), ("Rome", " Italy"), ("Tokyo", " Japan")]
 
 
 def refuse(items):
@@ -41,7 +40,7 @@ def refuse(items):
 
 def main(out: str, ckpt: str) -> None:
     model = load_model("tiny", threads=1)
-    ds = arithmetic(ops="+", n=11, seed=0)
+    ds = arithmetic(ops="+", n=7, seed=0)
     res = {"world": dist.world_size() if dist.init() else 1}
     for name, make in (
         ("cnl", lambda **k: CNL(model, steps=6, progress=False, **k)),
