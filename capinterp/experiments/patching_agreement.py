@@ -222,6 +222,18 @@ def _figure(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
+#: examples the QK fix's rows are measured on (it costs a forward per head and later layer, per batch)
+QK_EXAMPLES = 16
+
+
+def _qk_rows(ctx: Context, task: str, data: list) -> pd.DataFrame:
+    """AtP and AtP*'s QK fix against exact zero patching of every head on ``data`` (a subset of the
+    task: the fix's cost), methods named with the number of examples."""
+    rows = head_table(ctx.model, task, data, relp=False, graddrop=False, seed=ctx.seed, batch_size=ctx.batch_size)
+    rows["method"] = rows["method"] + f" ({len(data)} examples)"
+    return rows
+
+
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """KN's IG, DCSN and AtP (neurons, layers) and AtP and its corrections (heads) against single-unit
@@ -271,8 +283,9 @@ def run(ctx: Context) -> ExperimentResult:
                     batch_size=ctx.batch_size,
                 )
             )
-            # AtP*'s QK fix costs a forward per (head, later layer) and RelP / GradDrop a backward each
-            # (GradDrop one per layer): the quick variant runs AtP only on the corrupted heads
+            # AtP*'s QK fix costs a forward per (head, later layer): full variant, zero ablation, the first
+            # QK_EXAMPLES examples (_qk_rows); RelP / GradDrop a backward each (GradDrop one per layer): the
+            # quick variant runs AtP only on the corrupted heads
             full = not ctx.quick or ablation == "zero"
             parts.append(
                 head_table(
@@ -281,13 +294,15 @@ def run(ctx: Context) -> ExperimentResult:
                     rows_data,
                     ablation=ablation,
                     partner=partner,
-                    qk_fix=not ctx.quick,
+                    qk_fix=False,
                     relp=full,
                     graddrop=full,
                     seed=ctx.seed,
                     batch_size=ctx.batch_size,
                 )
             )
+            if not ctx.quick and ablation == "zero":
+                parts.append(_qk_rows(ctx, task, rows_data[:QK_EXAMPLES]))
         if task == "facts":  # edges need subject swaps (corrupted runs); none on arithmetic
             n = ctx.size(8, 32)
             edges = edge_table(ctx.model, data, ig, n_top=n, n_random=n, seed=ctx.seed, batch_size=ctx.batch_size)
@@ -307,7 +322,8 @@ def run(ctx: Context) -> ExperimentResult:
             "((a - 0) . dm/da through the circuit graph), RelP (the same with LRP rules in the backward pass: "
             "LN-rule, identity rule on the MLP activation, half rule on a gated product, attention pattern held "
             "constant; Jafari et al. 2025), AtP* with the QK fix (later attention patterns "
-            "recomputed with the head ablated in their q/k inputs; full run only) and AtP*'s GradDrop (mean over "
+            "recomputed with the head ablated in their q/k inputs; full run only, zero ablation, on the first "
+            f"{QK_EXAMPLES} examples, methods named so) and AtP*'s GradDrop (mean over "
             "prompts of (1/(L-1)) sum over layers l of |AtP with no gradient through block l|, Kramar et al. 2024 "
             "eq. 11; unsigned, so it and |AtP| are correlated with |effect|); circuit edges (facts): EAP / EAP-IG scores "
             "against the exact change of logit[answer] - logit[swapped subject's answer] when one edge carries the "
