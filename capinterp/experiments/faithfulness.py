@@ -62,7 +62,7 @@ __all__ = [
 
 NAME, TITLE = "faithfulness", "How good is a localization? CPR / CMD of every localizer against chance"
 #: The quick variant's sizes (CI time: every size is a kept and an ablated run per draw).
-QUICK_FRACTIONS = (0.01, 0.1, 0.5, 0.9)
+QUICK_FRACTIONS = (0.1, 0.5, 0.9)
 #: The quick variant's subtraction problems to locate on (of the capability's 12) and to measure.
 QUICK_LOCATE, QUICK_PROBLEMS = 6, 6
 NOT_MEASURED: dict[str, str] = {}  # method -> why its row has no numbers
@@ -287,7 +287,7 @@ def fact_bags(ctx: Context, max_facts: int, per_fact: int) -> tuple[list[list[Ex
 def run(ctx: Context) -> ExperimentResult:
     """Arithmetic (``sub``) and known facts; every localizer's CPR / CMD / ablated area beside chance.
 
-    Quick: 4 builtin facts, 6 subtraction problems (located on 6 others), 4 sizes, 2 random draws
+    Quick: 4 builtin facts, 6 subtraction problems (located on 6 others), 3 sizes, 2 random draws
     per size, one ranking per kind of localizer. Full: up to 64 known facts (builtin, ParaRel, ROME's known facts), 128
     subtraction problems, 20 random draws per size, every localizer; rows resume from ``ctx.workdir``."""
     info: dict[str, Any] = {}
