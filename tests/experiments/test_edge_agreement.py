@@ -17,6 +17,7 @@ from capinterp.core.tokens import encode
 from capinterp.data import Example
 from capinterp.experiments import edge_agreement as EA
 from capinterp.experiments import patching_agreement as PA
+from capinterp.experiments.agreement_stats import stat_row
 
 SWAPS = [  # subject swaps of equal token width exist among these on the tiny model's tokenizer
     Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
@@ -92,7 +93,7 @@ def test_edge_rows_and_swappable(tiny):
     assert found is not None
     scores, effects, edges, n_examples = found
     assert n_examples == 4 and 4 <= len(edges) <= 12 and len(effects) == len(edges)
-    rows = EA.edge_rows("facts", found, PA.correlations)
+    rows = EA.edge_rows("facts", found, stat_row)  # with bootstrap intervals, as the experiment runs it
     assert rows["method"].tolist() == ["EAP", "EAP-IG"] and set(rows["component"]) == {"circuit edge"}
     assert all(math.isfinite(v) for v in rows["pearson"]) and (rows["n_units"] == len(edges)).all()
-    assert list(rows.columns) == PA.COLUMNS
+    assert list(rows.columns) == PA.COLUMNS and (rows["pearson_lo"] <= rows["pearson_hi"]).all()
