@@ -10,9 +10,13 @@ layer's attention slots, ...), and a slot's incoming edges from the latest sourc
 ``input``. Each edge is removed on trial; ``delta = MatchNLL(with it removed) - MatchNLL(now)``;
 if ``delta < threshold`` it stays removed, otherwise it is restored. The trial delta is the edge's score.
 
-Cost: one forward pass over the facts per edge, so ``n_edges`` passes: 343 on the 4-layer tiny
-test model, 70,651 on SmolLM2-135M (far too many for a CPU: the time per trial is in
-docs/results.md, "Knowledge circuits").
+Cost: one pass over the facts per edge, so ``n_edges`` passes: 343 on the 4-layer tiny test model,
+70,651 on SmolLM2-135M (far too many for a CPU: the time per trial is in docs/results.md,
+"Knowledge circuits"). With ``route="layer"`` (the default ``"auto"`` where
+:func:`~capinterp.circuits.acdc_layer.layer_route` allows it) a trial into a slot of layer ``l``
+runs only the blocks from ``l`` up, from a pass recorded once at the start, and unembeds only the
+answer positions (:mod:`capinterp.circuits.acdc_layer`); ``route="full"`` runs every trial as one
+whole graph forward. Both give the same decisions (benchmarks/bench_acdc.py times them).
 Pass ``candidates`` (e.g. the top edges of EAP-IG) to visit only those; the other edges start
 removed, which is only meaningful when the candidates alone keep the behaviour: ``info`` reports
 ``match_nll_start`` and a RuntimeWarning flags a start above 1 nat.
@@ -26,11 +30,13 @@ from typing import Any
 
 import torch
 
+from capinterp.circuits.acdc_layer import LayerTrials, layer_route, slot_layer
 from capinterp.circuits.forward import graph_mode, run_graph
 from capinterp.circuits.graph import Graph
 from capinterp.core.example import as_examples
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import EncodedBatch, batches, collate, encode, pad_id
+from capinterp.kernels.prefix import Unsupported
 
 __all__ = ["acdc", "match_nll"]
 
@@ -74,14 +80,18 @@ def acdc(
     candidates: torch.Tensor | None = None,
     batch_size: int = 16,
     progress: bool = False,
+    route: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Greedy reverse-topological pruning. Returns ``(kept mask, trial deltas, info)``.
 
     ``kept`` is bool ``[n_src, n_slots]`` (dead nodes not yet pruned); ``deltas`` holds each visited
-    edge's trial delta (0 for edges not visited).
+    edge's trial delta (0 for edges not visited). ``route``: ``"layer"`` (trials from the tried
+    slot's layer up), ``"full"`` (a whole forward per trial) or ``"auto"`` (``"layer"`` where the
+    model allows it); ``info["route"]`` says which ran.
     """
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0, got {threshold}")
+    route = _pick_route(model, graph, route)
     chunks = _chunks(model, facts, batch_size)
     em = graph.edge_mask
     visit = em if candidates is None else (candidates.bool() & em)
@@ -98,11 +108,14 @@ def acdc(
     t0 = time.perf_counter()
     with graph_mode(model, graph):
         full = _nll(model, graph, chunks, None)
-        cur = float((_nll(model, graph, chunks, removed) - full).mean())
+        trials, start_nll = _start(model, graph, chunks, removed, route)
+        route = "full" if trials is None else "layer"
+        cur = float((start_nll - full).mean())
         start = cur
         for i, j in order:
             removed[i, j] = True
-            new = float((_nll(model, graph, chunks, removed) - full).mean())
+            now = _nll(model, graph, chunks, removed) if trials is None else trials.nll(removed, slot_layer(graph, j))
+            new = float((now - full).mean())
             deltas[i, j] = new - cur
             if new - cur < threshold:
                 cur = new
@@ -122,10 +135,45 @@ def acdc(
         )
     info = {
         "threshold": threshold,
-        "n_forward": len(order) + 2,
+        "n_forward": len(order) + 2 + (route == "layer"),
         "seconds": time.perf_counter() - t0,
         "match_nll_start": start,
         "match_nll": cur,
         "n_visited": len(order),
+        "route": route,
     }
     return em & ~removed, deltas, info
+
+
+def _pick_route(model: Model, graph: Graph, route: str) -> str:
+    """``"auto"``, ``"layer"`` or ``"full"``; ValueError for an unknown route or ``"layer"`` where it does not apply."""
+    if route not in ("auto", "layer", "full"):
+        raise ValueError(f"route must be 'auto', 'layer' or 'full', got {route!r}")
+    if route == "full" or layer_route(model, graph):
+        return route
+    if route == "layer":
+        raise ValueError(
+            "route='layer' needs one residual stream, no layer scales, per-layer embeddings or hybrid mixers "
+            "(capinterp.circuits.acdc_layer.layer_route); use route='full'"
+        )
+    return "full"
+
+
+def _start(
+    model: Model, graph: Graph, chunks: list[EncodedBatch], removed: torch.Tensor, route: str
+) -> tuple[LayerTrials | None, torch.Tensor]:
+    """The trials' recorded start (None on the full route) and the start's per-token NLL. With ``"auto"``,
+    a model whose blocks cannot be called from a recorded input, or whose direct block calls do not give the start's
+    NLL back (:class:`~capinterp.kernels.prefix.Unsupported`), falls back to the full route."""
+    if route != "full":
+        try:  # the start's pass, recorded: no removal below a visited slot's layer changes during its trials
+            trials = LayerTrials(model, graph, chunks, removed)
+            start = torch.cat([_token_nll(lg, b) for lg, b in zip(trials.start_logits, chunks)])
+            if not torch.allclose(trials.nll(removed, 0), start, rtol=1e-4, atol=1e-4):
+                raise Unsupported("calling the blocks from their recorded inputs does not reproduce the forward")
+        except Unsupported:
+            if route == "layer":
+                raise
+        else:
+            return trials, start
+    return None, _nll(model, graph, chunks, removed)
