@@ -204,11 +204,11 @@ def test_patching_agreement_draws_and_ranks_real_neurons(monkeypatch):
     model, _ = _mixed()
     seen: list[torch.Tensor] = []
 
-    def fake_effects(model, data, groups, ablation="zero", batch_size=16):
+    def fake_effects(model, data, src, groups, abl, partner, batch_size):  # the stair or the full forwards
         seen.extend(groups)
         return torch.zeros(len(groups)).numpy()
 
-    monkeypatch.setattr(PA, "unit_effects", fake_effects)
+    monkeypatch.setattr(PA, "_effects", fake_effects)
     real = _real()
     pool = real.flatten().nonzero().flatten()
     zeros = NeuronScores(torch.zeros(2, model.cfg.d_mlp), _kn().meta)  # all ties: padding must not be picked
