@@ -13,6 +13,8 @@ import torch
 from capinterp.core.tokens import collate, encode, pad_id
 
 PLANTED = [(1, 5), (2, 17), (3, 40)]
+#: sums that all answer "7": the data the planted neurons serve in the faithfulness tests
+SEVENS = [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]
 
 
 @torch.no_grad()
@@ -48,3 +50,15 @@ def plant_answer(model, examples, neurons=PLANTED, enders=ENDERS):
     target = plant(model, examples, neurons)
     plant(model, [Example(e.prompt + e.target, ".") for e in examples], enders)
     return target
+
+
+def planted_scores(model, planted=PLANTED):
+    """NeuronScores ranking the planted neurons first (10.0) over small seeded noise (< 0.1)."""
+    from capinterp.arch.model import neuron_shape
+    from capinterp.units.neurons import NeuronScores
+
+    L, d = neuron_shape(model)
+    s = torch.rand(L, d, generator=torch.Generator().manual_seed(0)) * 0.1
+    for l, i in planted:
+        s[l, i] = 10.0
+    return NeuronScores(s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from planting import PLANTED, plant
+from planting import PLANTED, SEVENS, plant, planted_scores
 
 import capinterp as ci
 from capinterp.arch.model import neuron_hook, neuron_shape
@@ -15,7 +15,7 @@ from capinterp.data import Example
 from capinterp.interventions.faithfulness import faithfulness
 from capinterp.units.base import KeySet
 
-EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
+EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in SEVENS]
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +23,6 @@ def planted():
     m = ci.load_model("tiny")
     plant(m, EXAMPLES)
     return m
-
-
-def _planted_scores(model) -> ci.NeuronScores:
-    L, d = neuron_shape(model)
-    s = torch.rand(L, d, generator=torch.Generator().manual_seed(0)) * 0.1
-    for l, i in PLANTED:
-        s[l, i] = 10.0
-    return ci.NeuronScores(s)
 
 
 @torch.no_grad()
@@ -52,7 +44,7 @@ def _reference(model, keep: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_planted_neurons_are_faithful_far_above_chance(planted):
-    res = faithfulness(planted, _planted_scores(planted), EXAMPLES, ks=[3, 12], ablation="zero", random_sets=10)
+    res = faithfulness(planted, planted_scores(planted), EXAMPLES, ks=[3, 12], ablation="zero", random_sets=10)
     row = res.table.iloc[0]
     assert row["k"] == 3 and row["faithfulness"] > row["random_faithfulness_p95"] + 0.2
     # ablating the three planted neurons costs far more than ablating three random ones
@@ -66,7 +58,7 @@ def test_planted_neurons_are_faithful_far_above_chance(planted):
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
 def test_every_point_equals_a_hand_written_ablation(planted, ablation):
     L, d = neuron_shape(planted)
-    scores = _planted_scores(planted)
+    scores = planted_scores(planted)
     res = faithfulness(planted, scores, EXAMPLES, ks=[3, 40], ablation=ablation, random_sets=0)
     if ablation == "zero":
         ref = torch.zeros(2, L, d)
@@ -90,12 +82,12 @@ def test_every_point_equals_a_hand_written_ablation(planted, ablation):
 
 
 def test_areas_follow_the_trapezoid_rule_with_the_measured_ends(planted):
-    res = faithfulness(planted, _planted_scores(planted), EXAMPLES, ks=[0.25, 0.5], ablation="zero", random_sets=0)
+    res = faithfulness(planted, planted_scores(planted), EXAMPLES, ks=[0.25, 0.5], ablation="zero", random_sets=0)
     n = res.meta["n_units"]
     x = np.array([0.0, *res.table["k"] / n, 1.0])
     y = np.array([0.0, *res.table["faithfulness"], 1.0])
     assert res.cpr == pytest.approx(np.trapezoid(y, x)) and res.cmd == pytest.approx(np.trapezoid(np.abs(1 - y), x))
-    whole = faithfulness(planted, _planted_scores(planted), EXAMPLES, ks=[1.0], ablation="zero", random_sets=0)
+    whole = faithfulness(planted, planted_scores(planted), EXAMPLES, ks=[1.0], ablation="zero", random_sets=0)
     assert whole.table["faithfulness"].iloc[0] == pytest.approx(1.0) and whole.table["ablated"].iloc[0] == whole.empty
 
 
@@ -109,12 +101,12 @@ def test_layers_sets_and_scores(planted):
     assert by_set.table["k"].tolist() == [3] and by_set.table["kept"].iloc[0] == pytest.approx(
         res.table["kept"].iloc[0]
     )
-    top3 = _planted_scores(planted).top_k(3)
+    top3 = planted_scores(planted).top_k(3)
     assert faithfulness(planted, top3, EXAMPLES, ablation="zero", random_sets=0).table["k"].tolist() == [3]
 
 
 def test_bad_input_is_refused_before_any_forward(planted):
-    scores = _planted_scores(planted)
+    scores = planted_scores(planted)
     with pytest.raises(ValueError, match="ablation"):
         faithfulness(planted, scores, EXAMPLES, ablation="resample")
     with pytest.raises(ValueError, match="logit_diff"):
@@ -132,7 +124,7 @@ def test_bad_input_is_refused_before_any_forward(planted):
 
 
 def test_rank_by_absolute_score(planted):
-    scores = _planted_scores(planted)
+    scores = planted_scores(planted)
     flipped = ci.NeuronScores(-scores.scores)
     by_abs = faithfulness(planted, flipped, EXAMPLES, ks=[3], ablation="zero", random_sets=0, by="abs")
     by_score = faithfulness(planted, scores, EXAMPLES, ks=[3], ablation="zero", random_sets=0)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from planting import PLANTED, plant
+from planting import PLANTED, SEVENS, plant, planted_scores
 
 import capinterp as ci
 from capinterp.arch.model import neuron_shape
@@ -19,7 +19,7 @@ from capinterp.interventions.faithfulness_stats import areas, bootstrap_areas, c
 
 F = sys.modules["capinterp.interventions.faithfulness"]
 
-EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in [(3, 4), (5, 2), (1, 6), (2, 5), (6, 1), (4, 3)]]
+EXAMPLES = [Example(f"{a}+{b}=", "7") for a, b in SEVENS]
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +29,8 @@ def planted():
     return m
 
 
-def _planted_scores(model) -> ci.NeuronScores:
-    L, d = neuron_shape(model)
-    s = torch.rand(L, d, generator=torch.Generator().manual_seed(0)) * 0.1
-    for l, i in PLANTED:
-        s[l, i] = 10.0
-    return ci.NeuronScores(s)
-
-
 def test_removing_planted_neurons_gives_a_large_ablated_area(planted):
-    res = faithfulness(planted, _planted_scores(planted), EXAMPLES, ks=[3, 12], ablation="zero", random_sets=10)
+    res = faithfulness(planted, planted_scores(planted), EXAMPLES, ks=[3, 12], ablation="zero", random_sets=10)
     # the three planted neurons carry the behaviour: removing them loses most of it at every size
     assert res.ablated_area > 0.8 and res.random_ablated_area[2] < 0.7
     assert res.ablated_area > res.random_ablated_area[2] + 0.2
@@ -58,7 +50,7 @@ def test_random_units_are_not_necessary(planted):
 
 
 def test_intervals_hold_the_estimate_and_narrow_with_more_examples(planted):
-    scores = _planted_scores(planted)
+    scores = planted_scores(planted)
     few = faithfulness(planted, scores, EXAMPLES, ks=[3, 40], ablation="zero", random_sets=0, bootstrap=400)
     many = faithfulness(planted, scores, EXAMPLES * 6, ks=[3, 40], ablation="zero", random_sets=0, bootstrap=400)
     for name in ("cpr", "cmd", "ablated_area"):
@@ -93,7 +85,7 @@ def test_a_band_is_reused_not_rerun(planted, monkeypatch):
     calls = []
     masks = F._unit_masks
     monkeypatch.setattr(F, "_unit_masks", lambda *a, **k: calls.append(a[2:]) or masks(*a, **k))
-    first = faithfulness(planted, _planted_scores(planted), EXAMPLES, ks=[3, 12], ablation="zero", random_sets=3)
+    first = faithfulness(planted, planted_scores(planted), EXAMPLES, ks=[3, 12], ablation="zero", random_sets=3)
     other = ci.NeuronScores(torch.rand(neuron_shape(planted), generator=torch.Generator().manual_seed(1)))
     again = faithfulness(planted, other, EXAMPLES, ks=[3, 12], ablation="zero", random_sets=3, band=first.band)
     fresh = faithfulness(planted, other, EXAMPLES, ks=[3, 12], ablation="zero", random_sets=3)
