@@ -112,7 +112,8 @@ def test_predicted_time_within_a_generous_factor(tiny):
         t = time.perf_counter()
         loc.fit(data)
         measured = time.perf_counter() - t
-        assert est.seconds / 5 < measured < est.seconds * 5, (loc.name, est.seconds, measured)
+        slack = 0.25  # seconds: a fit of a few milliseconds (DCSN on the tiny model) is at the scheduler's mercy
+        assert est.seconds / 5 - slack < measured < est.seconds * 5 + slack, (loc.name, est.seconds, measured)
 
 
 def test_first_weights_fingerprint_is_counted_once(tiny):
