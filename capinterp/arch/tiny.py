@@ -11,7 +11,9 @@ so every process builds the same vocabulary.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from typing import Any
 
@@ -69,6 +71,7 @@ def _tokenizer_dir(vocab_size: int) -> str:
     )
     # A tokenizer made in memory must be saved and reloaded before TransformerLens accepts it.
     folder = tempfile.mkdtemp(prefix="capinterp-tiny-tok-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # loaded tokenizers keep no file open
     fast.save_pretrained(folder)
     return folder
 

@@ -23,6 +23,7 @@ the magnitude of the exact effect. RelP (Jafari et al. 2025: AtP whose backward 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -234,6 +235,16 @@ def _qk_rows(ctx: Context, task: str, data: list) -> pd.DataFrame:
     return rows
 
 
+def _edge_part(ctx: Context, task: str, data: list, ig: dict[str, Any], n: int) -> pd.DataFrame:
+    """The circuit-edge rows (:mod:`~capinterp.experiments.edge_agreement`), with the number of facts
+    they used in column ``edge_facts`` (empty when too few facts have a subject swap)."""
+    edges = edge_table(ctx.model, data, ig, n_top=n, n_random=n, seed=ctx.seed, batch_size=ctx.batch_size)
+    if edges is None:
+        return pd.DataFrame(columns=[*COLUMNS, "edge_facts"])
+    rows = edge_rows(task, edges, lambda a, b: stat_row(a, b, ctx.seed))
+    return rows.assign(edge_facts=edges[3])
+
+
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """KN's IG, DCSN and AtP (neurons, layers) and AtP and its corrections (heads) against single-unit
@@ -269,18 +280,25 @@ def run(ctx: Context) -> ExperimentResult:
         if len(paired) >= 2:  # examples without a partner of their token length are left out of these rows
             variants.append(("corrupted", paired, partner_fn(paired, [p for p in found if p is not None])))
         for ablation, rows_data, partner in variants:
+            # every part is cached in ctx.workdir's tables/, so an interrupted full run resumes after it
+            part = f"{key}_{ablation}_n{len(rows_data)}_s{ctx.seed}"
+            n_pick = ctx.size(8, 32)
             parts.append(
-                agreement_table(
-                    ctx.model,
-                    task,
-                    rows_data,
-                    scores,
-                    n_top=ctx.size(8, 32),
-                    n_random=ctx.size(8, 32),
-                    ablation=ablation,
-                    partner=partner,
-                    seed=ctx.seed,
-                    batch_size=ctx.batch_size,
+                ctx.table(
+                    f"{part}_units_top{n_pick}_kn{ig['rule']}{ig['steps']}",
+                    partial(
+                        agreement_table,
+                        ctx.model,
+                        task,
+                        rows_data,
+                        scores,
+                        n_top=n_pick,
+                        n_random=n_pick,
+                        ablation=ablation,
+                        partner=partner,
+                        seed=ctx.seed,
+                        batch_size=ctx.batch_size,
+                    ),
                 )
             )
             # AtP*'s QK fix costs a forward per (head, later layer): full variant, zero ablation, the first
@@ -288,27 +306,35 @@ def run(ctx: Context) -> ExperimentResult:
             # quick variant runs AtP only on the corrupted heads
             full = not ctx.quick or ablation == "zero"
             parts.append(
-                head_table(
-                    ctx.model,
-                    task,
-                    rows_data,
-                    ablation=ablation,
-                    partner=partner,
-                    qk_fix=False,
-                    relp=full,
-                    graddrop=full,
-                    seed=ctx.seed,
-                    batch_size=ctx.batch_size,
+                ctx.table(
+                    f"{part}_heads{'_relp_graddrop' if full else ''}",
+                    partial(
+                        head_table,
+                        ctx.model,
+                        task,
+                        rows_data,
+                        ablation=ablation,
+                        partner=partner,
+                        qk_fix=False,
+                        relp=full,
+                        graddrop=full,
+                        seed=ctx.seed,
+                        batch_size=ctx.batch_size,
+                    ),
                 )
             )
             if not ctx.quick and ablation == "zero":
-                parts.append(_qk_rows(ctx, task, rows_data[:QK_EXAMPLES]))
+                qk_data = rows_data[:QK_EXAMPLES]
+                parts.append(ctx.table(f"{part}_qk{len(qk_data)}", partial(_qk_rows, ctx, task, qk_data)))
         if task == "facts":  # edges need subject swaps (corrupted runs); none on arithmetic
             n = ctx.size(8, 32)
-            edges = edge_table(ctx.model, data, ig, n_top=n, n_random=n, seed=ctx.seed, batch_size=ctx.batch_size)
-            if edges is not None:
-                parts.append(edge_rows(task, edges, lambda a, b: stat_row(a, b, ctx.seed)))
-                info["edge_facts"] = edges[3]
+            edges = ctx.table(
+                f"{key}_edges_top{n}_{ig['rule']}{ig['steps']}_s{ctx.seed}",
+                partial(_edge_part, ctx, task, data, ig, n),
+            )
+            if len(edges):
+                info["edge_facts"] = int(edges.pop("edge_facts").iloc[0])
+                parts.append(edges)
     table = pd.concat(parts, ignore_index=True)
     info.update(
         notes=(

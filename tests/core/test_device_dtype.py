@@ -105,7 +105,7 @@ def test_smollm2_bfloat16_scores_match_float32(smollm2, smollm2_bf16):
     got = {}
     for dtype, model in (("float32", smollm2), ("bfloat16", smollm2_bf16)):
         got[dtype] = [
-            CNL(model, steps=10, progress=False).fit(ds).scores_[:],
+            CNL(model, steps=4, progress=False).fit(ds).scores_[:],  # 4 steps: bf16 matmuls are slow on CPU
             DCSN(model, progress=False).fit(ds).scores_[:],
         ]
     for (a, b), (min_overlap, max_rel) in zip(zip(got["float32"], got["bfloat16"]), ((80, 0.3), (95, 0.1))):

@@ -4,6 +4,7 @@ experiment runs end to end on a tiny model."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from planting import PLANTED, plant
@@ -86,3 +87,15 @@ def test_quick_run_on_tiny(tiny, tmp_path):
         assert set(sub["component"]) == {"FFN neuron", "FFN layer", "attention head"}
     stats = res.table.dropna(subset=["pearson_lo", "pearson_hi"])
     assert (stats["pearson_lo"] <= stats["pearson_hi"]).all()
+    # every part is cached in tables/: a rerun (an interrupted full run resumed) measures nothing again
+    assert len(list((tmp_path / "tables").glob("*.json"))) >= 2
+
+    def measured_again(*a, **k):
+        raise AssertionError("a cached part was measured again")
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("agreement_table", "head_table", "edge_table"):
+            mp.setattr(PA, name, measured_again)
+        again = EXPERIMENTS["patching_agreement"][1](Context(tiny, quick=True, workdir=tmp_path))
+    pd.testing.assert_frame_equal(again.table, res.table)
+    assert again.info["edge_facts"] == res.info["edge_facts"]
