@@ -149,6 +149,11 @@ def tiny_native_config(
 # Every entry builds a 2-layer model with d_model 32, 4 heads (2 KV heads where the family has GQA)
 # and an FFN 96 wide (3 x d_model, so a bridge that assumes 4 x d_model is caught).
 # a linear-attention layer (gated delta net), then a full-attention one; MoE FFNs with a shared expert
+# the gated delta net at the tiny width (transformers' defaults, 16 x 128 key and 32 x 128 value
+# heads, made its pure-torch kernel 0.2 s a forward at d_model 64)
+_SMALL_DELTA_NET: dict[str, Any] = dict(
+    linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8
+)
 _HYBRID: dict[str, Any] = dict(
     moe_intermediate_size=48,
     shared_expert_intermediate_size=64,
@@ -156,6 +161,7 @@ _HYBRID: dict[str, Any] = dict(
     num_experts_per_tok=2,
     head_dim=8,
     layer_types=["linear_attention", "full_attention"],
+    **_SMALL_DELTA_NET,
 )
 
 # DeepSeek-V3's MoE layout (4 routed experts of 48, one shared, top 2; a dense layer 0 of 96), shared by
@@ -309,17 +315,16 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
     # hybrids: a linear-attention layer (gated delta net), then a full-attention one
     "qwen3_next": _HYBRID,
     "qwen3_5_moe_text": _HYBRID,
-    "qwen3_5_text": dict(intermediate_size=96, head_dim=8, layer_types=["linear_attention", "full_attention"]),
+    "qwen3_5_text": dict(
+        intermediate_size=96, head_dim=8, layer_types=["linear_attention", "full_attention"], **_SMALL_DELTA_NET
+    ),
     # Mamba hybrids ("linear_attention" in transformers' vocabulary for their Mamba layers): a Mamba
     # layer, then an attention layer (Bamba, OLMo-Hybrid's gated delta net, Jamba: dense then MoE)
     "bamba": dict(intermediate_size=96, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8),
     "olmo_hybrid": dict(
         intermediate_size=96,
         layer_types=["linear_attention", "full_attention"],
-        linear_num_key_heads=2,
-        linear_num_value_heads=2,
-        linear_key_head_dim=8,
-        linear_value_head_dim=8,
+        **_SMALL_DELTA_NET,
     ),
     "jamba": dict(
         intermediate_size=48,
