@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -103,17 +102,6 @@ def test_counted_rows_are_the_rows_the_kernel_runs(name, route, tiny, monkeypatc
     est = loc.estimate(data)
     loc.fit(data)
     assert est.rows == sum(ran) > 0
-
-
-def test_predicted_time_within_a_generous_factor(tiny):
-    data = ci.data.arithmetic("+", n=4, seed=0)
-    for loc in (get("cnl")(tiny, progress=False, steps=8), get("dcsn")(tiny, progress=False)):
-        est = loc.estimate(data)
-        t = time.perf_counter()
-        loc.fit(data)
-        measured = time.perf_counter() - t
-        slack = 0.25  # seconds: a fit of a few milliseconds (DCSN on the tiny model) is at the scheduler's mercy
-        assert est.seconds / 5 - slack < measured < est.seconds * 5 + slack, (loc.name, est.seconds, measured)
 
 
 def test_first_weights_fingerprint_is_counted_once(tiny):
