@@ -39,21 +39,6 @@ import torch
 FRACTIONS = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9)
 
 
-def split_means(model, items) -> torch.Tensor:
-    """``[L, 2, d]``: every neuron's mean over the items' first positions, and over later positions."""
-    from capinterp.arch.model import neuron_hook, neuron_shape
-    from capinterp.core.position_mean import SplitMean
-
-    L, _ = neuron_shape(model)
-    accs = [SplitMean() for _ in range(L)]
-    for it in items:
-        ids = torch.tensor([it.ids], device=model.cfg.device)
-        _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith("mlp.hook_post"))
-        for l, acc in enumerate(accs):
-            acc.add(cache[neuron_hook(l)], torch.tensor([len(it.ids)]))
-    return torch.stack([acc.result() for acc in accs])
-
-
 def rms_norms(model, which: str) -> list[torch.nn.Module]:
     """The transformers RMSNorm modules (refused: any other norm): the final one before the
     unembedding (``which="final"``), or every one (``"all"``)."""
@@ -162,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from capinterp.core.tokens import encode
     from capinterp.experiments import capability_data as cd
     from capinterp.experiments.base import Context
-    from capinterp.interventions.faithfulness import ablated_metric
+    from capinterp.interventions.faithfulness import ablated_metric, neuron_means
 
     # the full variant's data (32 held-out problems), CNL with --steps right-rule IG points
     ctx = Context(load_model(args.model, threads=args.threads), quick=False, workdir=args.out, seed=args.seed)
@@ -184,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     base = torch.stack([torch.ones(L, d, dtype=torch.bool), torch.zeros(L, d, dtype=torch.bool)])
     keep = torch.cat([base] + [masks(o, sizes, (L, d)) for o in orders.values()])
     items = encode(model, measure)
-    means = split_means(model, items)
+    means = neuron_means(model, items).transpose(0, 1)  # [L, 2, d]: first position, later ones
     norms = rms_norms(model, args.freeze)
     lib = ablated_metric(model, items, keep[:6], batch_size=args.batch_size)
     for freeze in (False, True):

@@ -97,6 +97,7 @@ __all__ = [
     "RandomBand",
     "ablated_metric",
     "faithfulness",
+    "neuron_means",
 ]
 
 ABLATIONS = ("mean", "zero", "corrupt")
@@ -265,16 +266,7 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
         return torch.zeros(2, L, d, device=dev), None
     if ablation == "mean":
         ref_items = items if reference is None else encode(model, validate.examples(reference, "reference"))
-        moe = family_of(model).moe
-        dense = dense_layers(model)  # a mixed model's dense layers: every neuron takes part in every token
-        accs = [SplitMean() for _ in range(L)]
-        for chunk in batches(ref_items, bs):
-            tokens, lengths = pad_right([it.ids for it in chunk], pad_id(model.tokenizer))
-            _, cache = model.run_with_cache(tokens.to(dev), names_filter=lambda n: n.endswith("mlp.hook_post"))
-            for l, acc in enumerate(accs):
-                act = cache[neuron_hook(l)]
-                acc.add(act, lengths, None if moe is None or l in dense else _takes_part(act, moe))
-        return torch.stack([acc.result() for acc in accs], 1), None
+        return neuron_means(model, ref_items, bs), None
     pairs = corrupt_pairs(model, items, corrupt)
     acts = torch.zeros(len(items), T, L, d, device=dev)
     for s in range(0, len(pairs), bs):
@@ -284,6 +276,23 @@ def _references(model: Model, items: list[Encoded], ablation: str, reference: An
         for l in range(L):
             acts[s : s + len(chunk), : tokens.shape[1], l] = cache[neuron_hook(l)].float()
     return acts, pairs
+
+
+def neuron_means(model: Model, items: list[Encoded], batch_size: int = 16) -> torch.Tensor:
+    """``[2, L, d]``: every neuron's mean activation over the items' first positions and over their
+    later positions (:mod:`capinterp.core.position_mean`: the first position is an attention sink);
+    on a mixture-of-experts layer, over the tokens routed to the neuron's expert only."""
+    L, _ = neuron_shape(model)
+    moe = family_of(model).moe
+    dense = dense_layers(model)  # a mixed model's dense layers: every neuron takes part in every token
+    accs = [SplitMean() for _ in range(L)]
+    for chunk in batches(items, batch_size):
+        tokens, lengths = pad_right([it.ids for it in chunk], pad_id(model.tokenizer))
+        _, cache = model.run_with_cache(tokens.to(model.cfg.device), names_filter=lambda n: n.endswith("mlp.hook_post"))
+        for l, acc in enumerate(accs):
+            act = cache[neuron_hook(l)]
+            acc.add(act, lengths, None if moe is None or l in dense else _takes_part(act, moe))
+    return torch.stack([acc.result() for acc in accs], 1)
 
 
 def _takes_part(act: torch.Tensor, moe: Any) -> torch.Tensor:
