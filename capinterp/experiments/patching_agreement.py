@@ -245,6 +245,68 @@ def _edge_part(ctx: Context, task: str, data: list, ig: dict[str, Any], n: int) 
     return rows.assign(edge_facts=edges[3])
 
 
+def _variant_parts(
+    ctx: Context,
+    task: str,
+    key: str,
+    scores: dict[str, NeuronScores],
+    ig: dict[str, Any],
+    ablation: str,
+    rows_data: list,
+    partner: Any,
+) -> list[pd.DataFrame]:
+    """One task's rows for one reference (``ablation``): neurons and layers, heads, and (full variant,
+    zero ablation) AtP*'s QK fix; each part cached in ``ctx.workdir``'s tables/, so an interrupted
+    full run resumes after it."""
+    out: list[pd.DataFrame] = []
+    part = f"{key}_{ablation}_n{len(rows_data)}_s{ctx.seed}"
+    n_pick = ctx.size(8, 32)
+    out.append(
+        ctx.table(
+            f"{part}_units_top{n_pick}_kn{ig['rule']}{ig['steps']}",
+            partial(
+                agreement_table,
+                ctx.model,
+                task,
+                rows_data,
+                scores,
+                n_top=n_pick,
+                n_random=n_pick,
+                ablation=ablation,
+                partner=partner,
+                seed=ctx.seed,
+                batch_size=ctx.batch_size,
+            ),
+        )
+    )
+    # AtP*'s QK fix costs a forward per (head, later layer): full variant, zero ablation, the first
+    # QK_EXAMPLES examples (_qk_rows); RelP / GradDrop a backward each (GradDrop one per layer): the
+    # quick variant runs AtP only on the corrupted heads
+    full = not ctx.quick or ablation == "zero"
+    out.append(
+        ctx.table(
+            f"{part}_heads{'_relp_graddrop' if full else ''}",
+            partial(
+                head_table,
+                ctx.model,
+                task,
+                rows_data,
+                ablation=ablation,
+                partner=partner,
+                qk_fix=False,
+                relp=full,
+                graddrop=full,
+                seed=ctx.seed,
+                batch_size=ctx.batch_size,
+            ),
+        )
+    )
+    if not ctx.quick and ablation == "zero":
+        qk_data = rows_data[:QK_EXAMPLES]
+        out.append(ctx.table(f"{part}_qk{len(qk_data)}", partial(_qk_rows, ctx, task, qk_data)))
+    return out
+
+
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """KN's IG, DCSN and AtP (neurons, layers) and AtP and its corrections (heads) against single-unit
@@ -280,52 +342,7 @@ def run(ctx: Context) -> ExperimentResult:
         if len(paired) >= 2:  # examples without a partner of their token length are left out of these rows
             variants.append(("corrupted", paired, partner_fn(paired, [p for p in found if p is not None])))
         for ablation, rows_data, partner in variants:
-            # every part is cached in ctx.workdir's tables/, so an interrupted full run resumes after it
-            part = f"{key}_{ablation}_n{len(rows_data)}_s{ctx.seed}"
-            n_pick = ctx.size(8, 32)
-            parts.append(
-                ctx.table(
-                    f"{part}_units_top{n_pick}_kn{ig['rule']}{ig['steps']}",
-                    partial(
-                        agreement_table,
-                        ctx.model,
-                        task,
-                        rows_data,
-                        scores,
-                        n_top=n_pick,
-                        n_random=n_pick,
-                        ablation=ablation,
-                        partner=partner,
-                        seed=ctx.seed,
-                        batch_size=ctx.batch_size,
-                    ),
-                )
-            )
-            # AtP*'s QK fix costs a forward per (head, later layer): full variant, zero ablation, the first
-            # QK_EXAMPLES examples (_qk_rows); RelP / GradDrop a backward each (GradDrop one per layer): the
-            # quick variant runs AtP only on the corrupted heads
-            full = not ctx.quick or ablation == "zero"
-            parts.append(
-                ctx.table(
-                    f"{part}_heads{'_relp_graddrop' if full else ''}",
-                    partial(
-                        head_table,
-                        ctx.model,
-                        task,
-                        rows_data,
-                        ablation=ablation,
-                        partner=partner,
-                        qk_fix=False,
-                        relp=full,
-                        graddrop=full,
-                        seed=ctx.seed,
-                        batch_size=ctx.batch_size,
-                    ),
-                )
-            )
-            if not ctx.quick and ablation == "zero":
-                qk_data = rows_data[:QK_EXAMPLES]
-                parts.append(ctx.table(f"{part}_qk{len(qk_data)}", partial(_qk_rows, ctx, task, qk_data)))
+            parts += _variant_parts(ctx, task, key, scores, ig, ablation, rows_data, partner)
         if task == "facts":  # edges need subject swaps (corrupted runs); none on arithmetic
             n = ctx.size(8, 32)
             edges = ctx.table(
