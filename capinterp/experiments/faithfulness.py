@@ -167,7 +167,10 @@ def faithfulness_table(
             def measured(task=task, method=method, locate=locate, measure=measure) -> pd.DataFrame:
                 ranking = _ranking(ctx, method, task, locate, ig, bags.get(task, []))
                 kind = _KIND.get(method, "neuron")
-                res = faithfulness(ctx.model, ranking, measure, band=shared.get((task, kind)), **settings)
+                band = shared.get((task, kind))
+                # the band (a full run's longest part) is saved chunk by chunk: an interruption loses little
+                ckpt = None if band is not None or kind == "edge" else ctx.checkpoint(f"band_{_slug(task)}_{kind}")
+                res = faithfulness(ctx.model, ranking, measure, band=band, checkpoint=ckpt, **settings)
                 if kind != "edge":  # an edge band belongs to its own fitted graph
                     shared[(task, kind)] = res.band
                 note = f"CAS over {len(bags[task])} facts" if method == "query_localization" else ""

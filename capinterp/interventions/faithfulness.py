@@ -57,6 +57,7 @@ in ``n_units``, and runs in every configuration; its dense layers are no expert 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -67,7 +68,7 @@ import torch
 
 from capinterp.arch.family import family_of
 from capinterp.arch.forward import logits_at
-from capinterp.arch.model import neuron_hook, neuron_shape, valid_neurons
+from capinterp.arch.model import model_fingerprint, neuron_hook, neuron_shape, valid_neurons
 from capinterp.core import validate
 from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
@@ -76,6 +77,7 @@ from capinterp.interventions.edge_faithfulness import edge_metric, edge_ranking,
 from capinterp.interventions.faithfulness_metric import corrupt_pairs, metric_rows
 from capinterp.interventions.faithfulness_stats import areas, bootstrap_areas, curve_grid
 from capinterp.interventions.faithfulness_stats import band as spread
+from capinterp.interventions.resumable_rows import resumable_rows, tag_of
 from capinterp.localizers.base import Localizer
 from capinterp.units.base import KeySet
 from capinterp.units.experts import (
@@ -398,6 +400,7 @@ def faithfulness(
     band: RandomBand | None = None,
     bootstrap: int = 1000,
     confidence: float = 0.95,
+    checkpoint: str | os.PathLike | None = None,
 ) -> Faithfulness:
     """Faithfulness of the top-k units of ``units`` on ``data``, beside random sets of each size.
 
@@ -416,6 +419,9 @@ def faithfulness(
     ``band``: another call's :attr:`Faithfulness.band` on the same units, data and settings (its
     random sets are reused, ValueError if it was made for others). ``bootstrap``: resamples of the
     examples for the percentile intervals at level ``confidence`` (0: none, the intervals are NaN).
+    ``checkpoint``: a file where the random band's runs are saved chunk by chunk as they finish
+    (:mod:`capinterp.interventions.resumable_rows`); a rerun with the same model, units, data and
+    settings continues from it (another run's file is replaced).
     """
     ablation, metric, random_sets, bs, by = _check_faithfulness(model, ablation, metric, random_sets, batch_size, by)
     bootstrap = validate.nonneg_int("bootstrap", bootstrap)
@@ -427,12 +433,19 @@ def faithfulness(
     if band is not None and band.key != key:
         raise ValueError("band= was made for other units, sizes, random_sets, seed, ablation, metric or data")
     located = _unit_masks(ranked, sizes, 0, seed)[2:]  # per size: the top-k kept, then ablated
-    masks = located if band is not None else torch.cat([_unit_masks(ranked, sizes, random_sets, seed, False), located])
     run = dict(ablation=ablation, metric=metric, reference=reference, corrupt=corrupt, batch_size=bs)
-    if ranked.graph is not None:
-        vals = edge_metric(model, ranked.graph, items, masks, per_example=True, **run)
-    else:
-        vals = ablated_metric(model, items, _neuron_keep(model, ranked.kind, masks), per_example=True, **run)
+
+    def measure(masks: torch.Tensor) -> np.ndarray:
+        if ranked.graph is not None:
+            return edge_metric(model, ranked.graph, items, masks, per_example=True, **run)
+        return ablated_metric(model, items, _neuron_keep(model, ranked.kind, masks), per_example=True, **run)
+
+    if band is None and checkpoint is not None:  # the band chunk by chunk, saved as it goes
+        rand = _unit_masks(ranked, sizes, random_sets, seed, False)
+        tag = tag_of(model_fingerprint(model), key[1:-1], [(it.ids, it.last_prompt_pos) for it in items])
+        band = RandomBand(key, resumable_rows(lambda a, b: measure(rand[a:b]), len(rand), checkpoint, tag))
+    masks = located if band is not None else torch.cat([_unit_masks(ranked, sizes, random_sets, seed, False), located])
+    vals = measure(masks) if len(masks) else np.zeros((0, len(items)))
     if band is None:
         band = RandomBand(key, vals[: -len(located)] if len(located) else vals)
         vals = vals[len(band.values) :]

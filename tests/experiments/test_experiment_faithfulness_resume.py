@@ -8,6 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
+import capinterp as ci
 from capinterp.experiments import Context
 from capinterp.experiments import faithfulness as FX
 
@@ -62,3 +63,38 @@ def test_fact_bags_take_the_data_folder_after_the_builtin_facts(tiny, tmp_path, 
     assert all(b[0].meta["subject"] for b in bags)
     few, counts = FX.fact_bags(Context(tiny, quick=False), 2, per_fact=3)
     assert len(few) == 2 and counts["known_1000"] == 0 and sum(seen[-2:]) <= n_builtin + 64
+
+
+def test_band_resumes_chunk_by_chunk_after_an_interruption(tiny, tmp_path, monkeypatch):
+    """A full run's random band is saved chunk by chunk: a run killed midway loses only its chunk,
+    and the resumed band equals one measured in a single pass."""
+    from capinterp.interventions import resumable_rows as RR
+
+    ranking = ci.DCSN(tiny, progress=False).fit(DATA).scores_
+    kw = dict(ks=[0.05, 0.5], random_sets=3, bootstrap=0)
+    whole = F.faithfulness(tiny, ranking, DATA, **kw)  # 2 + 2 x 2 x 3 = 14 band masks, one pass
+    ckpt = tmp_path / "band.ckpt"
+    monkeypatch.setattr(RR, "CHUNK", 4)
+    calls = []
+    real = F.ablated_metric
+
+    def dies_on_third(model, items, keep, **k):
+        calls.append(len(keep))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the run is stopped during the band's third chunk
+        return real(model, items, keep, **k)
+
+    monkeypatch.setattr(F, "ablated_metric", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        F.faithfulness(tiny, ranking, DATA, checkpoint=ckpt, **kw)
+    assert calls == [4, 4, 4] and ckpt.exists()
+    calls.clear()
+    monkeypatch.setattr(F, "ablated_metric", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    resumed = F.faithfulness(tiny, ranking, DATA, checkpoint=ckpt, **kw)
+    assert calls == [4, 2, 4]  # the band's last 6 masks in two chunks, then the 4 located ones
+    assert resumed.band.values == pytest.approx(whole.band.values, abs=1e-6)
+    assert resumed.cpr == pytest.approx(whole.cpr, abs=1e-6)
+    assert resumed.random_cpr == pytest.approx(whole.random_cpr, abs=1e-6)
+    calls.clear()
+    other = F.faithfulness(tiny, ranking, DATA[:2], checkpoint=ckpt, **kw)  # other data: the file is replaced
+    assert calls[:-1] == [4, 4, 4, 2] and other.band.values.shape[1] == 2
