@@ -39,11 +39,12 @@ from capinterp.circuits.relp import head_relp
 from capinterp.core import validate
 from capinterp.core.protocol import Model
 from capinterp.core.tokens import encode
+from capinterp.experiments import capability_data as cd
 from capinterp.experiments.agreement_stats import CI_COLUMNS, correlations, stat_row
 from capinterp.experiments.base import Context, ExperimentResult, experiment
 from capinterp.experiments.corrupt_partners import partner_fn, partners
 from capinterp.experiments.edge_agreement import edge_rows, edge_table
-from capinterp.experiments.faithfulness import sub_and_facts
+from capinterp.experiments.faithfulness import FULL_FACTS, FULL_PROBLEMS, fact_bags, sub_and_facts
 from capinterp.experiments.neuron_atp import neuron_atp
 from capinterp.experiments.unit_stair import stair_effects
 from capinterp.interventions.faithfulness import ablated_metric
@@ -310,18 +311,30 @@ def _variant_parts(
 @experiment(NAME, TITLE)
 def run(ctx: Context) -> ExperimentResult:
     """KN's IG, DCSN and AtP (neurons, layers) and AtP and its corrections (heads) against single-unit
-    patching, zero and corrupted-prompt, on arithmetic (``sub``) and known facts."""
+    patching, zero and corrupted-prompt, on arithmetic (``sub``) and known facts.
+
+    Quick: 4 subtraction problems, 4 builtin facts, 8 top + 8 random neurons per method. Full:
+    faithfulness's sizes (128 held-out subtraction problems; up to 64 known facts from the builtin
+    ones, ParaRel and ROME's known facts), 32 top + 32 random neurons per method; parts resume."""
     from capinterp.localizers.dcsn import DCSN
     from capinterp.localizers.kn import KN
 
-    sub, facts = sub_and_facts(ctx, ctx.size(4, 50))
+    info: dict[str, Any] = {"edge_facts": 0, "corrupted_examples": {}}
+    if ctx.quick:
+        sub, facts = sub_and_facts(ctx, 4)
+        problems, sub_pool = sub.locate[:4], sub.locate
+    else:  # faithfulness's full sizes: its 128 held-out subtraction problems, up to 64 known facts
+        sub = cd.prepared(ctx, {**cd.settings(ctx), "capabilities": ("sub",), "n_test": FULL_PROBLEMS})["sub"]
+        problems, sub_pool = sub.test[:FULL_PROBLEMS], [*sub.locate, *sub.test]
+        known, info["fact_sources"] = fact_bags(ctx, FULL_FACTS, 1)
+        facts = [b[0] for b in known]
     # corrupted partners come from the whole task pool (all of sub's problems, all known facts)
-    tasks = {"arithmetic (sub)": (sub.locate[: ctx.size(4, 100)], sub.locate)}
+    tasks = {"arithmetic (sub)": (problems, sub_pool)}
     if facts:
         tasks["facts"] = (facts, facts)
+    info.update(n_problems=len(problems), n_facts=len(facts))
     ig = ctx.ig(4, 10)
     parts: list[pd.DataFrame] = []
-    info: dict[str, Any] = {"edge_facts": 0, "corrupted_examples": {}}
     for task, (data, pool) in tasks.items():
         key = f"patch_{task.split()[0]}_n{len(data)}"
 
