@@ -305,9 +305,11 @@ def run(ctx: Context) -> ExperimentResult:
         locate, measure = sub.locate, sub.test[:FULL_PROBLEMS]
         known, info["fact_sources"] = fact_bags(ctx, FULL_FACTS, 4)
         facts, bags = [b[0] for b in known], [b for b in known if len(b) >= 2]
-        arithmetic = ("cnl", "dcsn", "kn", "sig", "amig", "neft")
-        on_facts = ("cnl", "dcsn", "kn", "sig", "amig", "neft", "query_localization", "causal_trace")
-        on_facts += ("knowledge_circuit",)
+        # cheapest first, so an interrupted run has the most rows: SIG integrates each prompt token in
+        # turn (its fit costs ~T times KN's) and the edges' random band runs on the circuit graph
+        arithmetic = ("cnl", "dcsn", "kn", "amig", "neft", "sig")
+        on_facts = ("cnl", "dcsn", "kn", "amig", "neft", "query_localization", "causal_trace")
+        on_facts += ("knowledge_circuit", "sig")
         if len(facts) < MIN_FACTS:
             info["warning"] = f"the model knows only {len(facts)} of the facts searched (fewer than {MIN_FACTS})"
     tasks: dict[str, tuple[list, list, tuple[str, ...]]] = {"arithmetic (sub)": (locate, measure, arithmetic)}
