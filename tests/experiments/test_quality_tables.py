@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from script_module import load_script
 
 from capinterp.experiments import faithfulness as F
 from capinterp.experiments import patching_agreement as PA
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "quality_tables.py"
-
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("quality_tables", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("quality_tables")
 
 
 def _run(folder: Path, name: str, rows: list[dict], info: dict) -> Path:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from script_module import load_script
 
 import capinterp as ci
 from capinterp.data import Example
 from capinterp.interventions.certify_bounds import bounds
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "certify_budget.py"
 FACTS = [
     Example("Rome is the capital of", " Italy", {"subject": "Rome"}),
     Example("Berlin is the capital of", " Germany", {"subject": "Berlin"}),
@@ -23,10 +20,7 @@ KINDS = {"dcsn": "neuron", "cnl": "neuron", "kn": "neuron", "tracing": "layer", 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("certify_budget", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("certify_budget")
 
 
 @pytest.fixture(scope="module")
