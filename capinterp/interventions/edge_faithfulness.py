@@ -29,6 +29,7 @@ import torch
 
 from capinterp.circuits.forward import check_additive, graph_mode, mean_outputs, run_graph
 from capinterp.circuits.graph import Circuit, EdgeSet, Graph
+from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.position_mean import batch_rows
 from capinterp.core.protocol import Model
@@ -129,7 +130,8 @@ def edge_metric(
 ) -> np.ndarray:
     """``[C]``: the metric averaged over ``items`` with only the edges ``kept`` (bool ``[C, n_edges]``,
     ``graph.edges()`` order) running and every other edge ablated (see the module docstring);
-    ``per_example``: ``[C, n_items]``, unaveraged."""
+    ``per_example``: ``[C, n_items]``, unaveraged. Under ``torchrun`` the ranks share the batches
+    (each rank every world_size-th), their values summed."""
     if kept.dim() != 2 or kept.shape[1] != graph.n_edges:
         raise ValueError(f"kept must be [n_configs, {graph.n_edges}], got {tuple(kept.shape)}")
     check_additive(model, graph)
@@ -139,9 +141,10 @@ def edge_metric(
     last = torch.tensor([it.last_prompt_pos for it in items])
     jobs = [(c, i) for c in range(kept.shape[0]) for i in range(len(items))]
     out = torch.zeros(kept.shape[0], len(items), dtype=torch.float64)
+    dist.init(dev)
     with graph_mode(model, graph):
         mean, rows, pairs = _references(model, graph, items, ablation, reference, corrupt, batch_size)
-        for chunk in batches(jobs, batch_size):
+        for chunk in dist.shard(list(batches(jobs, batch_size))):
             cfg = torch.tensor([c for c, _ in chunk])
             ex = torch.tensor([i for _, i in chunk])
             toks = ids[ex].to(dev)
@@ -155,4 +158,5 @@ def edge_metric(
             at = logits[torch.arange(B, device=dev), last[ex].to(dev)]
             vals = metric_rows(at, ex.tolist(), items, pairs, metric).double().cpu()
             out[cfg, ex] = vals
+    out = dist.all_reduce_sum(out, dev)
     return out.numpy() if per_example else out.mean(1).numpy()

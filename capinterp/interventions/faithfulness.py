@@ -69,6 +69,7 @@ import torch
 from capinterp.arch.family import family_of
 from capinterp.arch.forward import logits_at
 from capinterp.arch.model import model_fingerprint, neuron_hook, neuron_shape, valid_neurons
+from capinterp.core import distributed as dist
 from capinterp.core import validate
 from capinterp.core.position_mean import SplitMean, at_positions
 from capinterp.core.protocol import Model
@@ -311,15 +312,18 @@ def _takes_part(act: torch.Tensor, moe: Any) -> torch.Tensor:
 
 @torch.no_grad()
 def _run(model: Model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: str, T: int, bs: int) -> torch.Tensor:
-    """``[n_configs, n_examples]`` metric; ``keep`` is bool ``[n_configs, L, d]`` (True = the neuron runs)."""
+    """``[n_configs, n_examples]`` metric; ``keep`` is bool ``[n_configs, L, d]`` (True = the neuron runs).
+    Under ``torchrun`` each rank runs every world_size-th batch and the ranks' values are summed (each
+    (configuration, example) is measured by one rank, in the batch one process would use)."""
     L = keep.shape[1]
     dev = model.cfg.device
+    dist.init(dev)
     ids = pad_right([it.ids for it in items], pad_id(model.tokenizer))[0]
     last = torch.tensor([it.last_prompt_pos for it in items])
     jobs = [(c, i) for c in range(keep.shape[0]) for i in range(len(items))]
     out = torch.zeros(keep.shape[0], len(items), dtype=torch.float64)
     keep = keep.to(dev)
-    for chunk in batches(jobs, bs):
+    for chunk in dist.shard(list(batches(jobs, bs))):
         cfg = torch.tensor([c for c, _ in chunk], device=dev)
         ex = torch.tensor([i for _, i in chunk])
 
@@ -337,7 +341,7 @@ def _run(model: Model, keep: torch.Tensor, items, ref, ref_rows, pairs, metric: 
         logits = logits_at(model, ids[ex].to(dev), last[ex].to(dev), fwd_hooks=hooks)
         vals = metric_rows(logits, ex.tolist(), items, pairs, metric).double().cpu()
         out[cfg.cpu(), ex] = vals
-    return out
+    return dist.all_reduce_sum(out, dev)
 
 
 def ablated_metric(

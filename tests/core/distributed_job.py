@@ -4,7 +4,8 @@
 
 Fits CNL, DCSN (with checkpoints) and causal tracing on the tiny model, refits CNL and DCSN
 from their checkpoints with scoring disabled (resume must need no work), evaluates a dataset,
-runs Query Localization (KN) over facts and scores a knowledge circuit (EAP-IG) over facts;
+runs Query Localization (KN) over facts, scores a knowledge circuit (EAP-IG) over facts and
+measures the faithfulness of CNL's neurons and the circuit's edges (random bands checkpointed);
 rank 0 saves every float64 sum, located mask, grid, record and score map to OUT.pt.
 """
 
@@ -16,12 +17,14 @@ from capinterp.arch.model import load_model
 from capinterp.core import distributed as dist
 from capinterp.core.example import Example
 from capinterp.data import arithmetic
+from capinterp.interventions.faithfulness import faithfulness
 from capinterp.kernels.evaluate import evaluate
 from capinterp.localizers.causal_trace import CausalTrace
 from capinterp.localizers.cnl import CNL
 from capinterp.localizers.dcsn import DCSN
 from capinterp.localizers.knowledge_circuit import KnowledgeCircuit
 from capinterp.localizers.query_localization import QueryLocalization
+from capinterp.units.neurons import NeuronScores
 
 # three facts and seven problems: uneven shards on two ranks, little work per launch
 SUBJECTS = [
@@ -75,6 +78,20 @@ def main(out: str, ckpt: str) -> None:
     kc_facts = [Example(p, t, {"subject": s}) for (p, s), (_, t) in zip(SUBJECTS, TARGETS)]
     kc = KnowledgeCircuit(model, algorithm="eap-ig", steps=2, top_n=20, batch_size=2, progress=False).fit(kc_facts)
     res["kc"] = {"scores": kc.scores_, "mask": kc.circuit_.mask, "clean_loss": kc.info_["clean_loss"]}
+    # faithfulness: the random band (checkpointed chunk by chunk) and the located sets, neurons and edges
+    cnl = res["cnl"]["sum"].float()
+    for name, units, data in (("faith", NeuronScores(cnl), ds), ("faith_edges", kc, kc_facts)):
+        f = faithfulness(
+            model,
+            units,
+            data,
+            ks=[0.1, 0.5],
+            random_sets=3,
+            batch_size=2,
+            bootstrap=0,
+            checkpoint=f"{ckpt}/{name}_band.npz",
+        )
+        res[name] = {"band": f.band.values, "table": f.table.to_dict("list")}
     if dist.is_main():
         torch.save(res, out)
     dist.finish()

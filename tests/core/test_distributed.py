@@ -1,7 +1,8 @@
 """A real 2-process ``torchrun`` launch (gloo, CPU, tiny model) gives the one-process results:
 CNL and DCSN float64 sums to 1e-12 with identical located sets, causal-trace grids exactly,
 per-rank checkpoints that resume with no work, evaluate's records, Query Localization's
-per-query maps and a knowledge circuit's edge scores, the IG completeness reports (CNL's, also
+per-query maps, a knowledge circuit's edge scores, faithfulness's random bands and curves (neurons
+and edges, bit for bit), the IG completeness reports (CNL's, also
 from the checkpoints alone, and Query Localization's) field for field, and the CLI writing the
 same scores."""
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -76,12 +78,20 @@ def test_two_ranks_equal_one_process(runs):
     rel = float((ka["scores"] - kb["scores"]).abs().max() / ka["scores"].abs().max())
     assert rel < 1e-6, rel  # float64 sums over ranks, returned as float32
     assert torch.equal(ka["mask"], kb["mask"]) and ka["clean_loss"] == kb["clean_loss"]
-    # each rank checkpointed its own shard; together they cover the dataset once
+    # faithfulness: every (configuration, example) measured by one rank in one process's batch: equal bits
+    for name in ("faith", "faith_edges"):
+        fa, fb = one[name], two[name]
+        assert fa["band"].shape == (2 + 2 * 2 * 3, 3 if name == "faith_edges" else 7), name
+        assert np.array_equal(fa["band"], fb["band"]) and fa["table"] == fb["table"], name
+    # each rank checkpointed its own shard of a fit; together they cover the dataset once; the random
+    # bands are one file each, written by rank 0
     assert sorted(p.name for p in (tmp / "ck2").iterdir()) == [
         "cnl.ckpt.rank0-of-2",
         "cnl.ckpt.rank1-of-2",
         "dcsn.ckpt.rank0-of-2",
         "dcsn.ckpt.rank1-of-2",
+        "faith_band.npz",
+        "faith_edges_band.npz",
     ]
 
 
