@@ -5,8 +5,8 @@
 Both routes compute ``head_effects`` (zero ablation) on the same prompts; the script prints their
 times, the ratio, the largest difference between the two (they must agree to 1e-5 in float32), and
 each route's useful FLOP rate beside this machine's matmul throughput at the same thread count and
-dtype (:mod:`_roofline`). The graph route runs every head's full forward, logits at every position;
-the stair route reuses the clean run below each head's layer and unembeds the answer position only.
+dtype (:mod:`_roofline`). The graph route runs every head's full forward (unembedding the answer position only, since
+``run_graph(at=)``); the stair route reuses the clean run below each head's layer.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def _flops(model, items, batch_size: int) -> dict[str, int]:
     graph = 0
     for chunk in batches(items, batch_size):
         T = max(len(it.ids) for it in chunk)
-        graph += (n_heads + 1) * forward_flops(d, T, rows=len(chunk))
+        graph += (n_heads + 1) * forward_flops(d, T, rows=len(chunk), unembed=1)  # the answer position only
     stair = 0
     for it in items:
         S, T = len(it.prompt_ids), len(it.ids)
-        stair += forward_flops(d, T) + forward_flops(d, S)  # the graph run (outputs) and the clean record
+        stair += forward_flops(d, T, unembed=1) + forward_flops(d, S)  # the graph run and the clean record
         stair += sum(g.n_heads * (d.n_layers - l) * block_flops(d, S, S) for l in g.head_layers)
         stair += n_heads * unembed_flops(d, 1)
     return {"graph": graph, "stair": stair}

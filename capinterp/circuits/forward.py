@@ -50,6 +50,7 @@ import torch
 from einops import rearrange
 
 from capinterp.arch.family import family_of
+from capinterp.arch.forward import capture, unembed
 from capinterp.arch.layer_extras import ple_layers, stream_scales
 from capinterp.arch.model import layer_mixers, mixer_module
 from capinterp.circuits.graph import INPUT, LOGITS, Graph, supports
@@ -165,6 +166,8 @@ def run_graph(
     removed: torch.Tensor | None = None,
     ref: torch.Tensor | None = None,
     keep_slots: bool = False,
+    at: torch.Tensor | None = None,
+    logits: bool = True,
 ) -> GraphRun:
     """One forward pass on the graph (call inside :func:`graph_mode`).
 
@@ -174,13 +177,24 @@ def run_graph(
             or ``[B, n_src, n_slots]``, one set per batch row.
         ref: ``[B, T, n_src, d]`` value a removed edge's source takes instead (default 0).
         keep_slots: return the slot input tensors (the live ones, for ``torch.autograd.grad``).
+        at: ``[B]`` positions: the logits of row b at ``at[b]`` only (``[B, d_vocab]``): the forward
+            stops at the final norm's input and only those positions are unembedded (on a 262k
+            vocabulary, most of a small model's forward).
+        logits: False: no logits at all (an empty ``[B, 0]``), for a pass run for its node outputs.
     """
     _check_layers(model, graph)
     run = _GraphPass(model, graph, tokens, resid0=resid0, removed=removed, ref=ref, keep_slots=keep_slots)
-    logits = model.run_with_hooks(tokens, fwd_hooks=run.hooks())
+    if logits and at is None:
+        out = model.run_with_hooks(tokens, fwd_hooks=run.hooks())
+    else:  # the final slot's hook runs first, then capture's: it reads the slot as the final norm would
+        resid = capture(model, tokens, run.names["final"], run.hooks())
+        out = resid.new_zeros(tokens.shape[0], 0)
+        if logits and at is not None:
+            rows = torch.arange(tokens.shape[0], device=resid.device)
+            out = unembed(model, resid[rows, at.to(resid.device)][:, None])[:, 0]
     if keep_slots and len(run.slots) != _n_slot_hooks(graph, run.names) + 1:
         raise RuntimeError(f"only {len(run.slots)} slot hooks fired: is graph_mode on?")
-    return GraphRun(logits, rearrange(run.outs, "n b t d -> b t n d"), [run.slots[k] for k in sorted(run.slots)])
+    return GraphRun(out, rearrange(run.outs, "n b t d -> b t n d"), [run.slots[k] for k in sorted(run.slots)])
 
 
 def _check_layers(model: Model, graph: Graph) -> None:
@@ -396,7 +410,7 @@ def mean_outputs(
     (:mod:`capinterp.core.position_mean`); the mean-ablation reference of edges and heads."""
     acc = SplitMean()
     for tokens, lengths in token_batches:
-        acc.add(run_graph(model, graph, tokens).outputs, lengths)
+        acc.add(run_graph(model, graph, tokens, logits=False).outputs, lengths)
     return acc.result()
 
 

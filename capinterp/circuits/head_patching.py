@@ -109,9 +109,9 @@ def _batch(model: Model, chunk: list[Encoded]) -> tuple[torch.Tensor, torch.Tens
     return tokens.to(dev), last, target
 
 
-def _prob(logits: torch.Tensor, last: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    r = torch.arange(len(last), device=logits.device)
-    return logits[r, last].float().softmax(-1)[r, target]
+def _prob(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """p(target) per row from ``[B, d_vocab]`` logits (a run's ``at=`` its last prompt positions)."""
+    return logits.float().softmax(-1)[torch.arange(len(target), device=logits.device), target]
 
 
 def _reference(model: Model, graph: Graph, items: list[Encoded], ablation: str, bs: int) -> torch.Tensor | None:
@@ -136,7 +136,7 @@ def batch_ref(
     if corrupt is not None:
         bad, _ = pad_right(corrupt, pad_id(model.tokenizer))
         with torch.no_grad():
-            return run_graph(model, graph, bad.to(tokens.device)).outputs.float()
+            return run_graph(model, graph, bad.to(tokens.device), logits=False).outputs.float()
     return None if ref is None else _ref_rows(ref, tokens)
 
 
@@ -182,7 +182,7 @@ def head_effects(
         with torch.no_grad():
             for chunk, bad in _chunks(items, corrupt, bs):
                 tokens, last, target = _batch(model, chunk)
-                run = run_graph(model, graph, tokens)
+                run = run_graph(model, graph, tokens, at=last)
                 r = batch_ref(model, graph, ref, tokens, bad)
                 if route != "graph" and stair:
                     idx = torch.tensor(srcs, device=tokens.device)
@@ -191,11 +191,11 @@ def head_effects(
                         clean, patched = stair_head_probs(model, graph, it, delta[b, : len(it.prompt_ids)])
                         total += clean - patched
                     continue
-                full = _prob(run.logits, last, target)
+                full = _prob(run.logits, target)
                 for i, s in enumerate(srcs):
                     removed = torch.zeros(graph.n_src, graph.n_slots, dtype=torch.bool)
                     removed[s] = True
-                    abl = _prob(run_graph(model, graph, tokens, removed=removed, ref=r).logits, last, target)
+                    abl = _prob(run_graph(model, graph, tokens, removed=removed, ref=r, at=last).logits, target)
                     total[i] += (full - abl).double().sum().cpu()
     return per_layer(graph, total / len(items))
 
@@ -225,8 +225,8 @@ class HeadRuns:
                 pats: dict[int, torch.Tensor] = {}
                 grab = _pattern_hooks(model, graph.head_layers, pats) if self.patterns else contextlib.nullcontext()
                 with torch.enable_grad(), grab:
-                    run = run_graph(model, graph, tokens, keep_slots=True)
-                    metric = _prob(run.logits, last, target).sum()
+                    run = run_graph(model, graph, tokens, keep_slots=True, at=last)
+                    metric = _prob(run.logits, target).sum()
                 idx = torch.tensor(self.srcs, device=tokens.device)
                 diff = run.outputs[:, :, idx].float()
                 ref_full = batch_ref(model, graph, ref, tokens, bad)

@@ -90,7 +90,7 @@ def hit_at_k(
                 gp = [pairs[i] for i in chunk]
                 toks = _tensor([p.corrupt_ids[: len(p.clean.prompt_ids)] for p in gp], pad, dev)
                 e = corrupt_embeddings(model, gp, chunk, toks, sigma, seed)
-                ref = run_graph(model, graph, toks, resid0=e).outputs
+                ref = run_graph(model, graph, toks, resid0=e, logits=False).outputs
             ranks.append(_ranks(run_graph(model, graph, batch.tokens, removed=removed, ref=ref).logits, batch))
             if full:
                 full_ranks.append(_ranks(model(batch.tokens), batch))

@@ -110,7 +110,7 @@ def _references(model: Model, graph: Graph, items: list[Encoded], ablation: str,
     for s in range(0, len(pairs), bs):
         chunk = pairs[s : s + bs]
         tokens, _ = pad_right([p.corrupt_ids for p in chunk], pad)
-        rows[s : s + len(chunk), : tokens.shape[1]] = run_graph(model, graph, tokens.to(dev)).outputs.float()
+        rows[s : s + len(chunk), : tokens.shape[1]] = run_graph(model, graph, tokens.to(dev), logits=False).outputs.float()
     return None, rows, pairs
 
 
@@ -154,8 +154,7 @@ def edge_metric(
                 ref = batch_rows(mean, B, T)
             elif rows is not None:
                 ref = rows[ex.to(dev), :T]
-            logits = run_graph(model, graph, toks, removed=removed[cfg.to(dev)], ref=ref).logits
-            at = logits[torch.arange(B, device=dev), last[ex].to(dev)]
+            at = run_graph(model, graph, toks, removed=removed[cfg.to(dev)], ref=ref, at=last[ex]).logits
             vals = metric_rows(at, ex.tolist(), items, pairs, metric).double().cpu()
             out[cfg, ex] = vals
     out = dist.all_reduce_sum(out, dev)

@@ -152,7 +152,7 @@ def test_head_effects_are_the_head_patched_out_of_the_residual():
 
 def test_hyper_connection_streams_still_refuse_the_circuit_graph():
     """DeepSeek-V4's four residual streams: no sublayer output joins the residual additively."""
-    from tests.moe_tiny import load_tiny_moe
+    from moe_tiny import load_tiny_moe
 
     model, *_ = load_tiny_moe("deepseek_v4")
     kc = ci.KnowledgeCircuit(model, algorithm="eap", top_n=5, progress=False)
