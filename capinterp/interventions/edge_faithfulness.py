@@ -110,7 +110,8 @@ def _references(model: Model, graph: Graph, items: list[Encoded], ablation: str,
     for s in range(0, len(pairs), bs):
         chunk = pairs[s : s + bs]
         tokens, _ = pad_right([p.corrupt_ids for p in chunk], pad)
-        rows[s : s + len(chunk), : tokens.shape[1]] = run_graph(model, graph, tokens.to(dev), logits=False).outputs.float()
+        run = run_graph(model, graph, tokens.to(dev), logits=False)
+        rows[s : s + len(chunk), : tokens.shape[1]] = run.outputs.float()
     return None, rows, pairs
 
 
