@@ -6,7 +6,7 @@
 #      (`capinterp reproduce --quick`, exits nonzero when any experiment fails);
 #   3. notebooks 01-05, executed top to bottom (nbmake; the committed outputs are not rewritten);
 #   4. the documentation build (mkdocs --strict: broken references fail).
-# Steps 0, 2 and the five notebooks run in a second lane beside the tests (see "lane B" below).
+# Steps 0, 2 and notebooks 02, 03, 05 run in a second lane beside the tests (see "lane B" below).
 # With arguments, only pytest runs, with them: `bash scripts/test.sh -m "not slow"` is the fast suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,8 +30,8 @@ if [ $# -gt 0 ]; then
 fi
 step() { echo "== $1 ($(date +%H:%M:%S))"; }
 # Two lanes share the two cores, one thread each, so the long steps share the wall clock:
-#   lane A (here): the test suite, the documentation build, then notebook 01;
-#   lane B (in the background): lint and types, the quick reproduction, then notebooks 03, 05, 02, 04.
+#   lane A (here): the test suite, the documentation build, then notebooks 01 and 04;
+#   lane B (in the background): lint and types, the quick reproduction, then notebooks 03, 05, 02.
 # Each lane-B step logs to out/ci-*.log and records its exit status; every failure fails the run.
 mkdir -p out
 rm -f out/ci-*.rc
@@ -50,11 +50,11 @@ lint() {
   .venv/bin/ruff check capinterp tests benchmarks scripts && .venv/bin/ruff format --check capinterp tests benchmarks scripts \
     && .venv/bin/mypy capinterp
 }
-step "lane B in the background: lint and types, quick reproduction, notebooks 03 05 02 04"
+step "lane B in the background: lint and types, quick reproduction, notebooks 03 05 02"
 (
   lane lint lint
   lane quick env CAPINTERP_THREADS=1 .venv/bin/capinterp reproduce --quick --fresh --out out/ci-quick
-  lane notebooks-b notebooks 03 05 02 04
+  lane notebooks-b notebooks 03 05 02
 ) &
 LANE_B=$!
 trap 'pkill -P $LANE_B 2>/dev/null; kill $LANE_B 2>/dev/null || true' EXIT
@@ -62,8 +62,8 @@ step "tests"
 .venv/bin/python -m pytest -q --durations=40 tests   # the 40 slowest, to keep CI time in check
 step "docs"
 bash scripts/docs.sh
-step "notebook 01"
-notebooks 01
+step "notebooks 01 04"
+notebooks 01 04
 step "waiting for lane B"
 wait $LANE_B || true
 trap - EXIT
