@@ -175,6 +175,32 @@ def test_slot_inputs_are_sums_of_upstream_outputs_and_flags_restore(tiny):
     assert {f: bool(getattr(tiny.cfg, f, False)) for f in flags} == flags
 
 
+def test_logits_at_positions_and_none_equal_the_full_pass(tiny):
+    """``at=`` unembeds only the given positions, ``logits=False`` none: node outputs, logits and
+    the slots' gradients are those of the full pass (edges removed or not)."""
+    g = Graph.from_model(tiny)
+    toks = torch.cat([tiny.to_tokens("The Eiffel Tower is in the city of")] * 2)
+    at = torch.tensor([4, toks.shape[1] - 1])
+    rows = torch.arange(2)
+    with graph_mode(tiny, g):
+        for removed in (None, _only(g, slice(0, 3), slice(5, 9))):
+            full = run_graph(tiny, g, toks, removed=removed, keep_slots=True)
+            part = run_graph(tiny, g, toks, removed=removed, keep_slots=True, at=at)
+            bare = run_graph(tiny, g, toks, removed=removed, logits=False)
+            assert part.logits.shape == (2, full.logits.shape[-1]) and bare.logits.shape == (2, 0)
+            torch.testing.assert_close(part.logits, full.logits[rows, at], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(part.outputs, full.outputs)
+            torch.testing.assert_close(bare.outputs, full.outputs)
+            grads = [
+                torch.autograd.grad(
+                    r.logits[rows, at][:, 7].sum() if r is full else r.logits[:, 7].sum(), r.slot_inputs
+                )
+                for r in (full, part)
+            ]
+            for a, b in zip(*grads):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "slot,hook,index",
     [
